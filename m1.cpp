@@ -1,0 +1,297 @@
+// Tokenizer (sentencepiece vocabularies from GGUF metadata or .model files) and TokenStreamDecoder (incremental,
+// UTF-8-safe detokenization). See tokenizer.h.
+#include "tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <cassert>
+#include <fstream>
+#include <iterator>
+
+#include "error.h"
+#include "gguf.h"
+#include "sentencepiece_proto.h"
+
+namespace tandem {
+namespace {
+
+// "<0x0A>" -> 10; anything else -> -1. sentencepiece spells byte pieces with two upper-case hex digits.
+int parse_byte_piece(std::string_view text) {
+    if (text.size() != 6 || text.substr(0, 3) != "<0x" || text[5] != '>') return -1;
+    int value = 0;
+    for (char c : text.substr(3, 2)) {
+        int digit;
+        if (c >= '0' && c <= '9') digit = c - '0';
+        else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+        else return -1;
+        value = value * 16 + digit;
+    }
+    return value;
+}
+
+// An optional token id from GGUF metadata: absent or 0xFFFFFFFF (how converters write "none") gives -1.
+int optional_token_id(const GgufFile& gguf, std::string_view key, int n_vocab) {
+    const GgufValue* v = gguf.find(key);
+    if (!v) return -1;
+    const uint32_t id = gguf.get_u32(key);
+    if (id == UINT32_MAX) return -1;
+    if (id >= static_cast<uint32_t>(n_vocab))
+        throw Error(gguf.path() + ": " + std::string(key) + " = " + std::to_string(id) +
+                    " is outside the vocabulary of " + std::to_string(n_vocab) + " tokens");
+    return static_cast<int>(id);
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(path + ": cannot open tokenizer model file");
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (in.bad()) throw Error(path + ": cannot read tokenizer model file");
+    return bytes;
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::~Tokenizer() = default;
+
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
+    const std::string& path = gguf.path();
+    const std::string model = gguf.get_string("tokenizer.ggml.model");
+    if (model != "llama")
+        throw Error(path + ": tokenizer model \"" + model + "\" is not supported yet (only sentencepiece "
+                    "vocabularies, tokenizer.ggml.model = \"llama\", are)");
+
+    const std::vector<std::string_view> tokens = gguf.get_string_array("tokenizer.ggml.tokens");
+    const std::vector<float> scores = gguf.get_f32_array("tokenizer.ggml.scores");
+    const std::vector<int64_t> types = gguf.get_int_array("tokenizer.ggml.token_type");
+    const size_t n = tokens.size();
+    if (n == 0) throw Error(path + ": tokenizer.ggml.tokens is empty");
+    if (n > static_cast<size_t>(INT32_MAX)) throw Error(path + ": tokenizer.ggml.tokens is too large");
+    if (scores.size() != n || types.size() != n)
+        throw Error(path + ": tokenizer arrays differ in length (tokens " + std::to_string(n) + ", scores " +
+                    std::to_string(scores.size()) + ", token_type " + std::to_string(types.size()) + ")");
+
+    auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
+    tok->model_type_ = model;
+    spm::ModelProto proto;
+    proto.pieces.resize(n);
+    bool any_byte = false;
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t type = types[i];
+        if (type < static_cast<int64_t>(spm::PieceType::NORMAL) || type > static_cast<int64_t>(spm::PieceType::BYTE))
+            throw Error(path + ": token " + std::to_string(i) + " has unknown token type " + std::to_string(type));
+        if (tokens[i].empty()) throw Error(path + ": token " + std::to_string(i) + " is an empty string");
+        if (type == static_cast<int64_t>(spm::PieceType::BYTE)) {
+            if (parse_byte_piece(tokens[i]) < 0)
+                throw Error(path + ": token " + std::to_string(i) + " \"" + std::string(tokens[i]) +
+                            "\" has the byte type but is not of the form <0xNN>");
+            any_byte = true;
+        }
+        proto.pieces[i] = {std::string(tokens[i]), scores[i], static_cast<spm::PieceType>(type)};
+    }
+
+    const int n_vocab = static_cast<int>(n);
+    int unk = optional_token_id(gguf, "tokenizer.ggml.unknown_token_id", n_vocab);
+    if (unk < 0) {  // not in the metadata: the vocabulary's own UNKNOWN piece
+        for (size_t i = 0; i < n && unk < 0; ++i)
+            if (proto.pieces[i].type == spm::PieceType::UNKNOWN) unk = static_cast<int>(i);
+    }
+    if (unk < 0) throw Error(path + ": the vocabulary has no unknown token, which sentencepiece requires");
+    if (proto.pieces[unk].type != spm::PieceType::UNKNOWN)
+        throw Error(path + ": tokenizer.ggml.unknown_token_id " + std::to_string(unk) + " (\"" +
+                    proto.pieces[unk].piece + "\") does not have the unknown token type");
+    const int bos = optional_token_id(gguf, "tokenizer.ggml.bos_token_id", n_vocab);
+    const int eos = optional_token_id(gguf, "tokenizer.ggml.eos_token_id", n_vocab);
+    const int pad = optional_token_id(gguf, "tokenizer.ggml.padding_token_id", n_vocab);
+
+    spm::TrainerSpec& trainer = proto.trainer_spec;
+    // llama.cpp's "llama" (SPM) tokenizer merges the highest-scoring adjacent pair first, which is exactly
+    // sentencepiece's BPE model over these scores.
+    trainer.model_type = spm::ModelType::BPE;
+    trainer.vocab_size = n_vocab;
+    trainer.byte_fallback = any_byte;
+    trainer.unk_id = unk;
+    trainer.unk_piece = proto.pieces[unk].piece;
+    // sentencepiece looks bos/eos/pad up by text; give absent ones a text that cannot be a real piece.
+    trainer.bos_id = bos;
+    trainer.bos_piece = bos >= 0 ? proto.pieces[bos].piece : "<tandem:no-bos>";
+    trainer.eos_id = eos;
+    trainer.eos_piece = eos >= 0 ? proto.pieces[eos].piece : "<tandem:no-eos>";
+    trainer.pad_id = pad;
+    trainer.pad_piece = pad >= 0 ? proto.pieces[pad].piece : "<tandem:no-pad>";
+
+    spm::NormalizerSpec& norm = proto.normalizer_spec;
+    norm.name = "identity";  // GGUF stores no normalization rules; Llama's model uses none
+    norm.add_dummy_prefix = gguf.get_bool_or("tokenizer.ggml.add_space_prefix", true);
+    // llama.cpp keeps runs of whitespace unless told otherwise (sentencepiece's proto default would drop them).
+    norm.remove_extra_whitespaces = gguf.get_bool_or("tokenizer.ggml.remove_extra_whitespaces", false);
+    norm.escape_whitespaces = true;
+
+    tok->texts_.reserve(n);
+    tok->types_.reserve(n);
+    for (const spm::Piece& p : proto.pieces) {
+        tok->texts_.push_back(p.piece);
+        tok->types_.push_back(static_cast<int>(p.type));
+    }
+    tok->unk_ = unk;
+    tok->bos_ = bos;
+    tok->eos_ = eos;
+    tok->add_bos_ = gguf.get_bool_or("tokenizer.ggml.add_bos_token", true) && bos >= 0;
+    tok->add_eos_ = gguf.get_bool_or("tokenizer.ggml.add_eos_token", false) && eos >= 0;
+    tok->load(spm::serialize(proto), path);
+    return tok;
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
+    const std::string bytes = read_file(path);
+    spm::ModelProto proto;
+    try {
+        proto = spm::parse(bytes);
+    } catch (const Error& e) {
+        throw Error(path + ": " + e.what());
+    }
+    if (proto.pieces.empty()) throw Error(path + ": not a sentencepiece model (no pieces)");
+
+    auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
+    for (const spm::Piece& p : proto.pieces) {
+        tok->texts_.push_back(p.piece);
+        tok->types_.push_back(static_cast<int>(p.type));
+    }
+    tok->load(bytes, path);  // the file's own bytes: every setting it has, not just the ones tandem parses
+    tok->unk_ = tok->sp_->unk_id();
+    tok->bos_ = tok->sp_->bos_id();
+    tok->eos_ = tok->sp_->eos_id();
+    tok->add_bos_ = tok->bos_ >= 0;
+    tok->add_eos_ = false;
+    return tok;
+}
+
+void Tokenizer::load(const std::string& serialized, const std::string& source) {
+    const sentencepiece::util::Status status = sp_->LoadFromSerializedProto(serialized);
+    if (!status.ok()) throw Error(source + ": sentencepiece rejected the vocabulary: " + status.ToString());
+    if (sp_->GetPieceSize() != n_vocab())
+        throw Error(source + ": sentencepiece loaded " + std::to_string(sp_->GetPieceSize()) + " pieces, expected " +
+                    std::to_string(n_vocab()));
+
+    byte_values_.assign(texts_.size(), -1);
+    for (int id = 0; id < n_vocab(); ++id)
+        if (types_[id] == static_cast<int>(spm::PieceType::BYTE))
+            byte_values_[id] = static_cast<int16_t>(parse_byte_piece(texts_[id]));
+
+    for (int id = 0; id < n_vocab() && context_id_ < 0; ++id)
+        if (types_[id] == static_cast<int>(spm::PieceType::NORMAL) && !decode_unchecked({id}).empty())
+            context_id_ = id;
+}
+
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
+    std::vector<int> ids;
+    const sentencepiece::util::Status status = sp_->Encode(text, &ids);
+    if (!status.ok()) throw Error("tokenizer: cannot encode text: " + status.ToString());
+    if (add_bos && bos_ >= 0) ids.insert(ids.begin(), bos_);
+    return ids;
+}
+
+std::string Tokenizer::decode(const std::vector<int>& ids) const {
+    for (int id : ids)
+        if (id < 0 || id >= n_vocab())
+            throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                        std::to_string(n_vocab()) + " tokens");
+    return decode_unchecked(ids);
+}
+
+std::string Tokenizer::decode_unchecked(const std::vector<int>& ids) const {
+    std::string text;
+    const sentencepiece::util::Status status = sp_->Decode(ids, &text);
+    if (!status.ok()) throw Error("tokenizer: cannot decode tokens: " + status.ToString());
+    return text;
+}
+
+std::string Tokenizer::piece(int id) const {
+    if (id < 0 || id >= n_vocab())
+        throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                    std::to_string(n_vocab()) + " tokens");
+    return texts_[id];
+}
+
+bool Tokenizer::is_control(int id) const {
+    return id >= 0 && id < n_vocab() && types_[id] == static_cast<int>(spm::PieceType::CONTROL);
+}
+
+bool Tokenizer::is_byte(int id) const { return byte_value(id) >= 0; }
+
+int Tokenizer::byte_value(int id) const {
+    return id >= 0 && id < n_vocab() ? byte_values_[id] : -1;
+}
+
+// ---- TokenStreamDecoder -------------------------------------------------------------------------------------
+
+TokenStreamDecoder::TokenStreamDecoder(const Tokenizer& tokenizer, bool at_start)
+    : tok_(tokenizer), at_start_(at_start) {
+    reset();
+}
+
+void TokenStreamDecoder::reset() {
+    window_.clear();
+    prefix_text_.clear();
+    // A continuation starts with one already-"returned" piece of context, so the first real piece is mid-text.
+    if (!at_start_ && tok_.context_id_ >= 0) {
+        window_.push_back(tok_.context_id_);
+        prefix_text_ = tok_.decode_unchecked(window_);
+    }
+    prefix_len_ = window_.size();
+}
+
+// True when the bytes at the end of the window could be the start of a UTF-8 character that later byte pieces
+// complete. Conservative by design (holding back too long only delays text; releasing too early could split a
+// character): any lead byte among the last three whose sequence would reach past the end counts, even where
+// sentencepiece would reject the finished sequence (overlong forms, surrogates).
+bool TokenStreamDecoder::ends_in_incomplete_utf8() const {
+    for (size_t k = 1; k <= 3 && k <= window_.size(); ++k) {
+        const int b = tok_.byte_value(window_[window_.size() - k]);
+        if (b < 0) return false;  // the byte run ends here
+        const size_t need = (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 1;
+        if (need > k) return false;
+    }
+    return false;
+}
+
+std::string TokenStreamDecoder::push(int id) {
+    if (id < 0 || id >= tok_.n_vocab())
+        throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                    std::to_string(tok_.n_vocab()) + " tokens");
+    // A run of control tokens renders exactly like one (invisible, ends a byte run), so keep just one: the
+    // window then stays small even if a model emits many in a row.
+    if (tok_.is_control(id) && !window_.empty() && tok_.is_control(window_.back()) && prefix_len_ == window_.size())
+        return {};
+    window_.push_back(id);
+    if (tok_.byte_value(id) >= 0 && ends_in_incomplete_utf8()) return {};
+
+    const std::string text = tok_.decode_unchecked(window_);
+    // Holds by construction: the prefix ends on a complete character and leaves sentencepiece past its
+    // leading-space handling, so appending ids only appends text.
+    assert(text.compare(0, prefix_text_.size(), prefix_text_) == 0);
+    std::string out = text.substr(prefix_text_.size());
+
+    // Slide the window: the ids just returned become the new prefix, provided they render non-empty text on
+    // their own (otherwise sentencepiece would drop the next piece's leading space); if not (control tokens,
+    // or a leading space at the very start), the window keeps its older ids as well.
+    std::vector<int> fresh(window_.begin() + static_cast<std::ptrdiff_t>(prefix_len_), window_.end());
+    std::string fresh_text = tok_.decode_unchecked(fresh);
+    if (!fresh_text.empty()) {
+        window_ = std::move(fresh);
+        prefix_text_ = std::move(fresh_text);
+    } else {
+        prefix_text_ = text;
+    }
+    prefix_len_ = window_.size();
+    return out;
+}
+
+std::string TokenStreamDecoder::flush() {
+    std::string out;
+    if (prefix_len_ < window_.size()) out = tok_.decode_unchecked(window_).substr(prefix_text_.size());
+    reset();
+    return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,52 @@
+// The compute interface every backend (cpu/, later cuda/) implements, and the per-model KV cache it owns.
+//
+// One forward call serves chunked prefill (n = chunk), decode (n = 1) and speculative verification (n = k + 1):
+// only the number of tokens changes. The cache is its own object, one per model; rolling back rejected draft
+// tokens is a truncate.
+#pragma once
+#include <cassert>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace tandem {
+
+class KvCache {
+public:
+    virtual ~KvCache() = default;
+    // Positions 0..n_committed()-1 hold valid keys and values.
+    int n_committed() const { return n_committed_; }
+    int capacity() const { return capacity_; }
+    // Forgets every position from n on (no-op when n >= n_committed()).
+    void truncate(int n) {
+        assert(n >= 0);
+        if (n < n_committed_) n_committed_ = n;
+    }
+    // Called by the backend after it wrote `n` more positions.
+    void commit_appended(int n) {
+        assert(n_committed_ + n <= capacity_);
+        n_committed_ += n;
+    }
+
+protected:
+    explicit KvCache(int capacity) : capacity_(capacity) {}
+
+private:
+    int n_committed_ = 0;
+    int capacity_ = 0;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;
+    // A cache for `n_ctx` positions.
+    virtual std::unique_ptr<KvCache> new_cache(int n_ctx) = 0;
+    // Runs `tokens` at positions cache.n_committed() onward, appends their keys and values to the cache, and
+    // writes the logits of the last `n_logits` tokens (0 <= n_logits <= tokens.size()) to `logits`, row after
+    // row (n_logits × n_vocab). The caller checks that the tokens fit in the cache. The logits of a position are
+    // bitwise identical whatever the number of tokens in the call (batch invariance).
+    virtual void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,204 @@
+// CpuBackend: embedding → n_layers × (RMSNorm, Q/K/V, RoPE, cached causal GQA attention, output projection,
+// residual, RMSNorm, SwiGLU FFN, residual) → final RMSNorm → logits for the requested rows.
+//
+// Batch invariance: every per-token quantity is computed by code whose floating-point operation sequence does not
+// depend on how many tokens share the step (matmul guarantees it for the projections; norms, RoPE and attention
+// are per token). That is what makes chunk sizes and speculative verification unable to change the output.
+#include "cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/matmul.h"
+#include "cpu/quant.h"
+#include "error.h"
+#include "model.h"
+
+namespace tandem {
+
+CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
+    : KvCache(capacity),
+      kv_dim_(kv_dim),
+      k_(static_cast<size_t>(n_layers) * capacity * kv_dim),
+      v_(static_cast<size_t>(n_layers) * capacity * kv_dim) {}
+
+CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch)
+    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)) {
+    const ModelConfig& c = model.config;
+    const size_t B = static_cast<size_t>(max_batch_);
+    x_.resize(B * c.dim);
+    xb_.resize(B * c.dim);
+    q_.resize(B * c.q_dim());
+    k_.resize(B * c.kv_dim());
+    v_.resize(B * c.kv_dim());
+    att_out_.resize(B * c.q_dim());
+    proj_.resize(B * c.dim);
+    gate_.resize(B * c.hidden_dim);
+    up_.resize(B * c.hidden_dim);
+    // Frequencies as llama2.c and ggml define them: theta^(-2i/rope_dim) for pair i. Computed in double once,
+    // so every position uses the same rounded values.
+    for (int i = 0; i < c.rope_dim / 2; ++i)
+        rope_inv_freq_.push_back(
+            static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
+}
+
+std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
+    const ModelConfig& c = model_.config;
+    if (n_ctx > scores_stride_) {
+        scores_stride_ = n_ctx;
+        scores_.assign(static_cast<size_t>(pool_.size()) * n_ctx, 0.0f);
+    }
+    return std::make_unique<CpuKvCache>(c.n_layers, n_ctx, c.kv_dim());
+}
+
+void CpuBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits) {
+    auto& cache = static_cast<CpuKvCache&>(cache_base);
+    assert(n_logits >= 0 && static_cast<size_t>(n_logits) <= tokens.size());
+    assert(cache.n_committed() + static_cast<int>(tokens.size()) <= cache.capacity());
+    assert(cache.capacity() <= scores_stride_);
+    const int n_vocab = model_.config.n_vocab;
+    const int n_total = static_cast<int>(tokens.size());
+    // Split into steps of at most max_batch tokens; logits rows are produced by the steps that hold them.
+    for (int begin = 0; begin < n_total; begin += max_batch_) {
+        const int n = std::min(max_batch_, n_total - begin);
+        const int first_logit_token = n_total - n_logits;  // tokens from here on need logits
+        const int step_logits = std::max(0, begin + n - std::max(begin, first_logit_token));
+        float* out = logits ? logits + static_cast<size_t>(std::max(0, begin - first_logit_token)) * n_vocab
+                            : nullptr;
+        forward_step(tokens.subspan(begin, n), cache, step_logits, out);
+    }
+}
+
+namespace {
+
+// RMSNorm in llama2.c's operation order (mean of squares, + eps, 1/sqrt, then weight * (scale * x)).
+void rms_norm(float* out, const float* x, const float* weight, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+    ss /= static_cast<float>(n);
+    ss += eps;
+    ss = 1.0f / std::sqrt(ss);
+    for (int i = 0; i < n; ++i) out[i] = weight[i] * (ss * x[i]);
+}
+
+// Rotates the first rope_dim dims of each head by position `pos`.
+void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, int pos, const float* inv_freq) {
+    for (int h = 0; h < n_heads; ++h) {
+        float* v = vec + h * head_dim;
+        for (int i = 0; i < rope_dim / 2; ++i) {
+            const float angle = static_cast<float>(pos) * inv_freq[i];
+            const float c = std::cos(angle), s = std::sin(angle);
+            const int a = style == RopeStyle::AdjacentPairs ? 2 * i : i;
+            const int b = style == RopeStyle::AdjacentPairs ? 2 * i + 1 : i + rope_dim / 2;
+            const float v0 = v[a], v1 = v[b];
+            v[a] = v0 * c - v1 * s;
+            v[b] = v0 * s + v1 * c;
+        }
+    }
+}
+
+}  // namespace
+
+void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits) {
+    const ModelConfig& c = model_.config;
+    const Weights& w = model_.weights;
+    const int n = static_cast<int>(tokens.size());
+    const int start_pos = cache.n_committed();
+    const int dim = c.dim, kv_dim = c.kv_dim(), q_dim = c.q_dim(), hidden = c.hidden_dim;
+
+    for (int i = 0; i < n; ++i) {
+        const int tok = tokens[i];
+        if (tok < 0 || tok >= c.n_vocab) throw Error("token id " + std::to_string(tok) + " is out of range");
+        cpu::dequantize_row(w.token_embd.type, w.token_embd.row(tok), x_.data() + static_cast<size_t>(i) * dim, dim);
+    }
+
+    auto mm = [&](const WeightView& W, const float* in, float* out) {
+        cpu::matmul(W.type, W.data, W.cols, W.rows, in, n, out, pool_);
+    };
+
+    for (int l = 0; l < c.n_layers; ++l) {
+        const LayerWeights& L = w.layers[l];
+        const float* attn_norm = static_cast<const float*>(L.attn_norm.data);
+        for (int i = 0; i < n; ++i)
+            rms_norm(&xb_[static_cast<size_t>(i) * dim], &x_[static_cast<size_t>(i) * dim], attn_norm, dim, c.rms_eps);
+        mm(L.wq, xb_.data(), q_.data());
+        mm(L.wk, xb_.data(), k_.data());
+        mm(L.wv, xb_.data(), v_.data());
+        for (int i = 0; i < n; ++i) {
+            const int pos = start_pos + i;
+            float* q = &q_[static_cast<size_t>(i) * q_dim];
+            float* k = &k_[static_cast<size_t>(i) * kv_dim];
+            rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, pos, rope_inv_freq_.data());
+            rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, pos, rope_inv_freq_.data());
+            std::copy(k, k + kv_dim, cache.key(l, pos));
+            std::copy(&v_[static_cast<size_t>(i) * kv_dim], &v_[static_cast<size_t>(i + 1) * kv_dim],
+                      cache.value(l, pos));
+        }
+        attention(l, n, start_pos, cache);
+        mm(L.wo, att_out_.data(), proj_.data());
+        for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
+
+        const float* ffn_norm = static_cast<const float*>(L.ffn_norm.data);
+        for (int i = 0; i < n; ++i)
+            rms_norm(&xb_[static_cast<size_t>(i) * dim], &x_[static_cast<size_t>(i) * dim], ffn_norm, dim, c.rms_eps);
+        mm(L.w_gate, xb_.data(), gate_.data());
+        mm(L.w_up, xb_.data(), up_.data());
+        for (size_t j = 0; j < static_cast<size_t>(n) * hidden; ++j) {
+            const float g = gate_[j];
+            gate_[j] = g / (1.0f + std::exp(-g)) * up_[j];  // SwiGLU: silu(gate) * up
+        }
+        mm(L.w_down, gate_.data(), proj_.data());
+        for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
+    }
+    cache.commit_appended(n);
+
+    if (n_logits > 0) {
+        const float* out_norm = static_cast<const float*>(w.output_norm.data);
+        const int first = n - n_logits;
+        for (int i = first; i < n; ++i)
+            rms_norm(&xb_[static_cast<size_t>(i - first) * dim], &x_[static_cast<size_t>(i) * dim], out_norm, dim,
+                     c.rms_eps);
+        cpu::matmul(w.output.type, w.output.data, w.output.cols, w.output.rows, xb_.data(), n_logits, logits, pool_);
+    }
+}
+
+// Causal grouped-query attention of the step's n tokens over the cache (which already holds their own keys and
+// values). Parallel over (token, head) pairs; each pair is computed the same way whatever n is.
+void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& cache) {
+    const ModelConfig& c = model_.config;
+    const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    pool_.parallel_for(static_cast<int64_t>(n) * c.n_heads, [&](int64_t begin, int64_t end, int thread) {
+        float* att = &scores_[static_cast<size_t>(thread) * scores_stride_];
+        for (int64_t item = begin; item < end; ++item) {
+            const int i = static_cast<int>(item / c.n_heads), h = static_cast<int>(item % c.n_heads);
+            const int pos = start_pos + i;
+            const int kv_off = (h / group) * hd;
+            const float* q = &q_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
+            float max_score = -INFINITY;
+            for (int t = 0; t <= pos; ++t) {
+                const float* k = cache.key(layer, t) + kv_off;
+                float s = 0.0f;
+                for (int d = 0; d < hd; ++d) s += q[d] * k[d];
+                s *= scale;
+                att[t] = s;
+                max_score = std::max(max_score, s);
+            }
+            float sum = 0.0f;
+            for (int t = 0; t <= pos; ++t) {
+                att[t] = std::exp(att[t] - max_score);
+                sum += att[t];
+            }
+            const float inv_sum = 1.0f / sum;
+            float* out = &att_out_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
+            std::fill(out, out + hd, 0.0f);
+            for (int t = 0; t <= pos; ++t) {
+                const float* v = cache.value(layer, t) + kv_off;
+                const float a = att[t] * inv_sum;
+                for (int d = 0; d < hd; ++d) out[d] += a * v[d];
+            }
+        }
+    });
+}
+
+}  // namespace tandem

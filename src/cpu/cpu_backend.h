@@ -1,0 +1,65 @@
+// The CPU backend: the whole llama forward pass in fp32 activations over weights used in place from the mapping
+// (dequantized inside the dot products), multithreaded through one ThreadPool per backend instance.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backend.h"
+#include "cpu/thread_pool.h"
+
+namespace tandem {
+
+struct Model;
+
+class CpuKvCache : public KvCache {
+public:
+    CpuKvCache(int n_layers, int capacity, int kv_dim);
+    // Keys / values of `layer` at `pos`: kv_dim floats (heads one after another).
+    float* key(int layer, int pos) { return k_.data() + offset(layer, pos); }
+    float* value(int layer, int pos) { return v_.data() + offset(layer, pos); }
+    const float* key(int layer, int pos) const { return k_.data() + offset(layer, pos); }
+    const float* value(int layer, int pos) const { return v_.data() + offset(layer, pos); }
+    static size_t bytes_needed(int n_layers, int capacity, int kv_dim) {
+        return 2 * sizeof(float) * static_cast<size_t>(n_layers) * capacity * kv_dim;
+    }
+
+private:
+    size_t offset(int layer, int pos) const {
+        return (static_cast<size_t>(layer) * capacity() + pos) * static_cast<size_t>(kv_dim_);
+    }
+    int kv_dim_;
+    std::vector<float> k_, v_;  // [layer][pos][kv_dim]
+};
+
+class CpuBackend : public Backend {
+public:
+    // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
+    CpuBackend(const Model& model, int n_threads, int max_batch);
+    std::string name() const override { return "cpu"; }
+    std::unique_ptr<KvCache> new_cache(int n_ctx) override;
+    void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
+    int n_threads() const { return pool_.size(); }
+
+private:
+    void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
+    void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
+
+    const Model& model_;
+    cpu::ThreadPool pool_;
+    int max_batch_;
+    // Scratch, sized once (nothing is allocated per token). Row i belongs to the i-th token of the step.
+    std::vector<float> x_;       // [max_batch][dim] residual stream
+    std::vector<float> xb_;      // [max_batch][dim] normed input of a sublayer
+    std::vector<float> q_;       // [max_batch][q_dim]
+    std::vector<float> k_;       // [max_batch][kv_dim]
+    std::vector<float> v_;       // [max_batch][kv_dim]
+    std::vector<float> att_out_; // [max_batch][q_dim]
+    std::vector<float> proj_;    // [max_batch][dim] output of attn_output / ffn_down
+    std::vector<float> gate_;    // [max_batch][hidden_dim]
+    std::vector<float> up_;      // [max_batch][hidden_dim]
+    std::vector<float> scores_;  // [n_threads][max context]: attention scores of one (token, head)
+    int scores_stride_ = 0;
+    std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
+};
+
+}  // namespace tandem

@@ -1,0 +1,27 @@
+// Batch-invariant matrix multiplication of a GGUF weight matrix (any CPU-supported type, used in place) with a batch
+// of fp32 activation rows, split across a ThreadPool by weight rows.
+#pragma once
+#include <cstdint>
+
+#include "ggml_types.h"
+
+namespace tandem::cpu {
+
+class ThreadPool;
+
+// y[t][r] = dot(row r of W, x[t]) for t < n_tokens, r < rows.
+//   W: ggml shape [cols, rows] (ne[0] = cols contiguous): row r starts at W + r * ggml_row_bytes(type, cols)
+//   x: [n_tokens][cols] fp32, token t at x + t * cols
+//   y: [n_tokens][rows] fp32, token t at y + t * rows
+// Batch invariance: y[t][r] is bitwise the same whatever n_tokens, whatever place token t has in the batch and
+// whatever the pool size, and equals vec_dot(type, cols, row r, x[t]). Speculative verification relies on it.
+// Throws tandem::Error when the type is unsupported or cols is not a whole number of blocks.
+void matmul(GgmlType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
+            ThreadPool& pool);
+
+// The single-threaded core of matmul: computes y[t][r] for rows [row_begin, row_end) only (y still has `rows`
+// floats per token). For callers that split work themselves, e.g. several projections in one parallel_for.
+void matmul_rows(GgmlType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
+                 int64_t row_begin, int64_t row_end);
+
+}  // namespace tandem::cpu

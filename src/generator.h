@@ -1,0 +1,70 @@
+// Generation: chunked prefill of the prompt, then the decode loop (sample → stream → forward one token), with the
+// stop conditions (EOS, token budget, stop strings, full context) and timing.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sampler.h"
+
+namespace tandem {
+
+struct Model;
+class Backend;
+class KvCache;
+
+struct GenerationParams {
+    int n_predict = -1;               // new tokens at most; -1 = until EOS or the context is full
+    int chunk = 256;                  // prompt tokens per prefill forward
+    std::vector<std::string> stops;   // generation ends before the first occurrence of any of these
+    SamplerParams sampler;
+};
+
+enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };
+const char* stop_reason_name(StopReason reason);
+
+struct GenerationStats {
+    int n_prompt = 0;          // tokens prefilled
+    double prefill_s = 0;      // wall time of the prefill forwards
+    double ttft_s = 0;         // from the start of prefill to the first token's text being handed out
+    int n_generated = 0;       // tokens sampled (EOS excluded)
+    double decode_s = 0;       // wall time from the first sampled token to the end
+    int n_decode_forwards = 0; // forwards of one token after the prompt
+    StopReason stop = StopReason::Eos;
+};
+
+// Holds back text that might be the beginning of a stop string, and cuts the text at the first stop string.
+class StopStringFilter {
+public:
+    explicit StopStringFilter(std::vector<std::string> stops);
+    // Appends `text`; returns what can safely be shown now. After a stop string is seen, stopped() is true and
+    // the text before it has been returned (nothing after it ever is).
+    std::string push(std::string_view text);
+    // The held-back remainder at the end of generation (empty once stopped).
+    std::string flush();
+    bool stopped() const { return stopped_; }
+
+private:
+    std::vector<std::string> stops_;
+    std::string pending_;
+    bool stopped_ = false;
+};
+
+class Generator {
+public:
+    Generator(const Model& model, Backend& backend, KvCache& cache);
+    // Prefills `prompt` after whatever the cache holds, then generates. `emit` receives the text as it becomes
+    // final (UTF-8 complete, stop strings removed) and returns false when the consumer is gone (closed pipe).
+    GenerationStats generate(const std::vector<int>& prompt, const GenerationParams& params,
+                             const std::function<bool(std::string_view)>& emit);
+
+private:
+    const Model& model_;
+    Backend& backend_;
+    KvCache& cache_;
+    std::vector<float> logits_;
+};
+
+}  // namespace tandem

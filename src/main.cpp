@@ -1,0 +1,192 @@
+// tandem's command line: flags → options, then a one-shot generation streamed to stdout. No logic of its own
+// beyond wiring: loading is Model, compute is the Backend, the loop is Generator.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cpu/cpu_backend.h"
+#include "error.h"
+#include "generator.h"
+#include "model.h"
+
+namespace {
+
+struct Options {
+    std::string model_path;
+    std::string prompt;
+    std::string prompt_file;
+    std::string tokenizer_path;
+    std::string backend = "auto";
+    int n_predict = -1;
+    int n_ctx = 0;
+    int chunk = 256;
+    int threads = 0;
+    bool echo = false;
+    bool stats = false;
+    bool verbose = false;
+    bool seed_given = false;
+    tandem::GenerationParams gen;
+};
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw tandem::Error(path + ": cannot open the prompt file: " + std::strerror(errno));
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+std::string read_stdin() {
+    std::ostringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+}
+
+// Writes to stdout unbuffered-by-line so tokens appear as they are made; false once the reader is gone.
+bool write_stdout(std::string_view text) {
+    if (text.empty()) return true;
+    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) return false;
+    return std::fflush(stdout) == 0;
+}
+
+// The context to allocate: the user's --ctx, else the model's, capped so the KV cache takes at most a quarter
+// of physical memory.
+int choose_context(const Options& opt, const tandem::ModelConfig& c) {
+    if (opt.n_ctx > 0) return opt.n_ctx;
+    const size_t phys = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t per_pos = tandem::CpuKvCache::bytes_needed(c.n_layers, 1, c.kv_dim());
+    const size_t fit = std::max<size_t>(256, phys / 4 / per_pos);
+    return static_cast<int>(std::min<size_t>(static_cast<size_t>(c.context_length), fit));
+}
+
+int run(const Options& opt) {
+    std::string prompt;
+    if (!opt.prompt.empty()) {
+        prompt = opt.prompt;
+    } else if (!opt.prompt_file.empty()) {
+        prompt = read_file(opt.prompt_file);
+    } else if (!isatty(STDIN_FILENO)) {
+        prompt = read_stdin();
+    } else {
+        std::fprintf(stderr, "tandem: no prompt: give -p TEXT, -f FILE or pipe text on stdin "
+                             "(interactive chat is not available yet); see --help\n");
+        return 2;
+    }
+    if (opt.backend != "auto" && opt.backend != "cpu")
+        throw tandem::Error("backend '" + opt.backend + "' is not available in this build (available: cpu)");
+
+    auto model = tandem::Model::load(opt.model_path, opt.tokenizer_path);
+    const tandem::ModelConfig& c = model->config;
+    const int n_ctx = choose_context(opt, c);
+    const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (opt.verbose)
+        std::fprintf(stderr, "tandem: %s (%s): %d layers, dim %d, %d heads (%d kv), vocab %d, ctx %d, %d threads\n",
+                     opt.model_path.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab,
+                     n_ctx, threads);
+
+    const std::vector<int> tokens = model->tokenizer->encode(prompt, model->tokenizer->add_bos());
+    if (static_cast<int>(tokens.size()) > n_ctx)
+        throw tandem::Error("the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
+                            std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
+                            std::to_string(c.context_length) + ")");
+
+    tandem::CpuBackend backend(*model, threads, std::max(1, opt.chunk));
+    auto cache = backend.new_cache(n_ctx);
+    tandem::Generator generator(*model, backend, *cache);
+
+    if (opt.echo && !write_stdout(prompt)) return 0;
+    tandem::GenerationParams params = opt.gen;
+    params.n_predict = opt.n_predict;
+    params.chunk = opt.chunk;
+    const tandem::GenerationStats st = generator.generate(tokens, params, write_stdout);
+    if (st.stop == tandem::StopReason::OutputClosed) return 0;  // the reader went away: end quietly
+    if (st.stop == tandem::StopReason::ContextFull)
+        std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
+
+    if (opt.stats) {
+        const double decode_tps = st.decode_s > 0 ? st.n_decode_forwards / st.decode_s : 0.0;
+        const double gbps = decode_tps * static_cast<double>(model->weights.bytes_per_token()) / 1e9;
+        std::fprintf(stderr,
+                     "\n--- stats ---\n"
+                     "prompt tokens:      %d\n"
+                     "prefill:            %.3f s, %.1f tokens/s\n"
+                     "time to first token: %.3f s\n"
+                     "generated tokens:   %d (stop: %s)\n"
+                     "decode:             %.3f s, %.1f tokens/s\n"
+                     "weight bandwidth:   %.2f GB/s (%.1f MB of weights per token)\n",
+                     st.n_prompt, st.prefill_s, st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0, st.ttft_s,
+                     st.n_generated, tandem::stop_reason_name(st.stop), st.decode_s, decode_tps, gbps,
+                     static_cast<double>(model->weights.bytes_per_token()) / 1e6);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::signal(SIGPIPE, SIG_IGN);  // a closed stdout shows up as a failed write, which ends generation quietly
+    Options opt;
+    CLI::App app{"tandem: local LLM inference from a GGUF file (streams generated text to stdout)"};
+    app.add_option("-m,--model", opt.model_path, "GGUF model file")->required()->check(CLI::ExistingFile);
+    app.add_option("-p,--prompt", opt.prompt, "prompt text");
+    app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
+    app.add_option("-n,--n-predict", opt.n_predict, "new tokens to generate (-1: until EOS or a full context)")
+        ->check(CLI::Range(-1, 1 << 30));
+    app.add_option("--temp", opt.gen.sampler.temperature, "temperature (0 = greedy)")
+        ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    app.add_option("--top-k", opt.gen.sampler.top_k, "keep the k most likely tokens (0 = off)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--top-p", opt.gen.sampler.top_p, "nucleus sampling threshold (1 = off)")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--min-p", opt.gen.sampler.min_p, "drop tokens below min-p × the top probability (0 = off)")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--repeat-penalty", opt.gen.sampler.repeat_penalty, "penalty for recent tokens (1 = off)")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--repeat-last-n", opt.gen.sampler.repeat_last_n, "how many recent tokens the penalty sees")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    auto* seed_opt = app.add_option("--seed", opt.gen.sampler.seed, "random seed (default: random)");
+    app.add_option("--stop", opt.gen.stops, "stop before this string (repeatable)")->take_all();
+    app.add_flag("--echo", opt.echo, "print the prompt before the generated text");
+    app.add_flag("--stats", opt.stats, "print timing and throughput statistics to stderr");
+    app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
+    app.add_option("-c,--ctx", opt.n_ctx, "context size in tokens (default: the model's, capped to memory)")
+        ->check(CLI::Range(1, 1 << 24));
+    app.add_option("--chunk", opt.chunk, "prompt tokens per prefill step")->capture_default_str()
+        ->check(CLI::Range(1, 1 << 16));
+    app.add_option("--tokenizer", opt.tokenizer_path, "sentencepiece .model overriding the GGUF vocabulary")
+        ->check(CLI::ExistingFile);
+    app.add_option("--backend", opt.backend, "compute backend: auto, cpu")->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    opt.seed_given = seed_opt->count() > 0;
+    if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();
+    if (!opt.prompt.empty() && !opt.prompt_file.empty()) {
+        std::fprintf(stderr, "tandem: give either -p or -f, not both\n");
+        return 2;
+    }
+    try {
+        tandem::Sampler::validate(opt.gen.sampler);
+        return run(opt);
+    } catch (const tandem::Error& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "tandem: error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "tandem: error: out of memory\n");
+        return 1;
+    }
+}

@@ -1,0 +1,92 @@
+// Sampler: turns one row of logits into the next token (greedy, repetition penalty, top-k, temperature, top-p,
+// min-p) with a seeded, portable RNG, and exposes the final distribution so speculative decoding can compare the
+// target's p and the draft's q after exactly the same transforms.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace tandem {
+
+struct SamplerParams {
+    float temperature = 0.8f;     // 0 = greedy
+    int top_k = 40;               // 0 = off
+    float top_p = 0.95f;          // 1 = off
+    float min_p = 0.05f;          // 0 = off
+    float repeat_penalty = 1.0f;  // 1 = off (llama.cpp/CTRL style: logit>0 ? logit/penalty : logit*penalty)
+    int repeat_last_n = 64;       // how many recent tokens the penalty looks at
+    uint64_t seed = 0;
+};
+
+// xoshiro256** seeded through splitmix64 (Blackman & Vigna). Written out here rather than std::mt19937 plus a
+// std:: distribution because the distributions are implementation-defined: the same seed must give the same tokens
+// with libstdc++, libc++ and MSVC alike.
+class Rng {
+public:
+    explicit Rng(uint64_t seed);
+    uint64_t next();
+    // 53 random bits as a double in [0,1): every value exactly representable, never 1.0.
+    double uniform_double();
+    // 24 random bits as a float in [0,1). (Rounding a 53-bit double to float could produce 1.0f.)
+    float uniform_float();
+
+private:
+    uint64_t s_[4];
+};
+
+class Sampler {
+public:
+    explicit Sampler(SamplerParams params, int n_vocab);
+
+    // Throws tandem::Error naming the first bad field.
+    static void validate(const SamplerParams& params);
+
+    // Picks the next token from `logits` (n_vocab floats). `history` is the token sequence so far (prompt + output),
+    // used by the repetition penalty. Greedy when temperature == 0: argmax, ties broken by the lowest id.
+    // For temperature > 0, sample() returns exactly what draw(distribution(...)) would with the same RNG state.
+    int sample(const float* logits, std::span<const int> history);
+
+    // The final probability distribution the sampler draws from (after penalty, top-k, temperature, top-p, min-p,
+    // renormalisation), written densely into `probs` (n_vocab floats, zeros outside the kept set; one-hot for
+    // greedy). Does not touch the RNG.
+    void distribution(const float* logits, std::span<const int> history, float* probs);
+
+    // Draws from a dense, not necessarily normalised distribution of n non-negative weights with this sampler's RNG
+    // by inverse CDF in id order (for speculative rejection sampling). Throws tandem::Error if no weight is > 0.
+    int draw(const float* probs, int n);
+
+    float uniform();  // a uniform draw in [0,1) from the sampler's RNG
+
+    const SamplerParams& params() const { return params_; }
+    int n_vocab() const { return n_vocab_; }
+
+private:
+    // Runs the transform chain on `logits`; leaves the kept ids in ids_[0, n_kept_) and their final (renormalised)
+    // probabilities in prob_[id]. Returns the argmax instead (n_kept_ = 1) when greedy.
+    void prepare(const float* logits, std::span<const int> history);
+    void load_logits(const float* logits, std::span<const int> history);
+    int argmax() const;
+    void top_k();
+    void softmax();
+    void top_p();
+    void min_p();
+    void renormalise();
+
+    SamplerParams params_;
+    int n_vocab_;
+    Rng rng_;
+
+    // Scratch, sized n_vocab once so that the per-token path never allocates.
+    std::vector<float> logit_;    // by id: logits after NaN clean-up and penalty
+    std::vector<float> prob_;     // by id: probability, valid only for the ids in ids_[0, n_kept_)
+    std::vector<int> ids_;        // candidate ids; a prefix [0, n_kept_) is the kept set
+    std::vector<uint8_t> seen_;   // by id: marks for the penalty's distinct-token pass, all zero between calls
+    std::vector<float> dense_;    // by id: the dense distribution when sample() draws from a large kept set
+    int n_kept_ = 0;
+    // How ids_[0, n_kept_) is ordered: ascending id (no sort was needed), by (logit desc, id asc) (top-k), or
+    // neither (top-p's quickselect). Each transform picks its cheapest path from this.
+    enum class Order { ById, ByLogit, None };
+    Order order_ = Order::ById;
+};
+
+}  // namespace tandem

@@ -1,0 +1,145 @@
+// write_synthetic_model: shapes, random weights and a made-up vocabulary.
+#include "synthetic_model.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "cpu/quant.h"
+#include "error.h"
+#include "gguf_writer.h"
+
+namespace tandem {
+namespace {
+
+// splitmix64: tiny, fast, deterministic everywhere.
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float uniform_pm1() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
+};
+
+// A matrix of `rows` rows × `cols` columns with uniform values of standard deviation 1/sqrt(cols), so that
+// activations keep their scale through the layers.
+std::vector<uint8_t> random_matrix(Rng& rng, GgmlType type, int64_t cols, int64_t rows) {
+    const float amp = std::sqrt(3.0f / static_cast<float>(cols));
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (float& v : row) v = amp * rng.uniform_pm1();
+        cpu::quantize_row(type, row.data(), out.data() + row_bytes * static_cast<size_t>(r), cols);
+    }
+    return out;
+}
+
+std::vector<uint8_t> ones_f32(int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+    std::vector<uint8_t> out(v.size() * sizeof(float));
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+}
+
+// A sentencepiece-style vocabulary: <unk>, <s>, </s>, the 256 byte pieces, then made-up normal pieces.
+void add_vocabulary(GgufWriter& w, int n_vocab) {
+    std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+    std::vector<int32_t> types = {2, 3, 3};
+    char buf[16];
+    for (int b = 0; b < 256; ++b) {
+        std::snprintf(buf, sizeof buf, "<0x%02X>", b);
+        tokens.push_back(buf);
+        types.push_back(6);
+    }
+    const std::string letters = "abcdefghijklmnopqrstuvwxyz";
+    for (int i = 0; static_cast<int>(tokens.size()) < n_vocab; ++i) {
+        // "▁" + a base-26 spelling of i: unique, and a plausible piece.
+        std::string piece = "\xe2\x96\x81";
+        for (int v = i; ; v = v / 26 - 1) {
+            piece.insert(3, 1, letters[static_cast<size_t>(v % 26)]);
+            if (v < 26) break;
+        }
+        tokens.push_back(piece);
+        types.push_back(1);
+    }
+    std::vector<float> scores(tokens.size());
+    for (size_t i = 0; i < scores.size(); ++i) scores[i] = types[i] == 1 ? -static_cast<float>(i) : 0.0f;
+    w.add_string("tokenizer.ggml.model", "llama");
+    w.add_string_array("tokenizer.ggml.tokens", tokens);
+    w.add_f32_array("tokenizer.ggml.scores", scores);
+    w.add_i32_array("tokenizer.ggml.token_type", types);
+    w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+    w.add_u32("tokenizer.ggml.bos_token_id", 1);
+    w.add_u32("tokenizer.ggml.eos_token_id", 2);
+    w.add_bool("tokenizer.ggml.add_bos_token", true);
+}
+
+}  // namespace
+
+uint64_t SyntheticShape::n_params() const {
+    const uint64_t head_dim = static_cast<uint64_t>(dim) / n_heads;
+    const uint64_t kv = head_dim * n_kv_heads;
+    const uint64_t per_layer = 2ull * dim + 2ull * dim * dim + 2ull * dim * kv + 3ull * dim * hidden_dim;
+    return per_layer * n_layers + static_cast<uint64_t>(dim) * n_vocab * (tied_output ? 1 : 2) + dim;
+}
+
+std::optional<SyntheticShape> synthetic_preset(const std::string& name) {
+    if (name == "tiny") return SyntheticShape{"tiny", 256, 768, 4, 8, 2, 1024, 512, false};
+    if (name == "1b") return SyntheticShape{"1b", 2048, 5632, 22, 32, 4, 32000, 2048, false};
+    if (name == "7b") return SyntheticShape{"7b", 4096, 11008, 32, 32, 32, 32000, 4096, false};
+    return std::nullopt;
+}
+
+void write_synthetic_model(const std::string& path, const SyntheticShape& s, GgmlType type, uint64_t seed) {
+    if (!cpu::find_kernels(type))
+        throw Error(std::string("synthetic models of type ") + ggml_type_name(type) + " are not supported");
+    if (s.dim % s.n_heads || s.n_heads % s.n_kv_heads)
+        throw Error("synthetic shape: dim must be a multiple of heads, and heads of kv heads");
+    Rng rng{seed};
+    const int64_t block = ggml_type_info(type).block_size;
+    auto matrix_type = [&](int64_t cols) { return cols % block == 0 ? type : GgmlType::F16; };
+    const int64_t kv_dim = static_cast<int64_t>(s.dim) / s.n_heads * s.n_kv_heads;
+
+    GgufWriter w;
+    w.add_string("general.architecture", "llama");
+    w.add_string("general.name", "synthetic-" + s.name + "-" + ggml_type_name(type));
+    w.add_u32("llama.context_length", static_cast<uint32_t>(s.context_length));
+    w.add_u32("llama.embedding_length", static_cast<uint32_t>(s.dim));
+    w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(s.hidden_dim));
+    w.add_u32("llama.block_count", static_cast<uint32_t>(s.n_layers));
+    w.add_u32("llama.attention.head_count", static_cast<uint32_t>(s.n_heads));
+    w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
+    w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(s.dim / s.n_heads));
+    w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.add_f32("llama.rope.freq_base", 10000.0f);
+    add_vocabulary(w, s.n_vocab);
+
+    auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
+        const GgmlType t = matrix_type(cols);
+        w.add_tensor(name, t, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
+                     random_matrix(rng, t, cols, rows));
+    };
+    add_matrix("token_embd.weight", s.dim, s.n_vocab);
+    w.add_tensor("output_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
+    if (!s.tied_output) add_matrix("output.weight", s.dim, s.n_vocab);
+    for (int l = 0; l < s.n_layers; ++l) {
+        const std::string p = "blk." + std::to_string(l) + ".";
+        w.add_tensor(p + "attn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
+        add_matrix(p + "attn_q.weight", s.dim, s.dim);
+        add_matrix(p + "attn_k.weight", s.dim, kv_dim);
+        add_matrix(p + "attn_v.weight", s.dim, kv_dim);
+        add_matrix(p + "attn_output.weight", s.dim, s.dim);
+        w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
+        add_matrix(p + "ffn_gate.weight", s.dim, s.hidden_dim);
+        add_matrix(p + "ffn_up.weight", s.dim, s.hidden_dim);
+        add_matrix(p + "ffn_down.weight", s.hidden_dim, s.dim);
+    }
+    w.write(path);
+}
+
+}  // namespace tandem

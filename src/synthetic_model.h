@@ -1,0 +1,27 @@
+// Synthetic llama models: GGUF files of any shape and weight type with random weights and a made-up
+// sentencepiece vocabulary, so speed can be measured on model sizes that no real file here has (e.g. a 1B or 7B
+// llama in q4_0) and the loader can be tested on every type. The text they generate is meaningless.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "ggml_types.h"
+
+namespace tandem {
+
+struct SyntheticShape {
+    std::string name;
+    int dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, n_vocab = 0, context_length = 0;
+    bool tied_output = false;
+    uint64_t n_params() const;
+};
+
+// Named presets: "tiny" (a few MB, for tests), "1b" (TinyLlama-1.1B's shape), "7b" (Llama-2-7B's shape).
+std::optional<SyntheticShape> synthetic_preset(const std::string& name);
+
+// Writes a model of `shape` whose 2-D matrices are of `type` (norms f32; rows whose length is not a multiple of
+// the type's block size fall back to f16). Deterministic for a given seed.
+void write_synthetic_model(const std::string& path, const SyntheticShape& shape, GgmlType type, uint64_t seed = 1);
+
+}  // namespace tandem

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# End-to-end checks of the tandem command line: prompt sources (-p, -f, stdin), --echo, --stop, stats on stderr
+# only, seeds, usage errors, missing/corrupt model, prompt longer than the context, closed stdout pipe.
+# Usage: cli.sh BUILD_DIR DATA_DIR
+set -uo pipefail
+build=$1 data=$2
+tandem="$build/tandem"
+model="$data/stories260K.gguf"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+
+# The greedy continuation of "Once upon a time" from llama2.c (the reference's first case), first sentence.
+expected_start=', there was a little girl named Lily. She loved to play outside in the park.'
+
+out=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 2>"$tmp/err")
+check "-p greedy text matches llama2.c" [ "${out:0:${#expected_start}}" = "$expected_start" ]
+check "-p writes nothing on stderr by default" [ ! -s "$tmp/err" ]
+
+printf 'Once upon a time' >"$tmp/prompt.txt"
+out_f=$("$tandem" -m "$model" -f "$tmp/prompt.txt" -n 40 --temp 0 2>/dev/null)
+check "-f equals -p" [ "$out_f" = "$out" ]
+out_stdin=$(printf 'Once upon a time' | "$tandem" -m "$model" -n 40 --temp 0 2>/dev/null)
+check "stdin equals -p" [ "$out_stdin" = "$out" ]
+
+out_echo=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --echo 2>/dev/null)
+check "--echo prints the prompt first" [ "$out_echo" = "Once upon a time$out" ]
+
+out_stop=$("$tandem" -m "$model" -p "Once upon a time" -n 100 --temp 0 --stop "Lily" 2>/dev/null)
+check "--stop cuts before the stop string" [ "$out_stop" = ", there was a little girl named " ]
+out_stop2=$("$tandem" -m "$model" -p "Once upon a time" -n 100 --temp 0 --stop "zzz" --stop " park" 2>/dev/null)
+check "--stop is repeatable" [ "$out_stop2" = ", there was a little girl named Lily. She loved to play outside in the" ]
+
+"$tandem" -m "$model" -p "Once upon a time" -n 20 --temp 0 --stats >"$tmp/out" 2>"$tmp/err"
+check "--stats leaves stdout to text" [ "$(cat "$tmp/out")" = "${out:0:$(wc -c <"$tmp/out")}" ]
+for key in "prompt tokens" "prefill" "time to first token" "generated tokens" "decode" "GB/s"; do
+  check "--stats reports $key" grep -q "$key" "$tmp/err"
+done
+
+s1=$("$tandem" -m "$model" -p "Once upon a time" -n 50 --temp 1 --seed 42 2>/dev/null)
+s2=$("$tandem" -m "$model" -p "Once upon a time" -n 50 --temp 1 --seed 42 2>/dev/null)
+s3=$("$tandem" -m "$model" -p "Once upon a time" -n 50 --temp 1 --seed 43 2>/dev/null)
+check "same seed, same output" [ "$s1" = "$s2" ]
+check "another seed, another output" [ "$s1" != "$s3" ]
+
+# Errors: a message on stderr, nothing on stdout, a non-zero exit.
+expect_error() {
+  local what=$1; shift
+  "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
+  local rc=$?
+  if [ $rc -ne 0 ] && [ -s "$tmp/err" ] && [ ! -s "$tmp/out" ] && [ $rc -lt 128 ]; then ok; else
+    bad "$what (rc=$rc, stderr: $(head -c 300 "$tmp/err"))"; fi
+}
+expect_error "unknown flag" "$tandem" -m "$model" -p hi --no-such-flag
+expect_error "bad value" "$tandem" -m "$model" -p hi -n abc
+expect_error "negative temperature" "$tandem" -m "$model" -p hi --temp -1
+expect_error "top-p out of range" "$tandem" -m "$model" -p hi --top-p 1.5
+expect_error "missing model" "$tandem" -m "$tmp/nope.gguf" -p hi
+head -c 5000 "$model" >"$tmp/truncated.gguf"
+expect_error "truncated model" "$tandem" -m "$tmp/truncated.gguf" -p hi
+printf 'not a gguf file at all, just text\n' >"$tmp/text.gguf"
+expect_error "not a GGUF" "$tandem" -m "$tmp/text.gguf" -p hi
+expect_error "prompt longer than the context" "$tandem" -m "$model" -p "Once upon a time there was a dog" --ctx 4
+expect_error "-p and -f together" "$tandem" -m "$model" -p hi -f "$tmp/prompt.txt"
+"$tandem" -m "$tmp/truncated.gguf" -p hi >/dev/null 2>"$tmp/err"
+check "the error names the file" grep -q "truncated.gguf" "$tmp/err"
+
+# A closed pipe ends quietly: no error output, no hang.
+"$tandem" -m "$model" -p "Once upon a time" -n 400 --temp 0 2>"$tmp/err" | head -c 20 >/dev/null
+check "closed pipe: no error output" [ ! -s "$tmp/err" ]
+
+# A full context stops with a note on stderr.
+"$tandem" -m "$model" -p "Once upon a time" --temp 0 --ctx 16 >"$tmp/out" 2>"$tmp/err"
+check "full context: exit 0" [ $? -eq 0 ]
+check "full context: note on stderr" grep -q "context" "$tmp/err"
+
+echo "cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,169 @@
+// Forward-pass tests on stories260K against llama2.c's outputs (an independent implementation): logits at
+// positions 4..7 of "Once upon a time", greedy continuations of every reference prompt, and batch invariance.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "cpu/cpu_backend.h"
+#include "generator.h"
+#include "model.h"
+#include "reference_files.h"
+
+using namespace tandem;
+
+namespace {
+
+const std::string kData = TANDEM_TEST_DATA;
+
+std::vector<float> run_logits(Backend& backend, KvCache& cache, const std::vector<int>& tokens, int chunk,
+                              int n_vocab) {
+    // Logits of every position, feeding the tokens `chunk` at a time.
+    std::vector<float> all(tokens.size() * static_cast<size_t>(n_vocab));
+    for (size_t b = 0; b < tokens.size(); b += static_cast<size_t>(chunk)) {
+        const size_t n = std::min(tokens.size() - b, static_cast<size_t>(chunk));
+        backend.forward(std::span<const int>(tokens.data() + b, n), cache, static_cast<int>(n),
+                        all.data() + b * n_vocab);
+    }
+    return all;
+}
+
+std::vector<int> greedy_ids(Backend& backend, KvCache& cache, const std::vector<int>& prompt, int n_positions,
+                            int n_vocab, int chunk) {
+    std::vector<float> logits(n_vocab);
+    std::vector<int> out;
+    for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(chunk)) {
+        const size_t n = std::min(prompt.size() - b, static_cast<size_t>(chunk));
+        backend.forward(std::span<const int>(prompt.data() + b, n), cache, b + n == prompt.size() ? 1 : 0,
+                        logits.data());
+    }
+    // llama2.c runs `steps` = 200 positions: the token sampled at the last one is printed but never fed, so
+    // prompt + output hold n_positions + 1 tokens. It stops early when the model emits BOS (kept in the ids).
+    for (;;) {
+        const int tok = static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+        out.push_back(tok);
+        if (tok == 1 || static_cast<int>(prompt.size() + out.size()) == n_positions + 1) break;
+        backend.forward(std::span<const int>(&tok, 1), cache, 1, logits.data());
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("model: stories260K config from GGUF") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const ModelConfig& c = model->config;
+    CHECK(c.arch == "llama");
+    CHECK(c.dim == 64);
+    CHECK(c.hidden_dim == 172);
+    CHECK(c.n_layers == 5);
+    CHECK(c.n_heads == 8);
+    CHECK(c.n_kv_heads == 4);
+    CHECK(c.head_dim == 8);
+    CHECK(c.n_vocab == 512);
+    CHECK(model->weights.tied_output == false);
+}
+
+TEST_CASE("model: logits match llama2.c for 'Once upon a time'") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const auto ref = test::read_reference_logits(kData + "/stories260K-logits.txt");
+    REQUIRE(ref.size() == 4);
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    for (int chunk : {1, 5}) {
+        CpuBackend backend(*model, 2, 64);
+        auto cache = backend.new_cache(64);
+        // Feed the prompt, then the greedy tokens the reference fed, collecting logits at positions 4..7.
+        std::vector<int> tokens = prompt;
+        std::vector<float> all = run_logits(backend, *cache, tokens, chunk, 512);
+        float max_diff = 0;
+        for (const auto& [pos, logits] : ref) {
+            if (pos >= static_cast<int>(tokens.size())) {
+                // Next token: greedy from the previous position, as llama2.c fed it.
+                const float* prev = all.data() + static_cast<size_t>(pos - 1) * 512;
+                const int tok = static_cast<int>(std::max_element(prev, prev + 512) - prev);
+                tokens.push_back(tok);
+                std::vector<float> next(512);
+                backend.forward(std::span<const int>(&tokens.back(), 1), *cache, 1, next.data());
+                all.insert(all.end(), next.begin(), next.end());
+            }
+            for (int v = 0; v < 512; ++v)
+                max_diff = std::max(max_diff, std::fabs(all[static_cast<size_t>(pos) * 512 + v] - logits[v]));
+        }
+        INFO("chunk " << chunk << ": max |logit - llama2.c| = " << max_diff);
+        CHECK(max_diff <= 1e-4f);
+    }
+}
+
+TEST_CASE("model: greedy continuations equal llama2.c's for every reference prompt") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
+    REQUIRE(cases.size() >= 5);
+    CpuBackend backend(*model, 2, 64);
+    for (const auto& c : cases) {
+        CHECK(model->tokenizer->encode(c.prompt, true) == c.prompt_ids);
+        auto cache = backend.new_cache(256);
+        const std::vector<int> got = greedy_ids(backend, *cache, c.prompt_ids, 200, 512, 64);
+        INFO("prompt: " << c.prompt);
+        CHECK(got == c.generated_ids);
+    }
+}
+
+TEST_CASE("model: batch invariance — chunk sizes 1, 2, 7 and 64 give bitwise identical logits") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
+    std::vector<int> tokens = cases[0].prompt_ids;
+    tokens.insert(tokens.end(), cases[0].generated_ids.begin(), cases[0].generated_ids.begin() + 95);
+    std::vector<float> baseline;
+    for (int chunk : {1, 2, 7, 64}) {
+        for (int threads : {1, 2}) {
+            CpuBackend backend(*model, threads, chunk == 64 ? 64 : 16);
+            auto cache = backend.new_cache(128);
+            std::vector<float> all = run_logits(backend, *cache, tokens, chunk, 512);
+            if (baseline.empty()) {
+                baseline = all;
+                continue;
+            }
+            INFO("chunk " << chunk << ", threads " << threads);
+            CHECK(std::memcmp(all.data(), baseline.data(), all.size() * sizeof(float)) == 0);
+        }
+    }
+}
+
+TEST_CASE("model: truncating the cache and refeeding reproduces the logits") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    CpuBackend backend(*model, 2, 64);
+    auto cache = backend.new_cache(64);
+    const std::vector<int> tokens = {1, 403, 407, 261, 378, 432, 383, 286};
+    std::vector<float> first = run_logits(backend, *cache, tokens, 8, 512);
+    cache->truncate(5);
+    CHECK(cache->n_committed() == 5);
+    std::vector<int> wrong = {300, 301, 302};
+    std::vector<float> scratch(3 * 512);
+    backend.forward(wrong, *cache, 3, scratch.data());
+    cache->truncate(5);
+    std::vector<float> again(3 * 512);
+    backend.forward(std::span<const int>(tokens.data() + 5, 3), *cache, 3, again.data());
+    CHECK(std::memcmp(again.data(), first.data() + 5 * 512, again.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("generator: stop strings are cut and held back across pieces") {
+    StopStringFilter f({"STOP", "\n\n"});
+    std::string out = f.push("hello ST");
+    CHECK(out == "hello ");
+    out += f.push("O");
+    CHECK(out == "hello ");
+    out += f.push("x world\n");
+    CHECK(out == "hello STOx world");
+    out += f.push("\nmore");
+    CHECK(f.stopped());
+    CHECK(out == "hello STOx world");
+    CHECK(f.flush().empty());
+
+    StopStringFilter g({"abc"});
+    std::string s = g.push("xxab");
+    s += g.flush();
+    CHECK(s == "xxab");
+    CHECK_FALSE(g.stopped());
+}

@@ -1,0 +1,134 @@
+// tandem-bench: llama-bench-style throughput figures. Prefill tokens/s for a P-token prompt (pp512) and decode
+// tokens/s for N tokens (tg128), each the median of R runs after a warm-up, with the weight bandwidth achieved in
+// decode. It can also write synthetic llama models of a given shape and type (random weights) so that speed is
+// measurable on sizes no real file here has.
+//   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS] [--chunk 256]
+//   tandem-bench --make-synthetic 1b --type q4_0 -o /tmp/1b-q4_0.gguf
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "cpu/cpu_backend.h"
+#include "error.h"
+#include "model.h"
+#include "synthetic_model.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Deterministic "random" prompt tokens, avoiding the first 3 (unk/bos/eos) ids.
+std::vector<int> bench_tokens(int n, int n_vocab) {
+    std::vector<int> t(static_cast<size_t>(n));
+    uint64_t s = 12345;
+    for (int& x : t) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        x = 3 + static_cast<int>((s >> 33) % static_cast<uint64_t>(n_vocab - 3));
+    }
+    return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string model_path, synth_name, synth_type = "q4_0", synth_out;
+    int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, chunk = 256;
+    CLI::App app{"tandem-bench: prefill (pp) and decode (tg) throughput, llama-bench style"};
+    app.add_option("-m,--model", model_path, "GGUF model to measure")->check(CLI::ExistingFile);
+    app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the prefill test (0 = skip)")->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
+    app.add_option("-n,--n-gen", n_gen, "tokens for the decode test (0 = skip)")->capture_default_str()
+        ->check(CLI::Range(0, 1 << 20));
+    app.add_option("-r,--repetitions", reps, "runs per test (median reported)")->capture_default_str()
+        ->check(CLI::Range(1, 1000));
+    app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
+    app.add_option("--chunk", chunk, "prefill chunk size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+    app.add_option("--make-synthetic", synth_name, "write a synthetic model: tiny, 1b or 7b");
+    app.add_option("--type", synth_type, "weight type of the synthetic model (f32, f16, q8_0, q4_0)")
+        ->capture_default_str();
+    app.add_option("-o,--output", synth_out, "where to write the synthetic model");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    try {
+        if (!synth_name.empty()) {
+            auto shape = tandem::synthetic_preset(synth_name);
+            if (!shape) throw tandem::Error("unknown synthetic preset '" + synth_name + "' (tiny, 1b, 7b)");
+            auto type = tandem::ggml_type_from_name(synth_type);
+            if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
+            if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");
+            std::fprintf(stderr, "writing %s: %.2fB parameters, %s\n", synth_out.c_str(), shape->n_params() / 1e9,
+                         synth_type.c_str());
+            tandem::write_synthetic_model(synth_out, *shape, *type);
+            if (model_path.empty()) return 0;
+        }
+        if (model_path.empty()) throw tandem::Error("give -m MODEL.gguf (or --make-synthetic NAME -o FILE)");
+        if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+
+        auto model = tandem::Model::load(model_path);
+        const tandem::ModelConfig& c = model->config;
+        const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
+        tandem::CpuBackend backend(*model, threads, chunk);
+        auto cache = backend.new_cache(n_prompt + n_gen + 1);
+        std::vector<float> logits(static_cast<size_t>(c.n_vocab));
+        const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen), c.n_vocab);
+
+        auto run_pp = [&] {
+            cache->truncate(0);
+            const auto t0 = Clock::now();
+            for (int b = 0; b < n_prompt; b += chunk) {
+                const int n = std::min(chunk, n_prompt - b);
+                backend.forward(std::span<const int>(prompt.data() + b, n), *cache, b + n == n_prompt ? 1 : 0,
+                                logits.data());
+            }
+            return n_prompt / std::chrono::duration<double>(Clock::now() - t0).count();
+        };
+        auto run_tg = [&] {
+            cache->truncate(0);
+            const auto t0 = Clock::now();
+            for (int i = 0; i < n_gen; ++i) backend.forward(std::span<const int>(&prompt[i], 1), *cache, 1, logits.data());
+            return n_gen / std::chrono::duration<double>(Clock::now() - t0).count();
+        };
+
+        uint64_t n_params = 0;
+        for (const auto& t : model->file->tensors()) n_params += t.n_elements();
+        std::printf("| model | size | params | threads | test | tokens/s (median of %d) | weight GB/s |\n", reps);
+        std::printf("|---|---|---|---|---|---|---|\n");
+        const double size_gib = static_cast<double>(model->file->file_size()) / (1024.0 * 1024 * 1024);
+        auto print = [&](const char* test, int n, std::vector<double> runs, bool decode) {
+            const double tps = median(std::move(runs));
+            const std::string gbps = decode ? std::to_string(tps * bytes_per_token / 1e9).substr(0, 5) : "";
+            std::printf("| %s | %.1f MiB | %.3fB | %d | %s%d | %.2f | %s |\n", c.name.c_str(), size_gib * 1024,
+                        static_cast<double>(n_params) / 1e9, threads, test, n, tps, gbps.c_str());
+            std::fflush(stdout);
+        };
+        if (n_prompt > 0) {
+            run_pp();  // warm-up: page in the weights
+            std::vector<double> runs;
+            for (int r = 0; r < reps; ++r) runs.push_back(run_pp());
+            print("pp", n_prompt, runs, false);
+        }
+        if (n_gen > 0) {
+            run_tg();
+            std::vector<double> runs;
+            for (int r = 0; r < reps; ++r) runs.push_back(run_tg());
+            print("tg", n_gen, runs, true);
+        }
+        return 0;
+    } catch (const tandem::Error& e) {
+        std::fprintf(stderr, "tandem-bench: error: %s\n", e.what());
+        return 1;
+    }
+}
