@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "backend.h"
 #include "error.h"
@@ -56,81 +57,261 @@ std::string StopStringFilter::flush() {
     return out;
 }
 
-Generator::Generator(const Model& model, Backend& backend, KvCache& cache)
-    : model_(model), backend_(backend), cache_(cache), logits_(static_cast<size_t>(model.config.n_vocab)) {}
-
-GenerationStats Generator::generate(const std::vector<int>& prompt, const GenerationParams& params,
-                                    const std::function<bool(std::string_view)>& emit) {
+// Where sampled tokens go: the history (for the penalty and lookup), the stop conditions, the streaming decoder,
+// the stop-string filter and the consumer. Shared by the plain and the speculative loop so they stop alike.
+class Generator::Output {
+public:
     using Clock = std::chrono::steady_clock;
-    auto seconds_since = [](Clock::time_point t0) {
-        return std::chrono::duration<double>(Clock::now() - t0).count();
-    };
-    GenerationStats stats;
-    if (prompt.empty()) throw Error("the prompt is empty (no tokens to start from)");
-    if (cache_.n_committed() + static_cast<int>(prompt.size()) > cache_.capacity())
-        throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds only " +
-                    std::to_string(cache_.capacity() - cache_.n_committed()) + " (use --ctx to enlarge it)");
-    const int chunk = std::max(1, params.chunk);
+    Output(const Model& model, const GenerationParams& params, const std::vector<int>& prompt,
+           const std::function<bool(std::string_view)>& emit, GenerationStats& stats, Clock::time_point t_start)
+        : eos_(model.tokenizer->eos()), n_predict_(params.n_predict), emit_(emit), stats_(stats),
+          t_start_(t_start), detok_(*model.tokenizer, /*at_start=*/false), stop_filter_(params.stops),
+          history(prompt) {
+        history.reserve(prompt.size() + static_cast<size_t>(std::max(0, params.n_predict)) + 64);
+    }
 
-    const Clock::time_point t_start = Clock::now();
+    GenerationStats& stats() { return stats_; }
+    // Takes one sampled token; false when generation must end (the reason is in stats.stop).
+    bool push(int tok) {
+        if (tok == eos_) return end(StopReason::Eos);
+        ++stats_.n_generated;
+        history.push_back(tok);
+        if (!deliver(stop_filter_.push(detok_.push(tok)))) return end(StopReason::OutputClosed);
+        if (stop_filter_.stopped()) return end(StopReason::StopString);
+        if (n_predict_ >= 0 && stats_.n_generated >= n_predict_) return end(StopReason::Length);
+        return true;
+    }
+    int remaining() const { return n_predict_ < 0 ? 1 << 30 : n_predict_ - stats_.n_generated; }
+    bool stop_context_full() { return end(StopReason::ContextFull); }
+
+    // Hands out what the decoder and the filter still hold (not after a closed pipe or a stop string).
+    void finish() {
+        if (stats_.stop != StopReason::OutputClosed && stats_.stop != StopReason::StopString) {
+            std::string rest = stop_filter_.push(detok_.flush());
+            rest += stop_filter_.flush();
+            if (!deliver(rest)) stats_.stop = StopReason::OutputClosed;
+        }
+        if (first_) stats_.ttft_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
+    }
+
+private:
+    bool end(StopReason reason) {
+        stats_.stop = reason;
+        return false;
+    }
+    bool deliver(const std::string& text) {
+        if (first_) {
+            stats_.ttft_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
+            first_ = false;
+        }
+        return text.empty() || emit_(text);
+    }
+
+    const int eos_;
+    const int n_predict_;
+    const std::function<bool(std::string_view)>& emit_;
+    GenerationStats& stats_;
+    const Clock::time_point t_start_;
+    TokenStreamDecoder detok_;
+    StopStringFilter stop_filter_;
+    bool first_ = true;
+
+public:
+    std::vector<int> history;  // prompt + generated tokens
+};
+
+Generator::Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft)
+    : model_(model), backend_(backend), cache_(cache), draft_(draft),
+      logits_(static_cast<size_t>(model.config.n_vocab)) {}
+
+void Generator::prefill(const std::vector<int>& prompt, int chunk) {
+    chunk = std::max(1, chunk);
     for (size_t begin = 0; begin < prompt.size(); begin += static_cast<size_t>(chunk)) {
         const size_t n = std::min(prompt.size() - begin, static_cast<size_t>(chunk));
         const bool last = begin + n == prompt.size();
         backend_.forward(std::span<const int>(prompt.data() + begin, n), cache_, last ? 1 : 0, logits_.data());
     }
+}
+
+GenerationStats Generator::generate(const std::vector<int>& prompt, const GenerationParams& params,
+                                    const std::function<bool(std::string_view)>& emit) {
+    using Clock = std::chrono::steady_clock;
+    GenerationStats stats;
+    if (prompt.empty()) throw Error("the prompt is empty (no tokens to start from)");
+    if (cache_.n_committed() + static_cast<int>(prompt.size()) > cache_.capacity())
+        throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds only " +
+                    std::to_string(cache_.capacity() - cache_.n_committed()) + " (use --ctx to enlarge it)");
+
+    const Clock::time_point t_start = Clock::now();
+    prefill(prompt, params.chunk);
     stats.n_prompt = static_cast<int>(prompt.size());
-    stats.prefill_s = seconds_since(t_start);
+    stats.prefill_s = std::chrono::duration<double>(Clock::now() - t_start).count();
 
     Sampler sampler(params.sampler, model_.config.n_vocab);
-    StopStringFilter stop_filter(params.stops);
-    TokenStreamDecoder detok(*model_.tokenizer, /*at_start=*/false);
-    std::vector<int> history = prompt;
-    history.reserve(prompt.size() + static_cast<size_t>(std::max(0, params.n_predict)) + 1);
-
+    Output out(model_, params, prompt, emit, stats, t_start);
     const Clock::time_point t_decode = Clock::now();
-    bool first = true;
-    auto deliver = [&](const std::string& text) {
-        if (first) {
-            stats.ttft_s = seconds_since(t_start);
-            first = false;
-        }
-        return text.empty() || emit(text);
-    };
+    const bool speculative = draft_.model != nullptr || params.speculative.lookup;
+    if (speculative)
+        decode_speculative(out, sampler, params, prompt);
+    else
+        decode_plain(out, sampler, params);
+    out.finish();
+    stats.generated.assign(out.history.begin() + static_cast<std::ptrdiff_t>(prompt.size()), out.history.end());
+    stats.decode_s = std::chrono::duration<double>(Clock::now() - t_decode).count();
+    stats.speculative = speculative;
+    return stats;
+}
+
+void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams&) {
     for (;;) {
-        const int tok = sampler.sample(logits_.data(), history);
-        if (tok == model_.tokenizer->eos()) {
-            stats.stop = StopReason::Eos;
-            break;
-        }
-        ++stats.n_generated;
-        history.push_back(tok);
-        if (!deliver(stop_filter.push(detok.push(tok)))) {
-            stats.stop = StopReason::OutputClosed;
-            break;
-        }
-        if (stop_filter.stopped()) {
-            stats.stop = StopReason::StopString;
-            break;
-        }
-        if (params.n_predict >= 0 && stats.n_generated >= params.n_predict) {
-            stats.stop = StopReason::Length;
-            break;
-        }
+        const int tok = sampler.sample(logits_.data(), out.history);
+        if (!out.push(tok)) return;
         if (cache_.n_committed() >= cache_.capacity()) {
-            stats.stop = StopReason::ContextFull;
-            break;
+            out.stop_context_full();
+            return;
         }
         backend_.forward(std::span<const int>(&tok, 1), cache_, 1, logits_.data());
-        ++stats.n_decode_forwards;
+        ++out.stats().n_decode_forwards;
     }
-    if (stats.stop != StopReason::OutputClosed && stats.stop != StopReason::StopString) {
-        std::string rest = stop_filter.push(detok.flush());
-        rest += stop_filter.flush();
-        if (!deliver(rest)) stats.stop = StopReason::OutputClosed;
+}
+
+// Each round: the draft (or prompt lookup) proposes k tokens, the target scores cur + the k tokens in one
+// forward, the accepted prefix and the target's next token are emitted, and both caches are cut back to what was
+// accepted. `cur` (the last emitted token) is never in the target's cache at the start of a round: it is the
+// first token of the verification batch.
+void Generator::decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params,
+                                   const std::vector<int>& prompt) {
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    const SpeculativeParams& sp = params.speculative;
+    const bool greedy = params.sampler.temperature <= 0.0f;
+    const int n_vocab = model_.config.n_vocab;
+    const size_t V = static_cast<size_t>(n_vocab);
+    SpeculativeStats& st = out.stats().spec;
+
+    DraftLengthController controller(sp.draft_min, sp.draft_max);
+    controller.set_free_drafts(draft_.model == nullptr);
+    LookupProposer lookup(sp);
+    const int k_cap = std::max(0, sp.draft_max);
+    // The draft's sampler applies the same transforms with its own random stream.
+    SamplerParams draft_sampler_params = params.sampler;
+    draft_sampler_params.seed = params.sampler.seed ^ 0x9e3779b97f4a7c15ull;
+    const int draft_vocab = draft_.model ? draft_.model->config.n_vocab : 0;
+    Sampler draft_sampler(draft_sampler_params, std::max(1, draft_vocab));
+    std::vector<float> draft_logits(static_cast<size_t>(std::max(1, draft_vocab)));
+    std::vector<float> target_logits((static_cast<size_t>(k_cap) + 1) * V);
+    std::vector<float> p_rows((static_cast<size_t>(k_cap) + 1) * V);
+    std::vector<float> q_rows(static_cast<size_t>(std::max(1, k_cap)) * V);
+    std::vector<float> scratch(V);
+    std::vector<int> batch, context;
+    batch.reserve(static_cast<size_t>(k_cap) + 1);
+
+    // The draft sees the whole prompt now (it needs no logits until it proposes).
+    int draft_fed = 0;  // tokens of out.history in the draft's cache
+    if (draft_.model) {
+        const int chunk = std::max(1, params.chunk);
+        for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(chunk)) {
+            const size_t n = std::min(prompt.size() - b, static_cast<size_t>(chunk));
+            draft_.backend->forward(std::span<const int>(prompt.data() + b, n), *draft_.cache, 0, nullptr);
+        }
+        draft_fed = static_cast<int>(prompt.size());
     }
-    if (first) stats.ttft_s = seconds_since(t_start);
-    stats.decode_s = seconds_since(t_decode);
-    return stats;
+
+    int cur = sampler.sample(logits_.data(), out.history);
+    if (!out.push(cur)) return;
+    for (;;) {
+        const int committed = cache_.n_committed();
+        if (committed >= cache_.capacity()) {
+            out.stop_context_full();
+            return;
+        }
+        // Room in the cache for cur + k, and no point drafting past the tokens still wanted.
+        const int k_limit = std::min({k_cap, cache_.capacity() - committed - 1, out.remaining() - 1});
+        const int k = controller.choose(k_limit);
+
+        // ---- propose ----
+        std::vector<int> drafted;
+        double draft_seconds = 0;
+        if (k > 0 && sp.lookup) drafted = lookup.propose(out.history, k);
+        const bool from_lookup = !drafted.empty();
+        if (k > 0 && !from_lookup && draft_.model) {
+            const Clock::time_point t0 = Clock::now();
+            // Catch the draft up on everything it has not seen (cur, and after a full acceptance the last draft).
+            const std::span<const int> pending(out.history.data() + draft_fed, out.history.size() - draft_fed);
+            draft_.backend->forward(pending, *draft_.cache, 1, draft_logits.data());
+            draft_fed = static_cast<int>(out.history.size());
+            context = out.history;
+            for (int i = 0; i < k; ++i) {
+                float* q = &q_rows[static_cast<size_t>(i) * V];
+                std::fill(q, q + V, 0.0f);  // ids beyond a prefix draft vocabulary stay at probability 0
+                draft_sampler.distribution(draft_logits.data(), context, q);
+                // Confidence: the draft's own top probability (greedy q is one-hot, so use its plain softmax).
+                float top = *std::max_element(q, q + draft_vocab);
+                if (greedy) {
+                    const float mx = *std::max_element(draft_logits.begin(), draft_logits.end());
+                    double sum = 0;
+                    for (float l : draft_logits) sum += std::exp(static_cast<double>(l - mx));
+                    top = static_cast<float>(1.0 / sum);
+                }
+                if (top < sp.p_min && i > 0) break;
+                const int d = greedy ? static_cast<int>(std::max_element(q, q + draft_vocab) - q)
+                                     : draft_sampler.draw(q, draft_vocab);
+                drafted.push_back(d);
+                context.push_back(d);
+                if (i + 1 < k) draft_.backend->forward(std::span<const int>(&d, 1), *draft_.cache, 1, draft_logits.data());
+            }
+            draft_seconds = since(t0);
+            st.draft_s += draft_seconds;
+        } else if (from_lookup) {
+            for (size_t i = 0; i < drafted.size(); ++i) {
+                float* q = &q_rows[i * V];
+                std::fill(q, q + V, 0.0f);
+                q[static_cast<size_t>(drafted[i])] = 1.0f;  // a deterministic proposal: q is one-hot
+            }
+        }
+        const int n_drafted = static_cast<int>(drafted.size());
+
+        // ---- verify: one target forward over cur + drafted ----
+        batch.assign(1, cur);
+        batch.insert(batch.end(), drafted.begin(), drafted.end());
+        const Clock::time_point t_verify = Clock::now();
+        backend_.forward(batch, cache_, n_drafted + 1, target_logits.data());
+        const double verify_seconds = since(t_verify);
+        st.verify_s += verify_seconds;
+        controller.record_verify(n_drafted + 1, verify_seconds);
+        ++st.rounds;
+        ++out.stats().n_decode_forwards;
+
+        Verdict verdict;
+        if (n_drafted == 0) {
+            ++st.plain_steps;
+            verdict.next_token = sampler.sample(target_logits.data(), out.history);  // exactly the plain step
+        } else {
+            context = out.history;
+            for (int i = 0; i <= n_drafted; ++i) {
+                sampler.distribution(&target_logits[static_cast<size_t>(i) * V], context, &p_rows[static_cast<size_t>(i) * V]);
+                if (i < n_drafted) context.push_back(drafted[static_cast<size_t>(i)]);
+            }
+            verdict = verify_proposal(drafted, p_rows.data(), q_rows.data(), n_vocab, greedy, sampler, scratch.data());
+            st.drafted += n_drafted;
+            st.accepted += verdict.n_accepted;
+            ++st.accepted_hist[static_cast<size_t>(std::min(verdict.n_accepted, 64))];
+            controller.record_round(n_drafted, verdict.n_accepted, from_lookup ? 0.0 : draft_seconds);
+        }
+
+        // ---- roll back what was not accepted, then emit ----
+        const int keep = committed + 1 + verdict.n_accepted;  // cur + the accepted drafts
+        cache_.truncate(keep);
+        if (draft_.model) {
+            // The draft's cache holds history + the drafts it was fed; what survives is the accepted part.
+            draft_.cache->truncate(keep);
+            draft_fed = draft_.cache->n_committed();
+        }
+        for (int i = 0; i < verdict.n_accepted; ++i)
+            if (!out.push(drafted[static_cast<size_t>(i)])) return;
+        cur = verdict.next_token;
+        if (!out.push(cur)) return;
+    }
 }
 
 }  // namespace tandem

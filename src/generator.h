@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "sampler.h"
+#include "speculative.h"
 
 namespace tandem {
 
@@ -20,6 +21,7 @@ struct GenerationParams {
     int chunk = 256;                  // prompt tokens per prefill forward
     std::vector<std::string> stops;   // generation ends before the first occurrence of any of these
     SamplerParams sampler;
+    SpeculativeParams speculative;    // used when the Generator has a draft model or speculative.lookup is set
 };
 
 enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };
@@ -33,6 +35,9 @@ struct GenerationStats {
     double decode_s = 0;       // wall time from the first sampled token to the end
     int n_decode_forwards = 0; // forwards of one token after the prompt
     StopReason stop = StopReason::Eos;
+    std::vector<int> generated;  // the generated ids (EOS excluded), e.g. for a chat to keep its history
+    bool speculative = false;  // the speculative loop ran; `spec` holds its figures
+    SpeculativeStats spec;
 };
 
 // Holds back text that might be the beginning of a stop string, and cuts the text at the first stop string.
@@ -52,18 +57,34 @@ private:
     bool stopped_ = false;
 };
 
+// A draft model beside the target: its own backend and cache.
+struct DraftModel {
+    const Model* model = nullptr;
+    Backend* backend = nullptr;
+    KvCache* cache = nullptr;
+};
+
 class Generator {
 public:
-    Generator(const Model& model, Backend& backend, KvCache& cache);
+    // With `draft` (or GenerationParams::speculative.lookup) generation runs the speculative loop: proposals are
+    // verified by one batched target forward, so the output is exactly what plain decoding would give (greedy:
+    // bitwise; sampling: in distribution).
+    Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft = {});
     // Prefills `prompt` after whatever the cache holds, then generates. `emit` receives the text as it becomes
     // final (UTF-8 complete, stop strings removed) and returns false when the consumer is gone (closed pipe).
     GenerationStats generate(const std::vector<int>& prompt, const GenerationParams& params,
                              const std::function<bool(std::string_view)>& emit);
 
 private:
+    class Output;
+    void prefill(const std::vector<int>& prompt, int chunk);
+    void decode_plain(Output& out, Sampler& sampler, const GenerationParams& params);
+    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params, const std::vector<int>& prompt);
+
     const Model& model_;
     Backend& backend_;
     KvCache& cache_;
+    DraftModel draft_;
     std::vector<float> logits_;
 };
 

@@ -11,6 +11,7 @@
 #include <bit>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
@@ -69,13 +70,14 @@ uint64_t min_element_size(GgufValueType t) {
     return scalar_size(t);
 }
 
-// A name for an error message: quoted, control bytes escaped, cut short so a garbage name stays readable.
+// A name for an error message: quoted, control and non-ASCII bytes escaped (a corrupt name is arbitrary bytes),
+// cut short so that a garbage name stays readable.
 std::string quoted(std::string_view s) {
     constexpr size_t kMax = 80;
     std::string out = "'";
     for (size_t i = 0; i < s.size() && i < kMax; ++i) {
         unsigned char c = static_cast<unsigned char>(s[i]);
-        if (c < 0x20 || c == 0x7f) {
+        if (c < 0x20 || c >= 0x7f) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02x", c);
             out += buf;
@@ -347,7 +349,8 @@ void GgufFile::parse() {
         r.where = " in metadata entry " + std::to_string(k) + " of " + std::to_string(n_kv);
         uint64_t at = r.pos();
         std::string_view key = r.read_string("a metadata key");
-        if (key.empty()) fail("metadata entry " + std::to_string(k) + " at offset " + std::to_string(at) + " has an empty key");
+        if (key.empty())
+            fail("metadata entry " + std::to_string(k) + " at offset " + std::to_string(at) + " has an empty key");
         r.where = " in metadata key " + quoted(key);
         if (auto it = kv_index_.find(key); it != kv_index_.end())
             fail("duplicate metadata key " + quoted(key) + " (entries " + std::to_string(it->second) + " and " +

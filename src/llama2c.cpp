@@ -5,8 +5,9 @@
 
 #include <sentencepiece_processor.h>
 
-#include <bit>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>

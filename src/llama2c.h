@@ -78,7 +78,11 @@ struct ConvertNote {
 };
 
 // Builds the GGUF: llama metadata, the vocabulary, norms as F32 and every matrix as `type` (F32, F16, Q8_0 or
-// Q4_0) or its fallback. `name` goes to general.name. Throws tandem::Error when the vocabulary does not match the
+// Q4_0) or its fallback.
+// Version 2 (int8) input is dequantized and then requantized. To Q8_0 with group_size 32 this keeps every int8
+// value exactly (each group's largest |value| is 127 * scale, so ggml's quantizer finds the same scale and
+// round(q * scale / scale) = q) but stores the scale as fp16, a relative change of at most 2^-11: close, not
+// bit-exact. Other group sizes regroup the values, which adds a second rounding. `name` goes to general.name. Throws tandem::Error when the vocabulary does not match the
 // checkpoint's vocab_size or the type cannot be produced.
 GgufWriter llama2c_to_gguf(const Llama2cCheckpoint& ckpt, const SpmVocab& vocab, GgmlType type,
                            const std::string& name, std::vector<ConvertNote>* notes = nullptr);

@@ -17,6 +17,7 @@
 #include "error.h"
 #include "generator.h"
 #include "model.h"
+#include "vocab_check.h"
 
 namespace {
 
@@ -26,6 +27,8 @@ struct Options {
     std::string prompt_file;
     std::string tokenizer_path;
     std::string backend = "auto";
+    std::string draft_path;
+    std::string draft_backend = "auto";
     int n_predict = -1;
     int n_ctx = 0;
     int chunk = 256;
@@ -101,7 +104,32 @@ int run(const Options& opt) {
 
     tandem::CpuBackend backend(*model, threads, std::max(1, opt.chunk));
     auto cache = backend.new_cache(n_ctx);
-    tandem::Generator generator(*model, backend, *cache);
+
+    // The draft model: same backend kind, its own cache and thread pool, and a vocabulary checked up front.
+    std::unique_ptr<tandem::Model> draft_model;
+    std::unique_ptr<tandem::CpuBackend> draft_backend;
+    std::unique_ptr<tandem::KvCache> draft_cache;
+    tandem::DraftModel draft;
+    if (!opt.draft_path.empty()) {
+        if (opt.draft_backend != "auto" && opt.draft_backend != "cpu")
+            throw tandem::Error("draft backend '" + opt.draft_backend + "' is not available in this build (available: cpu)");
+        draft_model = tandem::Model::load(opt.draft_path);
+        const tandem::VocabCheck vc = [&] {
+            try {
+                return tandem::check_draft_vocabulary(*model->tokenizer, *draft_model->tokenizer);
+            } catch (const tandem::Error& e) {
+                throw tandem::Error("draft " + opt.draft_path + " cannot draft for " + opt.model_path + ": " + e.what());
+            }
+        }();
+        if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
+        draft_backend = std::make_unique<tandem::CpuBackend>(*draft_model, threads, std::max(1, opt.chunk));
+        draft_cache = draft_backend->new_cache(n_ctx);
+        draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
+        if (opt.verbose)
+            std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", opt.draft_path.c_str(),
+                         draft_model->config.n_layers, draft_model->config.dim);
+    }
+    tandem::Generator generator(*model, backend, *cache, draft);
 
     if (opt.echo && !write_stdout(prompt)) return 0;
     tandem::GenerationParams params = opt.gen;
@@ -113,8 +141,12 @@ int run(const Options& opt) {
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
 
     if (opt.stats) {
-        const double decode_tps = st.decode_s > 0 ? st.n_decode_forwards / st.decode_s : 0.0;
-        const double gbps = decode_tps * static_cast<double>(model->weights.bytes_per_token()) / 1e9;
+        // Tokens per second as the user sees them; bandwidth from the target forwards actually run (fewer than
+        // the tokens when speculation accepts drafts).
+        const double decode_tps = st.decode_s > 0 ? st.n_generated / st.decode_s : 0.0;
+        const double gbps = st.decode_s > 0 ? st.n_decode_forwards / st.decode_s *
+                                                  static_cast<double>(model->weights.bytes_per_token()) / 1e9
+                                            : 0.0;
         std::fprintf(stderr,
                      "\n--- stats ---\n"
                      "prompt tokens:      %d\n"
@@ -126,6 +158,7 @@ int run(const Options& opt) {
                      st.n_prompt, st.prefill_s, st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0, st.ttft_s,
                      st.n_generated, tandem::stop_reason_name(st.stop), st.decode_s, decode_tps, gbps,
                      static_cast<double>(model->weights.bytes_per_token()) / 1e6);
+        if (st.speculative) std::fputs(st.spec.summary(st.decode_s, st.n_generated).c_str(), stderr);
     }
     return 0;
 }
@@ -166,6 +199,20 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--backend", opt.backend, "compute backend: auto, cpu")->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option("--draft", opt.draft_path, "draft model (same vocabulary) for speculative decoding")
+        ->check(CLI::ExistingFile);
+    app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option("--draft-max", opt.gen.speculative.draft_max, "most tokens drafted per round")
+        ->capture_default_str()->check(CLI::Range(1, 64));
+    app.add_option("--draft-min", opt.gen.speculative.draft_min,
+                   "fewest tokens drafted per round (0 lets tandem fall back to plain decoding when drafting loses)")
+        ->capture_default_str()->check(CLI::Range(0, 64));
+    app.add_option("--draft-p-min", opt.gen.speculative.p_min,
+                   "stop drafting when the draft's top probability falls below this")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_flag("--lookup", opt.gen.speculative.lookup,
+                 "prompt-lookup drafting: propose continuations of n-grams already in the context");
     app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");
     try {
         app.parse(argc, argv);
@@ -174,6 +221,10 @@ int main(int argc, char** argv) {
     }
     opt.seed_given = seed_opt->count() > 0;
     if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();
+    if (opt.gen.speculative.draft_min > opt.gen.speculative.draft_max) {
+        std::fprintf(stderr, "tandem: --draft-min must not exceed --draft-max\n");
+        return 2;
+    }
     if (!opt.prompt.empty() && !opt.prompt_file.empty()) {
         std::fprintf(stderr, "tandem: give either -p or -f, not both\n");
         return 2;

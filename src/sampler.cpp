@@ -4,6 +4,7 @@
 #include "sampler.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -24,8 +25,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // user would tell apart.
 constexpr double kProbSlack = 1e-6;
 
-// Up to this many kept tokens, sample() sorts them by id to draw in id order; beyond it, scattering into a dense
-// row and walking n_vocab floats is cheaper than an O(k log k) sort.
+// Up to this many kept tokens, sample() sorts them by id to draw in id order; beyond it, it scatters them into a
+// dense row and walks all n_vocab floats, an O(n_vocab) cost that an O(k log k) sort of a few thousand ids matches
+// at n_vocab = 150k (a rough break-even; the two give the same token).
 constexpr int kSortKeptMax = 4096;
 
 // Below this many, std::partial_sort (a heap of `middle` elements) is fastest; above, nth_element + sort wins.
@@ -74,6 +76,18 @@ int inverse_cdf(double u, int count, IdAt id_at, ProbAt prob_at) {
         if (cum > target) return last;
     }
     return last;  // u * total can round to a hair above the final cumulative sum
+}
+
+// Max of n floats (no NaNs). Eight independent running maxima: one chain would be bound by max's latency, about
+// four times slower at n_vocab = 150k, and the compiler may not reorder a float reduction by itself.
+float max_of(const float* x, int n) {
+    float m[8];
+    std::fill(m, m + 8, kNegInf);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; ++k) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+    for (; i < n; ++i) m[0] = x[i] > m[0] ? x[i] : m[0];
+    return *std::max_element(m, m + 8);
 }
 
 std::string fmt(double v) {
@@ -169,10 +183,10 @@ void Sampler::load_logits(const float* logits, std::span<const int> history) {
 }
 
 int Sampler::argmax() const {
-    // Two passes: a max that vectorises, then the first id holding it, so the lowest id wins a tie.
+    // Two passes, the max and then the first id holding it (so the lowest id wins a tie), are faster than one
+    // pass carrying an index along.
     const float* l = logit_.data();
-    float mx = kNegInf;
-    for (int i = 0; i < n_vocab_; ++i) mx = l[i] > mx ? l[i] : mx;
+    const float mx = max_of(l, n_vocab_);
     if (mx == kNegInf) throw Error("sampler: every logit is -inf or NaN");
     return static_cast<int>(std::find(l, l + n_vocab_, mx) - l);
 }
@@ -195,7 +209,8 @@ void Sampler::softmax() {
     if (order_ == Order::ByLogit) {
         mx = logit_[ids_[0]];
     } else {
-        for (int j = 0; j < n_kept_; ++j) mx = std::max(mx, logit_[ids_[j]]);
+        assert(n_kept_ == n_vocab_);  // ById before any cut: ids_ is 0..n-1, so logit_ can be read directly
+        mx = max_of(logit_.data(), n_vocab_);
     }
     if (mx == kNegInf) throw Error("sampler: every logit is -inf or NaN");
     const float temperature = params_.temperature;
@@ -215,8 +230,8 @@ void Sampler::softmax() {
 void Sampler::top_p() {
     // The cumulative mass is summed in 2^-62 fixed point: integer sums do not depend on the order of addition, so
     // the walk over a by-logit prefix below and the quickselect's partial sums give the identical cut, on any
-    // platform. (Probabilities under 2^-62 count as zero mass; they cannot move a cut.)
-    // (Through int64: p * 2^62 < 2^63, and the signed conversion is one instruction where the unsigned is several.)
+    // platform. Probabilities under 2^-62 count as zero mass; they cannot move a cut. The conversion goes through
+    // int64 (p * 2^62 < 2^63) because the signed one is a single instruction and the unsigned one is not.
     auto fixed = [](double p) { return static_cast<uint64_t>(static_cast<int64_t>(p * 0x1.0p62)); };
     // At least 1 so that the top token alone can satisfy it and every range searched below has positive mass.
     const uint64_t target = std::max<uint64_t>(1, fixed(std::max(0.0, params_.top_p - kProbSlack)));
@@ -231,7 +246,7 @@ void Sampler::top_p() {
             cum += fixed(prob[ids[j]]);
             if (cum >= need) return j + 1;
         }
-        return hi;  // rounding left the total a hair short of top_p: keep everything
+        return hi;  // rounding left the total a hair short of top_p: keep the whole range
     };
     if (order_ == Order::ByLogit) {  // top-k already sorted the few candidates
         n_kept_ = walk(0, n_kept_, target);
@@ -242,7 +257,18 @@ void Sampler::top_p() {
     // better than everything in [lo, hi), the cut lies in [lo, hi), and `need` is the mass still missing. Expected
     // O(n); a deterministic pivot and a pass budget (then a sort) bound the worst case, and since the result is the
     // unique cut of the total order, no library's nth_element can change it.
-    int lo = 0, hi = n_kept_;
+    //
+    // First drop every candidate below eps = (1 - top_p) / n: together they hold less than 1 - top_p of the mass,
+    // so the rest holds more than top_p (minus float rounding, ~6e-8, well inside kProbSlack) and the cut lies among
+    // them. A peaked row, the usual case, keeps only a handful, and the quickselect then has almost nothing to do.
+    const double eps = (1.0 - static_cast<double>(params_.top_p)) / n_kept_;
+    int hi = 0;
+    for (int j = 0; j < n_kept_; ++j) {
+        const int x = ids[j];
+        ids[hi] = x;
+        hi += static_cast<double>(prob[x]) >= eps;  // branchless compaction: ids stay in id order
+    }
+    int lo = 0;
     uint64_t need = target;
     for (int budget = 64; hi - lo > 32 && budget > 0; --budget) {
         int* a = ids + lo;

@@ -62,7 +62,7 @@ public:
 
 private:
     // Runs the transform chain on `logits`; leaves the kept ids in ids_[0, n_kept_) and their final (renormalised)
-    // probabilities in prob_[id]. Returns the argmax instead (n_kept_ = 1) when greedy.
+    // probabilities in prob_[id]. Greedy leaves just the argmax, with probability 1.
     void prepare(const float* logits, std::span<const int> history);
     void load_logits(const float* logits, std::span<const int> history);
     int argmax() const;

@@ -5,6 +5,7 @@
 #include <sentencepiece_processor.h>
 
 #include <cassert>
+#include <cstddef>
 #include <fstream>
 #include <iterator>
 
@@ -29,10 +30,11 @@ int parse_byte_piece(std::string_view text) {
     return value;
 }
 
-// An optional token id from GGUF metadata: absent or 0xFFFFFFFF (how converters write "none") gives -1.
+// An optional token id from GGUF metadata: absent, negative or 0xFFFFFFFF (how converters write "none") give -1.
 int optional_token_id(const GgufFile& gguf, std::string_view key, int n_vocab) {
     const GgufValue* v = gguf.find(key);
     if (!v) return -1;
+    if (v->is_integer() && v->i < 0) return -1;  // -1 stored as a signed integer
     const uint32_t id = gguf.get_u32(key);
     if (id == UINT32_MAX) return -1;
     if (id >= static_cast<uint32_t>(n_vocab))

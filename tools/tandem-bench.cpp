@@ -44,7 +44,7 @@ int main(int argc, char** argv) {
     std::string model_path, synth_name, synth_type = "q4_0", synth_out;
     int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, chunk = 256;
     CLI::App app{"tandem-bench: prefill (pp) and decode (tg) throughput, llama-bench style"};
-    app.add_option("-m,--model", model_path, "GGUF model to measure")->check(CLI::ExistingFile);
+    app.add_option("-m,--model", model_path, "GGUF model to measure");
     app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the prefill test (0 = skip)")->capture_default_str()
         ->check(CLI::Range(0, 1 << 20));
     app.add_option("-n,--n-gen", n_gen, "tokens for the decode test (0 = skip)")->capture_default_str()

@@ -29,7 +29,9 @@ void emit(const std::string& line) {
         stdout_failed();
 }
 
-std::string pad(const std::string& s, size_t width) { return s.size() >= width ? s : s + std::string(width - s.size(), ' '); }
+std::string pad(const std::string& s, size_t width) {
+    return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
 std::string pad_left(const std::string& s, size_t width) {
     return s.size() >= width ? s : std::string(width - s.size(), ' ') + s;
 }
@@ -67,7 +69,8 @@ std::string type_label(const tandem::GgufValue& v) {
 }
 
 void print(const tandem::GgufFile& f, size_t max_items) {
-    emit("file:        " + f.path() + " (" + std::to_string(f.file_size()) + " bytes, " + human_bytes(f.file_size()) + ")");
+    emit("file:        " + f.path() + " (" + std::to_string(f.file_size()) + " bytes, " +
+         human_bytes(f.file_size()) + ")");
     emit("version:     " + std::to_string(f.version()));
     emit("alignment:   " + std::to_string(f.alignment()));
     emit("data offset: " + std::to_string(f.data_offset()));
@@ -92,12 +95,14 @@ void print(const tandem::GgufFile& f, size_t max_items) {
     rows.push_back({"name", "type", "shape", "offset", "bytes"});
     struct Total {
         uint64_t count = 0, elements = 0, bytes = 0;
+        bool supported = true;
     };
     std::map<std::string, Total> totals;
     Total all;
     for (const tandem::GgufTensorInfo& t : f.tensors()) {
         const char* type = tandem::ggml_type_name(t.type);
         rows.push_back({t.name, type, t.shape_string(), std::to_string(t.offset), std::to_string(t.n_bytes)});
+        totals[type].supported = tandem::ggml_type_info(t.type).supported;
         for (Total* total : {&totals[type], &all}) {
             total->count += 1;
             total->elements += t.n_elements();
@@ -121,7 +126,7 @@ void print(const tandem::GgufFile& f, size_t max_items) {
     auto total_line = [&](const std::string& label, const Total& t) {
         emit("  " + pad(label, 8) + pad_left(std::to_string(t.count), 6) + " tensors  " +
              pad_left(std::to_string(t.elements), 14) + " elements  " + pad_left(std::to_string(t.bytes), 14) +
-             " bytes (" + human_bytes(t.bytes) + ")");
+             " bytes (" + human_bytes(t.bytes) + ")" + (t.supported ? "" : "  [type not supported by tandem]"));
     };
     for (const auto& [type, total] : totals) total_line(type, total);
     total_line("all", all);

@@ -250,7 +250,9 @@ struct Q4_0Traits {
 // Per token: each 32-element step is reduced into 8 lane sums p[k] (lane k gets elements k, k+8, k+16, k+24, in
 // that order), then acc[k] += d * p[k]; at the end the 8 lanes are added in a fixed tree and the tail (F32/F16
 // rows whose length is not a multiple of 32) is added last. The lanes are independent, so compilers may vectorise
-// them (SSE2 on any x86-64) without changing a single result.
+// them (SSE2 on any x86-64) without changing a single result. Products and sums are plain a * b + c here: without
+// FMA instructions (the portable build) nothing can be fused, and a compiler that may fuse (-mfma with the default
+// -ffp-contract=fast) sees the same expressions in every tile width.
 
 inline float lane_sum8(const float* a) {
     // The same tree as hsum8 below: halves, then pairs, then the last two.
@@ -283,12 +285,13 @@ void tile_scalar(const uint8_t* row, int64_t cols, const float* x, int64_t x_str
         }
     }
     for (int t = 0; t < T; ++t) {
-        float tail = 0.0f;
+        out[t] = lane_sum8(acc[t]);
         if constexpr (Ty::kAnyLength) {
             const float* xt = x + t * x_stride;
+            float tail = 0.0f;
             for (int64_t j = n_steps * kStep; j < cols; ++j) tail += Ty::element(row, j) * xt[j];
+            out[t] += tail;
         }
-        out[t] = lane_sum8(acc[t]) + tail;
     }
 }
 
@@ -348,13 +351,14 @@ void tile_simd(const uint8_t* row, int64_t cols, const float* x, int64_t x_strid
     }
     if (b < n_steps) step_simd<Ty, T>(row + b * Ty::kStepBytes, x + b * kStep, x_stride, even);
     for (int t = 0; t < T; ++t) {
-        float tail = 0.0f;
+        out[t] = hsum8(_mm256_add_ps(even[t], odd[t]));
         if constexpr (Ty::kAnyLength) {
             // std::fma is a single instruction here (-mfma) and, unlike a * b + c, never depends on contraction.
             const float* xt = x + t * x_stride;
+            float tail = 0.0f;
             for (int64_t j = n_steps * kStep; j < cols; ++j) tail = std::fma(Ty::element(row, j), xt[j], tail);
+            out[t] += tail;
         }
-        out[t] = hsum8(_mm256_add_ps(even[t], odd[t])) + tail;
     }
 }
 

@@ -9,7 +9,13 @@
 // generation under the mutex before blocking; the caller bumps the generation and then reads `sleepers_`. Both
 // are sequentially consistent, so at least one side sees the other: either the worker sees the new generation and
 // does not block, or the caller sees a sleeper and notifies under the mutex, which it can only take once the worker
-// is waiting. When nobody sleeps (the common case in decode), dispatch costs no system call.
+// is waiting. When nobody sleeps (the common case in decode), dispatch costs no system call. The caller's own
+// wait for the last worker blocks the same way (`caller_blocked_` against the decrement of `remaining_`).
+//
+// Waiting threads pause-spin for a few microseconds, then poll with yields until `spin_` has passed, then block:
+// fast when every thread has its own core, and no worse than blocking when threads outnumber free cores (another
+// process, or the target and draft pools sharing a machine), where a spinning thread would hold the core that the
+// thread everyone waits for needs.
 #include "cpu/thread_pool.h"
 
 #include <string>
@@ -28,6 +34,9 @@ inline void cpu_relax() {
     __asm__ __volatile__("yield");
 #endif
 }
+
+// Pause iterations before a waiting thread starts yielding: a few microseconds (PAUSE takes tens of cycles).
+constexpr int kPauseSpins = 1 << 10;
 
 }  // namespace
 
@@ -64,14 +73,7 @@ void ThreadPool::run(int64_t n_items, ChunkFn fn, void* ctx) {
 
     run_chunk(0);
 
-    // Workers started at the same moment on equal chunks, so this wait is normally short; yield after a while in
-    // case one of them was descheduled.
-    for (int spins = 0; remaining_.load(std::memory_order_acquire) != 0; ++spins) {
-        if (spins < (1 << 14))
-            cpu_relax();
-        else
-            std::this_thread::yield();
-    }
+    wait_for_workers();
 
     if (first_error_) {  // every worker is done, so nobody else touches it now
         std::exception_ptr error = std::exchange(first_error_, nullptr);
@@ -98,19 +100,52 @@ void ThreadPool::worker_main(int thread) {
         if (generation == seen) return;  // stopping
         seen = generation;
         run_chunk(thread);
-        remaining_.fetch_sub(1, std::memory_order_acq_rel);
+        // seq_cst: the last worker must either see that the caller blocks or be seen by it (see the header comment).
+        if (remaining_.fetch_sub(1) == 1 && caller_blocked_.load()) {
+            std::lock_guard<std::mutex> lock(mutex_);
+            done_.notify_one();
+        }
+    }
+}
+
+void ThreadPool::wait_for_workers() {
+    // Workers started at the same moment on equal chunks, so this wait is normally short. If it is not, a worker
+    // has probably lost its core (more threads than free cores): yield ours to it, and in the end block.
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point deadline{};
+    for (int spins = 0; remaining_.load(std::memory_order_acquire) != 0; ++spins) {
+        if (spins < kPauseSpins) {
+            cpu_relax();
+            continue;
+        }
+        if (spins == kPauseSpins) deadline = Clock::now() + spin_;
+        if (Clock::now() >= deadline) {
+            std::unique_lock<std::mutex> lock(mutex_);
+            caller_blocked_.store(true);  // seq_cst, before the remaining_ re-check in the predicate
+            done_.wait(lock, [&] { return remaining_.load() == 0; });
+            caller_blocked_.store(false);
+            return;
+        }
+        std::this_thread::yield();
     }
 }
 
 uint64_t ThreadPool::wait_for_work(uint64_t seen) {
+    // Pause-spin first (in decode the next call is usually microseconds away), then poll with yields so that a
+    // thread waiting for a core (the caller, or a sibling still running its chunk) gets ours, then block.
     using Clock = std::chrono::steady_clock;
-    const Clock::time_point deadline = Clock::now() + spin_;
+    Clock::time_point deadline{};
     for (int spins = 0;; ++spins) {
         const uint64_t generation = generation_.load(std::memory_order_acquire);
         if (generation != seen) return generation;
         if (stop_.load(std::memory_order_relaxed)) return seen;
-        cpu_relax();
-        if ((spins & 63) == 63 && Clock::now() >= deadline) break;  // reading the clock every time costs more
+        if (spins < kPauseSpins) {
+            cpu_relax();
+            continue;
+        }
+        if (spins == kPauseSpins) deadline = Clock::now() + spin_;
+        if (Clock::now() >= deadline) break;
+        std::this_thread::yield();
     }
 
     std::unique_lock<std::mutex> lock(mutex_);

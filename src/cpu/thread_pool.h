@@ -18,9 +18,10 @@ namespace tandem::cpu {
 
 class ThreadPool {
 public:
-    // How long an idle worker polls for the next call before it blocks. Long enough to bridge the gap between two
-    // matmuls of a decode step (norms, RoPE, attention on the caller's thread), short enough that an idle pool (the
-    // draft model's while the target verifies, a REPL waiting for input) soon stops taking CPU from anyone.
+    // How long a waiting thread polls before it blocks: an idle worker for the next call, the caller for the last
+    // worker. Long enough to bridge the gap between two matmuls of a decode step (norms, RoPE, attention on the
+    // caller's thread), short enough that an idle pool (the draft model's while the target verifies, a REPL
+    // waiting for input) soon stops taking CPU from anyone.
     static constexpr std::chrono::microseconds kDefaultSpin{200};
 
     // n_threads >= 1 threads in all, the calling thread included (so n_threads - 1 workers are started).
@@ -61,6 +62,8 @@ private:
     void worker_main(int thread);
     // Waits until the generation differs from `seen` (returns it) or the pool stops (returns `seen`).
     uint64_t wait_for_work(uint64_t seen);
+    // The caller's wait for remaining_ to reach zero.
+    void wait_for_workers();
 
     const int n_threads_;
     const std::chrono::microseconds spin_;
@@ -76,10 +79,12 @@ private:
     alignas(64) std::atomic<uint64_t> generation_{0};
     alignas(64) std::atomic<int> remaining_{0};  // workers still running the current generation
     alignas(64) std::atomic<int> sleepers_{0};   // workers blocked (or about to block) on wake_
+    std::atomic<bool> caller_blocked_{false};    // the caller is blocked (or about to block) on done_
     std::atomic<bool> stop_{false};
 
-    std::mutex mutex_;  // guards the sleep / wake handshake and first_error_
-    std::condition_variable wake_;
+    std::mutex mutex_;  // guards the sleep / wake handshakes and first_error_
+    std::condition_variable wake_;  // workers wait here for a new generation
+    std::condition_variable done_;  // the caller waits here for the last worker
     std::exception_ptr first_error_;
 };
 

@@ -3,12 +3,15 @@
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -390,7 +393,8 @@ TEST_CASE("gguf writer: every value type, nested arrays and four tensor types ro
     CHECK(same(*f->find("empty"), array_of(GgufValueType::UINT32, {})));
     CHECK(same(*f->find("nested"), nested));
     CHECK(same(*f->find("deeper"), array_of(GgufValueType::ARRAY, {nested, nested})));
-    CHECK(f->find("nested")->to_string() == "[array \u00d7 3] {[u8 \u00d7 2] 1, 2}, {[u8 \u00d7 1] 3}, {[u8 \u00d7 0]}");
+    CHECK(f->find("nested")->to_string() ==
+          "[array \u00d7 3] {[u8 \u00d7 2] 1, 2}, {[u8 \u00d7 1] 3}, {[u8 \u00d7 0]}");
 
     REQUIRE(f->tensors().size() == 4);
     const char* names[] = {"a.f32", "b.f16", "c.q8_0", "d.q4_0"};
@@ -479,12 +483,30 @@ TEST_CASE("gguf writer: a failed write reports the path and leaves no file behin
     const std::string dir_target = tmp.path("occupied");
     std::filesystem::create_directories(std::filesystem::path(dir_target) / "child");
     CHECK_THROWS_AS(w.write(dir_target), Error);
-    size_t entries = 0;
-    for (const auto& entry : std::filesystem::directory_iterator(tmp.dir)) {
-        (void)entry;
-        ++entries;
+    using std::filesystem::directory_iterator;
+    CHECK(std::distance(directory_iterator(tmp.dir), directory_iterator()) == 1);  // only "occupied" itself
+}
+
+TEST_CASE("gguf writer: a failing write (file size limit) is an error and removes the temporary file") {
+    // RLIMIT_FSIZE makes write() stop part-way (a short write, then EFBIG), like a disk filling up.
+    TempDir tmp;
+    GgufWriter w = small_writer();
+    rlimit old_limit{};
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old_limit) == 0);
+    auto old_handler = std::signal(SIGXFSZ, SIG_IGN);  // otherwise exceeding the limit kills the process
+    rlimit limit = old_limit;
+    limit.rlim_cur = 100;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
+    std::string msg;
+    try {
+        w.write(tmp.path("big.gguf"));
+    } catch (const Error& e) {
+        msg = e.what();
     }
-    CHECK(entries == 1);  // only "occupied" itself
+    ::setrlimit(RLIMIT_FSIZE, &old_limit);
+    std::signal(SIGXFSZ, old_handler);
+    CHECK(msg.find(tmp.path("big.gguf") + ": write failed") == 0);
+    CHECK(std::filesystem::is_empty(tmp.dir));
 }
 
 // ---- malformed files ----------------------------------------------------------------------------------------------
@@ -522,6 +544,35 @@ TEST_CASE("gguf: truncations of stories260K through the header, metadata, tensor
         CAPTURE(len);
         REQUIRE(!msg.empty());
     }
+}
+
+TEST_CASE("gguf: random byte corruption of the header and tables never crashes") {
+    // Deterministic fuzzing: each corrupted file must either open or give a tandem::Error (run under the
+    // sanitizers, this also catches any out-of-bounds read the targeted cases miss).
+    TempDir tmp;
+    const std::string path = tmp.path("fuzz.gguf");
+    const std::vector<uint8_t> full = small_writer().serialize();
+    write_bytes(path, full);
+    const size_t header_end = GgufFile::open(path)->data_offset();
+    std::mt19937 rng(12345);
+    size_t errors = 0;
+    for (int round = 0; round < 3000; ++round) {
+        std::vector<uint8_t> bytes = full;
+        for (int flips = 1 + round % 3; flips > 0; --flips) {
+            size_t at = rng() % header_end;
+            // Small integers and all-ones bytes are the values that hit boundaries in counts and lengths.
+            uint8_t choices[] = {0x00, 0x01, 0xff, 0x80, static_cast<uint8_t>(rng())};
+            bytes[at] = choices[rng() % 5];
+        }
+        write_bytes(path, bytes);
+        CAPTURE(round);
+        try {
+            GgufFile::open(path);
+        } catch (const Error&) {
+            ++errors;
+        }
+    }
+    CHECK(errors > 0);
 }
 
 TEST_CASE("gguf: malformed headers") {
@@ -628,7 +679,8 @@ TEST_CASE("gguf: to_string renders scalars and abbreviates arrays") {
     s.type = GgufValueType::STRING;
     s.str = std::string_view("a'b\\\n\x01", 6);  // quote, backslash, newline, control byte
     CHECK(s.to_string() == R"('a\'b\\\n\x01')");
-    GgufValue arr = array_of(GgufValueType::UINT8, {scalar_u(GgufValueType::UINT8, 1), scalar_u(GgufValueType::UINT8, 2),
+    GgufValue arr = array_of(GgufValueType::UINT8, {scalar_u(GgufValueType::UINT8, 1),
+                                                    scalar_u(GgufValueType::UINT8, 2),
                                                     scalar_u(GgufValueType::UINT8, 3)});
     CHECK(arr.to_string(2) == "[u8 \u00d7 3] 1, 2, ...");
     CHECK(arr.to_string(3) == "[u8 \u00d7 3] 1, 2, 3");

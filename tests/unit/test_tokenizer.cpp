@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <sentencepiece_processor.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -167,6 +168,12 @@ std::string error_of(const std::function<void()>& f) {
     return "(no error)";
 }
 
+// The message of the error that loading this vocabulary raises.
+std::string load_error(const std::string& name, const VocabSpec& v) {
+    const std::string path = write_vocab_gguf(name, v);
+    return error_of([&] { Tokenizer::from_gguf(*GgufFile::open(path)); });
+}
+
 }  // namespace
 
 // ---- the ModelProto serializer ------------------------------------------------------------------------------
@@ -249,8 +256,8 @@ TEST_CASE("tokenizer proto: re-serialized tok512.model tokenizes like the origin
     sentencepiece::SentencePieceProcessor a, b;
     REQUIRE(a.LoadFromSerializedProto(original).ok());
     REQUIRE(b.LoadFromSerializedProto(spm::serialize(spm::parse(original))).ok());
-    for (const char* text : {"Once upon a time", "Lily and Tom went to the park", "x\n\ny  z", "h\xC3\xA9llo \xF0\x9F\x98\x80",
-                             "", " "}) {
+    for (const char* text : {"Once upon a time", "Lily and Tom went to the park", "x\n\ny  z",
+                             "h\xC3\xA9llo \xF0\x9F\x98\x80", "", " "}) {
         std::vector<int> x, y;
         REQUIRE(a.Encode(text, &x).ok());
         REQUIRE(b.Encode(text, &y).ok());
@@ -485,9 +492,7 @@ TEST_CASE("tokenizer stream: random id sequences match whole decoding") {
 TEST_CASE("tokenizer errors: a byte-level BPE (gpt2) vocabulary is not supported yet") {
     VocabSpec v;
     v.model = "gpt2";
-    const std::string path = write_vocab_gguf("gpt2", v);
-    auto file = GgufFile::open(path);
-    const std::string message = error_of([&] { Tokenizer::from_gguf(*file); });
+    const std::string message = load_error("gpt2", v);
     CHECK(message.find("gpt2") != std::string::npos);
     CHECK(message.find("not supported") != std::string::npos);
 }
@@ -511,17 +516,19 @@ TEST_CASE("tokenizer errors: inconsistent GGUF vocabularies") {
     SUBCASE("no space prefix") {
         const std::string path = write_vocab_gguf("no_prefix", VocabSpec(), [](GgufWriter& w) {
             w.add_bool("tokenizer.ggml.add_space_prefix", false);
+            w.add_i32("tokenizer.ggml.eos_token_id", -1);  // "none", written as a signed integer
         });
         auto tok = Tokenizer::from_gguf(*GgufFile::open(path));
         CHECK(tok->encode("hi", false) == std::vector<int>{260, 261});
         CHECK(tok->bos() == -1);  // no bos_token_id in the metadata
+        CHECK(tok->eos() == -1);
         CHECK_FALSE(tok->add_bos());
         CHECK(tok->encode("hi", true) == std::vector<int>{260, 261});
     }
     SUBCASE("arrays of different lengths") {
         VocabSpec v;
         v.scores.pop_back();
-        const std::string message = error_of([&] { Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("short", v))); });
+        const std::string message = load_error("short", v);
         CHECK(message.find("differ in length") != std::string::npos);
     }
     SUBCASE("token ids outside the vocabulary") {
@@ -535,20 +542,20 @@ TEST_CASE("tokenizer errors: inconsistent GGUF vocabularies") {
     SUBCASE("an unknown token type") {
         VocabSpec v;
         v.types[262] = 9;
-        const std::string message = error_of([&] { Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("type", v))); });
+        const std::string message = load_error("type", v);
         CAPTURE(message);
         CHECK(message.find("unknown token type 9") != std::string::npos);
     }
     SUBCASE("a byte token that is not <0xNN>") {
         VocabSpec v;
         v.types[260] = 6;
-        const std::string message = error_of([&] { Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("byte", v))); });
+        const std::string message = load_error("byte", v);
         CHECK(message.find("<0xNN>") != std::string::npos);
     }
     SUBCASE("no unknown token") {
         VocabSpec v;
         v.types[0] = 3;
-        const std::string message = error_of([&] { Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("nounk", v))); });
+        const std::string message = load_error("nounk", v);
         CHECK(message.find("no unknown token") != std::string::npos);
     }
     SUBCASE("duplicate pieces are rejected by sentencepiece, with the file named") {

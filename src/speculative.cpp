@@ -1,0 +1,170 @@
+// LookupProposer, DraftLengthController, verify_proposal and SpeculativeStats.
+#include "speculative.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "sampler.h"
+
+namespace tandem {
+
+std::vector<int> LookupProposer::propose(std::span<const int> ctx, int k) const {
+    const int size = static_cast<int>(ctx.size());
+    if (k <= 0) return {};
+    for (int n = params_.lookup_ngram_max; n >= params_.lookup_ngram_min; --n) {
+        if (size < n + 1) continue;
+        const int* suffix = ctx.data() + size - n;
+        // Most recent earlier occurrence first: recent text is the likeliest to be repeated next.
+        for (int j = size - n - 1; j >= 0; --j) {
+            if (!std::equal(suffix, suffix + n, ctx.data() + j)) continue;
+            const int from = j + n, to = std::min(size, from + k);
+            return std::vector<int>(ctx.begin() + from, ctx.begin() + to);
+        }
+    }
+    return {};
+}
+
+DraftLengthController::DraftLengthController(int draft_min, int draft_max)
+    : draft_min_(std::max(0, draft_min)), draft_max_(std::max(draft_min, draft_max)),
+      verify_s_(static_cast<size_t>(std::max(draft_min, draft_max)) + 2, -1.0) {}
+
+double DraftLengthController::verify_cost(int n) const {
+    if (verify_s_[static_cast<size_t>(n)] > 0) return verify_s_[static_cast<size_t>(n)];
+    // Linear fit through the measured points (a forward of n tokens costs a fixed part, reading the weights,
+    // plus a part per token, the arithmetic); with one point, assume the per-token part is 10% of it.
+    double sn = 0, st = 0, snn = 0, snt = 0;
+    int m = 0;
+    for (size_t i = 1; i < verify_s_.size(); ++i) {
+        if (verify_s_[i] <= 0) continue;
+        const double x = static_cast<double>(i);
+        sn += x, st += verify_s_[i], snn += x * x, snt += x * verify_s_[i];
+        ++m;
+    }
+    if (m == 0) return 1.0;  // nothing measured: only ratios matter
+    if (m == 1) {
+        const double x0 = sn, t0 = st;
+        return t0 * (1.0 + 0.1 * (n - 1)) / (1.0 + 0.1 * (x0 - 1));
+    }
+    const double slope = (m * snt - sn * st) / (m * snn - sn * sn);
+    const double icept = (st - slope * sn) / m;
+    return std::max(1e-9, icept + std::max(0.0, slope) * n);
+}
+
+int DraftLengthController::choose(int k_limit) {
+    const int kmax = std::min(draft_max_, k_limit);
+    if (kmax <= 0) return 0;
+    const int kmin = std::min(draft_min_, kmax);
+    // Until both costs are measured, draft a few tokens so that they are.
+    if (!free_drafts_ && draft_step_s_ < 0) return std::max(kmin, std::min(kmax, 4));
+    if (verify_s_[1] <= 0) return kmin;  // measure plain decoding once
+    const double step = free_drafts_ ? 0.0 : draft_step_s_;
+    const double a = std::min(alpha_, 0.999);
+    int best_k = kmin;
+    double best_rate = -1;
+    for (int k = kmin; k <= kmax; ++k) {
+        // Expected tokens per round with k drafted tokens accepted independently with probability a:
+        // (1 - a^(k+1)) / (1 - a); cost: k draft steps plus one target forward of k + 1 tokens.
+        const double tokens = (1.0 - std::pow(a, k + 1)) / (1.0 - a);
+        const double rate = tokens / (k * step + verify_cost(k + 1));
+        if (rate > best_rate) best_rate = rate, best_k = k;
+    }
+    if (best_k == 0 && kmax > 0) {
+        // Plain decoding wins on current estimates; re-measure acceptance now and then, as it drifts with content.
+        if (++rounds_since_probe_ >= 32) {
+            rounds_since_probe_ = 0;
+            return std::min(kmax, 2);
+        }
+    }
+    return best_k;
+}
+
+void DraftLengthController::record_round(int drafted, int accepted, double draft_seconds) {
+    if (drafted <= 0) return;
+    // Decayed success / trial counts: a rejection after `accepted` tokens is one failed trial.
+    constexpr double kDecay = 0.9;
+    const double trials = accepted + (accepted < drafted ? 1 : 0);
+    succ_ = succ_ * kDecay + accepted;
+    trials_ = trials_ * kDecay + trials;
+    alpha_ = (succ_ + 0.7) / (trials_ + 1.0);  // one pseudo-trial at the prior keeps it off 0 and 1
+    if (!free_drafts_ && draft_seconds > 0) {
+        const double per_step = draft_seconds / drafted;
+        draft_step_s_ = draft_step_s_ < 0 ? per_step : 0.8 * draft_step_s_ + 0.2 * per_step;
+    }
+}
+
+void DraftLengthController::record_verify(int n_tokens, double seconds) {
+    if (n_tokens < 1 || static_cast<size_t>(n_tokens) >= verify_s_.size() || seconds <= 0) return;
+    double& v = verify_s_[static_cast<size_t>(n_tokens)];
+    v = v < 0 ? seconds : 0.8 * v + 0.2 * seconds;
+}
+
+Verdict verify_proposal(std::span<const int> drafted, const float* target_probs, const float* draft_probs, int n_vocab,
+                        bool greedy, Sampler& sampler, float* scratch) {
+    Verdict v;
+    const int k = static_cast<int>(drafted.size());
+    const size_t V = static_cast<size_t>(n_vocab);
+    for (int i = 0; i < k; ++i) {
+        const float* p = target_probs + i * V;
+        const float* q = draft_probs + i * V;
+        const int x = drafted[i];
+        if (greedy) {
+            // p is one-hot at the target's argmax.
+            if (p[x] >= 1.0f) {
+                ++v.n_accepted;
+                continue;
+            }
+            v.next_token = static_cast<int>(std::max_element(p, p + V) - p);
+            return v;
+        }
+        const float px = p[x], qx = q[x];
+        // Accept with probability min(1, p(x) / q(x)); q(x) > 0 because x was drawn from q.
+        if (qx > 0 && sampler.uniform() < std::min(1.0f, px / qx)) {
+            ++v.n_accepted;
+            continue;
+        }
+        // Rejected: the correction comes from the residual max(p - q, 0), renormalised by draw().
+        bool any = false;
+        for (size_t t = 0; t < V; ++t) {
+            scratch[t] = std::max(0.0f, p[t] - q[t]);
+            any = any || scratch[t] > 0;
+        }
+        // p == q exactly leaves no residual; then rejection had probability 0 and cannot happen, except through
+        // float rounding: fall back to p itself.
+        v.next_token = any ? sampler.draw(scratch, n_vocab) : sampler.draw(p, n_vocab);
+        return v;
+    }
+    const float* bonus = target_probs + static_cast<size_t>(k) * V;
+    v.next_token = greedy ? static_cast<int>(std::max_element(bonus, bonus + V) - bonus) : sampler.draw(bonus, n_vocab);
+    return v;
+}
+
+std::string SpeculativeStats::summary(double total_s, int n_generated) const {
+    char buf[512];
+    std::string out;
+    const double rate = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
+    const int drafting_rounds = rounds - plain_steps;
+    std::snprintf(buf, sizeof buf,
+                  "speculative:        %d rounds (%d without drafting), %lld drafted, %lld accepted (%.1f%%)\n"
+                  "mean accepted:      %.2f tokens per drafting round\n",
+                  rounds, plain_steps, static_cast<long long>(drafted), static_cast<long long>(accepted), 100.0 * rate,
+                  drafting_rounds ? static_cast<double>(accepted) / drafting_rounds : 0.0);
+    out += buf;
+    out += "accepted lengths:   ";
+    int last = 0;
+    for (int i = 0; i < static_cast<int>(accepted_hist.size()); ++i)
+        if (accepted_hist[static_cast<size_t>(i)]) last = i;
+    for (int i = 0; i <= last; ++i) {
+        std::snprintf(buf, sizeof buf, "%s%d:%d", i ? " " : "", i, accepted_hist[static_cast<size_t>(i)]);
+        out += buf;
+    }
+    const double other = std::max(0.0, total_s - draft_s - verify_s);
+    std::snprintf(buf, sizeof buf,
+                  "\ntime split:         draft %.3f s, verify %.3f s, other %.3f s\n"
+                  "effective decode:   %.1f tokens/s\n",
+                  draft_s, verify_s, other, total_s > 0 ? n_generated / total_s : 0.0);
+    out += buf;
+    return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,88 @@
+// Speculative decoding: the pieces the Generator's speculative loop is made of.
+//   - LookupProposer: prompt-lookup drafting (the continuation of the longest recent n-gram match in the context).
+//   - DraftLengthController: picks the draft length k each round from the running acceptance rate and the
+//     measured costs (a draft step, and a target verification of n tokens), falling back to plain decoding
+//     (k = 0) when drafting cannot win on this hardware.
+//   - verify_proposal: accepts or rejects drafted tokens against the target's distributions (greedy: while they
+//     equal the target's argmax; sampling: rejection sampling, Leviathan et al. 2023 / Chen et al. 2023), so the
+//     output distribution is exactly the target's.
+//   - SpeculativeStats: what --stats reports.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+class Sampler;
+
+struct SpeculativeParams {
+    int draft_max = 16;     // k never exceeds this
+    int draft_min = 0;      // nor goes below this (0 lets the controller fall back to plain decoding)
+    float p_min = 0.6f;     // a draft model stops proposing when its own top probability falls below this
+    bool lookup = false;    // prompt-lookup drafting (with or without a draft model)
+    int lookup_ngram_max = 4;  // longest n-gram matched against the context
+    int lookup_ngram_min = 2;  // shortest n-gram accepted as a match
+};
+
+class LookupProposer {
+public:
+    explicit LookupProposer(const SpeculativeParams& params) : params_(params) {}
+    // Up to `k` tokens continuing `context` by its most recent earlier occurrence of the longest suffix n-gram
+    // (n from lookup_ngram_max down to lookup_ngram_min); empty when nothing matches.
+    std::vector<int> propose(std::span<const int> context, int k) const;
+
+private:
+    SpeculativeParams params_;
+};
+
+class DraftLengthController {
+public:
+    DraftLengthController(int draft_min, int draft_max);
+    // The k for the next round; `k_limit` caps it (context room, tokens still wanted).
+    int choose(int k_limit);
+    // Feedback after a round: tokens drafted and accepted, seconds spent drafting them (per draft forward).
+    void record_round(int drafted, int accepted, double draft_seconds);
+    // A target forward of `n_tokens` took `seconds` (n = 1 for plain decode, k + 1 for verification).
+    void record_verify(int n_tokens, double seconds);
+    // Turns off the cost model: the draft is free (prompt lookup), only acceptance matters.
+    void set_free_drafts(bool free) { free_drafts_ = free; }
+    double acceptance() const { return alpha_; }
+
+private:
+    double verify_cost(int n_tokens) const;  // estimated seconds for a target forward of n tokens
+    int draft_min_, draft_max_;
+    bool free_drafts_ = false;
+    double alpha_ = 0.7;          // running per-token acceptance estimate (prior: a typical draft's rate)
+    double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_
+    double draft_step_s_ = -1;    // running seconds per draft forward (-1: not measured yet)
+    std::vector<double> verify_s_;  // running seconds per target forward, by n_tokens (-1: not measured)
+    int rounds_since_probe_ = 0;
+};
+
+struct Verdict {
+    int n_accepted = 0;  // leading drafted tokens accepted
+    int next_token = -1; // the target's token after them (a correction on rejection, the bonus when all accepted)
+};
+
+// Verifies `drafted` (k tokens). `target_probs` holds k + 1 rows of target distributions (after the sampler's
+// transforms) for the positions of drafted[0..k-1] and the bonus position; `draft_probs` holds the k draft
+// distributions the tokens were drawn from (a one-hot row for deterministic proposals such as lookup or greedy).
+// Both have n_vocab columns. Greedy (temperature 0) accepts while the token is the target's argmax; sampling
+// accepts x with probability min(1, p(x)/q(x)) and on rejection draws from norm(max(p - q, 0)). Uses and advances
+// `sampler`'s RNG. `scratch` must hold n_vocab floats.
+Verdict verify_proposal(std::span<const int> drafted, const float* target_probs, const float* draft_probs, int n_vocab,
+                        bool greedy, Sampler& sampler, float* scratch);
+
+struct SpeculativeStats {
+    int rounds = 0;               // verification forwards
+    int plain_steps = 0;          // rounds where the controller chose k = 0
+    int64_t drafted = 0, accepted = 0;
+    std::array<int, 65> accepted_hist{};  // rounds by number of accepted tokens (last bucket: 64 or more)
+    double draft_s = 0, verify_s = 0;
+    std::string summary(double total_s, int n_generated) const;  // the --stats block
+};
+
+}  // namespace tandem

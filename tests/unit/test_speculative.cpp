@@ -1,0 +1,400 @@
+// Speculative decoding on stories260K: greedy output equal to plain decoding (and to llama2.c's goldens) with
+// drafts that agree and that disagree, prompt lookup, KV rollback, the vocabulary check, the draft-length
+// controller, and losslessness at temperature > 0 by an exact chi-square test.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <unistd.h>
+
+#include "cpu/cpu_backend.h"
+#include "error.h"
+#include "generator.h"
+#include "gguf_writer.h"
+#include "llama2c.h"
+#include "model.h"
+#include "quantize_model.h"
+#include "reference_files.h"
+#include "speculative.h"
+#include "vocab_check.h"
+
+using namespace tandem;
+
+namespace {
+
+const std::string kData = TANDEM_TEST_DATA;
+
+// Draft models made once per test run in a temporary directory: q8_0 and q4_0 requantizations of stories260K,
+// and the llama2.c int8 export converted to f32 (it parts from the fp32 model after ~110 tokens).
+struct Drafts {
+    std::string dir, q8_0, q4_0, q80bin, sharp;
+    Drafts() {
+        dir = std::filesystem::temp_directory_path() / ("tandem-spec-" + std::to_string(getpid()));
+        std::filesystem::create_directories(dir);
+        auto target = GgufFile::open(kData + "/stories260K.gguf");
+        q8_0 = dir + "/q8_0.gguf";
+        requantize_gguf(*target, GgmlType::Q8_0).write(q8_0);
+        q4_0 = dir + "/q4_0.gguf";
+        requantize_gguf(*target, GgmlType::Q4_0).write(q4_0);
+        q80bin = dir + "/q80bin.gguf";
+        llama2c_to_gguf(read_llama2c(kData + "/stories260K_q80.bin"), load_spm_vocab(kData + "/tok512.model"),
+                        GgmlType::F32, "stories260K_q80")
+            .write(q80bin);
+        // A draft that deliberately disagrees: stories260K with its output matrix scaled by 3, i.e. its logits at
+        // temperature 1/3 — overconfident, the way a weak draft fails, so that many proposals get rejected and a
+        // wrong correction step would visibly bias the output.
+        GgufWriter w;
+        for (const auto& [key, value] : target->metadata()) w.add_value(key, value);
+        for (const GgufTensorInfo& t : target->tensors()) {
+            std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
+            if (t.name == "output.weight") {
+                REQUIRE(t.type == GgmlType::F32);
+                for (size_t i = 0; i < bytes.size(); i += 4) {
+                    float f;
+                    std::memcpy(&f, &bytes[i], 4);
+                    f *= 3.0f;
+                    std::memcpy(&bytes[i], &f, 4);
+                }
+            }
+            std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
+            w.add_tensor(t.name, t.type, dims, std::move(bytes));
+        }
+        sharp = dir + "/sharp.gguf";
+        w.write(sharp);
+    }
+    ~Drafts() { std::filesystem::remove_all(dir); }
+};
+const Drafts& drafts() {
+    static Drafts d;
+    return d;
+}
+
+struct Run {
+    std::vector<int> tokens;  // generated ids
+    std::string text;         // the streamed text
+    GenerationStats stats;
+};
+
+// Generates with `target` (and `draft_path` if given) and returns the generated ids (EOS excluded).
+Run generate(const Model& target, const std::string& draft_path, const std::vector<int>& prompt,
+             GenerationParams params) {
+    CpuBackend backend(target, 1, 64);
+    auto cache = backend.new_cache(256);
+    std::unique_ptr<Model> draft_model;
+    std::unique_ptr<CpuBackend> draft_backend;
+    std::unique_ptr<KvCache> draft_cache;
+    DraftModel draft;
+    if (!draft_path.empty()) {
+        draft_model = Model::load(draft_path);
+        draft_backend = std::make_unique<CpuBackend>(*draft_model, 1, 64);
+        draft_cache = draft_backend->new_cache(256);
+        draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
+    }
+    Generator gen(target, backend, *cache, draft);
+    Run run;
+    run.stats = gen.generate(prompt, params, [&](std::string_view t) {
+        run.text.append(t);
+        return true;
+    });
+    run.tokens = run.stats.generated;
+    return run;
+}
+
+GenerationParams greedy_params(int n) {
+    GenerationParams p;
+    p.n_predict = n;
+    p.sampler.temperature = 0;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("speculative: greedy output with a draft equals plain decoding for every reference prompt") {
+    auto target = Model::load(kData + "/stories260K.gguf");
+    const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
+    for (const auto& c : cases) {
+        const int n = static_cast<int>(c.generated_ids.size()) - (c.generated_ids.back() == 1 ? 1 : 0);
+        const Run plain = generate(*target, "", c.prompt_ids, greedy_params(n));
+        std::vector<int> golden = c.generated_ids;
+        if (golden.back() == 1) golden.pop_back();  // llama2.c stops at BOS; tandem does not treat BOS as a stop
+        REQUIRE(plain.tokens == golden);
+        for (const std::string& draft : {drafts().q8_0, drafts().q4_0, drafts().q80bin}) {
+            for (bool lookup : {false, true}) {
+                GenerationParams p = greedy_params(n);
+                p.speculative.lookup = lookup;
+                p.speculative.draft_min = 1;  // always draft, so verification really runs
+                const Run spec = generate(*target, draft, c.prompt_ids, p);
+                INFO("prompt '" << c.prompt << "', draft " << draft << ", lookup " << lookup);
+                CHECK(spec.tokens == golden);
+                CHECK(spec.text == plain.text);
+                CHECK(spec.stats.spec.drafted > 0);
+            }
+        }
+        GenerationParams p = greedy_params(n);
+        p.speculative.lookup = true;
+        const Run lookup_only = generate(*target, "", c.prompt_ids, p);
+        CHECK(lookup_only.tokens == plain.tokens);
+    }
+}
+
+TEST_CASE("speculative: the int8 draft really disagrees, and rejections happen") {
+    auto target = Model::load(kData + "/stories260K.gguf");
+    GenerationParams p = greedy_params(190);
+    p.speculative.draft_min = 4;
+    p.speculative.draft_max = 4;
+    p.speculative.p_min = 0;
+    const Run spec = generate(*target, drafts().q80bin, {1, 403, 407, 261, 378}, p);
+    CHECK(spec.stats.spec.accepted < spec.stats.spec.drafted);
+    CHECK(spec.stats.spec.accepted > spec.stats.spec.drafted / 2);
+}
+
+TEST_CASE("speculative: a draft identical to the target is always accepted") {
+    auto target = Model::load(kData + "/stories260K.gguf");
+    GenerationParams p = greedy_params(150);
+    p.speculative.draft_min = 5;
+    p.speculative.draft_max = 5;
+    p.speculative.p_min = 0;
+    const Run plain = generate(*target, "", {1, 403, 407, 261, 378}, greedy_params(150));
+    const Run spec = generate(*target, kData + "/stories260K.gguf", {1, 403, 407, 261, 378}, p);
+    CHECK(spec.tokens == plain.tokens);
+    CHECK(spec.stats.spec.drafted > 100);
+    CHECK(spec.stats.spec.accepted == spec.stats.spec.drafted);
+}
+
+TEST_CASE("speculative: after a rejection the KV cache equals a fresh prefill of the same tokens") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const ModelConfig& c = model->config;
+    CpuBackend backend(*model, 2, 64);
+    auto cache_a = backend.new_cache(64);
+    auto cache_b = backend.new_cache(64);
+    std::vector<float> logits(16 * 512);
+    // A verification of 6 tokens of which 2 are accepted: keep 1 (cur) + 2, as the generator does.
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    backend.forward(prompt, *cache_a, 1, logits.data());
+    const std::vector<int> verify = {432, 383, 286, 99, 98, 97};
+    backend.forward(verify, *cache_a, 6, logits.data());
+    cache_a->truncate(5 + 3);
+    std::vector<int> accepted = prompt;
+    accepted.insert(accepted.end(), verify.begin(), verify.begin() + 3);
+    backend.forward(accepted, *cache_b, 1, logits.data());
+    REQUIRE(cache_a->n_committed() == cache_b->n_committed());
+    auto& a = static_cast<CpuKvCache&>(*cache_a);
+    auto& b = static_cast<CpuKvCache&>(*cache_b);
+    for (int l = 0; l < c.n_layers; ++l)
+        for (int pos = 0; pos < a.n_committed(); ++pos) {
+            CHECK(std::memcmp(a.key(l, pos), b.key(l, pos), sizeof(float) * c.kv_dim()) == 0);
+            CHECK(std::memcmp(a.value(l, pos), b.value(l, pos), sizeof(float) * c.kv_dim()) == 0);
+        }
+    // And continuing from both gives the same logits.
+    std::vector<float> la(512), lb(512);
+    const int next = 300;
+    backend.forward(std::span<const int>(&next, 1), *cache_a, 1, la.data());
+    backend.forward(std::span<const int>(&next, 1), *cache_b, 1, lb.data());
+    CHECK(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("speculative: prompt lookup proposes the continuation of the longest recent n-gram") {
+    SpeculativeParams sp;
+    LookupProposer lookup(sp);
+    const std::vector<int> ctx = {5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 3, 4, 5, 6, 7};
+    // Suffix 5 6 7: most recent earlier match at index 7 → continues 3 4 5.
+    CHECK(lookup.propose(ctx, 3) == std::vector<int>{3, 4, 5});
+    CHECK(lookup.propose(ctx, 10) == std::vector<int>{3, 4, 5, 6, 7});
+    CHECK(lookup.propose(std::vector<int>{1, 2, 3, 4}, 4).empty());
+    CHECK(lookup.propose(ctx, 0).empty());
+}
+
+TEST_CASE("speculative: the controller falls back to plain decoding when verification is expensive") {
+    DraftLengthController cheap(0, 8);
+    DraftLengthController costly(0, 8);
+    for (int i = 0; i < 50; ++i) {
+        // Verification cost grows one step per token (compute-bound) vs stays flat (memory-bound).
+        for (int n = 1; n <= 9; ++n) {
+            cheap.record_verify(n, 0.010);
+            costly.record_verify(n, 0.010 * n);
+        }
+        cheap.record_round(4, 3, 4 * 0.001);  // a draft 10x cheaper than a target step
+        costly.record_round(4, 2, 4 * 0.006);
+    }
+    CHECK(cheap.choose(8) >= 3);
+    CHECK(costly.choose(8) == 0);
+    CHECK(cheap.choose(2) <= 2);
+}
+
+TEST_CASE("speculative: vocabulary check") {
+    auto stories = GgufFile::open(kData + "/stories260K.gguf");
+    auto llama = GgufFile::open(kData + "/ggml-vocab-llama-spm.gguf");
+    auto t_stories = Tokenizer::from_gguf(*stories);
+    auto t_llama = Tokenizer::from_gguf(*llama);
+    SUBCASE("tok512 cannot draft for the Llama 2 32k vocabulary") {
+        try {
+            check_draft_vocabulary(*t_llama, *t_stories);
+            FAIL("expected an error");
+        } catch (const Error& e) {
+            const std::string msg = e.what();
+            INFO(msg);
+            CHECK(msg.find("id 259") != std::string::npos);  // the byte pieces 3..258 agree; the first merge does not
+            CHECK(msg.find("target") != std::string::npos);
+        }
+        CHECK_THROWS_AS(check_draft_vocabulary(*t_stories, *t_llama), Error);  // draft larger than target
+    }
+    SUBCASE("identical vocabularies pass without a note") {
+        const VocabCheck vc = check_draft_vocabulary(*t_stories, *t_stories);
+        CHECK_FALSE(vc.draft_is_prefix);
+        CHECK(vc.note.empty());
+    }
+    SUBCASE("a draft vocabulary that is a strict prefix of the target's is accepted with a note") {
+        // The target: stories260K's vocabulary with 8 extra tokens appended.
+        GgufWriter w;
+        std::vector<std::string> tokens;
+        for (auto t : stories->get_string_array("tokenizer.ggml.tokens")) tokens.emplace_back(t);
+        std::vector<float> scores = stories->get_f32_array("tokenizer.ggml.scores");
+        std::vector<int32_t> types;
+        for (int64_t t : stories->get_int_array("tokenizer.ggml.token_type")) types.push_back(static_cast<int32_t>(t));
+        for (int i = 0; i < 8; ++i) {
+            tokens.push_back("\xe2\x96\x81" "extra" + std::to_string(i));
+            scores.push_back(-1000.0f - i);
+            types.push_back(1);
+        }
+        w.add_string("general.architecture", "llama");
+        w.add_string("tokenizer.ggml.model", "llama");
+        w.add_string_array("tokenizer.ggml.tokens", tokens);
+        w.add_f32_array("tokenizer.ggml.scores", scores);
+        w.add_i32_array("tokenizer.ggml.token_type", types);
+        w.add_u32("tokenizer.ggml.unknown_token_id", 0);
+        w.add_u32("tokenizer.ggml.bos_token_id", 1);
+        w.add_u32("tokenizer.ggml.eos_token_id", 2);
+        const std::string path = drafts().dir + "/prefix-target.gguf";
+        w.write(path);
+        auto bigger = GgufFile::open(path);
+        auto t_bigger = Tokenizer::from_gguf(*bigger);
+        const VocabCheck vc = check_draft_vocabulary(*t_bigger, *t_stories);
+        CHECK(vc.draft_is_prefix);
+        CHECK(vc.note.find("prefix") != std::string::npos);
+    }
+}
+
+namespace {
+
+// Pearson's chi-square statistic of `observed` counts against `expected` probabilities (n samples), with bins of
+// expected count < 5 pooled; returns {statistic, critical value}. The critical value is the chi-square quantile at
+// an upper-tail probability of 1e-6 (Wilson–Hilferty approximation, z = 4.753): a correct sampler fails this with
+// probability about one in a million for a given seed set — and the seeds are fixed, so the test is deterministic.
+std::pair<double, double> chi_square(const std::map<int, int>& observed, const std::map<int, double>& expected, int n) {
+    std::vector<std::pair<double, double>> bins;  // (expected count, observed count)
+    double pooled_e = 0, pooled_o = 0;
+    std::map<int, int> obs = observed;
+    for (const auto& [tok, p] : expected) {
+        const double e = p * n;
+        const double o = obs.count(tok) ? obs[tok] : 0;
+        obs.erase(tok);
+        if (e >= 5)
+            bins.push_back({e, o});
+        else
+            pooled_e += e, pooled_o += o;
+    }
+    for (const auto& [tok, o] : obs) pooled_o += o;  // tokens the target gives probability 0
+    if (pooled_e >= 5 || pooled_o > 0) bins.push_back({std::max(pooled_e, 1e-12), pooled_o});
+    double stat = 0;
+    for (const auto& [e, o] : bins) stat += (o - e) * (o - e) / e;
+    const double df = static_cast<double>(bins.size() - 1);
+    const double z = 4.753, h = 2.0 / (9.0 * df);
+    const double crit = df * std::pow(1.0 - h + z * std::sqrt(h), 3.0);
+    return {stat, crit};
+}
+
+}  // namespace
+
+TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-square on the 2nd and 3rd tokens)") {
+    auto target = Model::load(kData + "/stories260K.gguf");
+    // After BOS alone the story can start many ways: broad distributions give the test its power.
+    const std::vector<int> prompt = {1};
+    SamplerParams sp;
+    sp.temperature = 1.2f;
+    sp.top_k = 30;
+    sp.top_p = 0.98f;
+    sp.min_p = 0.0f;
+    sp.repeat_penalty = 1.1f;  // the penalty must be applied alike to p and q
+
+    // Exact marginals of tokens 1..3 under the target alone: enumerate the (few) continuations the sampler keeps.
+    CpuBackend backend(*target, 1, 64);
+    Sampler exact_sampler(sp, 512);
+    std::vector<float> logits(512), probs(512);
+    auto dist = [&](const std::vector<int>& ctx) {
+        auto cache = backend.new_cache(64);
+        backend.forward(ctx, *cache, 1, logits.data());
+        exact_sampler.distribution(logits.data(), ctx, probs.data());
+        std::map<int, double> d;
+        for (int t = 0; t < 512; ++t)
+            if (probs[static_cast<size_t>(t)] > 0) d[t] = probs[static_cast<size_t>(t)];
+        return d;
+    };
+    std::map<int, double> m1 = dist(prompt), m2, m3;
+    for (const auto& [t1, p1] : m1) {
+        std::vector<int> c1 = prompt;
+        c1.push_back(t1);
+        for (const auto& [t2, p2] : dist(c1)) {
+            m2[t2] += p1 * p2;
+            std::vector<int> c2 = c1;
+            c2.push_back(t2);
+            for (const auto& [t3, p3] : dist(c2)) m3[t3] += p1 * p2 * p3;
+        }
+    }
+
+    int64_t drafted = 0, accepted = 0;
+    auto sample_runs = [&](const std::string& draft, bool lookup, int n_runs) {
+        std::array<std::map<int, int>, 3> counts;
+        for (int seed = 0; seed < n_runs; ++seed) {
+            GenerationParams p;
+            p.n_predict = 3;
+            p.sampler = sp;
+            p.sampler.seed = static_cast<uint64_t>(seed);
+            p.speculative.draft_min = 2;
+            p.speculative.draft_max = 2;
+            p.speculative.p_min = 0;
+            p.speculative.lookup = lookup;
+            const Run r = generate(*target, draft, prompt, p);
+            for (size_t i = 0; i < 3 && i < r.tokens.size(); ++i) ++counts[i][r.tokens[i]];
+            drafted += r.stats.spec.drafted;
+            accepted += r.stats.spec.accepted;
+        }
+        return counts;
+    };
+    REQUIRE(m1.size() >= 10);
+    REQUIRE(m2.size() >= 10);
+    REQUIRE(m3.size() >= 10);
+    const int n_runs = 3000;
+    const auto spec = sample_runs(drafts().sharp, false, n_runs);
+    INFO("overconfident draft: " << accepted << " of " << drafted << " drafted tokens accepted");
+    const auto [s1, c1] = chi_square(spec[0], m1, n_runs);
+    const auto [s2, c2] = chi_square(spec[1], m2, n_runs);
+    const auto [s3, c3] = chi_square(spec[2], m3, n_runs);
+    INFO("chi-square token 1: " << s1 << " (critical " << c1 << "), token 2: " << s2 << " (" << c2 << "), token 3: "
+                                << s3 << " (" << c3 << ")");
+    CHECK(s1 < c1);
+    CHECK(s2 < c2);
+    CHECK(s3 < c3);
+    // Prompt lookup (one-hot proposals) must be lossless too.
+    const auto look = sample_runs("", true, n_runs);
+    CHECK(chi_square(look[1], m2, n_runs).first < chi_square(look[1], m2, n_runs).second);
+    CHECK(chi_square(look[2], m3, n_runs).first < chi_square(look[2], m3, n_runs).second);
+
+    // The same test must reject a sampler that is not the target's: tokens drawn from the draft alone.
+    auto draft_model = Model::load(drafts().q4_0);
+    std::array<std::map<int, int>, 3> draft_only;
+    for (int seed = 0; seed < n_runs; ++seed) {
+        GenerationParams p;
+        p.n_predict = 3;
+        p.sampler = sp;
+        p.sampler.temperature = 1.5f;  // a visibly different distribution
+        p.sampler.seed = static_cast<uint64_t>(seed);
+        const Run r = generate(*draft_model, "", prompt, p);
+        for (size_t i = 0; i < 3 && i < r.tokens.size(); ++i) ++draft_only[i][r.tokens[i]];
+    }
+    const auto [n2, nc2] = chi_square(draft_only[1], m2, n_runs);
+    INFO("negative control, token 2: " << n2 << " (critical " << nc2 << ")");
+    CHECK(n2 > nc2);
+}
