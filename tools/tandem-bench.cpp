@@ -4,16 +4,20 @@
 // measurable on sizes no real file here has.
 //   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS] [--chunk 256]
 //   tandem-bench --make-synthetic 1b --type q4_0 -o /tmp/1b-q4_0.gguf
+//   tandem-bench -m TARGET.gguf --draft DRAFT.gguf [--lookup] [--prompts FILE] [-n 128]   (speculative vs plain)
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <thread>
 
 #include "cpu/cpu_backend.h"
 #include "error.h"
+#include "generator.h"
+#include "vocab_check.h"
 #include "model.h"
 #include "synthetic_model.h"
 
@@ -38,6 +42,58 @@ std::vector<int> bench_tokens(int n, int n_vocab) {
     return t;
 }
 
+// Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
+int speculative_bench(const tandem::Model& model, const std::string& draft_path, bool lookup,
+                      const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk) {
+    std::unique_ptr<tandem::Model> draft_model;
+    std::unique_ptr<tandem::CpuBackend> draft_backend;
+    if (!draft_path.empty()) {
+        draft_model = tandem::Model::load(draft_path);
+        tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
+        draft_backend = std::make_unique<tandem::CpuBackend>(*draft_model, threads, chunk);
+    }
+    tandem::CpuBackend backend(model, threads, chunk);
+    std::printf("| prompt | plain tokens/s | speculative tokens/s | speedup | acceptance | mean accepted |\n");
+    std::printf("|---|---|---|---|---|---|\n");
+    for (const std::string& text : prompts) {
+        const std::vector<int> prompt = model.tokenizer->encode(text, model.tokenizer->add_bos());
+        const int n_ctx = static_cast<int>(prompt.size()) + n_gen + 70;
+        std::vector<double> plain, spec;
+        double acceptance = 0, mean_accepted = 0;
+        for (int r = 0; r <= reps; ++r) {  // run 0 is a warm-up
+            for (bool speculative : {false, true}) {
+                auto cache = backend.new_cache(n_ctx);
+                std::unique_ptr<tandem::KvCache> draft_cache;
+                tandem::DraftModel draft;
+                if (speculative && draft_model) {
+                    draft_cache = draft_backend->new_cache(n_ctx);
+                    draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
+                }
+                tandem::GenerationParams params;
+                params.n_predict = n_gen;
+                params.chunk = chunk;
+                params.sampler.temperature = 0;
+                params.speculative.lookup = speculative && lookup;
+                tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
+                const tandem::GenerationStats st = gen.generate(prompt, params, [](std::string_view) { return true; });
+                const double tps = st.n_generated / st.decode_s;
+                if (r == 0) continue;
+                (speculative ? spec : plain).push_back(tps);
+                if (speculative && st.spec.drafted > 0) {
+                    acceptance = static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.drafted);
+                    const int drafting_rounds = st.spec.rounds - st.spec.plain_steps;
+                    mean_accepted = drafting_rounds ? static_cast<double>(st.spec.accepted) / drafting_rounds : 0;
+                }
+            }
+        }
+        const double p = median(plain), s = median(spec);
+        std::printf("| %s | %.2f | %.2f | %.2fx | %.1f%% | %.2f |\n", text.substr(0, 40).c_str(), p, s, s / p,
+                    100 * acceptance, mean_accepted);
+        std::fflush(stdout);
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,6 +113,11 @@ int main(int argc, char** argv) {
     app.add_option("--type", synth_type, "weight type of the synthetic model (f32, f16, q8_0, q4_0)")
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
+    std::string draft_path, prompts_path;
+    bool lookup = false;
+    app.add_option("--draft", draft_path, "speculative mode: draft model to compare against plain decoding");
+    app.add_flag("--lookup", lookup, "speculative mode with prompt-lookup drafting");
+    app.add_option("--prompts", prompts_path, "speculative mode: prompts, one per line (default: three built in)");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -102,6 +163,18 @@ int main(int argc, char** argv) {
             return n_gen / std::chrono::duration<double>(Clock::now() - t0).count();
         };
 
+        if (!draft_path.empty() || lookup) {
+            std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom went to the park",
+                                                "The little dog was sad because"};
+            if (!prompts_path.empty()) {
+                std::ifstream in(prompts_path);
+                if (!in) throw tandem::Error(prompts_path + ": cannot open");
+                prompts.clear();
+                for (std::string line; std::getline(in, line);)
+                    if (!line.empty()) prompts.push_back(line);
+            }
+            return speculative_bench(*model, draft_path, lookup, prompts, n_gen, reps, threads, chunk);
+        }
         uint64_t n_params = 0;
         for (const auto& t : model->file->tensors()) n_params += t.n_elements();
         std::printf("| model | size | params | threads | test | tokens/s (median of %d) | weight GB/s |\n", reps);

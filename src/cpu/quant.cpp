@@ -389,9 +389,10 @@ template <class Kernel>
 void dot_rows(const void* W, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end, const float* x,
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
     const uint8_t* w = static_cast<const uint8_t*>(W);
-    const int64_t chunk = n_tokens <= kTokenTile
-                              ? std::max<int64_t>(1, row_end - row_begin)
-                              : std::max<int64_t>(1, static_cast<int64_t>(kRowChunkBytes / std::max<size_t>(1, row_bytes)));
+    // One token tile (decode, short verification) streams the whole range once; more tiles reuse chunks from L2.
+    const size_t chunk_rows = std::max<size_t>(1, kRowChunkBytes / std::max<size_t>(1, row_bytes));
+    const int64_t chunk = n_tokens <= kTokenTile ? std::max<int64_t>(1, row_end - row_begin)
+                                                 : static_cast<int64_t>(chunk_rows);
     for (int64_t r0 = row_begin; r0 < row_end; r0 += chunk) {
         const int64_t r1 = std::min(row_end, r0 + chunk);
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {

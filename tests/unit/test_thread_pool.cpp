@@ -39,7 +39,8 @@ TEST_CASE("thread_pool covers every item exactly once, in contiguous chunks by t
             for (auto& h : hits) wrong += h.load() != 1;
             CHECK(wrong == 0);
             for (int t = 0; t < threads; ++t) {
-                const bool has_items = ThreadPool::chunk_begin(n, threads, t) < ThreadPool::chunk_begin(n, threads, t + 1);
+                const bool has_items =
+                    ThreadPool::chunk_begin(n, threads, t) < ThreadPool::chunk_begin(n, threads, t + 1);
                 CHECK(calls[t].load() == (has_items ? 1 : 0));
             }
         }
