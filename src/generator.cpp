@@ -64,7 +64,7 @@ public:
     using Clock = std::chrono::steady_clock;
     Output(const Model& model, const GenerationParams& params, const std::vector<int>& prompt,
            const std::function<bool(std::string_view)>& emit, GenerationStats& stats, Clock::time_point t_start)
-        : eos_(model.tokenizer->eos()), n_predict_(params.n_predict), emit_(emit), stats_(stats),
+        : eos_(model.tokenizer->eos()), stop_tokens_(params.stop_tokens), n_predict_(params.n_predict), emit_(emit), stats_(stats),
           t_start_(t_start), detok_(*model.tokenizer, /*at_start=*/false), stop_filter_(params.stops),
           history(prompt) {
         history.reserve(prompt.size() + static_cast<size_t>(std::max(0, params.n_predict)) + 64);
@@ -73,7 +73,8 @@ public:
     GenerationStats& stats() { return stats_; }
     // Takes one sampled token; false when generation must end (the reason is in stats.stop).
     bool push(int tok) {
-        if (tok == eos_) return end(StopReason::Eos);
+        if (tok == eos_ || std::find(stop_tokens_.begin(), stop_tokens_.end(), tok) != stop_tokens_.end())
+            return end(StopReason::Eos);
         ++stats_.n_generated;
         history.push_back(tok);
         if (!deliver(stop_filter_.push(detok_.push(tok)))) return end(StopReason::OutputClosed);
@@ -108,6 +109,7 @@ private:
     }
 
     const int eos_;
+    const std::vector<int> stop_tokens_;
     const int n_predict_;
     const std::function<bool(std::string_view)>& emit_;
     GenerationStats& stats_;

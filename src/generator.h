@@ -20,6 +20,7 @@ struct GenerationParams {
     int n_predict = -1;               // new tokens at most; -1 = until EOS or the context is full
     int chunk = 256;                  // prompt tokens per prefill forward
     std::vector<std::string> stops;   // generation ends before the first occurrence of any of these
+    std::vector<int> stop_tokens;     // tokens that end generation like EOS (e.g. a chat template's end of turn)
     SamplerParams sampler;
     SpeculativeParams speculative;    // used when the Generator has a draft model or speculative.lookup is set
 };

@@ -13,10 +13,12 @@
 #include <sstream>
 #include <thread>
 
+#include "chat_prompt.h"
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generator.h"
 #include "model.h"
+#include "model_registry.h"
 #include "vocab_check.h"
 
 namespace {
@@ -28,6 +30,11 @@ struct Options {
     std::string tokenizer_path;
     std::string backend = "auto";
     std::string draft_path;
+    bool no_draft = false;
+    bool list_models = false;
+    bool raw = false;
+    std::string system_prompt;
+    std::string chat_template;
     std::string draft_backend = "auto";
     int n_predict = -1;
     int n_ctx = 0;
@@ -87,16 +94,63 @@ int run(const Options& opt) {
     if (opt.backend != "auto" && opt.backend != "cpu")
         throw tandem::Error("backend '" + opt.backend + "' is not available in this build (available: cpu)");
 
-    auto model = tandem::Model::load(opt.model_path, opt.tokenizer_path);
+    // No -m: the default model from the cache, with the default draft when it is installed too.
+    std::string model_path = opt.model_path;
+    std::string draft_path = opt.draft_path;
+    if (model_path.empty()) {
+        const auto target = tandem::installed_path(tandem::default_target());
+        if (!target)
+            throw tandem::Error("no model given (-m FILE) and the default model " + tandem::default_target() +
+                                " is not installed in " + tandem::models_dir() + ": run scripts/fetch-models");
+        model_path = *target;
+        const auto draft = tandem::installed_path(tandem::default_draft());
+        if (draft_path.empty() && !opt.no_draft && draft) {
+            draft_path = *draft;
+            std::fprintf(stderr, "tandem: %s with draft %s (--no-draft to turn drafting off)\n",
+                         tandem::default_target().c_str(), tandem::default_draft().c_str());
+        }
+    } else if (auto known = tandem::installed_path(model_path)) {
+        model_path = *known;  // a model name from --list-models
+    }
+    if (opt.no_draft) draft_path.clear();
+
+    auto model = tandem::Model::load(model_path, opt.tokenizer_path);
     const tandem::ModelConfig& c = model->config;
     const int n_ctx = choose_context(opt, c);
     const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (opt.verbose)
         std::fprintf(stderr, "tandem: %s (%s): %d layers, dim %d, %d heads (%d kv), vocab %d, ctx %d, %d threads\n",
-                     opt.model_path.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab,
+                     model_path.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab,
                      n_ctx, threads);
 
-    const std::vector<int> tokens = model->tokenizer->encode(prompt, model->tokenizer->add_bos());
+    // Instruct models (a chat template in the file, or --chat-template) get the prompt as one user turn; base
+    // models and --raw get the text as it is.
+    std::vector<int> stop_tokens;
+    std::vector<int> tokens;
+    const std::string template_source = model->file->get_string_or("tokenizer.chat_template", "");
+    std::optional<tandem::ChatTemplate> tmpl;
+    if (!opt.raw) {
+        if (!opt.chat_template.empty()) {
+            tmpl = tandem::ChatTemplate::by_name(opt.chat_template);
+        } else if (!template_source.empty()) {
+            std::string warning;
+            tmpl = tandem::ChatTemplate::detect(template_source, &warning);
+            if (!warning.empty()) std::fprintf(stderr, "tandem: warning: %s\n", warning.c_str());
+        }
+    }
+    if (tmpl && !tmpl->is_raw()) {
+        std::vector<tandem::ChatMessage> messages;
+        if (!opt.system_prompt.empty()) messages.push_back({"system", opt.system_prompt});
+        messages.push_back({"user", prompt});
+        tokens = tandem::tokenize_chat(*model->tokenizer, *tmpl, messages, /*add_generation_prompt=*/true);
+        for (const std::string& marker : tmpl->end_of_turn()) {
+            const int id = model->tokenizer->token_id(marker);
+            if (id >= 0) stop_tokens.push_back(id);
+        }
+        if (opt.verbose) std::fprintf(stderr, "tandem: chat template %s\n", tmpl->name().c_str());
+    } else {
+        tokens = model->tokenizer->encode(prompt, model->tokenizer->add_bos());
+    }
     if (static_cast<int>(tokens.size()) > n_ctx)
         throw tandem::Error("the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
                             std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
@@ -110,15 +164,15 @@ int run(const Options& opt) {
     std::unique_ptr<tandem::CpuBackend> draft_backend;
     std::unique_ptr<tandem::KvCache> draft_cache;
     tandem::DraftModel draft;
-    if (!opt.draft_path.empty()) {
+    if (!draft_path.empty()) {
         if (opt.draft_backend != "auto" && opt.draft_backend != "cpu")
             throw tandem::Error("draft backend '" + opt.draft_backend + "' is not available in this build (available: cpu)");
-        draft_model = tandem::Model::load(opt.draft_path);
+        draft_model = tandem::Model::load(draft_path);
         const tandem::VocabCheck vc = [&] {
             try {
                 return tandem::check_draft_vocabulary(*model->tokenizer, *draft_model->tokenizer);
             } catch (const tandem::Error& e) {
-                throw tandem::Error("draft " + opt.draft_path + " cannot draft for " + opt.model_path + ": " + e.what());
+                throw tandem::Error("draft " + draft_path + " cannot draft for " + model_path + ": " + e.what());
             }
         }();
         if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
@@ -126,7 +180,7 @@ int run(const Options& opt) {
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)
-            std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", opt.draft_path.c_str(),
+            std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", draft_path.c_str(),
                          draft_model->config.n_layers, draft_model->config.dim);
     }
     tandem::Generator generator(*model, backend, *cache, draft);
@@ -135,6 +189,7 @@ int run(const Options& opt) {
     tandem::GenerationParams params = opt.gen;
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
+    params.stop_tokens = stop_tokens;
     const tandem::GenerationStats st = generator.generate(tokens, params, write_stdout);
     if (st.stop == tandem::StopReason::OutputClosed) return 0;  // the reader went away: end quietly
     if (st.stop == tandem::StopReason::ContextFull)
@@ -169,7 +224,14 @@ int main(int argc, char** argv) {
     std::signal(SIGPIPE, SIG_IGN);  // a closed stdout shows up as a failed write, which ends generation quietly
     Options opt;
     CLI::App app{"tandem: local LLM inference from a GGUF file (streams generated text to stdout)"};
-    app.add_option("-m,--model", opt.model_path, "GGUF model file")->required()->check(CLI::ExistingFile);
+    app.add_option("-m,--model", opt.model_path,
+                   "GGUF model file or installed model name (default: " + tandem::default_target() + ")");
+    app.add_flag("--no-draft", opt.no_draft, "do not use a draft model (not even the default one)");
+    app.add_flag("--list-models", opt.list_models, "list the installed models and exit");
+    app.add_flag("--raw", opt.raw, "feed the prompt as it is, without the model's chat template");
+    app.add_option("--system", opt.system_prompt, "system prompt (instruct models)");
+    app.add_option("--chat-template", opt.chat_template, "chat template family instead of the model's")
+        ->check(CLI::IsMember(tandem::ChatTemplate::names()));
     app.add_option("-p,--prompt", opt.prompt, "prompt text");
     app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
     app.add_option("-n,--n-predict", opt.n_predict, "new tokens to generate (-1: until EOS or a full context)")
@@ -218,6 +280,10 @@ int main(int argc, char** argv) {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
+    }
+    if (opt.list_models) {
+        std::fputs(tandem::list_installed_table().c_str(), stdout);
+        return 0;
     }
     opt.seed_given = seed_opt->count() > 0;
     if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();

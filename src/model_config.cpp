@@ -19,8 +19,8 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");
     c.name = f.get_string_or("general.name", c.arch);
-    if (c.arch != "llama")
-        throw Error(f.path() + ": architecture '" + c.arch + "' is not supported (supported: llama)");
+    if (c.arch != "llama" && c.arch != "qwen2")
+        throw Error(f.path() + ": architecture '" + c.arch + "' is not supported (supported: llama, qwen2)");
     const std::string a = c.arch + ".";
     auto required = [&](const std::string& key) { return positive_int(f, a + key, f.get_u32(a + key)); };
 
@@ -53,7 +53,9 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     if (f.find(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none")
         throw Error(f.path() + ": rope scaling '" + f.get_string(a + "rope.scaling.type") + "' is not supported");
 
-    c.rope_style = RopeStyle::AdjacentPairs;
+    // ggml's rope mode by architecture: llama files rotate adjacent pairs, qwen2 files the two halves (NEOX).
+    c.rope_style = c.arch == "qwen2" ? RopeStyle::Neox : RopeStyle::AdjacentPairs;
+    c.qkv_bias = c.arch == "qwen2";
     // The vocabulary size comes from token_embd (checked against llama.vocab_size and the tokenizer by the loader).
     const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
     if (!embd) throw Error(f.path() + ": tensor 'token_embd.weight' is missing");

@@ -1,14 +1,17 @@
-// Tokenizer (sentencepiece vocabularies from GGUF metadata or .model files) and TokenStreamDecoder (incremental,
-// UTF-8-safe detokenization). See tokenizer.h.
+// Tokenizer (sentencepiece vocabularies from GGUF metadata or .model files, byte-level BPE vocabularies from GGUF
+// metadata, special-token parsing) and TokenStreamDecoder (incremental, UTF-8-safe detokenization). See
+// tokenizer.h; the BPE algorithm itself is in bpe_tokenizer.cpp.
 #include "tokenizer.h"
 
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
 #include <cassert>
 #include <cstddef>
 #include <fstream>
 #include <iterator>
 
+#include "bpe_tokenizer.h"
 #include "error.h"
 #include "gguf.h"
 #include "sentencepiece_proto.h"
@@ -59,9 +62,10 @@ Tokenizer::~Tokenizer() = default;
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
     const std::string& path = gguf.path();
     const std::string model = gguf.get_string("tokenizer.ggml.model");
+    if (model == "gpt2") return from_gguf_bpe(gguf);
     if (model != "llama")
-        throw Error(path + ": tokenizer model \"" + model + "\" is not supported yet (only sentencepiece "
-                    "vocabularies, tokenizer.ggml.model = \"llama\", are)");
+        throw Error(path + ": tokenizer model \"" + model + "\" is not supported (tokenizer.ggml.model must be "
+                    "\"llama\", sentencepiece, or \"gpt2\", byte-level BPE)");
 
     const std::vector<std::string_view> tokens = gguf.get_string_array("tokenizer.ggml.tokens");
     const std::vector<float> scores = gguf.get_f32_array("tokenizer.ggml.scores");
@@ -144,6 +148,45 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
     return tok;
 }
 
+std::unique_ptr<Tokenizer> Tokenizer::from_gguf_bpe(const GgufFile& gguf) {
+    const std::string& path = gguf.path();
+    const std::vector<std::string_view> tokens = gguf.get_string_array("tokenizer.ggml.tokens");
+    const size_t n = tokens.size();
+    if (n == 0) throw Error(path + ": tokenizer.ggml.tokens is empty");
+    if (n > static_cast<size_t>(INT32_MAX)) throw Error(path + ": tokenizer.ggml.tokens is too large");
+    // token_type is optional for BPE (llama.cpp then treats every token as normal).
+    std::vector<int64_t> types(n, static_cast<int64_t>(spm::PieceType::NORMAL));
+    if (gguf.find("tokenizer.ggml.token_type")) {
+        types = gguf.get_int_array("tokenizer.ggml.token_type");
+        if (types.size() != n)
+            throw Error(path + ": tokenizer arrays differ in length (tokens " + std::to_string(n) + ", token_type " +
+                        std::to_string(types.size()) + ")");
+    }
+
+    auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
+    tok->model_type_ = "gpt2";
+    tok->texts_.reserve(n);
+    tok->types_.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t type = types[i];
+        if (type < static_cast<int64_t>(spm::PieceType::NORMAL) || type > static_cast<int64_t>(spm::PieceType::BYTE))
+            throw Error(path + ": token " + std::to_string(i) + " has unknown token type " + std::to_string(type));
+        tok->texts_.emplace_back(tokens[i]);
+        tok->types_.push_back(static_cast<int>(type));
+    }
+    tok->bpe_ = BpeTokenizer::from_gguf(gguf, tok->texts_, tok->types_);
+
+    const int n_vocab = static_cast<int>(n);
+    tok->unk_ = optional_token_id(gguf, "tokenizer.ggml.unknown_token_id", n_vocab);
+    tok->bos_ = optional_token_id(gguf, "tokenizer.ggml.bos_token_id", n_vocab);
+    tok->eos_ = optional_token_id(gguf, "tokenizer.ggml.eos_token_id", n_vocab);
+    tok->add_bos_ = gguf.get_bool_or("tokenizer.ggml.add_bos_token", tok->bpe_->default_add_bos()) && tok->bos_ >= 0;
+    tok->add_eos_ = gguf.get_bool_or("tokenizer.ggml.add_eos_token", false) && tok->eos_ >= 0;
+    tok->byte_values_.assign(n, -1);  // byte-level BPE has no <0xNN> pieces: every token is bytes already
+    tok->index_specials(/*bpe_always_user_defined=*/true);
+    return tok;
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
     const std::string bytes = read_file(path);
     spm::ModelProto proto;
@@ -183,13 +226,65 @@ void Tokenizer::load(const std::string& serialized, const std::string& source) {
     for (int id = 0; id < n_vocab() && context_id_ < 0; ++id)
         if (types_[id] == static_cast<int>(spm::PieceType::NORMAL) && !decode_unchecked({id}).empty())
             context_id_ = id;
+    // sentencepiece matches its user-defined pieces itself; only parse_special adds the control tokens.
+    index_specials(/*bpe_always_user_defined=*/false);
 }
 
-std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos) const {
+void Tokenizer::index_specials(bool bpe_always_user_defined) {
+    for (auto& bucket : specials_) bucket.clear();
+    for (int id = 0; id < n_vocab(); ++id) {
+        const auto type = static_cast<spm::PieceType>(types_[id]);
+        const std::string& text = texts_[id];
+        if (text.empty()) continue;
+        // llama.cpp's special-token cache: control, user-defined and unknown tokens.
+        if (type != spm::PieceType::CONTROL && type != spm::PieceType::USER_DEFINED && type != spm::PieceType::UNKNOWN)
+            continue;
+        const bool always = bpe_always_user_defined && type == spm::PieceType::USER_DEFINED;
+        specials_[static_cast<unsigned char>(text[0])].push_back({text, id, always});
+    }
+    for (auto& bucket : specials_)
+        std::stable_sort(bucket.begin(), bucket.end(),
+                         [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
+}
+
+void Tokenizer::encode_plain(std::string_view text, std::vector<int>& out) const {
+    if (text.empty()) return;
+    if (bpe_) {
+        bpe_->encode(text, out);
+        return;
+    }
     std::vector<int> ids;
     const sentencepiece::util::Status status = sp_->Encode(text, &ids);
     if (!status.ok()) throw Error("tokenizer: cannot encode text: " + status.ToString());
-    if (add_bos && bos_ >= 0) ids.insert(ids.begin(), bos_);
+    out.insert(out.end(), ids.begin(), ids.end());
+}
+
+std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+    std::vector<int> ids;
+    if (add_bos && bos_ >= 0) ids.push_back(bos_);
+    // Cut out the special tokens (longest first at each position); each stretch of text between them is
+    // tokenized on its own, as llama.cpp's tokenizer_st_partition does. Sentencepiece then gives every stretch
+    // its dummy-prefix space, which is also what llama.cpp does after a special token.
+    size_t plain = 0;  // start of the text not yet tokenized
+    for (size_t i = 0; i < text.size();) {
+        const Special* hit = nullptr;
+        for (const Special& s : specials_[static_cast<unsigned char>(text[i])]) {
+            if (!parse_special && !s.always) continue;
+            if (text.compare(i, s.text.size(), s.text) == 0) {
+                hit = &s;
+                break;
+            }
+        }
+        if (!hit) {
+            ++i;
+            continue;
+        }
+        encode_plain(text.substr(plain, i - plain), ids);
+        ids.push_back(hit->id);
+        i += hit->text.size();
+        plain = i;
+    }
+    encode_plain(text.substr(plain), ids);
     return ids;
 }
 
@@ -202,6 +297,11 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
 }
 
 std::string Tokenizer::decode_unchecked(const std::vector<int>& ids) const {
+    if (bpe_) {
+        std::string bytes;
+        for (int id : ids) bytes += bpe_->rendered(id);
+        return utf8::sanitize(bytes);
+    }
     std::string text;
     const sentencepiece::util::Status status = sp_->Decode(ids, &text);
     if (!status.ok()) throw Error("tokenizer: cannot decode tokens: " + status.ToString());
@@ -214,6 +314,14 @@ std::string Tokenizer::piece(int id) const {
                     std::to_string(n_vocab()) + " tokens");
     return texts_[id];
 }
+
+int Tokenizer::token_id(std::string_view text) const {
+    if (bpe_) return bpe_->token_id(text);
+    const int id = sp_->PieceToId(text);  // sentencepiece answers unk for an unknown piece
+    return id >= 0 && id < n_vocab() && texts_[id] == text ? id : -1;
+}
+
+std::string Tokenizer::pre_tokenizer() const { return bpe_ ? bpe_->pre() : std::string(); }
 
 bool Tokenizer::is_control(int id) const {
     return id >= 0 && id < n_vocab() && types_[id] == static_cast<int>(spm::PieceType::CONTROL);
@@ -233,6 +341,7 @@ TokenStreamDecoder::TokenStreamDecoder(const Tokenizer& tokenizer, bool at_start
 }
 
 void TokenStreamDecoder::reset() {
+    pending_.clear();
     window_.clear();
     prefix_text_.clear();
     // A continuation starts with one already-"returned" piece of context, so the first real piece is mid-text.
@@ -257,10 +366,36 @@ bool TokenStreamDecoder::ends_in_incomplete_utf8() const {
     return false;
 }
 
+// Byte-level BPE decodes token by token (no leading-space rule, no context), so streaming only has to hold back
+// the bytes of a character that is not complete yet. Each decision uses exactly the bytes decode() would look
+// at, so the pieces always add up to decode(all ids).
+std::string TokenStreamDecoder::take_bpe(bool final) {
+    const auto* s = reinterpret_cast<const unsigned char*>(pending_.data());
+    const size_t n = pending_.size();
+    size_t i = 0;
+    while (i < n) {
+        const int len = utf8::sequence_length(s + i, n - i);
+        if (len > 0) {
+            i += static_cast<size_t>(len);
+        } else if (len < 0 && !final) {
+            break;  // may still complete
+        } else {
+            i += 1;  // decode() renders this byte as U+FFFD; sanitize below does the same
+        }
+    }
+    std::string out = utf8::sanitize(std::string_view(pending_).substr(0, i));
+    pending_.erase(0, i);
+    return out;
+}
+
 std::string TokenStreamDecoder::push(int id) {
     if (id < 0 || id >= tok_.n_vocab())
         throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
                     std::to_string(tok_.n_vocab()) + " tokens");
+    if (tok_.bpe_) {
+        pending_ += tok_.bpe_->rendered(id);
+        return take_bpe(false);
+    }
     // A run of control tokens renders exactly like one (invisible, ends a byte run), so keep just one: the
     // window then stays small even if a model emits many in a row.
     if (tok_.is_control(id) && !window_.empty() && tok_.is_control(window_.back()) && prefix_len_ == window_.size())
@@ -291,6 +426,11 @@ std::string TokenStreamDecoder::push(int id) {
 
 std::string TokenStreamDecoder::flush() {
     std::string out;
+    if (tok_.bpe_) {
+        out = take_bpe(true);
+        reset();
+        return out;
+    }
     if (prefix_len_ < window_.size()) out = tok_.decode_unchecked(window_).substr(prefix_text_.size());
     reset();
     return out;

@@ -1,10 +1,11 @@
-// Tokenizer: text <-> token ids for sentencepiece ("llama") vocabularies, built from the vocabulary stored in a
-// GGUF file or loaded from a sentencepiece .model file; and TokenStreamDecoder, which turns a stream of generated
-// ids into text piece by piece without ever splitting a UTF-8 character.
+// Tokenizer: text <-> token ids for sentencepiece ("llama") and byte-level BPE ("gpt2") vocabularies, built from
+// the vocabulary stored in a GGUF file or loaded from a sentencepiece .model file; special-token parsing; and
+// TokenStreamDecoder, which turns a stream of generated ids into text piece by piece without ever splitting a
+// UTF-8 character.
 //
-// Encoding and whole-sequence decoding are done by libsentencepiece itself (a BPE ModelProto assembled from the
-// GGUF arrays, see sentencepiece_proto.h), so tandem tokenizes exactly as sentencepiece and llama.cpp do.
-// Byte-level BPE ("gpt2") vocabularies are not supported yet and are rejected with a clear error.
+// Sentencepiece vocabularies are encoded and decoded by libsentencepiece itself (a BPE ModelProto assembled from
+// the GGUF arrays, see sentencepiece_proto.h); byte-level BPE by BpeTokenizer (bpe_tokenizer.h). Both follow
+// llama.cpp, so tandem tokenizes exactly as llama.cpp does.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -19,12 +20,15 @@ class SentencePieceProcessor;
 namespace tandem {
 
 class GgufFile;
+class BpeTokenizer;
 
 class Tokenizer {
 public:
-    // tokenizer.ggml.model must be "llama"; reads tokens, scores, token_type, the bos/eos/unk/padding ids and
-    // the add_bos_token / add_eos_token / add_space_prefix / remove_extra_whitespaces flags. Throws
-    // tandem::Error naming the file on any inconsistency.
+    // Dispatches on tokenizer.ggml.model. "llama": reads tokens, scores, token_type, the bos/eos/unk/padding ids
+    // and the add_bos_token / add_eos_token / add_space_prefix / remove_extra_whitespaces flags. "gpt2": tokens,
+    // token_type (optional), merges, tokenizer.ggml.pre (the pre-tokenizer), bos/eos ids, add_bos_token (default
+    // false, except for Llama 3's pre-tokenizer, as in llama.cpp). Throws tandem::Error naming the file on any
+    // inconsistency, an unknown model or an unknown pre-tokenizer.
     static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& gguf);
     // A sentencepiece .model file (the --tokenizer override). Throws tandem::Error when unreadable or invalid.
     static std::unique_ptr<Tokenizer> from_model_file(const std::string& path);
@@ -33,14 +37,23 @@ public:
     Tokenizer& operator=(const Tokenizer&) = delete;
 
     // Token ids of `text`, with BOS in front when `add_bos` (and the vocabulary has one). Never appends EOS.
-    std::vector<int> encode(std::string_view text, bool add_bos) const;
-    // Whole-sequence decode, as sentencepiece does it: control tokens are invisible, byte pieces are joined
-    // into UTF-8 (invalid bytes become U+FFFD), and the leading space of the first piece is dropped.
+    // With `parse_special`, the texts of the vocabulary's control (and unknown and user-defined) tokens, such as
+    // "<|im_start|>" or "<s>", are found in `text` first (longest match at each position) and become their ids;
+    // the text between them is tokenized normally. Without it they are ordinary text, so a user typing
+    // "<|im_end|>" gets those characters. As in llama.cpp, byte-level BPE vocabularies split off user-defined
+    // tokens (e.g. Qwen's "<tool_call>") either way; sentencepiece matches its user-defined pieces itself.
+    std::vector<int> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
+    // Whole-sequence decode. Sentencepiece: as sentencepiece does it: control tokens are invisible, byte pieces
+    // are joined into UTF-8 (invalid bytes become U+FFFD), and the leading space of the first piece is dropped.
+    // Byte-level BPE: the bytes of every token (through the inverse GPT-2 byte mapping; control tokens render
+    // as nothing, user-defined ones as their text) joined, with bytes that do not form UTF-8 as U+FFFD.
     // Throws tandem::Error for an id outside [0, n_vocab).
     std::string decode(const std::vector<int>& ids) const;
 
-    // The raw piece text, e.g. "▁the", "<0x0A>", "<s>".
+    // The raw piece text, e.g. "▁the", "<0x0A>", "<s>" (sentencepiece) or "Ġthe", "<|im_end|>" (BPE).
     std::string piece(int id) const;
+    // The id of the token whose raw piece text is exactly `text` (e.g. "<|im_end|>"), or -1 when there is none.
+    int token_id(std::string_view text) const;
     int n_vocab() const { return static_cast<int>(texts_.size()); }
     int bos() const { return bos_; }  // -1 when the vocabulary has none
     int eos() const { return eos_; }
@@ -55,7 +68,10 @@ public:
     // The vocabulary as stored, for comparing a draft model's vocabulary with the target's.
     const std::vector<std::string>& token_texts() const { return texts_; }
     const std::vector<int>& token_types() const { return types_; }  // sentencepiece / GGUF token type numbers
-    std::string model_type() const { return model_type_; }           // "llama"
+    std::string model_type() const { return model_type_; }           // "llama" or "gpt2"
+    bool is_bpe() const { return bpe_ != nullptr; }
+    // The BPE pre-tokenizer (tokenizer.ggml.pre, e.g. "qwen2"); empty for sentencepiece.
+    std::string pre_tokenizer() const;
 
 private:
     friend class TokenStreamDecoder;
@@ -64,8 +80,22 @@ private:
     void load(const std::string& serialized, const std::string& source);
     // Decodes without range checks (ids come from a caller that already checked them).
     std::string decode_unchecked(const std::vector<int>& ids) const;
+    // Byte-level BPE: "gpt2" vocabularies.
+    static std::unique_ptr<Tokenizer> from_gguf_bpe(const GgufFile& gguf);
+    // Indexes the tokens that encode() can match literally (see encode); `bpe_always_user_defined` marks the
+    // user-defined ones as matched even without parse_special.
+    void index_specials(bool bpe_always_user_defined);
+    // Plain text (no special tokens) to ids, appended.
+    void encode_plain(std::string_view text, std::vector<int>& out) const;
 
     std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+    std::unique_ptr<BpeTokenizer> bpe_;  // set for byte-level BPE vocabularies (then sp_ is unused)
+    struct Special {
+        std::string text;
+        int id;
+        bool always;            // matched even without parse_special
+    };
+    std::vector<Special> specials_[256];  // by first byte, longest first
     std::vector<std::string> texts_;
     std::vector<int> types_;
     std::vector<int16_t> byte_values_;  // per id: 0..255 for byte pieces, -1 otherwise
@@ -101,12 +131,16 @@ public:
 private:
     void reset();
     bool ends_in_incomplete_utf8() const;
+    // Byte-level BPE: returns the complete characters (and U+FFFD for bytes that cannot become one) at the front
+    // of pending_, keeping a trailing sequence that later bytes may still complete unless `final`.
+    std::string take_bpe(bool final);
 
     const Tokenizer& tok_;
     bool at_start_;
     std::vector<int> window_;  // ids decoded together; the first prefix_len_ of them are already returned
     size_t prefix_len_ = 0;
     std::string prefix_text_;  // decode(window_[0, prefix_len_)), as sentencepiece renders it
+    std::string pending_;      // byte-level BPE: rendered bytes not returned yet (an incomplete character)
 };
 
 }  // namespace tandem

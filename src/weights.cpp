@@ -25,10 +25,11 @@ WeightView view(const GgufFile& f, const std::string& name, int64_t cols, int64_
     }
     if (must_be_f32 && t->type != GgmlType::F32)
         throw Error(f.path() + ": tensor '" + name + "' has type " + ggml_type_name(t->type) +
-                    "; norm weights must be f32");
+                    "; norm weights and biases must be f32");
     if (!cpu::cpu_supports(t->type))
         throw Error(f.path() + ": tensor '" + name + "' has type " + ggml_type_name(t->type) +
-                    ", which tandem does not support yet (supported: f32, f16, q8_0, q4_0)");
+                    ", which tandem does not support yet (supported: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, "
+                    "q8_0, q2_K, q3_K, q4_K, q5_K, q6_K)");
     return WeightView{t->data, t->type, cols, rows};
 }
 
@@ -47,6 +48,11 @@ Weights Weights::from_gguf(const GgufFile& f, const ModelConfig& c) {
         L.wq = view(f, p + "attn_q.weight", c.dim, c.q_dim(), false);
         L.wk = view(f, p + "attn_k.weight", c.dim, c.kv_dim(), false);
         L.wv = view(f, p + "attn_v.weight", c.dim, c.kv_dim(), false);
+        if (c.qkv_bias) {
+            L.bq = view(f, p + "attn_q.bias", c.q_dim(), 1, true);
+            L.bk = view(f, p + "attn_k.bias", c.kv_dim(), 1, true);
+            L.bv = view(f, p + "attn_v.bias", c.kv_dim(), 1, true);
+        }
         L.wo = view(f, p + "attn_output.weight", c.q_dim(), c.dim, false);
         L.ffn_norm = view(f, p + "ffn_norm.weight", c.dim, 1, true);
         L.w_gate = view(f, p + "ffn_gate.weight", c.dim, c.hidden_dim, false);
@@ -60,9 +66,9 @@ Weights Weights::from_gguf(const GgufFile& f, const ModelConfig& c) {
 uint64_t Weights::bytes_per_token() const {
     uint64_t total = output.n_bytes() + output_norm.n_bytes() + token_embd.row_bytes();
     for (const LayerWeights& L : layers)
-        for (const WeightView* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.ffn_norm, &L.w_gate, &L.w_up,
-                                    &L.w_down})
-            total += v->n_bytes();
+        for (const WeightView* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.ffn_norm,
+                                    &L.w_gate, &L.w_up, &L.w_down})
+            if (v->data) total += v->n_bytes();
     return total;
 }
 

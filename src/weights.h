@@ -27,6 +27,9 @@ struct LayerWeights {
     WeightView wq;         // [dim, n_heads * head_dim]
     WeightView wk;         // [dim, n_kv_heads * head_dim]
     WeightView wv;         // [dim, n_kv_heads * head_dim]
+    WeightView bq;         // [n_heads * head_dim] f32, qwen2 only (data == nullptr otherwise)
+    WeightView bk;         // [n_kv_heads * head_dim] f32, qwen2 only
+    WeightView bv;         // [n_kv_heads * head_dim] f32, qwen2 only
     WeightView wo;         // [n_heads * head_dim, dim]
     WeightView ffn_norm;   // [dim] f32
     WeightView w_gate;     // [dim, hidden_dim]

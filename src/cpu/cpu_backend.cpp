@@ -81,6 +81,12 @@ void rms_norm(float* out, const float* x, const float* weight, int n, float eps)
     for (int i = 0; i < n; ++i) out[i] = weight[i] * (ss * x[i]);
 }
 
+// Adds `bias` (width floats) to each of the n rows of `rows`.
+void add_bias(float* rows, const float* bias, int n, int width) {
+    for (int i = 0; i < n; ++i)
+        for (int j = 0; j < width; ++j) rows[static_cast<size_t>(i) * width + j] += bias[j];
+}
+
 // Rotates the first rope_dim dims of each head by position `pos`.
 void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, int pos, const float* inv_freq) {
     for (int h = 0; h < n_heads; ++h) {
@@ -124,6 +130,11 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         mm(L.wq, xb_.data(), q_.data());
         mm(L.wk, xb_.data(), k_.data());
         mm(L.wv, xb_.data(), v_.data());
+        if (c.qkv_bias) {
+            add_bias(q_.data(), static_cast<const float*>(L.bq.data), n, q_dim);
+            add_bias(k_.data(), static_cast<const float*>(L.bk.data), n, kv_dim);
+            add_bias(v_.data(), static_cast<const float*>(L.bv.data), n, kv_dim);
+        }
         for (int i = 0; i < n; ++i) {
             const int pos = start_pos + i;
             float* q = &q_[static_cast<size_t>(i) * q_dim];

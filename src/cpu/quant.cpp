@@ -11,9 +11,12 @@
 #include "cpu/quant.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cpu/fp16.h"
 #include "error.h"
@@ -246,6 +249,495 @@ struct Q4_0Traits {
 #endif
 };
 
+struct BF16Traits {
+    static constexpr GgmlType kType = GgmlType::BF16;
+    static constexpr int64_t kBlockSize = 1;
+    static constexpr size_t kBlockBytes = sizeof(uint16_t);
+    static constexpr size_t kStepBytes = kStep * sizeof(uint16_t);
+    static constexpr bool kScaled = false;
+    static constexpr bool kAnyLength = true;
+
+    // bfloat16 is the upper half of a binary32, so widening is a shift and exact.
+    static float value(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const uint8_t* in = static_cast<const uint8_t*>(src);
+        for (int64_t j = 0; j < n; ++j) dst[j] = value(load_u16(in + 2 * j));
+    }
+    static void decode(const uint8_t* step, float* w) {
+        for (int j = 0; j < kStep; ++j) w[j] = value(load_u16(step + 2 * j));
+    }
+    static float element(const uint8_t* row, int64_t j) { return value(load_u16(row + 2 * j)); }
+#ifdef TANDEM_QUANT_SIMD
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* step, __m256 w[4]) {
+        for (int k = 0; k < 4; ++k)
+            w[k] = _mm256_castsi256_ps(_mm256_slli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(step + 16 * k))), 16));
+    }
+#endif
+};
+
+// ---- block types read from files (Q4_1, Q5_0, Q5_1 and the k-quants) ----------------------------------------------
+// These go through a second pair of templates (tile_blocks_*), built around a block rather than a 32-element step:
+//   kBlockSize, kBlockBytes, kSteps   geometry; kSteps = kBlockSize / 32
+//   dequantize                        whole rows, with ggml's (and the gguf package's) float operations in the same
+//                                     order, so the values are bitwise the reference ones
+//   Ctx, prepare(blk, ctx)            (SIMD) the block's scales decoded once as floats: d[] per 32-element step, or
+//                                     per 16-element half-step when kHalfScales; mins, when the type has them
+//   decode8<S>(blk, w)                (SIMD) step S's 32 integer codes as floats, exactly
+// A min (value = d*q - m, or + m) is not applied per element: sum(w x) = d sum(q x) - m sum(x), and the 16- or
+// 32-element sums of x (kMinGroup) are computed once per token for the whole call, which makes the min cost one
+// FMA per block instead of one per 8 weights. The same sums are used whatever the batch, so invariance holds.
+//
+// The opaque() below keeps a product rounded before the add that follows, as numpy and ggml's C reference do; a
+// fused multiply-add would change the last bit of some values.
+
+#ifdef TANDEM_QUANT_SIMD
+// 8 bytes widened to 8 int32 lanes.
+TANDEM_ALWAYS_INLINE __m256i load8_u8(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+// Moves bit `From` of every lane to bit `To` (the lanes hold only that bit).
+template <int From, int To>
+TANDEM_ALWAYS_INLINE __m256i move_bit(__m256i v) {
+    if constexpr (From < To) return _mm256_slli_epi32(v, To - From);
+    else if constexpr (From > To) return _mm256_srli_epi32(v, From - To);
+    else return v;
+}
+TANDEM_ALWAYS_INLINE __m256 half_to_m256(uint16_t h) {
+    return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
+}
+// The fifth bit of the 32-element types: bit e of qh (little-endian u32) for element e = 8k + lane, at bit 4.
+template <int K>
+TANDEM_ALWAYS_INLINE __m256i q5_high_bits(__m256i qh) {
+    const __m256i shift = _mm256_setr_epi32(8 * K, 8 * K + 1, 8 * K + 2, 8 * K + 3, 8 * K + 4, 8 * K + 5, 8 * K + 6,
+                                            8 * K + 7);
+    return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(qh, shift), _mm256_set1_epi32(1)), 4);
+}
+// The 32 nibbles of a Q4_0-style qs[16] in element order: low nibbles are elements 0..15, high ones 16..31.
+TANDEM_ALWAYS_INLINE void nibbles32(const uint8_t* qs, __m256i n[4]) {
+    const __m256i lo = load8_u8(qs), hi = load8_u8(qs + 8), mask = _mm256_set1_epi32(0xF);
+    n[0] = _mm256_and_si256(lo, mask);
+    n[1] = _mm256_and_si256(hi, mask);
+    n[2] = _mm256_srli_epi32(lo, 4);
+    n[3] = _mm256_srli_epi32(hi, 4);
+}
+#endif
+
+struct Q4_1Traits {
+    static constexpr GgmlType kType = GgmlType::Q4_1;
+    static constexpr int64_t kBlockSize = 32;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ4_1);
+    static constexpr int kSteps = 1;
+    static constexpr bool kHalfScales = false;
+    static constexpr int kMinGroup = 32, kMinVecs = 0;
+    static constexpr bool kScalarMin = true;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ4_1* in = static_cast<const BlockQ4_1*>(src);
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const float d = fp16_to_fp32(in[b].d), m = fp16_to_fp32(in[b].m);
+            for (int j = 0; j < 16; ++j) {
+                dst[b * 32 + j] = opaque(static_cast<float>(in[b].qs[j] & 0xF) * d) + m;
+                dst[b * 32 + j + 16] = opaque(static_cast<float>(in[b].qs[j] >> 4) * d) + m;
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[1];
+        float m;
+    };
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        c.d[0] = fp16_to_fp32(load_u16(blk));
+        c.m = fp16_to_fp32(load_u16(blk + 2));
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        __m256i n[4];
+        nibbles32(blk + offsetof(BlockQ4_1, qs), n);
+        for (int k = 0; k < 4; ++k) w[k] = _mm256_cvtepi32_ps(n[k]);
+    }
+#endif
+};
+
+struct Q5_0Traits {
+    static constexpr GgmlType kType = GgmlType::Q5_0;
+    static constexpr int64_t kBlockSize = 32;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ5_0);
+    static constexpr int kSteps = 1;
+    static constexpr bool kHalfScales = false;
+    static constexpr int kMinGroup = 0, kMinVecs = 0;
+    static constexpr bool kScalarMin = false;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ5_0* in = static_cast<const BlockQ5_0*>(src);
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const float d = fp16_to_fp32(in[b].d);
+            uint32_t qh;
+            std::memcpy(&qh, in[b].qh, 4);
+            for (int j = 0; j < 16; ++j) {
+                const int q0 = (in[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+                const int q1 = (in[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                dst[b * 32 + j] = static_cast<float>(q0 - 16) * d;
+                dst[b * 32 + j + 16] = static_cast<float>(q1 - 16) * d;
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[1];
+    };
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) { c.d[0] = fp16_to_fp32(load_u16(blk)); }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        uint32_t bits;
+        std::memcpy(&bits, blk + offsetof(BlockQ5_0, qh), 4);
+        const __m256i qh = _mm256_set1_epi32(static_cast<int>(bits)), sixteen = _mm256_set1_epi32(16);
+        __m256i n[4];
+        nibbles32(blk + offsetof(BlockQ5_0, qs), n);
+        w[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[0], q5_high_bits<0>(qh)), sixteen));
+        w[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[1], q5_high_bits<1>(qh)), sixteen));
+        w[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[2], q5_high_bits<2>(qh)), sixteen));
+        w[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[3], q5_high_bits<3>(qh)), sixteen));
+    }
+#endif
+};
+
+struct Q5_1Traits {
+    static constexpr GgmlType kType = GgmlType::Q5_1;
+    static constexpr int64_t kBlockSize = 32;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ5_1);
+    static constexpr int kSteps = 1;
+    static constexpr bool kHalfScales = false;
+    static constexpr int kMinGroup = 32, kMinVecs = 0;
+    static constexpr bool kScalarMin = true;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ5_1* in = static_cast<const BlockQ5_1*>(src);
+        for (int64_t b = 0; b < n / 32; ++b) {
+            const float d = fp16_to_fp32(in[b].d), m = fp16_to_fp32(in[b].m);
+            uint32_t qh;
+            std::memcpy(&qh, in[b].qh, 4);
+            for (int j = 0; j < 16; ++j) {
+                const int q0 = (in[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+                const int q1 = (in[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+                dst[b * 32 + j] = opaque(static_cast<float>(q0) * d) + m;
+                dst[b * 32 + j + 16] = opaque(static_cast<float>(q1) * d) + m;
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[1];
+        float m;
+    };
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        c.d[0] = fp16_to_fp32(load_u16(blk));
+        c.m = fp16_to_fp32(load_u16(blk + 2));
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        uint32_t bits;
+        std::memcpy(&bits, blk + offsetof(BlockQ5_1, qh), 4);
+        const __m256i qh = _mm256_set1_epi32(static_cast<int>(bits));
+        __m256i n[4];
+        nibbles32(blk + offsetof(BlockQ5_1, qs), n);
+        w[0] = _mm256_cvtepi32_ps(_mm256_or_si256(n[0], q5_high_bits<0>(qh)));
+        w[1] = _mm256_cvtepi32_ps(_mm256_or_si256(n[1], q5_high_bits<1>(qh)));
+        w[2] = _mm256_cvtepi32_ps(_mm256_or_si256(n[2], q5_high_bits<2>(qh)));
+        w[3] = _mm256_cvtepi32_ps(_mm256_or_si256(n[3], q5_high_bits<3>(qh)));
+    }
+#endif
+};
+
+// Q4_K / Q5_K: the 12 scale bytes hold eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4).
+inline void unpack_scale_min_k4(const uint8_t* q, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+        sc[j + 4] = static_cast<uint8_t>((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
+        m[j + 4] = static_cast<uint8_t>((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+}
+
+// Q3_K: sixteen 6-bit scales, low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11; biased by 32.
+inline void unpack_scales_q3_k(const uint8_t* s, int sc[16]) {
+    for (int i = 0; i < 16; ++i) {
+        const int lo = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
+        const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = (lo | (hi << 4)) - 32;
+    }
+}
+
+struct Q2_KTraits {
+    static constexpr GgmlType kType = GgmlType::Q2_K;
+    static constexpr int64_t kBlockSize = kQK_K;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ2_K);
+    static constexpr int kSteps = 8;
+    static constexpr bool kHalfScales = true;
+    static constexpr int kMinGroup = 16, kMinVecs = 2;
+    static constexpr bool kScalarMin = false;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ2_K* in = static_cast<const BlockQ2_K*>(src);
+        for (int64_t b = 0; b < n / kQK_K; ++b) {
+            const float d = fp16_to_fp32(in[b].d), dmin = fp16_to_fp32(in[b].dmin);
+            float* y = dst + b * kQK_K;
+            for (int c = 0; c < 8; ++c) {
+                const uint8_t* q = in[b].qs + 32 * (c / 4);
+                const int shift = 2 * (c % 4);
+                for (int h = 0; h < 2; ++h) {
+                    const int sc = in[b].scales[2 * c + h];
+                    const float dl = d * static_cast<float>(sc & 0xF), ml = dmin * static_cast<float>(sc >> 4);
+                    for (int l = 16 * h; l < 16 * h + 16; ++l)
+                        y[32 * c + l] = opaque(dl * static_cast<float>((q[l] >> shift) & 3)) - ml;
+                }
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[16];
+        __m256 mv[2];  // -dmin * min, per 16-element sub-block
+    };
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        const __m256 d = half_to_m256(load_u16(blk + offsetof(BlockQ2_K, d)));
+        const __m256 neg_dmin = _mm256_xor_ps(half_to_m256(load_u16(blk + offsetof(BlockQ2_K, dmin))),
+                                              _mm256_set1_ps(-0.0f));
+        for (int h = 0; h < 2; ++h) {
+            const __m256i s = load8_u8(blk + 8 * h);
+            _mm256_storeu_ps(c.d + 8 * h,
+                             _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_and_si256(s, _mm256_set1_epi32(0xF)))));
+            c.mv[h] = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(_mm256_srli_epi32(s, 4)));
+        }
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        const uint8_t* q = blk + offsetof(BlockQ2_K, qs) + 32 * (S / 4);
+        for (int k = 0; k < 4; ++k)
+            w[k] = _mm256_cvtepi32_ps(
+                _mm256_and_si256(_mm256_srli_epi32(load8_u8(q + 8 * k), 2 * (S % 4)), _mm256_set1_epi32(3)));
+    }
+#endif
+};
+
+struct Q3_KTraits {
+    static constexpr GgmlType kType = GgmlType::Q3_K;
+    static constexpr int64_t kBlockSize = kQK_K;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ3_K);
+    static constexpr int kSteps = 8;
+    static constexpr bool kHalfScales = true;
+    static constexpr int kMinGroup = 0, kMinVecs = 0;
+    static constexpr bool kScalarMin = false;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ3_K* in = static_cast<const BlockQ3_K*>(src);
+        for (int64_t b = 0; b < n / kQK_K; ++b) {
+            const float d = fp16_to_fp32(in[b].d);
+            int sc[16];
+            unpack_scales_q3_k(in[b].scales, sc);
+            float* y = dst + b * kQK_K;
+            for (int c = 0; c < 8; ++c) {
+                const uint8_t* q = in[b].qs + 32 * (c / 4);
+                const int shift = 2 * (c % 4);
+                for (int h = 0; h < 2; ++h) {
+                    const float dl = d * static_cast<float>(sc[2 * c + h]);
+                    for (int l = 16 * h; l < 16 * h + 16; ++l) {
+                        const int v = ((q[l] >> shift) & 3) - (((in[b].hmask[l] >> c) & 1) ? 0 : 4);
+                        y[32 * c + l] = dl * static_cast<float>(v);
+                    }
+                }
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[16];
+    };
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        int sc[16];
+        unpack_scales_q3_k(blk + offsetof(BlockQ3_K, scales), sc);
+        const __m256 d = half_to_m256(load_u16(blk + offsetof(BlockQ3_K, d)));
+        for (int h = 0; h < 2; ++h)
+            _mm256_storeu_ps(c.d + 8 * h,
+                             _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_loadu_si256(
+                                                  reinterpret_cast<const __m256i*>(sc + 8 * h)))));
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        const uint8_t* q = blk + offsetof(BlockQ3_K, qs) + 32 * (S / 4);
+        const uint8_t* hm = blk + offsetof(BlockQ3_K, hmask);
+        for (int k = 0; k < 4; ++k) {
+            const __m256i lo =
+                _mm256_and_si256(_mm256_srli_epi32(load8_u8(q + 8 * k), 2 * (S % 4)), _mm256_set1_epi32(3));
+            const __m256i hi = move_bit<S, 2>(_mm256_and_si256(load8_u8(hm + 8 * k), _mm256_set1_epi32(1 << S)));
+            w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(4)));
+        }
+    }
+#endif
+};
+
+struct Q4_KTraits {
+    static constexpr GgmlType kType = GgmlType::Q4_K;
+    static constexpr int64_t kBlockSize = kQK_K;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ4_K);
+    static constexpr int kSteps = 8;
+    static constexpr bool kHalfScales = false;
+    static constexpr int kMinGroup = 32, kMinVecs = 1;
+    static constexpr bool kScalarMin = false;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ4_K* in = static_cast<const BlockQ4_K*>(src);
+        for (int64_t b = 0; b < n / kQK_K; ++b) {
+            const float d = fp16_to_fp32(in[b].d), dmin = fp16_to_fp32(in[b].dmin);
+            uint8_t sc[8], m[8];
+            unpack_scale_min_k4(in[b].scales, sc, m);
+            float* y = dst + b * kQK_K;
+            for (int c = 0; c < 8; ++c) {
+                const float dl = d * static_cast<float>(sc[c]), ml = dmin * static_cast<float>(m[c]);
+                const uint8_t* q = in[b].qs + 32 * (c / 2);
+                const int shift = 4 * (c % 2);
+                for (int l = 0; l < 32; ++l)
+                    y[32 * c + l] = opaque(dl * static_cast<float>((q[l] >> shift) & 0xF)) - ml;
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[8];
+        __m256 mv[1];  // -dmin * min per 32-element sub-block
+    };
+    // ggml's 32-bit unpacking of the 12 scale bytes: afterwards bytes 0..7 are the scales, 8..15 the mins.
+    static TANDEM_ALWAYS_INLINE void prepare_k4(const uint8_t* blk, size_t d_off, size_t scales_off, Ctx& c) {
+        uint32_t u[4];
+        std::memcpy(u, blk + scales_off, 12);
+        constexpr uint32_t kmask1 = 0x3f3f3f3f, kmask2 = 0x0f0f0f0f, kmask3 = 0x03030303;
+        u[3] = ((u[2] >> 4) & kmask2) | (((u[1] >> 6) & kmask3) << 4);
+        const uint32_t mins_lo = u[1] & kmask1;
+        u[1] = (u[2] & kmask2) | (((u[0] >> 6) & kmask3) << 4);
+        u[2] = mins_lo;
+        u[0] &= kmask1;
+        const __m256 d = half_to_m256(load_u16(blk + d_off));
+        const __m256 neg_dmin = _mm256_xor_ps(half_to_m256(load_u16(blk + d_off + 2)), _mm256_set1_ps(-0.0f));
+        const uint8_t* bytes = reinterpret_cast<const uint8_t*>(u);
+        _mm256_storeu_ps(c.d, _mm256_mul_ps(d, _mm256_cvtepi32_ps(load8_u8(bytes))));
+        c.mv[0] = _mm256_mul_ps(neg_dmin, _mm256_cvtepi32_ps(load8_u8(bytes + 8)));
+    }
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        prepare_k4(blk, offsetof(BlockQ4_K, d), offsetof(BlockQ4_K, scales), c);
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        const uint8_t* q = blk + offsetof(BlockQ4_K, qs) + 32 * (S / 2);
+        for (int k = 0; k < 4; ++k) {
+            const __m256i b = load8_u8(q + 8 * k);
+            w[k] = _mm256_cvtepi32_ps(S % 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0xF)));
+        }
+    }
+#endif
+};
+
+struct Q5_KTraits {
+    static constexpr GgmlType kType = GgmlType::Q5_K;
+    static constexpr int64_t kBlockSize = kQK_K;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ5_K);
+    static constexpr int kSteps = 8;
+    static constexpr bool kHalfScales = false;
+    static constexpr int kMinGroup = 32, kMinVecs = 1;
+    static constexpr bool kScalarMin = false;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ5_K* in = static_cast<const BlockQ5_K*>(src);
+        for (int64_t b = 0; b < n / kQK_K; ++b) {
+            const float d = fp16_to_fp32(in[b].d), dmin = fp16_to_fp32(in[b].dmin);
+            uint8_t sc[8], m[8];
+            unpack_scale_min_k4(in[b].scales, sc, m);
+            float* y = dst + b * kQK_K;
+            for (int c = 0; c < 8; ++c) {
+                const float dl = d * static_cast<float>(sc[c]), ml = dmin * static_cast<float>(m[c]);
+                const uint8_t* q = in[b].qs + 32 * (c / 2);
+                const int shift = 4 * (c % 2);
+                for (int l = 0; l < 32; ++l) {
+                    const int v = ((q[l] >> shift) & 0xF) | (((in[b].qh[l] >> c) & 1) << 4);
+                    y[32 * c + l] = opaque(dl * static_cast<float>(v)) - ml;
+                }
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    using Ctx = Q4_KTraits::Ctx;
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        Q4_KTraits::prepare_k4(blk, offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, scales), c);
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        const uint8_t* q = blk + offsetof(BlockQ5_K, qs) + 32 * (S / 2);
+        const uint8_t* qh = blk + offsetof(BlockQ5_K, qh);
+        for (int k = 0; k < 4; ++k) {
+            const __m256i b = load8_u8(q + 8 * k);
+            const __m256i lo = S % 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0xF));
+            const __m256i hi = move_bit<S, 4>(_mm256_and_si256(load8_u8(qh + 8 * k), _mm256_set1_epi32(1 << S)));
+            w[k] = _mm256_cvtepi32_ps(_mm256_or_si256(lo, hi));
+        }
+    }
+#endif
+};
+
+struct Q6_KTraits {
+    static constexpr GgmlType kType = GgmlType::Q6_K;
+    static constexpr int64_t kBlockSize = kQK_K;
+    static constexpr size_t kBlockBytes = sizeof(BlockQ6_K);
+    static constexpr int kSteps = 8;
+    static constexpr bool kHalfScales = true;
+    static constexpr int kMinGroup = 0, kMinVecs = 0;
+    static constexpr bool kScalarMin = false;
+
+    static void dequantize(const void* src, float* dst, int64_t n) {
+        const BlockQ6_K* in = static_cast<const BlockQ6_K*>(src);
+        for (int64_t b = 0; b < n / kQK_K; ++b) {
+            const float d = fp16_to_fp32(in[b].d);
+            float* y = dst + b * kQK_K;
+            for (int c = 0; c < 8; ++c) {
+                const int h = c / 4, k = c % 4;
+                const uint8_t* ql = in[b].ql + 64 * h + 32 * (k % 2);
+                const uint8_t* qh = in[b].qh + 32 * h;
+                for (int half = 0; half < 2; ++half) {
+                    const float dl = d * static_cast<float>(in[b].scales[2 * c + half]);
+                    for (int l = 16 * half; l < 16 * half + 16; ++l) {
+                        const int v = ((ql[l] >> (4 * (k / 2))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4);
+                        y[32 * c + l] = dl * static_cast<float>(v - 32);
+                    }
+                }
+            }
+        }
+    }
+#ifdef TANDEM_QUANT_SIMD
+    struct Ctx {
+        float d[16];
+    };
+    static TANDEM_ALWAYS_INLINE void prepare(const uint8_t* blk, Ctx& c) {
+        const __m256 d = half_to_m256(load_u16(blk + offsetof(BlockQ6_K, d)));
+        const uint8_t* s = blk + offsetof(BlockQ6_K, scales);
+        for (int h = 0; h < 2; ++h)
+            _mm256_storeu_ps(c.d + 8 * h,
+                             _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                                  reinterpret_cast<const __m128i*>(s + 8 * h))))));
+    }
+    template <int S>
+    static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
+        constexpr int h = S / 4, k = S % 4;
+        const uint8_t* ql = blk + offsetof(BlockQ6_K, ql) + 64 * h + 32 * (k % 2);
+        const uint8_t* qh = blk + offsetof(BlockQ6_K, qh) + 32 * h;
+        for (int j = 0; j < 4; ++j) {
+            const __m256i b = load8_u8(ql + 8 * j);
+            const __m256i lo = k / 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0xF));
+            const __m256i hi = move_bit<2 * k, 4>(_mm256_and_si256(load8_u8(qh + 8 * j), _mm256_set1_epi32(3 << (2 * k))));
+            w[j] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32)));
+        }
+    }
+#endif
+};
+
 // ---- portable kernel ------------------------------------------------------------------------------------------
 // Per token: each 32-element step is reduced into 8 lane sums p[k] (lane k gets elements k, k+8, k+16, k+24, in
 // that order), then acc[k] += d * p[k]; at the end the 8 lanes are added in a fixed tree and the tail (F32/F16
@@ -297,10 +789,45 @@ void tile_scalar(const uint8_t* row, int64_t cols, const float* x, int64_t x_str
 
 template <class Ty>
 struct ScalarKernel {
+    static constexpr int kMinGroup = 0;
     template <int T>
     static TANDEM_ALWAYS_INLINE void tile(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride,
-                                          float* out) {
+                                          const float* /*xs*/, int64_t /*xs_stride*/, float* out) {
         tile_scalar<Ty, T>(row, cols, x, x_stride, out);
+    }
+};
+
+// Block types: each block is decoded to its exact reference values (Ty::dequantize, on the stack) and then summed
+// like a scale-free step above. The slowest kernel and the most accurate; it is the SIMD one's yardstick.
+template <class Ty, int T>
+void tile_blocks_scalar(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, float* out) {
+    float acc[T][8] = {};
+    const int64_t n_blocks = cols / Ty::kBlockSize;
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        float w[Ty::kBlockSize];
+        Ty::dequantize(row + b * Ty::kBlockBytes, w, Ty::kBlockSize);
+        for (int s = 0; s < Ty::kSteps; ++s) {
+            const float* ws = w + s * kStep;
+            for (int t = 0; t < T; ++t) {
+                const float* xt = x + t * x_stride + b * Ty::kBlockSize + s * kStep;
+                float p[8];
+                for (int k = 0; k < 8; ++k) p[k] = ws[k] * xt[k];
+                for (int i = 1; i < 4; ++i)
+                    for (int k = 0; k < 8; ++k) p[k] += ws[8 * i + k] * xt[8 * i + k];
+                for (int k = 0; k < 8; ++k) acc[t][k] += p[k];
+            }
+        }
+    }
+    for (int t = 0; t < T; ++t) out[t] = lane_sum8(acc[t]);
+}
+
+template <class Ty>
+struct BlockScalarKernel {
+    static constexpr int kMinGroup = 0;
+    template <int T>
+    static TANDEM_ALWAYS_INLINE void tile(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride,
+                                          const float* /*xs*/, int64_t /*xs_stride*/, float* out) {
+        tile_blocks_scalar<Ty, T>(row, cols, x, x_stride, out);
     }
 };
 
@@ -364,10 +891,118 @@ void tile_simd(const uint8_t* row, int64_t cols, const float* x, int64_t x_strid
 
 template <class Ty>
 struct SimdKernel {
+    static constexpr int kMinGroup = 0;
     template <int T>
     static TANDEM_ALWAYS_INLINE void tile(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride,
-                                          float* out) {
+                                          const float* /*xs*/, int64_t /*xs_stride*/, float* out) {
         tile_simd<Ty, T>(row, cols, x, x_stride, out);
+    }
+};
+
+// One 32-element step S of a block against T tokens: as step_simd, with the step's scale from the block context.
+// Types with 16-element sub-blocks (kHalfScales) form two partial products and fold each in with its own scale.
+template <class Ty, int S, int T>
+TANDEM_ALWAYS_INLINE void block_step_simd(const uint8_t* blk, const typename Ty::Ctx& c, const float* x,
+                                          int64_t x_stride, __m256 (&acc)[T]) {
+    __m256 w[4];
+    Ty::template decode8<S>(blk, w);
+    if constexpr (Ty::kHalfScales) {
+        const __m256 d0 = _mm256_set1_ps(c.d[2 * S]), d1 = _mm256_set1_ps(c.d[2 * S + 1]);
+        for (int t = 0; t < T; ++t) {
+            const float* xt = x + t * x_stride;
+            __m256 p0 = _mm256_mul_ps(w[0], _mm256_loadu_ps(xt));
+            __m256 p1 = _mm256_mul_ps(w[2], _mm256_loadu_ps(xt + 16));
+            p0 = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), p0);
+            p1 = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), p1);
+            acc[t] = _mm256_fmadd_ps(d0, p0, acc[t]);
+            acc[t] = _mm256_fmadd_ps(d1, p1, acc[t]);
+        }
+    } else {
+        const __m256 d = _mm256_set1_ps(c.d[S]);
+        for (int t = 0; t < T; ++t) {
+            const float* xt = x + t * x_stride;
+            __m256 p = _mm256_mul_ps(w[0], _mm256_loadu_ps(xt));
+            p = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xt + 8), p);
+            p = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xt + 16), p);
+            p = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xt + 24), p);
+            acc[t] = _mm256_fmadd_ps(d, p, acc[t]);
+        }
+    }
+}
+
+// Steps alternate between two accumulator sets by their index in the row (as in tile_simd), mins go to a third
+// (vector) or a scalar accumulator per token; the four are added in a fixed order at the end.
+template <class Ty, int T>
+void tile_blocks_simd(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride, const float* xs,
+                      int64_t xs_stride, float* out) {
+    __m256 even[T], odd[T], macc[T];
+    float msum[T];
+    for (int t = 0; t < T; ++t) {
+        even[t] = odd[t] = macc[t] = _mm256_setzero_ps();
+        msum[t] = 0.0f;
+    }
+    constexpr int64_t kXsPerBlock = Ty::kMinGroup ? Ty::kBlockSize / Ty::kMinGroup : 0;
+    auto mins = [&](const typename Ty::Ctx& c, int64_t b) {
+        if constexpr (Ty::kScalarMin) {
+            for (int t = 0; t < T; ++t) msum[t] = std::fma(c.m, xs[t * xs_stride + b], msum[t]);
+        } else if constexpr (Ty::kMinVecs > 0) {
+            for (int v = 0; v < Ty::kMinVecs; ++v)
+                for (int t = 0; t < T; ++t)
+                    macc[t] = _mm256_fmadd_ps(c.mv[v], _mm256_loadu_ps(xs + t * xs_stride + b * kXsPerBlock + 8 * v),
+                                              macc[t]);
+        }
+    };
+    const int64_t n_blocks = cols / Ty::kBlockSize;
+    if constexpr (Ty::kSteps == 1) {
+        int64_t b = 0;
+        for (; b + 1 < n_blocks; b += 2) {
+            const uint8_t* b0 = row + b * Ty::kBlockBytes;
+            const uint8_t* b1 = b0 + Ty::kBlockBytes;
+            typename Ty::Ctx c0, c1;
+            Ty::prepare(b0, c0);
+            Ty::prepare(b1, c1);
+            block_step_simd<Ty, 0, T>(b0, c0, x + b * kStep, x_stride, even);
+            block_step_simd<Ty, 0, T>(b1, c1, x + (b + 1) * kStep, x_stride, odd);
+            mins(c0, b);
+            mins(c1, b + 1);
+        }
+        if (b < n_blocks) {
+            const uint8_t* b0 = row + b * Ty::kBlockBytes;
+            typename Ty::Ctx c0;
+            Ty::prepare(b0, c0);
+            block_step_simd<Ty, 0, T>(b0, c0, x + b * kStep, x_stride, even);
+            mins(c0, b);
+        }
+    } else {
+        static_assert(Ty::kSteps % 2 == 0);
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const uint8_t* blk = row + b * Ty::kBlockBytes;
+            const float* xb = x + b * Ty::kBlockSize;
+            typename Ty::Ctx c;
+            Ty::prepare(blk, c);
+            [&]<int... S>(std::integer_sequence<int, S...>) {
+                ((S % 2 ? block_step_simd<Ty, S, T>(blk, c, xb + S * kStep, x_stride, odd)
+                        : block_step_simd<Ty, S, T>(blk, c, xb + S * kStep, x_stride, even)),
+                 ...);
+            }(std::make_integer_sequence<int, Ty::kSteps>{});
+            mins(c, b);
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        float r = hsum8(_mm256_add_ps(even[t], odd[t]));
+        if constexpr (Ty::kMinVecs > 0) r += hsum8(macc[t]);
+        if constexpr (Ty::kScalarMin) r += msum[t];
+        out[t] = r;
+    }
+}
+
+template <class Ty>
+struct BlockSimdKernel {
+    static constexpr int kMinGroup = Ty::kMinGroup;
+    template <int T>
+    static TANDEM_ALWAYS_INLINE void tile(const uint8_t* row, int64_t cols, const float* x, int64_t x_stride,
+                                          const float* xs, int64_t xs_stride, float* out) {
+        tile_blocks_simd<Ty, T>(row, cols, x, x_stride, xs, xs_stride, out);
     }
 };
 
@@ -377,10 +1012,10 @@ struct SimdKernel {
 
 template <class Kernel, int T>
 void rows_tile(const uint8_t* W, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
-               const float* x, int64_t x_stride, float* y, int64_t y_stride) {
+               const float* x, int64_t x_stride, const float* xs, int64_t xs_stride, float* y, int64_t y_stride) {
     for (int64_t r = row_begin; r < row_end; ++r) {
         float out[T];
-        Kernel::template tile<T>(W + r * row_bytes, cols, x, x_stride, out);
+        Kernel::template tile<T>(W + r * row_bytes, cols, x, x_stride, xs, xs_stride, out);
         for (int t = 0; t < T; ++t) y[t * y_stride + r] = out[t];
     }
 }
@@ -389,6 +1024,28 @@ template <class Kernel>
 void dot_rows(const void* W, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end, const float* x,
               int64_t x_stride, int64_t n_tokens, float* y, int64_t y_stride) {
     const uint8_t* w = static_cast<const uint8_t*>(W);
+    // Sums of x over each kMinGroup elements, for the types whose blocks have a min: per token, in a fixed order,
+    // so they are the same numbers whatever the batch. Each thread makes its own (cols adds per token, next to
+    // rows * cols multiply-adds).
+    const float* xs = nullptr;
+    int64_t xs_stride = 0;
+    if constexpr (Kernel::kMinGroup > 0) {
+        constexpr int G = Kernel::kMinGroup;
+        static_assert(G % 8 == 0);
+        thread_local std::vector<float> sums;
+        xs_stride = cols / G;
+        sums.resize(static_cast<size_t>(n_tokens * xs_stride));
+        for (int64_t t = 0; t < n_tokens; ++t)
+            for (int64_t g = 0; g < xs_stride; ++g) {
+                const float* xg = x + t * x_stride + g * G;
+                float lanes[8];
+                for (int k = 0; k < 8; ++k) lanes[k] = xg[k];
+                for (int i = 1; i < G / 8; ++i)
+                    for (int k = 0; k < 8; ++k) lanes[k] += xg[8 * i + k];
+                sums[static_cast<size_t>(t * xs_stride + g)] = lane_sum8(lanes);
+            }
+        xs = sums.data();
+    }
     // One token tile (decode, short verification) streams the whole range once; more tiles reuse chunks from L2.
     const size_t chunk_rows = std::max<size_t>(1, kRowChunkBytes / std::max<size_t>(1, row_bytes));
     const int64_t chunk = n_tokens <= kTokenTile ? std::max<int64_t>(1, row_end - row_begin)
@@ -397,12 +1054,13 @@ void dot_rows(const void* W, size_t row_bytes, int64_t cols, int64_t row_begin, 
         const int64_t r1 = std::min(row_end, r0 + chunk);
         for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
             const float* xt = x + t0 * x_stride;
+            const float* st = xs ? xs + t0 * xs_stride : nullptr;
             float* yt = y + t0 * y_stride;
             switch (std::min<int64_t>(kTokenTile, n_tokens - t0)) {
-                case 4: rows_tile<Kernel, 4>(w, row_bytes, cols, r0, r1, xt, x_stride, yt, y_stride); break;
-                case 3: rows_tile<Kernel, 3>(w, row_bytes, cols, r0, r1, xt, x_stride, yt, y_stride); break;
-                case 2: rows_tile<Kernel, 2>(w, row_bytes, cols, r0, r1, xt, x_stride, yt, y_stride); break;
-                default: rows_tile<Kernel, 1>(w, row_bytes, cols, r0, r1, xt, x_stride, yt, y_stride); break;
+                case 4: rows_tile<Kernel, 4>(w, row_bytes, cols, r0, r1, xt, x_stride, st, xs_stride, yt, y_stride); break;
+                case 3: rows_tile<Kernel, 3>(w, row_bytes, cols, r0, r1, xt, x_stride, st, xs_stride, yt, y_stride); break;
+                case 2: rows_tile<Kernel, 2>(w, row_bytes, cols, r0, r1, xt, x_stride, st, xs_stride, yt, y_stride); break;
+                default: rows_tile<Kernel, 1>(w, row_bytes, cols, r0, r1, xt, x_stride, st, xs_stride, yt, y_stride); break;
             }
         }
     }
@@ -416,15 +1074,29 @@ constexpr TypeKernels make_kernels() {
 #else
     constexpr DotRowsFn fast = &dot_rows<ScalarKernel<Ty>>;
 #endif
-    return TypeKernels{Ty::kType,     Ty::kBlockSize,   Ty::kBlockBytes, &Ty::quantize,
-                       &Ty::dequantize, fast,             &dot_rows<ScalarKernel<Ty>>};
+    void (*quantize)(const float*, void*, int64_t) = nullptr;
+    if constexpr (requires { &Ty::quantize; }) quantize = &Ty::quantize;
+    return TypeKernels{Ty::kType, Ty::kBlockSize, Ty::kBlockBytes, quantize, &Ty::dequantize,
+                       fast,      &dot_rows<ScalarKernel<Ty>>};
+}
+
+template <class Ty>
+constexpr TypeKernels make_block_kernels() {
+#ifdef TANDEM_QUANT_SIMD
+    constexpr DotRowsFn fast = &dot_rows<BlockSimdKernel<Ty>>;
+#else
+    constexpr DotRowsFn fast = &dot_rows<BlockScalarKernel<Ty>>;
+#endif
+    return TypeKernels{Ty::kType, Ty::kBlockSize, Ty::kBlockBytes, nullptr, &Ty::dequantize,
+                       fast,      &dot_rows<BlockScalarKernel<Ty>>};
 }
 
 constexpr TypeKernels kKernels[] = {
-    make_kernels<F32Traits>(),
-    make_kernels<F16Traits>(),
-    make_kernels<Q8_0Traits>(),
-    make_kernels<Q4_0Traits>(),
+    make_kernels<F32Traits>(),         make_kernels<F16Traits>(),         make_kernels<BF16Traits>(),
+    make_kernels<Q8_0Traits>(),        make_kernels<Q4_0Traits>(),        make_block_kernels<Q4_1Traits>(),
+    make_block_kernels<Q5_0Traits>(),  make_block_kernels<Q5_1Traits>(),  make_block_kernels<Q2_KTraits>(),
+    make_block_kernels<Q3_KTraits>(),  make_block_kernels<Q4_KTraits>(),  make_block_kernels<Q5_KTraits>(),
+    make_block_kernels<Q6_KTraits>(),
 };
 
 const TypeKernels& require_kernels(GgmlType type, int64_t n, const char* what) {
@@ -453,8 +1125,17 @@ const TypeKernels* find_kernels(GgmlType type) {
 
 bool cpu_supports(GgmlType type) { return find_kernels(type) != nullptr; }
 
+bool cpu_can_quantize(GgmlType type) {
+    const TypeKernels* k = find_kernels(type);
+    return k && k->quantize;
+}
+
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
-    require_kernels(type, n, "quantize_row").quantize(src, dst, n);
+    const TypeKernels& k = require_kernels(type, n, "quantize_row");
+    if (!k.quantize)
+        throw Error(std::string("quantize_row: tandem reads ") + ggml_type_name(type) +
+                    " weights but cannot write them (it quantizes to f32, f16, q8_0, q4_0)");
+    k.quantize(src, dst, n);
 }
 
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {

@@ -1,8 +1,9 @@
 // The CPU weight types: ggml's block layouts, row quantize / dequantize, the dot product of a weight row with fp32
 // activations, and the per-type kernel table that matmul dispatches through.
 //
-// Adding a type (Q4_1, Q5_0, Q4_K, Q6_K, ...) means: a block struct here, a quantize / dequantize pair and a block
-// decoder in quant.cpp, and one line in its traits table. The dot-product and matmul loops are shared templates.
+// Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Adding one means: a block struct
+// here, a dequantize function and a block decoder in quant.cpp, and one line in its traits table. The dot-product
+// and matmul loops are shared templates. Quantizers exist only for the types tandem writes (F32, F16, Q8_0, Q4_0).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -30,11 +31,88 @@ struct BlockQ4_0 {
 };
 static_assert(sizeof(BlockQ4_0) == 18);
 
-// ---- row API ----------------------------------------------------------------------------------------------------
-// `n` is the number of elements; for block types it must be a multiple of the block size (32).
+// Q4_1: 32 weights, nibbles as in Q4_0 but unsigned with a stored offset: value = q * d + m.
+struct BlockQ4_1 {
+    uint16_t d, m;
+    uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ4_1) == 20);
 
-// True for the types the CPU kernels compute with: F32, F16, Q8_0, Q4_0.
+// Q5_0: Q4_0's nibbles plus a fifth bit per element, bit j of the little-endian qh for element j (j + 16 for the
+// high nibbles): value = (q5 - 16) * d.
+struct BlockQ5_0 {
+    uint16_t d;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_0) == 22);
+
+// Q5_1: Q5_0's codes, unsigned, with an offset: value = q5 * d + m.
+struct BlockQ5_1 {
+    uint16_t d, m;
+    uint8_t qh[4];
+    uint8_t qs[16];
+};
+static_assert(sizeof(BlockQ5_1) == 24);
+
+// ---- k-quants: 256-weight super-blocks (QK_K) with small integer sub-block scales under fp16 super-scales --------
+constexpr int kQK_K = 256;
+
+// Q2_K: 16 sub-blocks of 16. scales[i]: low nibble scale, high nibble min of sub-block i. Elements of 32-chunk c
+// (0..7) are 2-bit fields at bit 2*(c%4) of qs[32*(c/4) + l]: value = d*(sc&15)*q - dmin*(sc>>4).
+struct BlockQ2_K {
+    uint8_t scales[16];
+    uint8_t qs[64];
+    uint16_t d, dmin;
+};
+static_assert(sizeof(BlockQ2_K) == 84);
+
+// Q3_K: 16 sub-blocks of 16 with 6-bit signed scales (biased by 32) packed in 12 bytes. Chunk c: low 2 bits at bit
+// 2*(c%4) of qs[32*(c/4) + l], and bit c of hmask[l] which, when clear, subtracts 4: value = d*(sc-32)*q.
+struct BlockQ3_K {
+    uint8_t hmask[32];
+    uint8_t qs[64];
+    uint8_t scales[12];
+    uint16_t d;
+};
+static_assert(sizeof(BlockQ3_K) == 110);
+
+// Q4_K: 8 sub-blocks of 32 with 6-bit scales and mins packed in 12 bytes (ggml's get_scale_min_k4). Chunk c is the
+// low (c even) or high nibble of qs[32*(c/2) + l]: value = d*sc*q - dmin*m.
+struct BlockQ4_K {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ4_K) == 144);
+
+// Q5_K: Q4_K plus a fifth bit: bit c of qh[l] for element l of chunk c.
+struct BlockQ5_K {
+    uint16_t d, dmin;
+    uint8_t scales[12];
+    uint8_t qh[32];
+    uint8_t qs[128];
+};
+static_assert(sizeof(BlockQ5_K) == 176);
+
+// Q6_K: 16 sub-blocks of 16 with int8 scales. Chunk c = 4h + k: low nibble (k < 2) or high nibble of
+// ql[64h + 32(k%2) + l], and bits 2k..2k+1 of qh[32h + l]: value = d*sc*(q6 - 32).
+struct BlockQ6_K {
+    uint8_t ql[128];
+    uint8_t qh[64];
+    int8_t scales[16];
+    uint16_t d;
+};
+static_assert(sizeof(BlockQ6_K) == 210);
+
+// ---- row API ----------------------------------------------------------------------------------------------------
+// `n` is the number of elements; for block types it must be a multiple of the block size (32, or 256 for k-quants).
+
+// True for the types the CPU kernels compute with (decode and dot products): the list at the top of this file.
 bool cpu_supports(GgmlType type);
+
+// True for the types quantize_row can produce: F32, F16, Q8_0, Q4_0.
+bool cpu_can_quantize(GgmlType type);
 
 // Encodes n floats as `type`, the way ggml's reference quantizers do (so files match llama.cpp's byte for byte).
 // Throws tandem::Error for a type it cannot produce.
@@ -63,7 +141,7 @@ struct TypeKernels {
     GgmlType type;
     int64_t block_size;   // elements per block (1 for F32 / F16: rows of any length)
     size_t block_bytes;   // bytes per block
-    void (*quantize)(const float* src, void* dst, int64_t n);
+    void (*quantize)(const float* src, void* dst, int64_t n);   // nullptr: tandem reads the type but never writes it
     void (*dequantize)(const void* src, float* dst, int64_t n);
     DotRowsFn dot_rows;          // SIMD when the library is built with AVX2/FMA/F16C, else the scalar one
     DotRowsFn dot_rows_scalar;   // the portable kernel

@@ -1,0 +1,158 @@
+// Tests of the model registry (src/model_registry.*): the embedded list agrees with models/manifest.json, the
+// models directory follows the fetch script's rule, and installed_path / the --list-models table see a file only
+// when it has the exact size.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "model_registry.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The repository root: TANDEM_TEST_DATA is <repo>/tests/data.
+fs::path repo_root() { return fs::path(TANDEM_TEST_DATA).parent_path().parent_path(); }
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    REQUIRE_MESSAGE(in.good(), "cannot open " << p);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// Sets (or unsets, with nullopt) an environment variable for the lifetime of the guard.
+struct EnvGuard {
+    std::string name;
+    std::optional<std::string> old;
+    EnvGuard(const char* n, const std::optional<std::string>& value) : name(n) {
+        if (const char* v = std::getenv(n)) old = v;
+        if (value)
+            setenv(n, value->c_str(), 1);
+        else
+            unsetenv(n);
+    }
+    ~EnvGuard() {
+        if (old)
+            setenv(name.c_str(), old->c_str(), 1);
+        else
+            unsetenv(name.c_str());
+    }
+};
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        std::string tmpl = (fs::temp_directory_path() / "tandem-registry-XXXXXX").string();
+        REQUIRE(mkdtemp(tmpl.data()) != nullptr);
+        path = tmpl;
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
+void make_file(const fs::path& p, uint64_t size) {
+    { std::ofstream(p, std::ios::binary).put('x'); }
+    fs::resize_file(p, size);  // sparse: costs no disk space even for the 1.1 GB model
+}
+
+}  // namespace
+
+TEST_CASE("registry: the embedded list agrees with models/manifest.json") {
+    const std::string manifest = slurp(repo_root() / "models" / "manifest.json");
+    // Each model object starts at its "name" key; its fields lie between that and the next model's name.
+    const std::regex name_re("\"name\"\\s*:\\s*\"([^\"]+)\"");
+    std::vector<std::pair<std::string, size_t>> names;
+    for (auto it = std::sregex_iterator(manifest.begin(), manifest.end(), name_re); it != std::sregex_iterator(); ++it)
+        names.emplace_back((*it)[1].str(), static_cast<size_t>(it->position()));
+    const auto& known = tandem::known_models();
+    REQUIRE(names.size() == known.size());
+    for (size_t i = 0; i < known.size(); ++i) {
+        const tandem::KnownModel& m = known[i];
+        CAPTURE(m.name);
+        CHECK(names[i].first == m.name);
+        const size_t end = i + 1 < names.size() ? names[i + 1].second : manifest.size();
+        const std::string obj = manifest.substr(names[i].second, end - names[i].second);
+        auto field = [&](const char* key) {
+            std::smatch sm;
+            const std::regex re(std::string("\"") + key + "\"\\s*:\\s*\"?([^\",}\\s]+)");
+            REQUIRE_MESSAGE(std::regex_search(obj, sm, re), "no " << key);
+            return sm[1].str();
+        };
+        CHECK(field("file") == m.file);
+        CHECK(field("role") == m.role);
+        CHECK(field("size") == std::to_string(m.size));
+        CHECK(field("sha256") == m.sha256);
+        CHECK(m.file == m.name + ".gguf");
+        CHECK(m.sha256.size() == 64);
+    }
+}
+
+TEST_CASE("registry: defaults are the 1.5B target and the 0.5B draft") {
+    const tandem::KnownModel* t = tandem::find_known_model(tandem::default_target());
+    const tandem::KnownModel* d = tandem::find_known_model(tandem::default_draft());
+    REQUIRE(t);
+    REQUIRE(d);
+    CHECK(t->role == "target");
+    CHECK(d->role == "draft");
+    CHECK(t->name == "qwen2.5-coder-1.5b-instruct-q4_k_m");
+    CHECK(d->name == "qwen2.5-coder-0.5b-instruct-q4_k_m");
+    CHECK(tandem::find_known_model("smollm2-135m-instruct-q4_1.gguf") != nullptr);  // the file name works too
+    CHECK(tandem::find_known_model("no-such-model") == nullptr);
+}
+
+TEST_CASE("registry: models_dir follows TANDEM_MODELS_DIR, then XDG_CACHE_HOME, then HOME") {
+    {
+        EnvGuard a("TANDEM_MODELS_DIR", "/x/models"), b("XDG_CACHE_HOME", "/y");
+        CHECK(tandem::models_dir() == "/x/models");
+    }
+    {
+        EnvGuard a("TANDEM_MODELS_DIR", ""), b("XDG_CACHE_HOME", "/y");  // empty counts as unset
+        CHECK(tandem::models_dir() == "/y/tandem/models");
+    }
+    {
+        EnvGuard a("TANDEM_MODELS_DIR", std::nullopt), b("XDG_CACHE_HOME", std::nullopt), c("HOME", "/home/u");
+        CHECK(tandem::models_dir() == "/home/u/.cache/tandem/models");
+    }
+}
+
+TEST_CASE("registry: installed_path needs the file with its exact size") {
+    TempDir dir;
+    const std::string d = dir.path.string();
+    const tandem::KnownModel& small = *tandem::find_known_model("smollm2-135m-instruct-q4_1");
+    CHECK_FALSE(tandem::installed_path(small.name, d));
+    make_file(dir.path / small.file, small.size - 1);  // truncated copy
+    CHECK_FALSE(tandem::installed_path(small.name, d));
+    fs::resize_file(dir.path / small.file, small.size);
+    REQUIRE(tandem::installed_path(small.name, d));
+    CHECK(*tandem::installed_path(small.name, d) == (dir.path / small.file).string());
+    CHECK_FALSE(tandem::installed_path("no-such-model", d));
+
+    // The no-argument form reads the directory from the environment.
+    EnvGuard env("TANDEM_MODELS_DIR", d);
+    CHECK(tandem::installed_path(small.name).has_value());
+    CHECK_FALSE(tandem::installed_path(tandem::default_target()).has_value());
+
+    const std::string table = tandem::list_installed_table();
+    CHECK(table.find(small.name) != std::string::npos);
+    CHECK(table.find((dir.path / small.file).string()) != std::string::npos);
+    CHECK(table.find("not installed:") != std::string::npos);
+    CHECK(table.find(tandem::default_target()) != std::string::npos);  // named among the missing
+}
+
+TEST_CASE("registry: the table says when nothing is installed") {
+    TempDir dir;
+    const std::string table = tandem::list_installed_table(dir.path.string());
+    CHECK(table.find("no models installed") != std::string::npos);
+    CHECK(table.find("scripts/fetch-models") != std::string::npos);
+}
