@@ -17,7 +17,10 @@ std::string sentinel(size_t i) { return "\x01" + std::to_string(i) + "\x02"; }
 
 std::vector<int> tokenize_chat(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
                                const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
-    std::vector<ChatMessage> marked = messages;
+    // The template's own edits to contents (trimming, dropping empty or reasoning parts) happen first, so that
+    // putting the contents back in place of the sentinels gives exactly what render() would.
+    const std::vector<ChatMessage> contents = tmpl.normalized(messages);
+    std::vector<ChatMessage> marked = contents;
     for (size_t i = 0; i < marked.size(); ++i) marked[i].content = sentinel(i);
     const std::string rendered = tmpl.render(marked, add_generation_prompt);
 
@@ -42,7 +45,7 @@ std::vector<int> tokenize_chat(const Tokenizer& tokenizer, const ChatTemplate& t
         if (rendered[pos] == '\x01') {
             const size_t end = rendered.find('\x02', pos);
             if (end == std::string::npos) throw Error("chat template: a message marker was cut by the template");
-            plain += messages.at(std::stoul(rendered.substr(pos + 1, end - pos - 1))).content;
+            plain += contents.at(std::stoul(rendered.substr(pos + 1, end - pos - 1))).content;
             pos = end + 1;
             continue;
         }

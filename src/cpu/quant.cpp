@@ -296,23 +296,40 @@ struct BF16Traits {
 TANDEM_ALWAYS_INLINE __m256i load8_u8(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
-// Moves bit `From` of every lane to bit `To` (the lanes hold only that bit).
-template <int From, int To>
-TANDEM_ALWAYS_INLINE __m256i move_bit(__m256i v) {
-    if constexpr (From < To) return _mm256_slli_epi32(v, To - From);
-    else if constexpr (From > To) return _mm256_srli_epi32(v, From - To);
-    else return v;
-}
 TANDEM_ALWAYS_INLINE __m256 half_to_m256(uint16_t h) {
     return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h)));
 }
-// The fifth bit of the 32-element types: bit e of qh (little-endian u32) for element e = 8k + lane, at bit 4.
-template <int K>
-TANDEM_ALWAYS_INLINE __m256i q5_high_bits(__m256i qh) {
-    const __m256i shift = _mm256_setr_epi32(8 * K, 8 * K + 1, 8 * K + 2, 8 * K + 3, 8 * K + 4, 8 * K + 5, 8 * K + 6,
-                                            8 * K + 7);
-    return _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(qh, shift), _mm256_set1_epi32(1)), 4);
+// 32 int8 codes, in element order in the bytes of v, as four 8-float registers (exact). Building the codes at byte
+// level first and widening once costs about a third of the instructions of combining the bit fields in 32-bit
+// lanes, for the types whose codes have more than one field (Q5_*, Q6_K, Q3_K).
+TANDEM_ALWAYS_INLINE void i8x32_to_ps(__m256i v, __m256 w[4]) {
+    const __m128i lo = _mm256_castsi256_si128(v), hi = _mm256_extracti128_si256(v, 1);
+    w[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+    w[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(lo, lo)));
+    w[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+    w[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(hi, hi)));
 }
+// Byte e = 0xFF where bit e of x is set, 0 elsewhere (as ggml's bytes_from_bits_32).
+TANDEM_ALWAYS_INLINE __m256i bytes_from_bits_32(uint32_t x) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
+    return _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+}
+// Q4_0-style qs[16] as 32 bytes: low nibbles are elements 0..15, high nibbles 16..31.
+TANDEM_ALWAYS_INLINE __m256i nibble_bytes32(const uint8_t* qs) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0xF));
+}
+TANDEM_ALWAYS_INLINE __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+// Bytes shifted by N bits (left for N > 0), in 16-bit lanes: the bits that cross into a neighbouring byte must be
+// masked off by the caller.
+template <int N>
+TANDEM_ALWAYS_INLINE __m256i shift_bytes(__m256i v) {
+    if constexpr (N > 0) return _mm256_slli_epi16(v, N);
+    else if constexpr (N < 0) return _mm256_srli_epi16(v, -N);
+    else return v;
+}
+
 // The 32 nibbles of a Q4_0-style qs[16] in element order: low nibbles are elements 0..15, high ones 16..31.
 TANDEM_ALWAYS_INLINE void nibbles32(const uint8_t* qs, __m256i n[4]) {
     const __m256i lo = load8_u8(qs), hi = load8_u8(qs + 8), mask = _mm256_set1_epi32(0xF);
@@ -392,13 +409,9 @@ struct Q5_0Traits {
     static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
         uint32_t bits;
         std::memcpy(&bits, blk + offsetof(BlockQ5_0, qh), 4);
-        const __m256i qh = _mm256_set1_epi32(static_cast<int>(bits)), sixteen = _mm256_set1_epi32(16);
-        __m256i n[4];
-        nibbles32(blk + offsetof(BlockQ5_0, qs), n);
-        w[0] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[0], q5_high_bits<0>(qh)), sixteen));
-        w[1] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[1], q5_high_bits<1>(qh)), sixteen));
-        w[2] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[2], q5_high_bits<2>(qh)), sixteen));
-        w[3] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(n[3], q5_high_bits<3>(qh)), sixteen));
+        // (q | 16) - 16 = q where the fifth bit is set; q - 16 = int8(q | 0xF0) where it is clear.
+        const __m256i high = _mm256_andnot_si256(bytes_from_bits_32(bits), _mm256_set1_epi8(static_cast<char>(0xF0)));
+        i8x32_to_ps(_mm256_or_si256(nibble_bytes32(blk + offsetof(BlockQ5_0, qs)), high), w);
     }
 #endif
 };
@@ -439,13 +452,8 @@ struct Q5_1Traits {
     static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
         uint32_t bits;
         std::memcpy(&bits, blk + offsetof(BlockQ5_1, qh), 4);
-        const __m256i qh = _mm256_set1_epi32(static_cast<int>(bits));
-        __m256i n[4];
-        nibbles32(blk + offsetof(BlockQ5_1, qs), n);
-        w[0] = _mm256_cvtepi32_ps(_mm256_or_si256(n[0], q5_high_bits<0>(qh)));
-        w[1] = _mm256_cvtepi32_ps(_mm256_or_si256(n[1], q5_high_bits<1>(qh)));
-        w[2] = _mm256_cvtepi32_ps(_mm256_or_si256(n[2], q5_high_bits<2>(qh)));
-        w[3] = _mm256_cvtepi32_ps(_mm256_or_si256(n[3], q5_high_bits<3>(qh)));
+        const __m256i high = _mm256_and_si256(bytes_from_bits_32(bits), _mm256_set1_epi8(16));
+        i8x32_to_ps(_mm256_or_si256(nibble_bytes32(blk + offsetof(BlockQ5_1, qs)), high), w);
     }
 #endif
 };
@@ -567,12 +575,11 @@ struct Q3_KTraits {
     static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
         const uint8_t* q = blk + offsetof(BlockQ3_K, qs) + 32 * (S / 4);
         const uint8_t* hm = blk + offsetof(BlockQ3_K, hmask);
-        for (int k = 0; k < 4; ++k) {
-            const __m256i lo =
-                _mm256_and_si256(_mm256_srli_epi32(load8_u8(q + 8 * k), 2 * (S % 4)), _mm256_set1_epi32(3));
-            const __m256i hi = move_bit<S, 2>(_mm256_and_si256(load8_u8(hm + 8 * k), _mm256_set1_epi32(1 << S)));
-            w[k] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(4)));
-        }
+        const __m256i lo = _mm256_and_si256(shift_bytes<-2 * (S % 4)>(load32(q)), _mm256_set1_epi8(3));
+        // 4 is subtracted where bit S of hmask is clear.
+        const __m256i clear = _mm256_cmpeq_epi8(_mm256_and_si256(load32(hm), _mm256_set1_epi8(static_cast<char>(1 << S))),
+                                                _mm256_setzero_si256());
+        i8x32_to_ps(_mm256_sub_epi8(lo, _mm256_and_si256(clear, _mm256_set1_epi8(4))), w);
     }
 #endif
 };
@@ -673,12 +680,9 @@ struct Q5_KTraits {
     static TANDEM_ALWAYS_INLINE void decode8(const uint8_t* blk, __m256 w[4]) {
         const uint8_t* q = blk + offsetof(BlockQ5_K, qs) + 32 * (S / 2);
         const uint8_t* qh = blk + offsetof(BlockQ5_K, qh);
-        for (int k = 0; k < 4; ++k) {
-            const __m256i b = load8_u8(q + 8 * k);
-            const __m256i lo = S % 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0xF));
-            const __m256i hi = move_bit<S, 4>(_mm256_and_si256(load8_u8(qh + 8 * k), _mm256_set1_epi32(1 << S)));
-            w[k] = _mm256_cvtepi32_ps(_mm256_or_si256(lo, hi));
-        }
+        const __m256i lo = _mm256_and_si256(shift_bytes<S % 2 ? -4 : 0>(load32(q)), _mm256_set1_epi8(0xF));
+        const __m256i hi = _mm256_and_si256(shift_bytes<4 - S>(load32(qh)), _mm256_set1_epi8(0x10));
+        i8x32_to_ps(_mm256_or_si256(lo, hi), w);
     }
 #endif
 };
@@ -728,12 +732,9 @@ struct Q6_KTraits {
         constexpr int h = S / 4, k = S % 4;
         const uint8_t* ql = blk + offsetof(BlockQ6_K, ql) + 64 * h + 32 * (k % 2);
         const uint8_t* qh = blk + offsetof(BlockQ6_K, qh) + 32 * h;
-        for (int j = 0; j < 4; ++j) {
-            const __m256i b = load8_u8(ql + 8 * j);
-            const __m256i lo = k / 2 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(0xF));
-            const __m256i hi = move_bit<2 * k, 4>(_mm256_and_si256(load8_u8(qh + 8 * j), _mm256_set1_epi32(3 << (2 * k))));
-            w[j] = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hi), _mm256_set1_epi32(32)));
-        }
+        const __m256i lo = _mm256_and_si256(shift_bytes<k / 2 ? -4 : 0>(load32(ql)), _mm256_set1_epi8(0xF));
+        const __m256i hi = _mm256_and_si256(shift_bytes<4 - 2 * k>(load32(qh)), _mm256_set1_epi8(0x30));
+        i8x32_to_ps(_mm256_sub_epi8(_mm256_or_si256(lo, hi), _mm256_set1_epi8(32)), w);
     }
 #endif
 };

@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "model.h"
+#include "model_registry.h"
 #include "perplexity.h"
 
 using namespace tandem;
@@ -198,4 +201,30 @@ TEST_CASE("perplexity: token_nll matches a double log-softmax") {
     double mx = 100.0, sum = 0;
     for (float l : logits) sum += std::exp(l - mx);
     for (int t = 0; t < 6; ++t) CHECK(token_nll(logits, t) == doctest::Approx(-(logits[t] - mx - std::log(sum))));
+}
+
+TEST_CASE("perplexity: SmolLM2-135M on gpl-3.txt is within 1% of llama.cpp's (first window)") {
+    // llama.cpp build 11312 `llama-perplexity -c 512 -b 512` on the same file: 16.3211 after the first window
+    // (shared/reference/README.md). One window keeps the test to seconds; tandem-perplexity --chunks 6 gives all.
+    const std::string name = "smollm2-135m-instruct-q4_1";
+    const auto path = installed_path(name);
+    if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
+    auto model = Model::load(*path);
+    std::ifstream in(kData + "/gpl-3.txt", std::ios::binary);
+    REQUIRE(in.good());
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp's -f
+    REQUIRE_FALSE(model->tokenizer->add_bos());
+    const std::vector<int> tokens = model->tokenizer->encode(text, false);
+    PerplexityParams p;
+    p.n_ctx = 512;
+    p.n_chunks = 1;
+    CpuBackend backend(*model, 2, 512);
+    auto cache = backend.new_cache(512);
+    const PerplexityResult r = perplexity(backend, *cache, model->config.n_vocab, tokens, p);
+    MESSAGE("SmolLM2-135M gpl-3.txt window 1: tandem " << r.ppl() << ", llama.cpp 16.3211");
+    CHECK(r.stats.count == 255);
+    CHECK(r.ppl() == doctest::Approx(16.3211).epsilon(0.01));
 }

