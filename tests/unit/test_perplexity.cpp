@@ -203,10 +203,11 @@ TEST_CASE("perplexity: token_nll matches a double log-softmax") {
     for (int t = 0; t < 6; ++t) CHECK(token_nll(logits, t) == doctest::Approx(-(logits[t] - mx - std::log(sum))));
 }
 
-TEST_CASE("perplexity: SmolLM2-135M on gpl-3.txt is within 1% of llama.cpp's (first window)") {
-    // llama.cpp build 11312 `llama-perplexity -c 512 -b 512` on the same file: 16.3211 after the first window
-    // (shared/reference/README.md). One window keeps the test to seconds; tandem-perplexity --chunks 6 gives all.
-    const std::string name = "smollm2-135m-instruct-q4_1";
+namespace {
+
+// Perplexity of an installed real model over the first `windows` 512-token windows of gpl-3.txt, tokenized as
+// llama.cpp's `llama-perplexity -f` does (one trailing newline dropped, no BOS for these models).
+double real_model_perplexity(const std::string& name, int windows) {
     const auto path = installed_path(name);
     if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
     auto model = Model::load(*path);
@@ -215,16 +216,37 @@ TEST_CASE("perplexity: SmolLM2-135M on gpl-3.txt is within 1% of llama.cpp's (fi
     std::ostringstream ss;
     ss << in.rdbuf();
     std::string text = ss.str();
-    if (!text.empty() && text.back() == '\n') text.pop_back();  // as llama.cpp's -f
+    if (!text.empty() && text.back() == '\n') text.pop_back();
     REQUIRE_FALSE(model->tokenizer->add_bos());
     const std::vector<int> tokens = model->tokenizer->encode(text, false);
     PerplexityParams p;
     p.n_ctx = 512;
-    p.n_chunks = 1;
+    p.n_chunks = windows;
     CpuBackend backend(*model, 2, 512);
     auto cache = backend.new_cache(512);
     const PerplexityResult r = perplexity(backend, *cache, model->config.n_vocab, tokens, p);
-    MESSAGE("SmolLM2-135M gpl-3.txt window 1: tandem " << r.ppl() << ", llama.cpp 16.3211");
-    CHECK(r.stats.count == 255);
-    CHECK(r.ppl() == doctest::Approx(16.3211).epsilon(0.01));
+    CHECK(r.stats.count == 255 * windows);
+    return r.ppl();
+}
+
+}  // namespace
+
+// llama.cpp build 11312 `llama-perplexity -c 512 -b 512` on the same file (shared/reference/README.md gives the
+// value after each window). One window keeps each test to seconds; tandem-perplexity --chunks 6 gives all six.
+TEST_CASE("real: perplexity: SmolLM2-135M on gpl-3.txt is within 1% of llama.cpp's (first window)") {
+    const double ppl = real_model_perplexity("smollm2-135m-instruct-q4_1", 1);
+    MESSAGE("SmolLM2-135M gpl-3.txt window 1: tandem " << ppl << ", llama.cpp 16.3211");
+    CHECK(ppl == doctest::Approx(16.3211).epsilon(0.01));
+}
+
+TEST_CASE("real: perplexity: Qwen2.5-Coder-0.5B on gpl-3.txt is within 1% of llama.cpp's (first window)") {
+    const double ppl = real_model_perplexity("qwen2.5-coder-0.5b-instruct-q4_k_m", 1);
+    MESSAGE("Qwen2.5-Coder-0.5B gpl-3.txt window 1: tandem " << ppl << ", llama.cpp 4.8351");
+    CHECK(ppl == doctest::Approx(4.8351).epsilon(0.01));
+}
+
+TEST_CASE("real: perplexity: Qwen2.5-Coder-1.5B on gpl-3.txt is within 1% of llama.cpp's (first window)") {
+    const double ppl = real_model_perplexity("qwen2.5-coder-1.5b-instruct-q4_k_m", 1);
+    MESSAGE("Qwen2.5-Coder-1.5B gpl-3.txt window 1: tandem " << ppl << ", llama.cpp 1.5760");
+    CHECK(ppl == doctest::Approx(1.5760).epsilon(0.01));
 }

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <regex>
 #include <sstream>
 #include <string>
 
@@ -61,6 +60,20 @@ struct TempDir {
     }
 };
 
+// The value of the first `"key": value` in `text` (a string without its quotes, or a bare number); "" if absent.
+// Plain string scanning: the manifest's layout is simple, and std::regex trips GCC 12 warnings under ASan.
+std::string json_value(const std::string& text, const std::string& key, size_t* where = nullptr) {
+    const size_t k = text.find("\"" + key + "\"");
+    if (k == std::string::npos) return "";
+    size_t i = text.find(':', k + key.size() + 2);
+    if (i == std::string::npos) return "";
+    i = text.find_first_not_of(" \t\r\n", i + 1);
+    if (i == std::string::npos) return "";
+    if (where) *where = k;
+    if (text[i] == '"') return text.substr(i + 1, text.find('"', i + 1) - i - 1);
+    return text.substr(i, text.find_first_of(",}\r\n ", i) - i);
+}
+
 void make_file(const fs::path& p, uint64_t size) {
     { std::ofstream(p, std::ios::binary).put('x'); }
     fs::resize_file(p, size);  // sparse: costs no disk space even for the 1.1 GB model
@@ -71,10 +84,15 @@ void make_file(const fs::path& p, uint64_t size) {
 TEST_CASE("registry: the embedded list agrees with models/manifest.json") {
     const std::string manifest = slurp(repo_root() / "models" / "manifest.json");
     // Each model object starts at its "name" key; its fields lie between that and the next model's name.
-    const std::regex name_re("\"name\"\\s*:\\s*\"([^\"]+)\"");
     std::vector<std::pair<std::string, size_t>> names;
-    for (auto it = std::sregex_iterator(manifest.begin(), manifest.end(), name_re); it != std::sregex_iterator(); ++it)
-        names.emplace_back((*it)[1].str(), static_cast<size_t>(it->position()));
+    for (size_t from = 0;;) {
+        size_t at = 0;
+        const std::string rest = manifest.substr(from);
+        const std::string name = json_value(rest, "name", &at);
+        if (name.empty()) break;
+        names.emplace_back(name, from + at);
+        from += at + 1;
+    }
     const auto& known = tandem::known_models();
     REQUIRE(names.size() == known.size());
     for (size_t i = 0; i < known.size(); ++i) {
@@ -83,16 +101,10 @@ TEST_CASE("registry: the embedded list agrees with models/manifest.json") {
         CHECK(names[i].first == m.name);
         const size_t end = i + 1 < names.size() ? names[i + 1].second : manifest.size();
         const std::string obj = manifest.substr(names[i].second, end - names[i].second);
-        auto field = [&](const char* key) {
-            std::smatch sm;
-            const std::regex re(std::string("\"") + key + "\"\\s*:\\s*\"?([^\",}\\s]+)");
-            REQUIRE_MESSAGE(std::regex_search(obj, sm, re), "no " << key);
-            return sm[1].str();
-        };
-        CHECK(field("file") == m.file);
-        CHECK(field("role") == m.role);
-        CHECK(field("size") == std::to_string(m.size));
-        CHECK(field("sha256") == m.sha256);
+        CHECK(json_value(obj, "file") == m.file);
+        CHECK(json_value(obj, "role") == m.role);
+        CHECK(json_value(obj, "size") == std::to_string(m.size));
+        CHECK(json_value(obj, "sha256") == m.sha256);
         CHECK(m.file == m.name + ".gguf");
         CHECK(m.sha256.size() == 64);
     }
