@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "chat_template.h"
+#include "mini_json.h"
 #include "error.h"
 
 using tandem::ChatMessage;
@@ -19,182 +20,8 @@ using tandem::ChatTemplate;
 
 namespace {
 
-// ---- a minimal JSON reader: enough for chat-templates.json (no dependency on a JSON library) -----------------
-struct Json {
-    enum Kind { Null, Bool, Number, String, Array, Object } kind = Null;
-    bool boolean = false;
-    double number = 0;
-    std::string string;
-    std::vector<Json> array;
-    std::vector<std::pair<std::string, Json>> object;
-
-    const Json* find(const std::string& key) const {
-        for (const auto& [k, v] : object)
-            if (k == key) return &v;
-        return nullptr;
-    }
-    const Json& operator[](const std::string& key) const {
-        const Json* v = find(key);
-        if (!v) throw std::runtime_error("missing key " + key);
-        return *v;
-    }
-};
-
-class JsonReader {
-public:
-    explicit JsonReader(const std::string& text) : s_(text) {}
-
-    Json document() {
-        Json v = value();
-        space();
-        if (i_ != s_.size()) fail("trailing characters");
-        return v;
-    }
-
-private:
-    [[noreturn]] void fail(const std::string& what) const {
-        throw std::runtime_error("JSON: " + what + " at offset " + std::to_string(i_));
-    }
-    void space() {
-        while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\n' || s_[i_] == '\r' || s_[i_] == '\t')) ++i_;
-    }
-    bool take(char c) {
-        space();
-        if (i_ < s_.size() && s_[i_] == c) {
-            ++i_;
-            return true;
-        }
-        return false;
-    }
-    void expect(char c) {
-        if (!take(c)) fail(std::string("expected '") + c + "'");
-    }
-    bool literal(const char* word) {
-        const std::string w(word);
-        if (s_.compare(i_, w.size(), w) != 0) return false;
-        i_ += w.size();
-        return true;
-    }
-
-    Json value() {
-        space();
-        if (i_ >= s_.size()) fail("unexpected end");
-        Json v;
-        const char c = s_[i_];
-        if (c == '"') {
-            v.kind = Json::String;
-            v.string = string();
-        } else if (c == '[') {
-            ++i_;
-            v.kind = Json::Array;
-            if (!take(']')) {
-                do v.array.push_back(value());
-                while (take(','));
-                expect(']');
-            }
-        } else if (c == '{') {
-            ++i_;
-            v.kind = Json::Object;
-            if (!take('}')) {
-                do {
-                    space();
-                    std::string key = string();
-                    expect(':');
-                    v.object.emplace_back(std::move(key), value());
-                } while (take(','));
-                expect('}');
-            }
-        } else if (literal("true")) {
-            v.kind = Json::Bool;
-            v.boolean = true;
-        } else if (literal("false")) {
-            v.kind = Json::Bool;
-        } else if (literal("null")) {
-            v.kind = Json::Null;
-        } else {
-            size_t used = 0;
-            v.kind = Json::Number;
-            v.number = std::stod(s_.substr(i_, 64), &used);
-            if (used == 0) fail("bad value");
-            i_ += used;
-        }
-        return v;
-    }
-
-    unsigned hex4() {
-        if (i_ + 4 > s_.size()) fail("short \\u escape");
-        unsigned v = 0;
-        for (int k = 0; k < 4; ++k) {
-            const char h = s_[i_++];
-            v <<= 4;
-            if (h >= '0' && h <= '9') v |= h - '0';
-            else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
-            else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
-            else fail("bad hex digit");
-        }
-        return v;
-    }
-
-    static void utf8(std::string& out, unsigned cp) {
-        if (cp < 0x80) {
-            out += static_cast<char>(cp);
-        } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            out += static_cast<char>(0xE0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else {
-            out += static_cast<char>(0xF0 | (cp >> 18));
-            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        }
-    }
-
-    std::string string() {
-        if (i_ >= s_.size() || s_[i_] != '"') fail("expected string");
-        ++i_;
-        std::string out;
-        while (true) {
-            if (i_ >= s_.size()) fail("unterminated string");
-            const char c = s_[i_++];
-            if (c == '"') return out;
-            if (c != '\\') {
-                out += c;  // raw UTF-8 bytes pass through
-                continue;
-            }
-            if (i_ >= s_.size()) fail("unterminated escape");
-            const char e = s_[i_++];
-            switch (e) {
-                case 'n': out += '\n'; break;
-                case 't': out += '\t'; break;
-                case 'r': out += '\r'; break;
-                case 'b': out += '\b'; break;
-                case 'f': out += '\f'; break;
-                case '/': case '\\': case '"': out += e; break;
-                case 'u': {
-                    unsigned cp = hex4();
-                    if (cp >= 0xD800 && cp < 0xDC00) {  // high surrogate: a low one must follow
-                        if (!literal("\\u")) fail("lone high surrogate");
-                        const unsigned lo = hex4();
-                        if (lo < 0xDC00 || lo >= 0xE000) fail("bad low surrogate");
-                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                    }
-                    utf8(out, cp);
-                    break;
-                }
-                default: fail("bad escape");
-            }
-        }
-    }
-
-    const std::string& s_;
-    size_t i_ = 0;
-};
-
-Json parse_json(const std::string& text) { return JsonReader(text).document(); }
+using tandem::test::Json;
+Json parse_json(const std::string& text) { return Json::parse(text); }
 
 const Json& reference() {
     static const Json doc = [] {
@@ -210,7 +37,7 @@ const Json& reference() {
 
 std::vector<ChatMessage> messages_of(const Json& j) {
     std::vector<ChatMessage> out;
-    for (const auto& m : j.array) out.push_back({m["role"].string, m["content"].string});
+    for (const auto& m : j.arr) out.push_back({m["role"].str, m["content"].str});
     return out;
 }
 
@@ -220,8 +47,8 @@ std::string expected_name(const std::string& family) {
 }
 
 const std::string& source_of(const std::string& family) {
-    for (const auto& f : reference()["families"].array)
-        if (f["family"].string == family) return f["template"].string;
+    for (const auto& f : reference()["families"].arr)
+        if (f["family"].str == family) return f["template"].str;
     throw std::runtime_error("no family " + family);
 }
 
@@ -254,38 +81,39 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.com
 
 TEST_CASE("chat template JSON reader handles escapes and surrogate pairs") {
     const Json j = parse_json(R"({"a": ["x\n\"\\\/", true, false, null, 1.5], "b": "\u00e9\u4e2d\ud83d\ude00"})");
-    CHECK(j["a"].array.size() == 5);
-    CHECK(j["a"].array[0].string == "x\n\"\\/");
-    CHECK(j["a"].array[1].boolean);
-    CHECK_FALSE(j["a"].array[2].boolean);
-    CHECK(j["a"].array[3].kind == Json::Null);
-    CHECK(j["a"].array[4].number == 1.5);
-    CHECK(j["b"].string == "\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80");
+    CHECK(j["a"].arr.size() == 5);
+    CHECK(j["a"].arr[0].str == "x\n\"\\/");
+    CHECK(j["a"].arr[1].b);
+    CHECK_FALSE(j["a"].arr[2].b);
+    CHECK(j["a"].arr[3].kind == Json::Null);
+    CHECK(j["a"].arr[4].num == 1.5);
+    CHECK(j["b"].str == "\xC3\xA9\xE4\xB8\xAD\xF0\x9F\x98\x80");
 }
 
 TEST_CASE("chat template reference cases: detect and render match jinja2") {
-    const auto& families = reference()["families"].array;
+    const auto& families = reference()["families"].arr;
     REQUIRE(families.size() == 7);
     int rendered = 0, refused = 0;
     for (const auto& f : families) {
-        const std::string family = f["family"].string;
+        const std::string family = f["family"].str;
         CAPTURE(family);
         std::string warning = "stale";
-        const ChatTemplate t = ChatTemplate::detect(f["template"].string, &warning);
+        const ChatTemplate t = ChatTemplate::detect(f["template"].str, &warning);
         CHECK(t.name() == expected_name(family));
         CHECK(warning.empty());
-        REQUIRE(f["cases"].array.size() == 6);
-        for (const auto& c : f["cases"].array) {
+        REQUIRE(f["cases"].arr.size() == 6);
+        for (const auto& c : f["cases"].arr) {
             const auto messages = messages_of(c["messages"]);
-            const bool gen = c["add_generation_prompt"].boolean;
+            const bool gen = c["add_generation_prompt"].b;
             CAPTURE(gen);
             CAPTURE(messages.size());
-            if (const Json* error = c.find("error")) {
-                CHECK_THROWS_WITH_AS(t.render(messages, gen), doctest::Contains(error->string.c_str()),
+            if (c.has("error")) {
+                const Json* error = &c["error"];
+                CHECK_THROWS_WITH_AS(t.render(messages, gen), doctest::Contains(error->str.c_str()),
                                      tandem::Error);
                 ++refused;
             } else {
-                CHECK(t.render(messages, gen) == c["rendered"].string);
+                CHECK(t.render(messages, gen) == c["rendered"].str);
                 ++rendered;
             }
         }
@@ -328,16 +156,16 @@ TEST_CASE("chat template by_name round-trips and rejects unknown names") {
     CHECK_FALSE(ChatTemplate::by_name("ChatML").has_value());
     // Every JSON family is reachable by name and renders the same as the detected template (bar ChatML's default
     // system prompt, which only the source carries).
-    for (const auto& f : reference()["families"].array) {
-        const std::string family = f["family"].string;
+    for (const auto& f : reference()["families"].arr) {
+        const std::string family = f["family"].str;
         if (expected_name(family) == "chatml") continue;
         CAPTURE(family);
         const auto t = ChatTemplate::by_name(expected_name(family));
         REQUIRE(t.has_value());
-        for (const auto& c : f["cases"].array)
-            if (!c.find("error"))
-                CHECK(t->render(messages_of(c["messages"]), c["add_generation_prompt"].boolean) ==
-                      c["rendered"].string);
+        for (const auto& c : f["cases"].arr)
+            if (!c.has("error"))
+                CHECK(t->render(messages_of(c["messages"]), c["add_generation_prompt"].b) ==
+                      c["rendered"].str);
     }
 }
 
@@ -379,8 +207,8 @@ TEST_CASE("chat template end_of_turn per family") {
     CHECK(ChatTemplate::by_name("zephyr")->end_of_turn() == V{"</s>"});
     CHECK(ChatTemplate::by_name("deepseek-r1")->end_of_turn() == V{"<｜end▁of▁sentence｜>"});
     // The end-of-turn string is what the template writes after an assistant message in the reference renderings.
-    for (const auto& f : reference()["families"].array) {
-        const ChatTemplate t = ChatTemplate::detect(f["template"].string);
+    for (const auto& f : reference()["families"].arr) {
+        const ChatTemplate t = ChatTemplate::detect(f["template"].str);
         const std::string text = t.render(kPlainConversation, false);
         CAPTURE(t.name());
         CHECK(text.find("Got it." + t.end_of_turn()[0]) != std::string::npos);
@@ -475,8 +303,8 @@ TEST_CASE("chat template normalized contents render verbatim, so placeholders ca
         {{"user", " q1 "}, {"assistant", "  "}, {"user", "q2\n\n"}},
         {{"system", ""}, {"user", "q"}},
     };
-    for (const auto& f : reference()["families"].array)
-        for (const auto& c : f["cases"].array) conversations.push_back(messages_of(c["messages"]));
+    for (const auto& f : reference()["families"].arr)
+        for (const auto& c : f["cases"].arr) conversations.push_back(messages_of(c["messages"]));
     std::vector<ChatTemplate> templates;
     for (const auto& n : ChatTemplate::names()) templates.push_back(*ChatTemplate::by_name(n));
     templates.push_back(ChatTemplate::detect(source_of("chatml-qwen2.5")));
