@@ -208,15 +208,21 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     std::vector<int> batch, context;
     batch.reserve(static_cast<size_t>(k_cap) + 1);
 
-    // The draft sees the whole prompt now (it needs no logits until it proposes).
-    int draft_fed = 0;  // tokens of out.history in the draft's cache
+    // Cache positions are absolute: out.history[i] sits at position `base + i` (a chat keeps earlier turns in the
+    // caches). The draft's cache must hold the same tokens as the target's before the call; what it holds beyond
+    // `base` is stale and dropped. It sees the whole prompt now (it needs no logits until it proposes).
+    const int base = cache_.n_committed() - static_cast<int>(prompt.size());
+    int draft_fed = 0;  // absolute: positions in the draft's cache
     if (draft_.model) {
+        if (draft_.cache->n_committed() < base)
+            throw Error("internal: the draft's cache holds fewer tokens than the target's before generation");
+        draft_.cache->truncate(base);
         const int chunk = std::max(1, params.chunk);
         for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(chunk)) {
             const size_t n = std::min(prompt.size() - b, static_cast<size_t>(chunk));
             draft_.backend->forward(std::span<const int>(prompt.data() + b, n), *draft_.cache, 0, nullptr);
         }
-        draft_fed = static_cast<int>(prompt.size());
+        draft_fed = draft_.cache->n_committed();
     }
 
     int cur = sampler.sample(logits_.data(), out.history);
@@ -239,9 +245,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if (k > 0 && !from_lookup && draft_.model) {
             const Clock::time_point t0 = Clock::now();
             // Catch the draft up on everything it has not seen (cur, and after a full acceptance the last draft).
-            const std::span<const int> pending(out.history.data() + draft_fed, out.history.size() - draft_fed);
+            const size_t seen = static_cast<size_t>(draft_fed - base);
+            const std::span<const int> pending(out.history.data() + seen, out.history.size() - seen);
             draft_.backend->forward(pending, *draft_.cache, 1, draft_logits.data());
-            draft_fed = static_cast<int>(out.history.size());
+            draft_fed = draft_.cache->n_committed();
             context = out.history;
             for (int i = 0; i < k; ++i) {
                 float* q = &q_rows[static_cast<size_t>(i) * V];

@@ -19,6 +19,7 @@
 #include "generator.h"
 #include "model.h"
 #include "model_registry.h"
+#include "repl.h"
 #include "vocab_check.h"
 
 namespace {
@@ -44,6 +45,7 @@ struct Options {
     bool stats = false;
     bool verbose = false;
     bool seed_given = false;
+    bool chat = false;  // --chat, or a terminal on stdin with no prompt
     tandem::GenerationParams gen;
 };
 
@@ -79,17 +81,15 @@ int choose_context(const Options& opt, const tandem::ModelConfig& c) {
 }
 
 int run(const Options& opt) {
+    // No prompt and a terminal on stdin opens the chat REPL; --chat runs the same loop over a pipe.
+    const bool chat = opt.chat || (opt.prompt.empty() && opt.prompt_file.empty() && isatty(STDIN_FILENO));
     std::string prompt;
     if (!opt.prompt.empty()) {
         prompt = opt.prompt;
     } else if (!opt.prompt_file.empty()) {
         prompt = read_file(opt.prompt_file);
-    } else if (!isatty(STDIN_FILENO)) {
+    } else if (!chat) {
         prompt = read_stdin();
-    } else {
-        std::fprintf(stderr, "tandem: no prompt: give -p TEXT, -f FILE or pipe text on stdin "
-                             "(interactive chat is not available yet); see --help\n");
-        return 2;
     }
     if (opt.backend != "auto" && opt.backend != "cpu")
         throw tandem::Error("backend '" + opt.backend + "' is not available in this build (available: cpu)");
@@ -138,7 +138,9 @@ int run(const Options& opt) {
             if (!warning.empty()) std::fprintf(stderr, "tandem: warning: %s\n", warning.c_str());
         }
     }
-    if (tmpl && !tmpl->is_raw()) {
+    if (chat) {
+        // The REPL renders and tokenizes each turn itself.
+    } else if (tmpl && !tmpl->is_raw()) {
         std::vector<tandem::ChatMessage> messages;
         if (!opt.system_prompt.empty()) messages.push_back({"system", opt.system_prompt});
         messages.push_back({"user", prompt});
@@ -184,6 +186,18 @@ int run(const Options& opt) {
                          draft_model->config.n_layers, draft_model->config.dim);
     }
     tandem::Generator generator(*model, backend, *cache, draft);
+
+    if (chat) {
+        tandem::ReplConfig rc;
+        rc.chat_template = tmpl;
+        rc.system = opt.system_prompt;
+        rc.params = opt.gen;
+        rc.params.n_predict = opt.n_predict;
+        rc.params.chunk = opt.chunk;
+        rc.interactive = isatty(STDIN_FILENO);
+        rc.model_name = c.name.empty() ? model_path : c.name;
+        return tandem::run_repl(*model, generator, *cache, draft, rc);
+    }
 
     if (opt.echo && !write_stdout(prompt)) return 0;
     tandem::GenerationParams params = opt.gen;
@@ -233,8 +247,11 @@ int main(int argc, char** argv) {
     app.add_option("--chat-template", opt.chat_template, "chat template family instead of the model's")
         ->check(CLI::IsMember(tandem::ChatTemplate::names()));
     app.add_option("-p,--prompt", opt.prompt, "prompt text");
+    app.add_flag("--chat", opt.chat,
+                 "chat: one user turn per line of stdin, one answer per line on stdout (a terminal on stdin with "
+                 "no prompt opens the interactive chat)");
     app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
-    app.add_option("-n,--n-predict", opt.n_predict, "new tokens to generate (-1: until EOS or a full context)")
+    app.add_option("-n,--n-predict", opt.n_predict, "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
         ->check(CLI::Range(-1, 1 << 30));
     app.add_option("--temp", opt.gen.sampler.temperature, "temperature (0 = greedy)")
         ->capture_default_str()->check(CLI::Range(0.0, 100.0));
@@ -289,6 +306,10 @@ int main(int argc, char** argv) {
     if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();
     if (opt.gen.speculative.draft_min > opt.gen.speculative.draft_max) {
         std::fprintf(stderr, "tandem: --draft-min must not exceed --draft-max\n");
+        return 2;
+    }
+    if (opt.chat && (!opt.prompt.empty() || !opt.prompt_file.empty())) {
+        std::fprintf(stderr, "tandem: --chat reads its turns from stdin: give no -p or -f\n");
         return 2;
     }
     if (!opt.prompt.empty() && !opt.prompt_file.empty()) {

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# End-to-end checks of the interactive chat REPL, driving the real binary in a tmux terminal: turns with KV
+# reuse (via /stats), Ctrl-C during an answer and at the prompt, history (up arrow, kept across runs), multi-line
+# input, /undo /regen /reset, /save + /load, Ctrl-D exit status 0 and the terminal settings restored.
+# Usage: repl.sh BUILD_DIR DATA_DIR
+set -uo pipefail
+build=$1 data=$2
+tandem="$build/tandem"
+model="$data/stories260K.gguf"
+if ! command -v tmux >/dev/null; then
+  echo "repl: tmux is not installed (scripts/setup installs it)" >&2
+  exit 1
+fi
+tmp=$(mktemp -d)
+sock="$tmp/none.sock"  # one tmux server per session (a server being killed cannot be reused at once)
+tm() { tmux -S "$sock" "$@"; }
+trap 'for s in "$tmp"/*.sock; do tmux -S "$s" kill-server 2>/dev/null; done; rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+
+# Isolated home: the history file and any ~/.editrc are the test's own.
+mkdir -p "$tmp/home"
+export HOME="$tmp/home" XDG_STATE_HOME="$tmp/state"
+
+screen() { tm capture-pane -p -J -t repl -S -2000; }
+# Polls the screen until `pattern` (fixed string) occurs at least `n` times; fails after `timeout` seconds.
+wait_count() {
+  local pattern=$1 n=$2 timeout=${3:-20} end=$((SECONDS + ${3:-20}))
+  while [ $SECONDS -lt $end ]; do
+    [ "$(screen | grep -cF -- "$pattern")" -ge "$n" ] && return 0
+    sleep 0.1
+  done
+  echo "--- timed out after ${timeout}s waiting for '$pattern' x$n; screen:" >&2
+  screen | grep -v '^$' | tail -20 >&2
+  return 1
+}
+# Prompt lines (tmux drops trailing blanks, so an empty prompt reads ">>>").
+prompts() { screen | grep -c '^>>>'; }
+# Polls until at least `n` lines start with the prompt.
+wait_prompts() {
+  local n=$1 end=$((SECONDS + ${2:-20}))
+  while [ $SECONDS -lt $end ]; do [ "$(prompts)" -ge "$n" ] && return 0; sleep 0.1; done
+  echo "--- timed out waiting for prompt #$n; screen:" >&2
+  screen | grep -v '^$' | tail -20 >&2
+  return 1
+}
+# Sends a line and waits for the next prompt.
+say() {
+  local before
+  before=$(prompts)
+  tm send-keys -t repl -l -- "$1"
+  tm send-keys -t repl Enter
+  wait_prompts $((before + 1)) "${2:-20}"
+}
+last_stats() { screen | grep 'prefilled this turn' | tail -1; }
+wait_file() {
+  local end=$((SECONDS + 20))
+  while [ $SECONDS -lt $end ]; do [ -s "$1" ] && return 0; sleep 0.1; done
+  return 1
+}
+
+# Runs tandem with `args` inside the tmux terminal, recording stty before/after and the exit status.
+start() {
+  local name=$1; shift
+  cat >"$tmp/$name.sh" <<EOF
+stty -a >"$tmp/$name.stty_before"
+"$tandem" -m "$model" $*
+echo "EXIT=\$?" >"$tmp/$name.exit"
+stty -a >"$tmp/$name.stty_after"
+EOF
+  tm kill-server 2>/dev/null
+  sock="$tmp/$name.sock"
+  tm new-session -d -x 200 -y 50 -s repl "bash --norc --noprofile"
+  tm send-keys -t repl "clear; bash $tmp/$name.sh" Enter
+  wait_prompts 1 30
+}
+
+# ---- session 1: short greedy answers ---------------------------------------------------------------------
+start s1 -n 20 --temp 0
+check "banner names the commands" wait_count '/help' 1
+say "Once upon a time"
+check "first answer streams" wait_count ', there was a little girl named Lily' 1
+say "She went to the park"
+say "/stats"
+stats=$(screen | grep 'prefilled this turn' | tail -1)
+prefilled=$(sed -E 's/.* ([0-9]+) prefilled this turn.*/\1/' <<<"$stats")
+whole=$(sed -E 's/.*conversation: ([0-9]+) tokens.*/\1/' <<<"$stats")
+check "/stats reports the turn ($stats)" [ -n "$stats" ]
+check "second turn prefilled only its new tokens ($prefilled of $whole)" \
+  [ "${prefilled:-0}" -gt 0 -a "${prefilled:-0}" -lt "${whole:-0}" ]
+check "one-line summary after each answer" [ "$(screen | grep -c 'tokens/s.*length limit')" -ge 2 ]
+
+# Ctrl-C at the prompt clears the line and the REPL stays.
+before=$(prompts)
+tm send-keys -t repl -l "abandoned words"
+tm send-keys -t repl C-c
+check "Ctrl-C at the prompt shows ^C" wait_count 'abandoned words^C' 1
+check "Ctrl-C at the prompt gives a new prompt" wait_prompts $((before + 1))
+
+# History: up arrow twice recalls "She went to the park" (the abandoned line is not in the history, /stats is).
+tm send-keys -t repl Up Up
+check "up arrow recalls history" wait_count '>>> She went to the park' 1
+before=$(prompts)
+tm send-keys -t repl Enter
+wait_prompts $((before + 1))
+check "recalled line was sent again" [ "$(screen | grep -c '^>>> She went to the park')" -ge 2 ]
+say "/help"
+check "still running after Ctrl-C at the prompt" wait_count 'Keys: arrows' 1
+
+# Multi-line input: a trailing backslash continues, and so does a """ block.
+tm send-keys -t repl -l 'The cat\'
+tm send-keys -t repl Enter
+check "backslash continues the line" wait_count '... ' 1
+say 'sat down'
+tm send-keys -t repl -l '"""'
+tm send-keys -t repl Enter
+tm send-keys -t repl -l 'a block'
+tm send-keys -t repl Enter
+say 'of lines"""'
+check "a \"\"\" block is read" wait_count '... of lines"""' 1
+
+# /undo, /regen (same answer at temperature 0, one token re-prefilled), /reset.
+say "/undo"
+check "/undo drops the last exchange" wait_count 'dropped the last exchange' 1
+say "/regen"
+say "/stats"
+check "/regen re-prefills one token ($(last_stats))" grep -q '^prompt tokens: *1 prefilled' <<<"$(last_stats)"
+n_msgs_json="$tmp/before_load.json"
+say "/save $n_msgs_json"
+check "/save writes the conversation" wait_file "$n_msgs_json"
+check "/save is JSON with messages" grep -q '"messages": \[' "$n_msgs_json"
+say "/reset"
+check "/reset clears" wait_count 'the conversation is cleared' 1
+say "/load $n_msgs_json"
+check "/load reads it back" wait_count 'loaded ' 1
+say "/save $tmp/after_load.json"
+wait_file "$tmp/after_load.json"
+check "/save + /load round trip" cmp -s "$n_msgs_json" "$tmp/after_load.json"
+say 'Tom said "hi" and \ left'
+check "the conversation goes on after /load" [ "$(screen | grep -c 'tokens/s')" -ge 6 ]
+
+# Ctrl-D on an empty line exits with status 0 and restores the terminal.
+tm send-keys -t repl C-d
+check "Ctrl-D exits" wait_file "$tmp/s1.exit"
+check "exit status 0" grep -q '^EXIT=0$' "$tmp/s1.exit"
+sleep 0.3
+check "terminal settings restored" cmp -s "$tmp/s1.stty_before" "$tmp/s1.stty_after"
+check "history file written" grep -q 'Once' "$XDG_STATE_HOME/tandem/history"
+
+# ---- session 2: long answers interrupted with Ctrl-C ---------------------------------------------------------
+# A large context and no length limit make an answer run for seconds, so Ctrl-C lands mid-answer.
+start s2 -n 1000000 --ctx 60000 --temp 0
+tm send-keys -t repl Up
+check "history kept across runs" wait_count '>>> Tom said "hi"' 1
+tm send-keys -t repl C-u
+tm send-keys -t repl -l "Once upon a time"
+tm send-keys -t repl Enter
+check "long answer starts" wait_count 'there was a little girl named Lily' 1
+sleep 0.5
+tm send-keys -t repl C-c
+check "Ctrl-C stops the answer and returns to the prompt" wait_count 'interrupted]' 1
+check "the prompt is back" wait_prompts 2
+say "/stats"
+check "/stats says interrupted" wait_count 'stop: interrupted' 1
+tm send-keys -t repl -l "The dog"
+tm send-keys -t repl Enter
+sleep 1
+tm send-keys -t repl C-c
+check "the program still answers after an interruption" wait_count 'interrupted]' 2
+check "prompt back after the second interruption" wait_prompts 4
+tm send-keys -t repl -l "/quit"
+tm send-keys -t repl Enter
+check "/quit exits" wait_file "$tmp/s2.exit"
+check "/quit exit status 0" grep -q '^EXIT=0$' "$tmp/s2.exit"
+sleep 0.3
+check "terminal restored after interruptions" cmp -s "$tmp/s2.stty_before" "$tmp/s2.stty_after"
+
+echo "repl: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

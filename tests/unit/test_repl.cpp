@@ -1,0 +1,214 @@
+// Unit tests of the chat REPL's bookkeeping (repl_session.h): turn rendering, KV reuse across turns, rollback on
+// /undo and /regen, context-overflow trimming, and the /save JSON round trip. Runs stories260K on the CPU.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "cpu/cpu_backend.h"
+#include "error.h"
+#include "generator.h"
+#include "model.h"
+#include "repl_session.h"
+
+using namespace tandem;
+
+namespace {
+
+const std::string kData = TANDEM_TEST_DATA;
+
+struct Rig {
+    std::unique_ptr<Model> model = Model::load(kData + "/stories260K.gguf");
+    CpuBackend backend{*model, 2, 64};
+    std::unique_ptr<KvCache> cache;
+    std::unique_ptr<Generator> generator;
+    explicit Rig(int n_ctx = 512) : cache(backend.new_cache(n_ctx)) {
+        generator = std::make_unique<Generator>(*model, backend, *cache);
+    }
+};
+
+GenerationParams greedy(int n) {
+    GenerationParams p;
+    p.n_predict = n;
+    p.sampler.temperature = 0;
+    return p;
+}
+
+const ChatSession::Emit kKeep = [](std::string_view) { return true; };
+
+bool is_prefix(const std::vector<int>& a, const std::vector<int>& b) {
+    return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+}
+
+// The answer a fresh cache gives for `tokens`: what KV reuse must reproduce.
+std::string fresh_answer(Rig& rig, const std::vector<int>& tokens, int n) {
+    auto cache = rig.backend.new_cache(rig.cache->capacity());
+    Generator g(*rig.model, rig.backend, *cache);
+    std::string text;
+    g.generate(tokens, greedy(n), [&](std::string_view s) {
+        text += s;
+        return true;
+    });
+    return text;
+}
+
+}  // namespace
+
+TEST_CASE("repl: raw turns are running text, and the second turn prefills only its new tokens") {
+    Rig rig;
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("raw"));
+    const TurnReport t1 = s.send("Once upon a time", greedy(12), kKeep);
+    CHECK(t1.n_reused == 0);
+    CHECK(t1.answer.rfind(", there was", 0) == 0);
+    CHECK(s.cached().size() == static_cast<size_t>(rig.cache->n_committed()));
+
+    const std::vector<int> before = s.render_tokens(true);
+    const TurnReport t2 = s.send("She went", greedy(12), kKeep);
+    CHECK(t2.n_reused > 0);
+    CHECK(t2.stats.n_prompt == t2.n_conversation - t2.n_reused);
+    CHECK(t2.stats.n_prompt < t2.n_conversation / 2);
+    // A user turn glued to a word gets one space; the rest is verbatim.
+    REQUIRE(s.messages().size() == 4);
+    CHECK(s.messages()[1].content == t1.answer);
+
+    // Reusing the cache gives exactly what prefilling the whole conversation from scratch gives.
+    std::vector<ChatMessage> upto = s.messages();
+    upto.pop_back();
+    ChatSession probe(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("raw"));
+    probe.replace("", upto);
+    CHECK(fresh_answer(rig, probe.render_tokens(true), 12) == t2.answer);
+}
+
+TEST_CASE("repl: chatml turns reuse the cached prefix") {
+    Rig rig;
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("chatml"), "Be brief.");
+    const TurnReport t1 = s.send("Hello there", greedy(8), kKeep);
+    const TurnReport t2 = s.send("And then?", greedy(8), kKeep);
+    CHECK(t2.n_reused >= t1.n_conversation);
+    CHECK(t2.stats.n_prompt < t2.n_conversation - t1.n_conversation + 8);
+    CHECK(s.messages().size() == 4);
+    CHECK(s.system() == "Be brief.");
+}
+
+TEST_CASE("repl: /undo and /regen roll the cache back") {
+    Rig rig;
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("raw"));
+    s.send("Once upon a time", greedy(10), kKeep);
+    const TurnReport t2 = s.send("The dog", greedy(10), kKeep);
+    const int full = rig.cache->n_committed();
+
+    // /regen: the same user message again, only one token re-prefilled (its logits start the answer).
+    const TurnReport r = s.regenerate(greedy(10), kKeep);
+    CHECK(r.answer == t2.answer);
+    CHECK(r.stats.n_prompt == 1);
+    CHECK(s.messages().size() == 4);
+    CHECK(rig.cache->n_committed() == full);
+
+    // /undo: back to one exchange, the cache cut to a prefix of what remains.
+    CHECK(s.undo());
+    CHECK(s.messages().size() == 2);
+    CHECK(rig.cache->n_committed() < full);
+    CHECK(static_cast<int>(s.cached().size()) == rig.cache->n_committed());
+    CHECK(is_prefix(s.cached(), s.render_tokens(false)));
+    CHECK(s.undo());
+    CHECK(s.messages().empty());
+    CHECK_FALSE(s.undo());
+    CHECK_THROWS_AS(s.regenerate(greedy(4), kKeep), Error);
+
+    s.send("Once upon a time", greedy(4), kKeep);
+    s.reset();
+    CHECK(s.messages().empty());
+    CHECK(rig.cache->n_committed() == 0);
+}
+
+TEST_CASE("repl: a full context drops the oldest exchanges and keeps the system prompt") {
+    Rig rig(96);
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("raw"), "A story.");
+    std::vector<std::string> notices;
+    s.notice = [&](const std::string& n) { notices.push_back(n); };
+    for (int i = 0; i < 8; ++i) {
+        const TurnReport t = s.send("Then the cat", greedy(16), kKeep);
+        CHECK(t.n_conversation + 16 <= 96);
+        CHECK(static_cast<int>(s.cached().size()) == rig.cache->n_committed());
+    }
+    CHECK_FALSE(notices.empty());
+    CHECK(s.system() == "A story.");
+    REQUIRE_FALSE(s.messages().empty());
+    CHECK(s.messages().front().role == "user");
+    CHECK(s.messages().size() < 16);
+
+    // A single message longer than the context is refused, and the conversation stays as it was.
+    const auto before = s.messages();
+    std::string huge;
+    for (int i = 0; i < 200; ++i) huge += "dog ";
+    CHECK_THROWS_AS(s.send(huge, greedy(4), kKeep), Error);
+    CHECK(s.messages().size() <= before.size());
+}
+
+TEST_CASE("repl: an interrupted answer stays in the conversation") {
+    Rig rig;
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("raw"));
+    int pieces = 0;
+    const TurnReport t = s.send("Once upon a time", greedy(50), [&](std::string_view) { return ++pieces <= 3; });
+    CHECK(t.interrupted);
+    CHECK_FALSE(t.answer.empty());
+    CHECK(s.messages().back().content == t.answer);
+    const TurnReport t2 = s.send("Then", greedy(5), kKeep);
+    CHECK_FALSE(t2.interrupted);
+}
+
+TEST_CASE("repl: conversation JSON round trip with tricky strings") {
+    const std::string system = "Quote \" backslash \\ slash / tab\t newline\n cr\r bell\x07 nul-free \x01\x1f del\x7f";
+    const std::vector<ChatMessage> messages = {
+        {"user", "héllo wörld — 日本語 😀 \"quoted\" \\n (literal)"},
+        {"assistant", "</think> {\"json\": [1, 2]} \n\n"},
+        {"user", ""},
+        {"assistant", "\\u0041 not an escape"},
+    };
+    const std::string json = conversation_to_json(system, messages);
+    CHECK(json.find('\n', json.find("\"system\"")) != std::string::npos);
+    CHECK(json.find("\x07") == std::string::npos);  // control characters are escaped
+    std::string sys2;
+    std::vector<ChatMessage> msgs2;
+    conversation_from_json(json, &sys2, &msgs2);
+    CHECK(sys2 == system);
+    REQUIRE(msgs2.size() == messages.size());
+    for (size_t i = 0; i < messages.size(); ++i) {
+        CHECK(msgs2[i].role == messages[i].role);
+        CHECK(msgs2[i].content == messages[i].content);
+    }
+
+    // Escapes other writers use, unknown keys, a system message inside the list.
+    conversation_from_json(
+        R"({"model": "x", "options": {"a": [1, 2.5e3, true, null]}, "messages": [)"
+        R"({"role": "system", "content": "sys"}, {"role": "user", "content": "\u00e9\ud83d\ude00\/"}]})",
+        &sys2, &msgs2);
+    CHECK(sys2 == "sys");
+    REQUIRE(msgs2.size() == 1);
+    CHECK(msgs2[0].content == "é😀/");
+
+    for (const char* bad : {"", "{", "[]", R"({"messages": [{"role": "user"}]})", R"({"messages": [1]})",
+                            R"({"messages": [{"role": "robot", "content": ""}]})", R"({"messages": []} x)",
+                            R"({"messages": [{"role": "user", "content": "\ud800"}]})",
+                            "{\"messages\": [{\"role\": \"user\", \"content\": \"a\nb\"}]}"}) {
+        CAPTURE(bad);
+        CHECK_THROWS_AS(conversation_from_json(bad, &sys2, &msgs2), Error);
+    }
+}
+
+TEST_CASE("repl: /load replaces the conversation and keeps the matching cache prefix") {
+    Rig rig;
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("raw"));
+    s.send("Once upon a time", greedy(10), kKeep);
+    s.send("The dog", greedy(10), kKeep);
+    const std::string json = s.to_json();
+    std::string sys;
+    std::vector<ChatMessage> msgs;
+    conversation_from_json(json, &sys, &msgs);
+    const int held = rig.cache->n_committed();
+    s.replace(sys, msgs);
+    CHECK(s.to_json() == json);
+    CHECK(rig.cache->n_committed() > 0);
+    CHECK(rig.cache->n_committed() <= held);
+    const TurnReport t = s.send("Then", greedy(5), kKeep);
+    CHECK(t.n_reused > 0);
+}
