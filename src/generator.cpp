@@ -208,6 +208,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     std::vector<int> batch, context;
     batch.reserve(static_cast<size_t>(k_cap) + 1);
 
+    // The first token comes from the prefill's logits; it is shown before the draft catches up on the prompt, so
+    // drafting does not delay the time to first token.
+    int cur = sampler.sample(logits_.data(), out.history);
+    if (!out.push(cur)) return;
+
     // Cache positions are absolute: out.history[i] sits at position `base + i` (a chat keeps earlier turns in the
     // caches). The draft's cache must hold the same tokens as the target's before the call; what it holds beyond
     // `base` is stale and dropped. It sees the whole prompt now (it needs no logits until it proposes).
@@ -222,11 +227,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             const size_t n = std::min(prompt.size() - b, static_cast<size_t>(chunk));
             draft_.backend->forward(std::span<const int>(prompt.data() + b, n), *draft_.cache, 0, nullptr);
         }
-        draft_fed = draft_.cache->n_committed();
+        draft_fed = draft_.cache->n_committed();  // the prompt; cur follows with the first proposal
     }
 
-    int cur = sampler.sample(logits_.data(), out.history);
-    if (!out.push(cur)) return;
     for (;;) {
         const int committed = cache_.n_committed();
         if (committed >= cache_.capacity()) {
