@@ -196,16 +196,13 @@ TEST_CASE("tokenizer proto: parses the fields of real sentencepiece models") {
     CHECK(tok512.normalizer_spec.add_dummy_prefix);
     CHECK(tok512.normalizer_spec.remove_extra_whitespaces);  // not set in the file: the proto default
 
-    // Llama 2's tokenizer (the vocabulary of ggml-vocab-llama-spm.gguf), when the shared copy is around.
-    const std::string llama_path = kData + "/../../../shared/models/tokenizer.model";
-    if (std::filesystem::exists(llama_path)) {
-        const spm::ModelProto llama = spm::parse(slurp(llama_path));
-        CHECK(llama.pieces.size() == 32000);
-        CHECK(llama.trainer_spec.pad_id == -1);  // a negative int32 varint
-        CHECK(llama.trainer_spec.unk_surface == " \xE2\x81\x87 ");
-        CHECK_FALSE(llama.normalizer_spec.remove_extra_whitespaces);
-        CHECK(llama.normalizer_spec.add_dummy_prefix);
-    }
+    // Llama 2's tokenizer (the vocabulary of ggml-vocab-llama-spm.gguf).
+    const spm::ModelProto llama = spm::parse(slurp(kData + "/tokenizer.model"));
+    CHECK(llama.pieces.size() == 32000);
+    CHECK(llama.trainer_spec.pad_id == -1);  // a negative int32 varint
+    CHECK(llama.trainer_spec.unk_surface == " \xE2\x81\x87 ");
+    CHECK_FALSE(llama.normalizer_spec.remove_extra_whitespaces);
+    CHECK(llama.normalizer_spec.add_dummy_prefix);
 }
 
 TEST_CASE("tokenizer proto: serialize and parse round-trip every field") {
