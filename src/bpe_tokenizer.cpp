@@ -9,6 +9,7 @@
 
 #include "error.h"
 #include "gguf.h"
+#include "utf8.h"
 
 namespace tandem {
 
@@ -76,24 +77,6 @@ std::string sanitize(std::string_view text) {
 }  // namespace utf8
 
 namespace {
-
-void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-}
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes (controls, space,
 // DEL, NBSP, soft hyphen...) take the code points 256, 257, ... in byte order, so every byte is one visible
@@ -207,7 +190,7 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_gguf(const GgufFile& gguf, cons
     int inverse[512];  // code point -> byte (every mapped code point is below 324)
     std::fill(std::begin(inverse), std::end(inverse), -1);
     for (int b = 0; b < 256; ++b) {
-        append_utf8(bpe->byte_to_char_[b], map[b]);
+        utf8::append(bpe->byte_to_char_[b], map[b]);
         inverse[map[b]] = b;
         const auto it = bpe->text_to_id_.find(bpe->byte_to_char_[b]);
         bpe->byte_to_id_[b] = it == bpe->text_to_id_.end() ? -1 : it->second;

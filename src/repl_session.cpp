@@ -11,6 +11,7 @@
 #include "error.h"
 #include "model.h"
 #include "tokenizer.h"
+#include "utf8.h"
 
 namespace tandem {
 namespace {
@@ -327,7 +328,7 @@ public:
                     } else if (cp >= 0xDC00 && cp < 0xE000) {
                         fail("lone surrogate");
                     }
-                    utf8(cp, out);
+                    utf8::append(out, cp);
                     break;
                 }
                 default: fail(std::string("bad escape \\") + e);
@@ -384,24 +385,6 @@ private:
         }
         return v;
     }
-    static void utf8(uint32_t cp, std::string& out) {
-        if (cp < 0x80) {
-            out += static_cast<char>(cp);
-        } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            out += static_cast<char>(0xE0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else {
-            out += static_cast<char>(0xF0 | (cp >> 18));
-            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        }
-    }
-
     std::string_view s_;
     size_t pos_ = 0;
 };

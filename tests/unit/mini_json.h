@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "utf8.h"
+
 namespace tandem::test {
 
 struct Json {
@@ -49,23 +51,6 @@ private:
         if (p >= s.size() || s[p] != c) throw std::runtime_error(std::string("json: expected '") + c + "'");
         ++p;
     }
-    static void put_utf8(std::string& out, uint32_t cp) {
-        if (cp < 0x80) {
-            out += static_cast<char>(cp);
-        } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            out += static_cast<char>(0xE0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else {
-            out += static_cast<char>(0xF0 | (cp >> 18));
-            out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        }
-    }
     static uint32_t hex4(const std::string& s, size_t& p) {
         if (p + 4 > s.size()) throw std::runtime_error("json: short \\u escape");
         const uint32_t v = static_cast<uint32_t>(std::stoul(s.substr(p, 4), nullptr, 16));
@@ -95,7 +80,7 @@ private:
                         const uint32_t lo = hex4(s, p);
                         cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
                     }
-                    put_utf8(out, cp);
+                    utf8::append(out, cp);
                     break;
                 }
                 default: out += e;  // \" \\ \/
