@@ -9,8 +9,14 @@
 #include <algorithm>
 #include <cmath>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#define TANDEM_ATTENTION_SIMD 1
+#include <immintrin.h>
+#endif
+
 #include "cpu/matmul.h"
 #include "cpu/quant.h"
+#include "cpu/vec_math.h"
 #include "error.h"
 #include "model.h"
 
@@ -19,11 +25,11 @@ namespace tandem {
 CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
     : KvCache(capacity),
       kv_dim_(kv_dim),
-      k_(static_cast<size_t>(n_layers) * capacity * kv_dim),
-      v_(static_cast<size_t>(n_layers) * capacity * kv_dim) {}
+      k_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]),
+      v_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]) {}
 
-CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch)
-    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)) {
+CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations)
+    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
     const ModelConfig& c = model.config;
     const size_t B = static_cast<size_t>(max_batch_);
     x_.resize(B * c.dim);
@@ -40,6 +46,7 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch)
     for (int i = 0; i < c.rope_dim / 2; ++i)
         rope_inv_freq_.push_back(
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
+    rope_cs_.resize(static_cast<size_t>(c.rope_dim));
 }
 
 std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
@@ -87,19 +94,75 @@ void add_bias(float* rows, const float* bias, int n, int width) {
         for (int j = 0; j < width; ++j) rows[static_cast<size_t>(i) * width + j] += bias[j];
 }
 
-// Rotates the first rope_dim dims of each head by position `pos`.
-void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, int pos, const float* inv_freq) {
+// cos / sin of pos * inv_freq[i] for the rope_dim / 2 pairs: computed once per token and shared by every head of q
+// and k (the same values each head would compute for itself).
+void rope_angles(int pos, const float* inv_freq, int n_pairs, float* cos_out, float* sin_out) {
+    for (int i = 0; i < n_pairs; ++i) {
+        const float angle = static_cast<float>(pos) * inv_freq[i];
+        cos_out[i] = std::cos(angle);
+        sin_out[i] = std::sin(angle);
+    }
+}
+
+// Rotates the first rope_dim dims of each head by the angles of rope_angles.
+void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, const float* cos_a,
+          const float* sin_a) {
     for (int h = 0; h < n_heads; ++h) {
         float* v = vec + h * head_dim;
         for (int i = 0; i < rope_dim / 2; ++i) {
-            const float angle = static_cast<float>(pos) * inv_freq[i];
-            const float c = std::cos(angle), s = std::sin(angle);
+            const float c = cos_a[i], s = sin_a[i];
             const int a = style == RopeStyle::AdjacentPairs ? 2 * i : i;
             const int b = style == RopeStyle::AdjacentPairs ? 2 * i + 1 : i + rope_dim / 2;
             const float v0 = v[a], v1 = v[b];
             v[a] = v0 * c - v1 * s;
             v[b] = v0 * s + v1 * c;
         }
+    }
+}
+
+// att[t] = scale * dot(q, key t) for t < n_keys, key t at keys + t * key_stride (hd floats each). Each score is
+// one fixed sequence of operations (8-lane FMAs over the head in order, then a fixed horizontal sum), whatever n_keys
+// and however scores are grouped, so a query scores the same in a 1-token step and in a prefill chunk. Four keys at
+// a time keep four independent FMA chains in flight.
+void attention_scores(const float* q, const float* keys, size_t key_stride, int hd, int n_keys, float scale,
+                      float* att) {
+    int t = 0;
+#ifdef TANDEM_ATTENTION_SIMD
+    if (hd % 8 == 0) {
+        auto hsum = [](__m256 v) {
+            const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+            return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+        };
+        for (; t + 4 <= n_keys; t += 4) {
+            const float* k = keys + t * key_stride;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < hd; d += 8) {
+                const __m256 qv = _mm256_loadu_ps(q + d);
+                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
+                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + key_stride + d), a1);
+                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * key_stride + d), a2);
+                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * key_stride + d), a3);
+            }
+            att[t] = hsum(a0) * scale;
+            att[t + 1] = hsum(a1) * scale;
+            att[t + 2] = hsum(a2) * scale;
+            att[t + 3] = hsum(a3) * scale;
+        }
+        for (; t < n_keys; ++t) {
+            const float* k = keys + t * key_stride;
+            __m256 a0 = _mm256_setzero_ps();
+            for (int d = 0; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+            att[t] = hsum(a0) * scale;
+        }
+        return;
+    }
+#endif
+    for (; t < n_keys; ++t) {
+        const float* k = keys + t * key_stride;
+        float s = 0.0f;
+        for (int d = 0; d < hd; ++d) s += q[d] * k[d];
+        att[t] = s * scale;
     }
 }
 
@@ -119,7 +182,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
     }
 
     auto mm = [&](const WeightView& W, const float* in, float* out) {
-        cpu::matmul(W.type, W.data, W.cols, W.rows, in, n, out, pool_);
+        cpu::matmul(W.type, W.data, W.cols, W.rows, in, n, out, pool_, activations_);
     };
 
     for (int l = 0; l < c.n_layers; ++l) {
@@ -139,8 +202,12 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             const int pos = start_pos + i;
             float* q = &q_[static_cast<size_t>(i) * q_dim];
             float* k = &k_[static_cast<size_t>(i) * kv_dim];
-            rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, pos, rope_inv_freq_.data());
-            rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, pos, rope_inv_freq_.data());
+            const int n_pairs = c.rope_dim / 2;
+            float* cos_a = rope_cs_.data();
+            float* sin_a = rope_cs_.data() + n_pairs;
+            rope_angles(pos, rope_inv_freq_.data(), n_pairs, cos_a, sin_a);
+            rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
+            rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
             std::copy(k, k + kv_dim, cache.key(l, pos));
             std::copy(&v_[static_cast<size_t>(i) * kv_dim], &v_[static_cast<size_t>(i + 1) * kv_dim],
                       cache.value(l, pos));
@@ -154,10 +221,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             rms_norm(&xb_[static_cast<size_t>(i) * dim], &x_[static_cast<size_t>(i) * dim], ffn_norm, dim, c.rms_eps);
         mm(L.w_gate, xb_.data(), gate_.data());
         mm(L.w_up, xb_.data(), up_.data());
-        for (size_t j = 0; j < static_cast<size_t>(n) * hidden; ++j) {
-            const float g = gate_[j];
-            gate_[j] = g / (1.0f + std::exp(-g)) * up_[j];  // SwiGLU: silu(gate) * up
-        }
+        cpu::swiglu(gate_.data(), up_.data(), static_cast<int64_t>(n) * hidden);
         mm(L.w_down, gate_.data(), proj_.data());
         for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
     }
@@ -169,7 +233,8 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         for (int i = first; i < n; ++i)
             rms_norm(&xb_[static_cast<size_t>(i - first) * dim], &x_[static_cast<size_t>(i) * dim], out_norm, dim,
                      c.rms_eps);
-        cpu::matmul(w.output.type, w.output.data, w.output.cols, w.output.rows, xb_.data(), n_logits, logits, pool_);
+        cpu::matmul(w.output.type, w.output.data, w.output.cols, w.output.rows, xb_.data(), n_logits, logits, pool_,
+                    activations_);
     }
 }
 
@@ -186,20 +251,10 @@ void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& ca
             const int pos = start_pos + i;
             const int kv_off = (h / group) * hd;
             const float* q = &q_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
+            attention_scores(q, cache.key(layer, 0) + kv_off, c.kv_dim(), hd, pos + 1, scale, att);
             float max_score = -INFINITY;
-            for (int t = 0; t <= pos; ++t) {
-                const float* k = cache.key(layer, t) + kv_off;
-                float s = 0.0f;
-                for (int d = 0; d < hd; ++d) s += q[d] * k[d];
-                s *= scale;
-                att[t] = s;
-                max_score = std::max(max_score, s);
-            }
-            float sum = 0.0f;
-            for (int t = 0; t <= pos; ++t) {
-                att[t] = std::exp(att[t] - max_score);
-                sum += att[t];
-            }
+            for (int t = 0; t <= pos; ++t) max_score = std::max(max_score, att[t]);
+            const float sum = cpu::exp_shifted_sum(att, pos + 1, max_score);
             const float inv_sum = 1.0f / sum;
             float* out = &att_out_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
             std::fill(out, out + hd, 0.0f);

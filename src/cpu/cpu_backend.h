@@ -1,10 +1,12 @@
-// The CPU backend: the whole llama forward pass in fp32 activations over weights used in place from the mapping
-// (dequantized inside the dot products), multithreaded through one ThreadPool per backend instance.
+// The CPU backend: the whole llama forward pass over weights used in place from the mapping (fp32 activations
+// between operations, quantized to 8 bits inside the quantized matmuls), multithreaded through one ThreadPool per
+// backend instance.
 #pragma once
 #include <memory>
 #include <vector>
 
 #include "backend.h"
+#include "cpu/matmul.h"
 #include "cpu/thread_pool.h"
 
 namespace tandem {
@@ -15,10 +17,10 @@ class CpuKvCache : public KvCache {
 public:
     CpuKvCache(int n_layers, int capacity, int kv_dim);
     // Keys / values of `layer` at `pos`: kv_dim floats (heads one after another).
-    float* key(int layer, int pos) { return k_.data() + offset(layer, pos); }
-    float* value(int layer, int pos) { return v_.data() + offset(layer, pos); }
-    const float* key(int layer, int pos) const { return k_.data() + offset(layer, pos); }
-    const float* value(int layer, int pos) const { return v_.data() + offset(layer, pos); }
+    float* key(int layer, int pos) { return k_.get() + offset(layer, pos); }
+    float* value(int layer, int pos) { return v_.get() + offset(layer, pos); }
+    const float* key(int layer, int pos) const { return k_.get() + offset(layer, pos); }
+    const float* value(int layer, int pos) const { return v_.get() + offset(layer, pos); }
     static size_t bytes_needed(int n_layers, int capacity, int kv_dim) {
         return 2 * sizeof(float) * static_cast<size_t>(n_layers) * capacity * kv_dim;
     }
@@ -28,13 +30,17 @@ private:
         return (static_cast<size_t>(layer) * capacity() + pos) * static_cast<size_t>(kv_dim_);
     }
     int kv_dim_;
-    std::vector<float> k_, v_;  // [layer][pos][kv_dim]
+    // [layer][pos][kv_dim], left uninitialized: a position is written before it is read, and untouched pages of a
+    // large context cost no memory (the resident size grows with the tokens actually held).
+    std::unique_ptr<float[]> k_, v_;
 };
 
 class CpuBackend : public Backend {
 public:
     // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
-    CpuBackend(const Model& model, int n_threads, int max_batch);
+    // `activations`: how quantized weights meet the activations (see cpu/matmul.h); Int8 is the fast default.
+    CpuBackend(const Model& model, int n_threads, int max_batch,
+               cpu::Activations activations = cpu::Activations::Int8);
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
@@ -47,6 +53,7 @@ private:
     const Model& model_;
     cpu::ThreadPool pool_;
     int max_batch_;
+    cpu::Activations activations_;
     // Scratch, sized once (nothing is allocated per token). Row i belongs to the i-th token of the step.
     std::vector<float> x_;       // [max_batch][dim] residual stream
     std::vector<float> xb_;      // [max_batch][dim] normed input of a sublayer
@@ -60,6 +67,7 @@ private:
     std::vector<float> scores_;  // [n_threads][max context]: attention scores of one (token, head)
     int scores_stride_ = 0;
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
+    std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
 };
 
 }  // namespace tandem

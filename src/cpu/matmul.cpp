@@ -1,13 +1,16 @@
-// matmul / matmul_rows: argument checks and the split of weight rows across the pool; the arithmetic is the
-// per-type dot_rows kernel of quant.cpp, which holds the batch-invariance argument.
+// matmul / matmul_rows: argument checks, the quantization of the activations (Int8), and the split of weight rows
+// across the pool; the arithmetic is the per-type kernel of quant.cpp / quant_q8*.cpp, which holds the
+// batch-invariance argument.
 //
 // Threads split rows and never the reduction over cols, so which thread computes y[t][r] changes nothing about
-// how it is computed.
+// how it is computed. Activation rows are quantized per token, so a token's codes do not depend on the batch.
 #include "cpu/matmul.h"
 
 #include <string>
+#include <vector>
 
 #include "cpu/quant.h"
+#include "cpu/quant_q8.h"
 #include "cpu/thread_pool.h"
 #include "error.h"
 
@@ -27,30 +30,65 @@ const TypeKernels& checked_kernels(GgmlType type, int64_t cols, int64_t rows, in
     return *k;
 }
 
+const Q8TypeKernels* integer_kernels(GgmlType type, Activations act) {
+    return act == Activations::Int8 ? find_q8_kernels(type) : nullptr;
+}
+
+// The quantized activations of one matmul call; grown, never shrunk, one buffer per calling thread (the workers
+// only read it during the call).
+std::vector<uint8_t>& activation_buffer(size_t bytes) {
+    thread_local std::vector<uint8_t> buffer;
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    return buffer;
+}
+
 }  // namespace
 
+bool uses_int8(GgmlType type, Activations act) { return integer_kernels(type, act) != nullptr; }
+
 void matmul_rows(GgmlType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
-                 int64_t row_begin, int64_t row_end) {
+                 int64_t row_begin, int64_t row_end, Activations act) {
     const TypeKernels& k = checked_kernels(type, cols, rows, n_tokens);
     if (row_begin < 0 || row_end > rows || row_begin > row_end)
         throw Error("matmul_rows: row range [" + std::to_string(row_begin) + ", " + std::to_string(row_end) +
                     ") outside [0, " + std::to_string(rows) + ")");
-    k.dot_rows(W, ggml_row_bytes(type, static_cast<uint64_t>(cols)), cols, row_begin, row_end, x, cols, n_tokens, y,
-               rows);
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    if (const Q8TypeKernels* q = integer_kernels(type, act)) {
+        const size_t xs = act_row_bytes(q->act, cols);
+        std::vector<uint8_t> xq(xs * static_cast<size_t>(n_tokens));
+        for (int64_t t = 0; t < n_tokens; ++t) quantize_activations(q->act, x + t * cols, xq.data() + t * xs, cols);
+        q->dot_rows(W, row_bytes, cols, row_begin, row_end, xq.data(), xs, n_tokens, y, rows);
+        return;
+    }
+    k.dot_rows(W, row_bytes, cols, row_begin, row_end, x, cols, n_tokens, y, rows);
 }
 
 void matmul(GgmlType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
-            ThreadPool& pool) {
+            ThreadPool& pool, Activations act) {
     const TypeKernels& k = checked_kernels(type, cols, rows, n_tokens);
     if (rows == 0 || n_tokens == 0) return;
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-    auto rows_kernel = [&](int64_t begin, int64_t end, int /*thread*/) {
+    const bool serial = pool.size() == 1 || rows * cols * n_tokens < kMinParallelMacs;
+    if (const Q8TypeKernels* q = integer_kernels(type, act)) {
+        const size_t xs = act_row_bytes(q->act, cols);
+        uint8_t* xq = activation_buffer(xs * static_cast<size_t>(n_tokens)).data();
+        auto quantize = [&](int64_t begin, int64_t end, int) {
+            for (int64_t t = begin; t < end; ++t) quantize_activations(q->act, x + t * cols, xq + t * xs, cols);
+        };
+        if (serial || n_tokens == 1)
+            quantize(0, n_tokens, 0);
+        else
+            pool.parallel_for(n_tokens, quantize);
+        auto rows_kernel = [&](int64_t begin, int64_t end, int) {
+            q->dot_rows(W, row_bytes, cols, begin, end, xq, xs, n_tokens, y, rows);
+        };
+        serial ? rows_kernel(0, rows, 0) : pool.parallel_for(rows, rows_kernel);
+        return;
+    }
+    auto rows_kernel = [&](int64_t begin, int64_t end, int) {
         k.dot_rows(W, row_bytes, cols, begin, end, x, cols, n_tokens, y, rows);
     };
-    if (pool.size() == 1 || rows * cols * n_tokens < kMinParallelMacs)
-        rows_kernel(0, rows, 0);
-    else
-        pool.parallel_for(rows, rows_kernel);
+    serial ? rows_kernel(0, rows, 0) : pool.parallel_for(rows, rows_kernel);
 }
 
 }  // namespace tandem::cpu

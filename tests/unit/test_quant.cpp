@@ -11,6 +11,7 @@
 
 #include "cpu/fp16.h"
 #include "cpu/matmul.h"
+#include "cpu/quant_q8.h"
 #include "cpu/quant.h"
 #include "cpu/thread_pool.h"
 #include "error.h"
@@ -380,28 +381,33 @@ TEST_CASE("quant vec_dot matches a double-precision reference, SIMD and scalar")
 
 // ---- matmul -------------------------------------------------------------------------------------------------------
 
-TEST_CASE("matmul equals vec_dot row by row, bitwise") {
+TEST_CASE("matmul equals vec_dot (or vec_dot_q8 with 8-bit activations) row by row, bitwise") {
     std::mt19937 rng(99);
     ThreadPool pool(2);
     struct Shape {
         int64_t cols, rows, tokens;
     };
+    for (Activations act : {Activations::Int8, Activations::Float})
     for (GgmlType type : kTypes) {
         std::vector<Shape> shapes = {{32, 3, 1}, {96, 17, 7}, {4128, 5, 6}, {2048, 300, 12}};
         if (type == GgmlType::F32 || type == GgmlType::F16) shapes.push_back({172, 9, 5});
         for (const Shape& s : shapes) {
             CAPTURE(ggml_type_name(type));
+            CAPTURE(act == Activations::Int8);
             CAPTURE(s.cols);
             CAPTURE(s.rows);
             const std::vector<uint8_t> W = random_matrix(type, s.cols, s.rows, rng);
             const std::vector<float> x = random_floats(s.cols * s.tokens, rng);
             std::vector<float> y(static_cast<size_t>(s.rows * s.tokens), NAN);
-            matmul(type, W.data(), s.cols, s.rows, x.data(), s.tokens, y.data(), pool);
+            matmul(type, W.data(), s.cols, s.rows, x.data(), s.tokens, y.data(), pool, act);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
             int mismatches = 0;
             for (int64_t t = 0; t < s.tokens; ++t)
                 for (int64_t r = 0; r < s.rows; ++r) {
-                    const float expect = vec_dot(type, s.cols, W.data() + r * row_bytes, x.data() + t * s.cols);
+                    const void* row = W.data() + r * row_bytes;
+                    const float* xt = x.data() + t * s.cols;
+                    const float expect = uses_int8(type, act) ? vec_dot_q8(type, s.cols, row, xt)
+                                                              : vec_dot(type, s.cols, row, xt);
                     mismatches += std::memcmp(&expect, &y[t * s.rows + r], sizeof expect) != 0;
                 }
             CHECK(mismatches == 0);
@@ -414,6 +420,7 @@ TEST_CASE("matmul is batch invariant: bitwise equal per token for any batch size
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2), ThreadPool(3)};
     const int64_t kBatchSizes[] = {1, 2, 3, 4, 5, 7, 8, 9, 16, 33};
     const int64_t kMaxTokens = 40;
+    for (Activations act : {Activations::Int8, Activations::Float})
     for (GgmlType type : kTypes) {
         std::vector<std::pair<int64_t, int64_t>> shapes;  // (cols, rows)
         for (int64_t rows : {3, 17})
@@ -422,6 +429,7 @@ TEST_CASE("matmul is batch invariant: bitwise equal per token for any batch size
         if (type == GgmlType::F32 || type == GgmlType::F16) shapes.push_back({172, 17});
         for (auto [cols, rows] : shapes) {
             CAPTURE(ggml_type_name(type));
+            CAPTURE(act == Activations::Int8);
             CAPTURE(cols);
             CAPTURE(rows);
             const std::vector<uint8_t> W = random_matrix(type, cols, rows, rng);
@@ -430,7 +438,7 @@ TEST_CASE("matmul is batch invariant: bitwise equal per token for any batch size
             // Reference: each token alone, one thread.
             std::vector<float> single(static_cast<size_t>(rows * kMaxTokens));
             for (int64_t t = 0; t < kMaxTokens; ++t)
-                matmul(type, W.data(), cols, rows, x.data() + t * cols, 1, single.data() + t * rows, pools[0]);
+                matmul(type, W.data(), cols, rows, x.data() + t * cols, 1, single.data() + t * rows, pools[0], act);
 
             int mismatches = 0;
             for (ThreadPool& pool : pools) {
@@ -439,7 +447,7 @@ TEST_CASE("matmul is batch invariant: bitwise equal per token for any batch size
                     // Start the batch at different tokens so each token takes different places in the tiles.
                     for (int64_t first : {int64_t{0}, kMaxTokens - n}) {
                         std::vector<float> y(static_cast<size_t>(rows * n), NAN);
-                        matmul(type, W.data(), cols, rows, x.data() + first * cols, n, y.data(), pool);
+                        matmul(type, W.data(), cols, rows, x.data() + first * cols, n, y.data(), pool, act);
                         const float* expect = single.data() + first * rows;
                         mismatches += std::memcmp(y.data(), expect, y.size() * sizeof(float)) != 0;
                     }
@@ -449,8 +457,8 @@ TEST_CASE("matmul is batch invariant: bitwise equal per token for any batch size
 
             // matmul_rows over a split of the rows gives the same bits too.
             std::vector<float> y(static_cast<size_t>(rows * 9));
-            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), 0, rows / 2);
-            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), rows / 2, rows);
+            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), 0, rows / 2, act);
+            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), rows / 2, rows, act);
             CHECK(std::memcmp(y.data(), single.data(), y.size() * sizeof(float)) == 0);
         }
     }

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cpu/fp16.h"
+#include "random_blocks.h"
 #include "cpu/matmul.h"
 #include "cpu/quant.h"
 #include "cpu/thread_pool.h"
@@ -32,6 +33,7 @@
 
 using namespace tandem;
 using namespace tandem::cpu;
+using namespace tandem::test;
 
 namespace {
 
@@ -78,41 +80,6 @@ std::vector<Fixture> all_fixtures() {
     for (const auto& e : std::filesystem::directory_iterator(std::string(TANDEM_TEST_DATA) + "/quant-reference"))
         if (e.path().extension() == ".bin") out.push_back(read_fixture(e.path()));
     std::sort(out.begin(), out.end(), [](const Fixture& a, const Fixture& b) { return a.name < b.name; });
-    return out;
-}
-
-std::vector<float> random_floats(int64_t n, std::mt19937& rng) {
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& f : v) f = normal(rng);
-    return v;
-}
-
-// Offsets of the fp16 scale fields in a block; every other byte of a block may take any value.
-std::vector<size_t> scale_offsets(GgmlType type) {
-    switch (type) {
-        case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-        case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-        case GgmlType::Q2_K: return {80, 82};
-        case GgmlType::Q3_K: return {108};
-        case GgmlType::Q6_K: return {208};
-        default: return {};
-    }
-}
-
-// `rows` rows of `cols` random valid elements: random bytes, with the scales set to random halves in [-1, 1]/64.
-std::vector<uint8_t> random_blocks(GgmlType type, int64_t cols, int64_t rows, std::mt19937& rng) {
-    const GgmlTypeInfo info = ggml_type_info(type);
-    const size_t n_blocks = static_cast<size_t>(cols / info.block_size * rows);
-    std::vector<uint8_t> out(n_blocks * info.type_size);
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::uniform_real_distribution<float> scale(-1.0f / 64, 1.0f / 64);
-    for (uint8_t& b : out) b = static_cast<uint8_t>(byte(rng));
-    for (size_t b = 0; b < n_blocks; ++b)
-        for (size_t off : scale_offsets(type)) {
-            const uint16_t h = fp32_to_fp16(scale(rng));
-            std::memcpy(out.data() + b * info.type_size + off, &h, 2);
-        }
     return out;
 }
 
@@ -195,7 +162,8 @@ TEST_CASE("quant types: vec_dot matches a double-precision dot of the reference 
     }
 }
 
-TEST_CASE("quant types: matmul is batch invariant and equals vec_dot for every block type") {
+TEST_CASE("quant types: fp32-activation matmul is batch invariant and equals vec_dot for every block type") {
+    const Activations F = Activations::Float;
     std::mt19937 rng(515);
     ThreadPool pools[] = {ThreadPool(1), ThreadPool(2)};
     const int64_t kMaxTokens = 12;
@@ -216,7 +184,7 @@ TEST_CASE("quant types: matmul is batch invariant and equals vec_dot for every b
             // Reference: each token alone, one thread; and it equals vec_dot, bitwise.
             std::vector<float> single(static_cast<size_t>(rows * kMaxTokens));
             for (int64_t t = 0; t < kMaxTokens; ++t)
-                matmul(type, W.data(), cols, rows, x.data() + t * cols, 1, single.data() + t * rows, pools[0]);
+                matmul(type, W.data(), cols, rows, x.data() + t * cols, 1, single.data() + t * rows, pools[0], F);
             int dot_mismatches = 0;
             for (int64_t t = 0; t < kMaxTokens; ++t)
                 for (int64_t r = 0; r < rows; ++r) {
@@ -230,14 +198,14 @@ TEST_CASE("quant types: matmul is batch invariant and equals vec_dot for every b
                 for (int64_t n = 1; n <= 9; ++n)
                     for (int64_t first : {int64_t{0}, kMaxTokens - n}) {
                         std::vector<float> y(static_cast<size_t>(rows * n), NAN);
-                        matmul(type, W.data(), cols, rows, x.data() + first * cols, n, y.data(), pool);
+                        matmul(type, W.data(), cols, rows, x.data() + first * cols, n, y.data(), pool, F);
                         mismatches += std::memcmp(y.data(), single.data() + first * rows, y.size() * sizeof(float)) != 0;
                     }
             CHECK(mismatches == 0);
 
             std::vector<float> y(static_cast<size_t>(rows * 9));
-            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), 0, rows / 2);
-            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), rows / 2, rows);
+            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), 0, rows / 2, F);
+            matmul_rows(type, W.data(), cols, rows, x.data(), 9, y.data(), rows / 2, rows, F);
             CHECK(std::memcmp(y.data(), single.data(), y.size() * sizeof(float)) == 0);
         }
     }

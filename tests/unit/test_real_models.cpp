@@ -42,16 +42,24 @@ std::unique_ptr<Model> load_real(const std::string& name) {
 // must be llama.cpp's token, or llama.cpp's token must be a near-tie for us: within 2% of the top logit's magnitude
 // plus 0.1 (the largest margins seen are 0.44 on SmolLM2-135M, whose narrow 576-wide layers feel llama.cpp's 8-bit
 // activations most, and 0.09 on the Qwen models). A wrong RoPE, norm, bias or dequantization produces margins of
-// whole logits. The greedy
-// common prefix (the first position where the argmax differs) is printed for the record.
-void check_model(const std::string& name, const std::string& reference_file, int min_full_agreement) {
+// whole logits. At least 95% of all teacher-forced positions must agree. The greedy common prefix (the first
+// position where the argmax differs) is printed for the record.
+//
+// Both activation paths are checked. Which near-ties flip is a matter of rounding: on these prompts our fp32 and
+// our 8-bit-activation logits differ from each other by as much as either differs from llama.cpp's (max |diff|
+// 0.2-0.7 logits on Qwen 0.5B, 0.3-1.6 on SmolLM2, measured against llama-cpp-python 0.3.36's logits), so the
+// number of prompts whose first 16 tokens agree is a noisy count. It is asserted for the fp32 path
+// (`min_full_agreement`) and printed for the 8-bit one, whose bug detector is the per-position near-tie check.
+void check_model(const std::string& name, const std::string& reference_file, cpu::Activations activations,
+                 int min_full_agreement) {
     auto model = load_real(name);
     const test::Json ref = test::Json::parse(read_text(kData + "/" + reference_file));
-    CpuBackend backend(*model, 2, 256);
+    CpuBackend backend(*model, 2, 256, activations);
     const int n_vocab = model->config.n_vocab;
     int n_cases = 0, n_agree16 = 0, n_positions = 0, n_ties = 0;
     double worst_margin = 0;
-    std::string table = "| " + name + " prompt | kind | common prefix | reference tokens | positions where llama.cpp's "
+    const std::string mode = activations == cpu::Activations::Int8 ? "8-bit activations" : "fp32 activations";
+    std::string table = "| " + name + " (" + mode + ") prompt | kind | common prefix | reference tokens | positions where llama.cpp's "
                         "token is our near-tie (max margin) |\n|---|---|---|---|---|\n";
     for (const std::string kind : {"chat", "raw"}) {
         for (const test::Json& c : ref[kind].arr) {
@@ -93,14 +101,15 @@ void check_model(const std::string& name, const std::string& reference_file, int
             table += row;
         }
     }
-    char summary[200];
-    std::snprintf(summary, sizeof summary, "%s: %d of %d prompts agree on the first 16 tokens; %d of %d positions differ, "
-                  "all near-ties (largest margin %.3f)\n", name.c_str(), n_agree16, n_cases, n_ties, n_positions, worst_margin);
+    char summary[240];
+    std::snprintf(summary, sizeof summary, "%s (%s): %d of %d prompts agree on the first 16 tokens; %d of %d positions differ, "
+                  "all near-ties (largest margin %.3f)\n", name.c_str(), mode.c_str(), n_agree16, n_cases, n_ties, n_positions, worst_margin);
     table += summary;
     MESSAGE(table);
     std::fputs(table.c_str(), stderr);
     CHECK(n_cases >= 9);
-    CHECK(n_agree16 >= min_full_agreement);
+    CHECK(n_ties <= n_positions / 20);
+    if (activations == cpu::Activations::Float) CHECK(n_agree16 >= min_full_agreement);
 }
 
 }  // namespace
@@ -108,13 +117,16 @@ void check_model(const std::string& name, const std::string& reference_file, int
 TEST_CASE("real: SmolLM2-135M greedy continuations agree with llama.cpp") {
     // The smallest model is the most sensitive to llama.cpp's 8-bit activations: several prompts part at
     // near-ties early (every position is still checked above).
-    check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json", 4);
+    check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json", cpu::Activations::Float, 4);
+    check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json", cpu::Activations::Int8, 0);
 }
 
 TEST_CASE("real: Qwen2.5-Coder-0.5B greedy continuations agree with llama.cpp") {
-    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-0.5b.json", 7);
+    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-0.5b.json", cpu::Activations::Float, 7);
+    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-0.5b.json", cpu::Activations::Int8, 0);
 }
 
 TEST_CASE("real: Qwen2.5-Coder-1.5B greedy continuations agree with llama.cpp") {
-    check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json", 7);
+    check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json", cpu::Activations::Float, 7);
+    check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json", cpu::Activations::Int8, 7);
 }

@@ -1,0 +1,72 @@
+// Device helpers shared by the kernel families (warp / block reductions, unaligned loads) and launch_kernel, the
+// one place that differs between the nvcc build (<<<>>> on a stream) and the emulation (tandem::emu::launch).
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "cuda_compat.h"
+#include "kernels.h"
+
+namespace tandem::cuda::detail {
+
+constexpr unsigned kFullMask = 0xFFFFFFFFu;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
+    return v;
+}
+
+// Sum over a block whose size is a multiple of 32, returned to every thread. `scratch` is 32 floats of shared
+// memory; every warp reduces the per-warp partials itself, which saves the broadcast barrier. The caller must
+// __syncthreads() before reusing `scratch`.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// GGUF blocks are packed at 2-byte alignment (34-byte Q8_0, 18-byte Q4_0, 210-byte Q6_K), so their bytes are read
+// 16 bits at a time and assembled.
+__device__ __forceinline__ uint32_t load_u32_from_u16(const uint8_t* p) {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
+    return static_cast<uint32_t>(h[0]) | (static_cast<uint32_t>(h[1]) << 16);
+}
+
+__device__ __forceinline__ float load_half(const uint8_t* p) {
+    return tandem_half_to_float(*reinterpret_cast<const uint16_t*>(p));
+}
+
+// Sign-extends byte `i` of a packed word.
+__device__ __forceinline__ int sbyte(uint32_t w, int i) { return static_cast<int8_t>((w >> (8 * i)) & 0xFF); }
+
+inline void require(bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string("tandem::cuda: ") + what);
+}
+
+template <class... P, class... A>
+void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
+                   A&&... args) {
+#if defined(__CUDACC__)
+    kernel<<<grid, block, shared_bytes, static_cast<cudaStream_t>(stream)>>>(std::forward<A>(args)...);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        throw std::runtime_error(std::string("tandem::cuda: launch of ") + name + " failed: " + cudaGetErrorString(err));
+#else
+    (void)stream;
+    ::tandem::emu::launch(name, kernel, grid, block, shared_bytes, std::forward<A>(args)...);
+#endif
+}
+
+}  // namespace tandem::cuda::detail

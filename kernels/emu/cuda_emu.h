@@ -1,0 +1,274 @@
+// The CUDA execution model emulated on the CPU: the part of the CUDA device API that tandem's kernels use, so the
+// same kernel source compiles with g++ and runs under tests without a GPU. Included through cuda_compat.h only.
+//
+// How it runs (see emu/runtime.cpp): blocks run one after another; every thread of a block is a fiber on one OS
+// thread. A thread runs until it blocks in __syncthreads or a warp collective (__shfl*_sync, votes, __syncwarp);
+// when every thread is blocked the scheduler completes the collectives whose lanes have all arrived, or releases
+// the barrier, and checks the rules the hardware does not check for us (same barrier for all threads, no exited
+// lanes named in a mask, ...). Violations throw tandem::emu::Error from the launch.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <source_location>
+#include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "cpu/fp16.h"
+
+// ---- qualifiers: nothing to do on the CPU -------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+// A plain `__shared__ float x[32];` would silently become one array per thread (the fiber's stack); make it a
+// compile error that names the macro to use instead.
+#define __shared__ use_TANDEM_SHARED_or_TANDEM_DYNAMIC_SHARED_from_cuda_compat_h
+
+// ---- vector types -------------------------------------------------------------------------------------------------
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+constexpr int warpSize = 32;
+
+// ---- half precision ---------------------------------------------------------------------------------------------
+// Storage only, with the conversions kernels use. Round to nearest even, like __float2half_rn on the GPU; the
+// portable tandem conversions are used so the result does not depend on the F16C flags of this translation unit.
+struct __half {
+    unsigned short x;
+};
+inline float __half2float(__half h) { return tandem::cpu::fp16_to_fp32_portable(h.x); }
+inline __half __float2half(float f) { return {tandem::cpu::fp32_to_fp16_portable(f)}; }
+inline __half __float2half_rn(float f) { return __float2half(f); }
+inline __half __ushort_as_half(unsigned short u) { return {u}; }
+inline unsigned short __half_as_ushort(__half h) { return h.x; }
+
+// ---- math intrinsics ------------------------------------------------------------------------------------------------
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
+inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+template <class T>
+inline T __ldg(const T* p) {
+    return *p;
+}
+
+namespace tandem::emu {
+
+// Every misuse the emulation detects, and every exception thrown by a kernel, reaches the launcher as this.
+class Error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+// The order in which the threads of a block (and the blocks of a grid) are run between synchronisation points.
+// Forward is what naive code silently relies on; Reverse and Shuffled expose missing barriers.
+enum class ThreadOrder { Forward, Reverse, Shuffled };
+
+struct LaunchOptions {
+    ThreadOrder order = ThreadOrder::Forward;
+    uint64_t seed = 0;  // for Shuffled
+};
+
+// The options every launch on this OS thread uses (kernels are launched through plain C++ functions that know
+// nothing of the emulation, so tests choose the order here).
+LaunchOptions& launch_options();
+
+// Sets the launch options for a scope and restores the previous ones.
+class ScopedLaunchOptions {
+public:
+    explicit ScopedLaunchOptions(LaunchOptions o) : saved_(launch_options()) { launch_options() = o; }
+    ~ScopedLaunchOptions() { launch_options() = saved_; }
+    ScopedLaunchOptions(const ScopedLaunchOptions&) = delete;
+    ScopedLaunchOptions& operator=(const ScopedLaunchOptions&) = delete;
+
+private:
+    LaunchOptions saved_;
+};
+
+// The limits the launch checks, as on sm_80..sm_90.
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr size_t kDefaultSharedLimit = 48 * 1024;      // static + dynamic without an opt-in
+constexpr size_t kMaxSharedOptIn = 227 * 1024;         // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
+
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): lets launches of `kernel` use
+// up to `bytes` of dynamic shared memory (at most kMaxSharedOptIn).
+void set_max_dynamic_shared(const void* kernel, size_t bytes);
+
+namespace detail {
+
+// The running thread's coordinates, set by the scheduler before it resumes a thread. Out of line on purpose: an
+// inline read of an extern thread_local goes through GCC's TLS wrapper, which UBSan's null check misreports.
+const uint3& thread_idx();
+const uint3& block_idx();
+const dim3& block_dim();
+const dim3& grid_dim();
+
+enum class WarpOp : uint8_t { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, SyncWarp };
+const char* warp_op_name(WarpOp op);
+
+// One lane's part in a warp collective: blocks until every lane of `mask` has arrived at the same operation.
+// For shuffles `in`/`out` are `size` bytes and `param` is the source lane / delta / lane mask; for votes `param`
+// is the predicate and the result is returned.
+unsigned warp_collective(WarpOp op, unsigned mask, const void* in, void* out, unsigned size, int param, int width,
+                         const std::source_location& where);
+void syncthreads(const std::source_location& where);
+
+// Shared memory of the running block. `key` identifies a static declaration (the address of a static local the
+// TANDEM_SHARED macro emits), so every thread of the block gets the same array.
+void* static_shared(const void* key, size_t bytes, size_t align);
+void* dynamic_shared();
+
+// Runs `invoke(ctx)` as every thread of every block.
+void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+            void (*invoke)(void*), void* ctx);
+
+template <class T>
+T shuffle(WarpOp op, unsigned mask, T var, int param, int width, const std::source_location& where) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "shuffles move 1..8 byte values");
+    T out;
+    warp_collective(op, mask, &var, &out, sizeof(T), param, width, where);
+    return out;
+}
+
+}  // namespace detail
+
+// Launches `kernel` with CUDA's by-value parameter passing: the arguments are converted to the parameter types
+// once, and every thread calls the kernel with (copies of) them.
+template <class... P, class... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_shared_bytes, A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "wrong number of kernel arguments");
+    struct Call {
+        void (*kernel)(P...);
+        std::tuple<std::decay_t<P>...> args;
+    } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    detail::launch(
+        name, reinterpret_cast<const void*>(kernel), grid, block, dynamic_shared_bytes,
+        [](void* p) {
+            Call& c = *static_cast<Call*>(p);
+            std::apply(c.kernel, c.args);  // std::apply copies nothing: the kernel's by-value params are the copies
+        },
+        &call);
+}
+
+}  // namespace tandem::emu
+
+// ---- built-in variables ---------------------------------------------------------------------------------------------
+#define threadIdx (::tandem::emu::detail::thread_idx())
+#define blockIdx (::tandem::emu::detail::block_idx())
+#define blockDim (::tandem::emu::detail::block_dim())
+#define gridDim (::tandem::emu::detail::grid_dim())
+
+// ---- synchronisation and warp functions -------------------------------------------------------------------------------
+// The source_location default arguments name the call site, which the barrier checks compare and errors report.
+inline void __syncthreads(std::source_location where = std::source_location::current()) {
+    ::tandem::emu::detail::syncthreads(where);
+}
+inline void __syncwarp(unsigned mask = 0xFFFFFFFFu, std::source_location where = std::source_location::current()) {
+    ::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::SyncWarp, mask, nullptr, nullptr, 0, 0, 32,
+                                           where);
+}
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32,
+              std::source_location where = std::source_location::current()) {
+    return ::tandem::emu::detail::shuffle(::tandem::emu::detail::WarpOp::ShflIdx, mask, var, src_lane, width, where);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32,
+                 std::source_location where = std::source_location::current()) {
+    return ::tandem::emu::detail::shuffle(::tandem::emu::detail::WarpOp::ShflUp, mask, var, static_cast<int>(delta),
+                                          width, where);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32,
+                   std::source_location where = std::source_location::current()) {
+    return ::tandem::emu::detail::shuffle(::tandem::emu::detail::WarpOp::ShflDown, mask, var, static_cast<int>(delta),
+                                          width, where);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32,
+                  std::source_location where = std::source_location::current()) {
+    return ::tandem::emu::detail::shuffle(::tandem::emu::detail::WarpOp::ShflXor, mask, var, lane_mask, width, where);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+    return ::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::Ballot, mask, nullptr, nullptr, 0,
+                                                  pred != 0, 32, where);
+}
+inline int __any_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+    return static_cast<int>(::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::Any, mask, nullptr,
+                                                                   nullptr, 0, pred != 0, 32, where));
+}
+inline int __all_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
+    return static_cast<int>(::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::All, mask, nullptr,
+                                                                   nullptr, 0, pred != 0, 32, where));
+}
+
+// ---- atomics: one OS thread runs every fiber and a fiber is never preempted, so plain read-modify-write is atomic --
+inline float atomicAdd(float* p, float v) {
+    const float old = *p;
+    *p = old + v;
+    return old;
+}
+inline int atomicAdd(int* p, int v) {
+    const int old = *p;
+    *p = old + v;
+    return old;
+}
+inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    const unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+inline int atomicMax(int* p, int v) {
+    const int old = *p;
+    *p = old > v ? old : v;
+    return old;
+}
+inline int atomicExch(int* p, int v) {
+    const int old = *p;
+    *p = v;
+    return old;
+}
+inline int atomicCAS(int* p, int compare, int v) {
+    const int old = *p;
+    if (old == compare) *p = v;
+    return old;
+}
+
+// ---- shared memory -----------------------------------------------------------------------------------------------------
+// `static char` gives each declaration (and each template instantiation of the enclosing kernel) its own key.
+#define TANDEM_SHARED(type, name, count)                                                                           \
+    static char tandem_shared_key_##name;                                                                          \
+    type(&name)[count] = *reinterpret_cast<type(*)[count]>(                                                        \
+        ::tandem::emu::detail::static_shared(&tandem_shared_key_##name, sizeof(type) * (count), alignof(type)))
+#define TANDEM_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::tandem::emu::detail::dynamic_shared())

@@ -1,0 +1,605 @@
+// The CUDA emulation runtime: launches (limits, block order), the per-block fiber scheduler with exact
+// __syncthreads and warp collectives, the poisoned shared-memory arena, and the pool of fiber stacks.
+//
+// Threads of a block are boost::context fibers on the calling OS thread. The scheduler resumes each runnable thread
+// (in the launch's thread order) until it blocks in a barrier / warp collective or returns; when none is runnable it
+// completes the collectives whose lanes have all arrived, else releases the barrier, else reports the deadlock. Every
+// check that fails becomes an Error; the block's remaining fibers are then resumed once more with `cancel_` set, so
+// they unwind by a C++ exception through their own frames and end normally (no fiber is ever destroyed suspended,
+// and every stack switch is one we make ourselves, which is what lets ASan follow them, see AsanSwitch).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/context/fiber.hpp>
+#include <boost/context/preallocated.hpp>
+#include <boost/context/stack_context.hpp>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "emu/cuda_emu.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define TANDEM_EMU_ASAN 1
+#endif
+
+namespace tandem::emu {
+
+namespace ctx = boost::context;
+
+namespace detail {
+namespace {
+struct Coords {
+    uint3 thread_idx;
+    uint3 block_idx;
+    dim3 block_dim;
+    dim3 grid_dim;
+};
+thread_local Coords g_coords{{0, 0, 0}, {0, 0, 0}, {1, 1, 1}, {1, 1, 1}};
+}  // namespace
+const uint3& thread_idx() { return g_coords.thread_idx; }
+const uint3& block_idx() { return g_coords.block_idx; }
+const dim3& block_dim() { return g_coords.block_dim; }
+const dim3& grid_dim() { return g_coords.grid_dim; }
+}  // namespace detail
+
+namespace {
+
+// 64 KiB is plenty for kernels (their locals are registers on the GPU); ASan's redzones need more.
+#ifdef TANDEM_EMU_ASAN
+constexpr size_t kStackBytes = 512 * 1024;
+#else
+constexpr size_t kStackBytes = 64 * 1024;
+#endif
+
+std::string format_location(const std::source_location& w) {
+    const char* file = w.file_name();
+    if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
+    return std::string(file) + ":" + std::to_string(w.line());
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+    return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+
+std::string format_dim(const uint3& d) {
+    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+std::string hex(unsigned v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", v);
+    return buf;
+}
+
+// Stacks are mmap'ed with a PROT_NONE guard page below them (a kernel that overflows its stack faults instead of
+// corrupting a neighbour) and kept for reuse: a launch of 1024-thread blocks would otherwise map 1024 stacks per
+// block.
+class StackPool {
+public:
+    ~StackPool() {
+        for (void* base : free_) munmap(base, kStackBytes + page());
+    }
+    ctx::stack_context allocate() {
+        void* base;
+        if (!free_.empty()) {
+            base = free_.back();
+            free_.pop_back();
+        } else {
+            base = mmap(nullptr, kStackBytes + page(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (base == MAP_FAILED) throw Error("tandem::emu: cannot map a fiber stack");
+            mprotect(base, page(), PROT_NONE);
+        }
+#ifdef TANDEM_EMU_ASAN
+        // A previous fiber may have left its frames' redzones poisoned here.
+        ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(base) + page(), kStackBytes);
+#endif
+        ctx::stack_context sc;
+        sc.size = kStackBytes;
+        sc.sp = static_cast<char*>(base) + page() + kStackBytes;
+        return sc;
+    }
+    void deallocate(ctx::stack_context& sc) {
+        free_.push_back(static_cast<char*>(sc.sp) - kStackBytes - page());
+    }
+
+private:
+    static size_t page() {
+        static const size_t p = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+        return p;
+    }
+    std::vector<void*> free_;
+};
+
+StackPool& stack_pool() {
+    thread_local StackPool pool;
+    return pool;
+}
+
+// The StackAllocator boost calls to give a finished fiber's stack back.
+struct PoolAllocator {
+    ctx::stack_context allocate() { return stack_pool().allocate(); }
+    void deallocate(ctx::stack_context& sc) { stack_pool().deallocate(sc); }
+};
+
+// ASan keeps its own idea of the current stack; each switch is announced before it happens (start) and confirmed
+// on arrival (finish). Without this it reports false stack-buffer-overflows and breaks on exceptions in fibers.
+struct AsanSwitch {
+#ifdef TANDEM_EMU_ASAN
+    static void start(void** fake_stack_save, const void* bottom, size_t size) {
+        __sanitizer_start_switch_fiber(fake_stack_save, bottom, size);
+    }
+    static void finish(void* fake_stack_save, const void** bottom_old, size_t* size_old) {
+        __sanitizer_finish_switch_fiber(fake_stack_save, bottom_old, size_old);
+    }
+#else
+    static void start(void**, const void*, size_t) {}
+    static void finish(void*, const void**, size_t*) {}
+#endif
+};
+
+// Thrown into the suspended threads of a failed block to unwind them. Not a std::exception, so that kernel code
+// catching std::exception cannot swallow it.
+struct Cancelled {};
+
+enum class Wait : uint8_t { Runnable, Barrier, Warp, Exited };
+
+struct Thread {
+    ctx::fiber fiber;
+    ctx::stack_context stack;
+    uint3 idx{};
+    Wait wait = Wait::Runnable;
+    std::source_location where;
+    // the pending warp collective
+    detail::WarpOp op{};
+    unsigned mask = 0;
+    unsigned size = 0;
+    int param = 0;
+    int width = 32;
+    unsigned char in[8]{}, out[8]{};
+    unsigned result = 0;
+    void* fake_stack = nullptr;  // ASan's fake stack of this fiber while it is switched out
+};
+
+struct StaticAlloc {
+    const void* key;
+    size_t offset, bytes;
+};
+
+// The arena holds dynamic shared memory at offset 0 and static arrays after it. It is sized for the opt-in
+// maximum so that pointers into it stay valid for the whole launch.
+struct Arena {
+    Arena() : data(static_cast<unsigned char*>(::operator new(kMaxSharedOptIn + 256, std::align_val_t{256}))) {}
+    ~Arena() { ::operator delete(data, std::align_val_t{256}); }
+    unsigned char* data;
+};
+
+class BlockRunner;
+thread_local BlockRunner* g_runner = nullptr;
+
+std::unordered_map<const void*, size_t>& dynamic_shared_limits() {
+    static std::unordered_map<const void*, size_t> m;
+    return m;
+}
+
+class BlockRunner {
+public:
+    BlockRunner(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
+                void* ctx)
+        : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx) {
+        n_ = block.x * block.y * block.z;
+        const auto it = dynamic_shared_limits().find(kernel);
+        opt_in_ = it != dynamic_shared_limits().end() ? it->second : 0;
+        shared_limit_ = std::max(kDefaultSharedLimit, opt_in_);
+        threads_.resize(n_);
+        for (unsigned i = 0; i < n_; ++i)
+            threads_[i].idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+        static thread_local Arena arena;
+        arena_ = arena.data;
+        std::memset(arena_, 0xFF, kMaxSharedOptIn);
+        used_ = dyn_;
+    }
+
+    void run_block(uint3 block_idx) {
+        block_idx_ = block_idx;
+        std::memset(arena_, 0xFF, used_);  // NaN for every float a block reads before writing
+        for (unsigned i = 0; i < n_; ++i) {
+            Thread& t = threads_[i];
+            t.wait = Wait::Runnable;
+            t.stack = stack_pool().allocate();
+            const ctx::preallocated pre(t.stack.sp, t.stack.size, t.stack);
+            t.fiber = ctx::fiber(std::allocator_arg, pre, PoolAllocator{},
+                                 [this, i](ctx::fiber&& sched) { return entry(i, std::move(sched)); });
+        }
+        try {
+            schedule();
+        } catch (...) {
+            cancel_all();
+            throw;
+        }
+    }
+
+    // ---- called on a fiber -------------------------------------------------------------------------------------
+    void syncthreads(const std::source_location& where) {
+        Thread& t = threads_[current_];
+        t.wait = Wait::Barrier;
+        t.where = where;
+        suspend(t);
+    }
+
+    unsigned warp_collective(detail::WarpOp op, unsigned mask, const void* in, void* out, unsigned size, int param,
+                             int width, const std::source_location& where) {
+        const unsigned lane = current_ % 32, warp_base = current_ - lane;
+        if (!(mask >> lane & 1u))
+            fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": mask " + hex(mask) +
+                      " does not include the calling lane " + std::to_string(lane));
+        const unsigned lanes_in_warp = std::min(32u, n_ - warp_base);
+        if (lanes_in_warp < 32 && (mask >> lanes_in_warp) != 0)
+            fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": mask " + hex(mask) +
+                      " names lanes beyond the block's last thread");
+        if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+            fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": width " +
+                      std::to_string(width) + " is not a power of two <= 32");
+        Thread& t = threads_[current_];
+        t.op = op;
+        t.mask = mask;
+        t.size = size;
+        t.param = param;
+        t.width = width;
+        if (size) std::memcpy(t.in, in, size);
+        t.wait = Wait::Warp;
+        t.where = where;
+        suspend(t);
+        if (size) std::memcpy(out, t.out, size);
+        return t.result;
+    }
+
+    void* static_shared(const void* key, size_t bytes, size_t align) {
+        for (const StaticAlloc& s : statics_)
+            if (s.key == key) return arena_ + s.offset;
+        const size_t offset = (std::max(used_, dyn_) + std::max<size_t>(align, 16) - 1) & ~(std::max<size_t>(align, 16) - 1);
+        static_bytes_ += bytes;
+        if (static_bytes_ > kDefaultSharedLimit)
+            fail_here("static shared memory of " + std::to_string(static_bytes_) + " bytes exceeds " +
+                      std::to_string(kDefaultSharedLimit));
+        if (static_bytes_ + dyn_ > shared_limit_)
+            fail_here("static (" + std::to_string(static_bytes_) + ") + dynamic (" + std::to_string(dyn_) +
+                      ") shared memory exceeds the limit of " + std::to_string(shared_limit_) + " bytes" +
+                      (opt_in_ ? "" : " (no cudaFuncAttributeMaxDynamicSharedMemorySize opt-in)"));
+        statics_.push_back({key, offset, bytes});
+        used_ = offset + bytes;
+        return arena_ + offset;
+    }
+    void* dynamic_shared() const { return arena_; }
+
+    const char* name() const { return name_; }
+
+private:
+    // ---- fiber side ------------------------------------------------------------------------------------------------
+    ctx::fiber entry(unsigned i, ctx::fiber&& sched) {
+        sched_ = std::move(sched);
+        Thread& t = threads_[i];
+        AsanSwitch::finish(nullptr, &sched_bottom_, &sched_size_);
+        if (!cancel_) {
+            try {
+                invoke_(ctx_);
+            } catch (const Cancelled&) {
+            } catch (...) {
+                if (!error_) {
+                    error_ = std::current_exception();
+                    error_thread_ = i;
+                }
+            }
+        }
+        t.wait = Wait::Exited;
+        AsanSwitch::start(nullptr, sched_bottom_, sched_size_);  // this fiber is done: no fake stack to keep
+        return std::move(sched_);
+    }
+
+    void suspend(Thread& t) {
+        if (cancel_) throw Cancelled{};  // a destructor running during cancellation must not suspend again
+        AsanSwitch::start(&t.fake_stack, sched_bottom_, sched_size_);
+        sched_ = std::move(sched_).resume();
+        AsanSwitch::finish(t.fake_stack, &sched_bottom_, &sched_size_);
+        if (cancel_) throw Cancelled{};
+    }
+
+    // An error found on a fiber: thrown there, so it unwinds that thread, and reported by the scheduler.
+    [[noreturn]] void fail_here(const std::string& what) { throw Error(what); }
+
+    // ---- scheduler side --------------------------------------------------------------------------------------------
+    void resume(unsigned i) {
+        Thread& t = threads_[i];
+        current_ = i;
+        detail::g_coords.thread_idx = t.idx;
+        void* fake = nullptr;
+        AsanSwitch::start(&fake, static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
+        t.fiber = std::move(t.fiber).resume();
+        AsanSwitch::finish(fake, nullptr, nullptr);
+    }
+
+    std::string where_thread(unsigned i) const {
+        return "block " + format_dim(block_idx_) + " thread " + format_dim(threads_[i].idx);
+    }
+
+    [[noreturn]] void fail(const std::string& what) {
+        throw Error(std::string("tandem::emu: kernel ") + name_ + ": " + what);
+    }
+
+    void schedule() {
+        std::vector<unsigned> order(n_);
+        std::iota(order.begin(), order.end(), 0u);
+        const LaunchOptions opts = launch_options();
+        if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
+        std::mt19937_64 rng(opts.seed ^ (uint64_t{block_idx_.x} << 32) ^ (uint64_t{block_idx_.y} << 16) ^ block_idx_.z);
+        for (;;) {
+            if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), rng);
+            for (unsigned i : order) {
+                if (threads_[i].wait != Wait::Runnable) continue;
+                resume(i);
+                if (error_) report_thread_error();
+            }
+            bool all_exited = true;
+            for (const Thread& t : threads_) all_exited &= t.wait == Wait::Exited;
+            if (all_exited) return;
+            if (complete_warp_collectives()) continue;
+            release_barrier();
+        }
+    }
+
+    [[noreturn]] void report_thread_error() {
+        const unsigned i = error_thread_;
+        std::exception_ptr e = error_;
+        error_ = nullptr;
+        try {
+            std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+            fail(where_thread(i) + ": " + ex.what());
+        } catch (...) {
+            fail(where_thread(i) + ": a non-standard exception");
+        }
+    }
+
+    // Completes every collective whose lanes have all arrived; reports lanes that can never arrive.
+    bool complete_warp_collectives() {
+        bool progress = false;
+        for (unsigned base = 0; base < n_; base += 32) {
+            const unsigned lanes = std::min(32u, n_ - base);
+            for (unsigned l = 0; l < lanes; ++l) {
+                Thread& t = threads_[base + l];
+                if (t.wait != Wait::Warp) continue;
+                bool ready = true;
+                for (unsigned m = 0; m < lanes; ++m) {
+                    if (!(t.mask >> m & 1u)) continue;
+                    const Thread& o = threads_[base + m];
+                    const std::string what = std::string(detail::warp_op_name(t.op)) + " at " +
+                                             format_location(t.where) + " (" + where_thread(base + l) + ", mask " +
+                                             hex(t.mask) + ")";
+                    if (o.wait == Wait::Exited)
+                        fail(what + " names lane " + std::to_string(m) + ", which has exited");
+                    if (o.wait == Wait::Barrier) {
+                        ready = false;  // a deadlock unless something else progresses; release_barrier reports it
+                        continue;
+                    }
+                    if (o.op != t.op || o.mask != t.mask || o.size != t.size)
+                        fail(what + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
+                             format_location(o.where) + " with mask " + hex(o.mask));
+                }
+                if (!ready) continue;
+                complete(base, lanes, t.mask);
+                progress = true;
+            }
+        }
+        return progress;
+    }
+
+    void complete(unsigned base, unsigned lanes, unsigned mask) {
+        unsigned ballot = 0;
+        for (unsigned m = 0; m < lanes; ++m)
+            if ((mask >> m & 1u) && threads_[base + m].param) ballot |= 1u << m;
+        for (unsigned m = 0; m < lanes; ++m) {
+            if (!(mask >> m & 1u)) continue;
+            Thread& t = threads_[base + m];
+            const int w = t.width, seg = static_cast<int>(m) & ~(w - 1);
+            int src = static_cast<int>(m);
+            switch (t.op) {
+                case detail::WarpOp::ShflIdx: src = seg + (t.param & (w - 1)); break;
+                case detail::WarpOp::ShflUp:
+                    src = static_cast<int>(m) - t.param;
+                    if (src < seg) src = static_cast<int>(m);
+                    break;
+                case detail::WarpOp::ShflDown:
+                    src = static_cast<int>(m) + t.param;
+                    if (src >= seg + w) src = static_cast<int>(m);
+                    break;
+                case detail::WarpOp::ShflXor:
+                    src = static_cast<int>(m) ^ t.param;
+                    if (src < seg || src >= seg + w) src = static_cast<int>(m);
+                    break;
+                case detail::WarpOp::Ballot: t.result = ballot; break;
+                case detail::WarpOp::Any: t.result = ballot != 0; break;
+                case detail::WarpOp::All: t.result = ballot == mask; break;
+                case detail::WarpOp::SyncWarp: break;
+            }
+            if (t.size) {
+                // Reading a lane outside the mask is undefined on the GPU: hand back poison (NaN for floats).
+                if (src < 0 || src >= 32 || !(mask >> src & 1u))
+                    std::memset(t.out, 0xFF, t.size);
+                else
+                    std::memcpy(t.out, threads_[base + static_cast<unsigned>(src)].in, t.size);
+            }
+        }
+        for (unsigned m = 0; m < lanes; ++m)
+            if (mask >> m & 1u) threads_[base + m].wait = Wait::Runnable;
+    }
+
+    // Every thread is blocked and no collective can complete: the barrier must hold all threads, at one call site.
+    void release_barrier() {
+        int first_barrier = -1, first_exited = -1, first_warp = -1;
+        unsigned n_barrier = 0;
+        for (unsigned i = 0; i < n_; ++i) {
+            const Wait w = threads_[i].wait;
+            if (w == Wait::Barrier) {
+                if (first_barrier < 0) first_barrier = static_cast<int>(i);
+                ++n_barrier;
+            } else if (w == Wait::Exited && first_exited < 0) {
+                first_exited = static_cast<int>(i);
+            } else if (w == Wait::Warp && first_warp < 0) {
+                first_warp = static_cast<int>(i);
+            }
+        }
+        if (first_warp >= 0) {
+            const Thread& t = threads_[first_warp];
+            std::string msg = std::string(detail::warp_op_name(t.op)) + " at " + format_location(t.where) + " (" +
+                              where_thread(first_warp) + ", mask " + hex(t.mask) + ") can never complete";
+            if (first_barrier >= 0)
+                msg += ": thread " + format_dim(threads_[first_barrier].idx) + " waits in __syncthreads at " +
+                       format_location(threads_[first_barrier].where);
+            fail(msg);
+        }
+        const Thread& b = threads_[first_barrier];
+        for (unsigned i = 0; i < n_; ++i)
+            if (threads_[i].wait == Wait::Barrier && !same_site(threads_[i].where, b.where))
+                fail("threads wait at different __syncthreads: " + where_thread(first_barrier) + " at " +
+                     format_location(b.where) + ", " + where_thread(i) + " at " + format_location(threads_[i].where));
+        if (first_exited >= 0)
+            fail("__syncthreads at " + format_location(b.where) + " in block " + format_dim(block_idx_) +
+                 " is not reached by all threads: " + std::to_string(n_barrier) + " of " + std::to_string(n_) +
+                 " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
+        for (Thread& t : threads_) t.wait = Wait::Runnable;
+    }
+
+    // Unwinds every thread that has not finished (see the file comment), leaving no fiber suspended.
+    void cancel_all() {
+        cancel_ = true;
+        for (unsigned i = 0; i < n_; ++i)
+            if (threads_[i].fiber) resume(i);
+        cancel_ = false;
+        error_ = nullptr;
+    }
+
+    const char* name_;
+    dim3 grid_, block_;
+    size_t dyn_;
+    void (*invoke_)(void*);
+    void* ctx_;
+    unsigned n_ = 0;
+    size_t opt_in_ = 0, shared_limit_ = 0;
+    std::vector<Thread> threads_;
+    unsigned char* arena_ = nullptr;
+    size_t used_ = 0, static_bytes_ = 0;
+    std::vector<StaticAlloc> statics_;
+    uint3 block_idx_{};
+    unsigned current_ = 0;
+    ctx::fiber sched_;
+    const void* sched_bottom_ = nullptr;
+    size_t sched_size_ = 0;
+    bool cancel_ = false;
+    std::exception_ptr error_;
+    unsigned error_thread_ = 0;
+};
+
+BlockRunner& runner() {
+    if (!g_runner) throw Error("tandem::emu: a device function was called outside a kernel launch");
+    return *g_runner;
+}
+
+}  // namespace
+
+LaunchOptions& launch_options() {
+    thread_local LaunchOptions o;
+    return o;
+}
+
+void set_max_dynamic_shared(const void* kernel, size_t bytes) {
+    if (bytes > kMaxSharedOptIn)
+        throw Error("tandem::emu: cudaFuncAttributeMaxDynamicSharedMemorySize of " + std::to_string(bytes) +
+                    " bytes exceeds the device maximum of " + std::to_string(kMaxSharedOptIn));
+    dynamic_shared_limits()[kernel] = bytes;
+}
+
+namespace detail {
+
+const char* warp_op_name(WarpOp op) {
+    switch (op) {
+        case WarpOp::ShflIdx: return "__shfl_sync";
+        case WarpOp::ShflUp: return "__shfl_up_sync";
+        case WarpOp::ShflDown: return "__shfl_down_sync";
+        case WarpOp::ShflXor: return "__shfl_xor_sync";
+        case WarpOp::Ballot: return "__ballot_sync";
+        case WarpOp::Any: return "__any_sync";
+        case WarpOp::All: return "__all_sync";
+        case WarpOp::SyncWarp: return "__syncwarp";
+    }
+    return "?";
+}
+
+unsigned warp_collective(WarpOp op, unsigned mask, const void* in, void* out, unsigned size, int param, int width,
+                         const std::source_location& where) {
+    return runner().warp_collective(op, mask, in, out, size, param, width, where);
+}
+
+void syncthreads(const std::source_location& where) { runner().syncthreads(where); }
+
+void* static_shared(const void* key, size_t bytes, size_t align) { return runner().static_shared(key, bytes, align); }
+
+void* dynamic_shared() { return runner().dynamic_shared(); }
+
+void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
+            void* ctx) {
+    const std::string who = std::string("tandem::emu: launch of ") + name + ": ";
+    if (g_runner) throw Error(who + "launching from inside a kernel is not supported");
+    const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+    if (threads == 0 || uint64_t{grid.x} * grid.y * grid.z == 0)
+        throw Error(who + "invalid configuration (a grid or block dimension is 0)");
+    if (threads > kMaxThreadsPerBlock || block.x > 1024 || block.y > 1024 || block.z > 64)
+        throw Error(who + "block (" + std::to_string(block.x) + "," + std::to_string(block.y) + "," +
+                    std::to_string(block.z) + ") exceeds 1024 threads or the per-dimension limits (1024,1024,64)");
+    if (grid.x > 0x7FFFFFFFu || grid.y > 65535 || grid.z > 65535)
+        throw Error(who + "grid exceeds the limits (2^31-1, 65535, 65535)");
+    const auto it = dynamic_shared_limits().find(kernel);
+    const size_t limit = it != dynamic_shared_limits().end() ? it->second : kDefaultSharedLimit;
+    if (dyn > limit)
+        throw Error(who + std::to_string(dyn) + " bytes of dynamic shared memory exceed the limit of " +
+                    std::to_string(limit) +
+                    (it == dynamic_shared_limits().end()
+                         ? " (opt in with cudaFuncAttributeMaxDynamicSharedMemorySize)"
+                         : ""));
+
+    BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx);
+    struct Restore {
+        ~Restore() {
+            g_runner = nullptr;
+            detail::g_coords = {{0, 0, 0}, {0, 0, 0}, {1, 1, 1}, {1, 1, 1}};
+        }
+    } restore;
+    g_runner = &r;
+    g_coords.block_dim = block;
+    g_coords.grid_dim = grid;
+
+    const uint64_t n_blocks = uint64_t{grid.x} * grid.y * grid.z;
+    std::vector<uint64_t> order(n_blocks);
+    std::iota(order.begin(), order.end(), uint64_t{0});
+    const LaunchOptions opts = launch_options();
+    if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
+    if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), std::mt19937_64(opts.seed));
+    for (uint64_t b : order) {
+        const uint3 idx{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+                        static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
+        g_coords.block_idx = idx;
+        r.run_block(idx);
+    }
+}
+
+}  // namespace detail
+
+}  // namespace tandem::emu

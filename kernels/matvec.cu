@@ -1,0 +1,293 @@
+// Quantized matrix-vector products y = W x for 1..16 tokens: F32, F16, Q8_0, Q4_0, Q4_K, Q6_K weights with the
+// dequantization fused into the dot product.
+//
+// One warp per weight row (kWarps rows per block). The lanes of a warp cover consecutive bytes of the row so each
+// iteration reads one contiguous stretch; every lane keeps one partial sum per token (NT registers), and a warp
+// shuffle reduction finishes each token's dot product. The tokens share every weight load, which is what makes
+// a few tokens (speculative verification, small prefill chunks) cost about as much as one.
+#include "common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+// ---- per-type lane dot products: acc[t] += (this lane's share of row . x[t]) for t < n_tok ---------------------
+// x is [n_tok][cols], 16-byte aligned rows for the block types (cols is a multiple of 32).
+
+struct DotF32 {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const float* w = reinterpret_cast<const float*>(row);
+        const bool vec = cols % 4 == 0 && ((reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(x)) % 16) == 0;
+        int i = 0;
+        if (vec) {  // 16-byte loads; the scalar loop below then has nothing left
+            for (i = 4 * lane; i + 3 < cols; i += 128) {
+                const float4 wv = *reinterpret_cast<const float4*>(w + i);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= n_tok) break;
+                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + i);
+                    acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
+                }
+            }
+            i = cols;
+        }
+        for (int j = i + lane; j < cols; j += 32) {
+            const float wv = w[j];
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * cols + j];
+        }
+    }
+};
+
+struct DotF16 {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
+        const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(w) % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+        int i = 0;
+        if (vec) {  // 8-byte loads of four halves
+            for (i = 4 * lane; i + 3 < cols; i += 128) {
+                const uint2 raw = *reinterpret_cast<const uint2*>(w + i);
+                const float w0 = tandem_half_to_float(raw.x & 0xFFFF), w1 = tandem_half_to_float(raw.x >> 16);
+                const float w2 = tandem_half_to_float(raw.y & 0xFFFF), w3 = tandem_half_to_float(raw.y >> 16);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= n_tok) break;
+                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + i);
+                    acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
+                }
+            }
+            i = cols;
+        }
+        for (int j = i + lane; j < cols; j += 32) {
+            const float wv = tandem_half_to_float(w[j]);
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * cols + j];
+        }
+    }
+};
+
+// Q8_0 (34-byte blocks): 8 lanes per block, 4 weights per lane, 4 blocks per warp iteration.
+struct DotQ8_0 {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 32, j = 4 * (lane % 8);
+        for (int ib = lane / 8; ib < nb; ib += 4) {
+            const uint8_t* blk = row + 34 * ib;
+            const float d = detail::load_half(blk);
+            const uint32_t q = detail::load_u32_from_u16(blk + 2 + j);
+            const float q0 = detail::sbyte(q, 0), q1 = detail::sbyte(q, 1), q2 = detail::sbyte(q, 2),
+                        q3 = detail::sbyte(q, 3);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + 32 * ib + j);
+                acc[t] += d * (q0 * xv.x + q1 * xv.y + q2 * xv.z + q3 * xv.w);
+            }
+        }
+    }
+};
+
+// Q4_0 (18-byte blocks): 8 lanes per block; lane j holds bytes 2j, 2j+1: elements 2j, 2j+1 (low nibbles) and
+// 2j+16, 2j+17 (high nibbles).
+struct DotQ4_0 {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 32, j = 2 * (lane % 8);
+        for (int ib = lane / 8; ib < nb; ib += 4) {
+            const uint8_t* blk = row + 18 * ib;
+            const float d = detail::load_half(blk);
+            const uint32_t q = *reinterpret_cast<const uint16_t*>(blk + 2 + j);
+            const float l0 = static_cast<float>(static_cast<int>(q & 0xF) - 8);
+            const float l1 = static_cast<float>(static_cast<int>((q >> 8) & 0xF) - 8);
+            const float h0 = static_cast<float>(static_cast<int>((q >> 4) & 0xF) - 8);
+            const float h1 = static_cast<float>(static_cast<int>((q >> 12) & 0xF) - 8);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 32 * ib;
+                const float2 lo = *reinterpret_cast<const float2*>(xb + j);
+                const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
+                acc[t] += d * (l0 * lo.x + l1 * lo.y + h0 * hi.x + h1 * hi.y);
+            }
+        }
+    }
+};
+
+// Q4_K (144-byte super-blocks of 256): one super-block per warp iteration. Lane l reads 4 bytes of qs at
+// 32p + 4(l%8), p = l/8: their low nibbles are elements of chunk 2p, their high nibbles of chunk 2p + 1.
+struct DotQ4_K {
+    // ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
+    static __device__ __forceinline__ void scale_min(const uint8_t* s, int j, float& sc, float& m) {
+        if (j < 4) {
+            sc = static_cast<float>(s[j] & 63);
+            m = static_cast<float>(s[j + 4] & 63);
+        } else {
+            sc = static_cast<float>((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+            m = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+        }
+    }
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + 144 * ib;
+            const float d = detail::load_half(blk), dmin = detail::load_half(blk + 2);
+            float sc0, m0, sc1, m1;
+            scale_min(blk + 4, 2 * p, sc0, m0);
+            scale_min(blk + 4, 2 * p + 1, sc1, m1);
+            const float dl0 = d * sc0, ml0 = dmin * m0, dl1 = d * sc1, ml1 = dmin * m1;
+            const uint32_t q = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * p + i);
+            float lo[4], hi[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                lo[k] = static_cast<float>((q >> (8 * k)) & 0xF);
+                hi[k] = static_cast<float>((q >> (8 * k + 4)) & 0xF);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + 64 * p + i;
+                const float4 xl = *reinterpret_cast<const float4*>(xb);
+                const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
+                const float dot_lo = lo[0] * xl.x + lo[1] * xl.y + lo[2] * xl.z + lo[3] * xl.w;
+                const float dot_hi = hi[0] * xh.x + hi[1] * xh.y + hi[2] * xh.z + hi[3] * xh.w;
+                const float sum_lo = xl.x + xl.y + xl.z + xl.w, sum_hi = xh.x + xh.y + xh.z + xh.w;
+                acc[t] += dl0 * dot_lo - ml0 * sum_lo + dl1 * dot_hi - ml1 * sum_hi;
+            }
+        }
+    }
+};
+
+// Q6_K (210-byte super-blocks of 256): one super-block per warp iteration. Lane l covers half h = l/16 and the
+// element pair e = 2(l%16), e+1 of each of the four chunks c = 4h + k of that half.
+struct DotQ6_K {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 256, h = lane / 16, e = 2 * (lane % 16);
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + 210 * ib;
+            const float d = detail::load_half(blk + 208);
+            const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+            const uint32_t ql0 = *reinterpret_cast<const uint16_t*>(blk + 64 * h + e);
+            const uint32_t ql1 = *reinterpret_cast<const uint16_t*>(blk + 64 * h + 32 + e);
+            const uint32_t qh = *reinterpret_cast<const uint16_t*>(blk + 128 + 32 * h + e);
+            float w[4][2];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const uint32_t ql = k % 2 ? ql1 : ql0;
+                const int c = 4 * h + k;
+                const float dl = d * static_cast<float>(scales[2 * c + (e >= 16)]);
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int lo = (ql >> (8 * u + 4 * (k / 2))) & 0xF;
+                    const int hi = (qh >> (8 * u + 2 * k)) & 3;
+                    w[k][u] = dl * static_cast<float>((lo | (hi << 4)) - 32);
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + 128 * h + e;
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float2 xv = *reinterpret_cast<const float2*>(xb + 32 * k);
+                    s += w[k][0] * xv.x + w[k][1] * xv.y;
+                }
+                acc[t] += s;
+            }
+        }
+    }
+};
+
+// A warp whose row is past the end returns as a whole, so the shuffles below always have all 32 lanes.
+template <class Dot, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols, const float* __restrict__ x,
+                  int n_tok, float* __restrict__ y) {
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * kWarps + threadIdx.x / 32;
+    if (row >= rows) return;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    Dot::template dot<NT>(W + static_cast<size_t>(row) * row_bytes, cols, x, n_tok, lane, acc);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        if (t >= n_tok) break;
+        const float s = detail::warp_sum(acc[t]);
+        if (lane == 0) y[static_cast<size_t>(t) * rows + row] = s;
+    }
+}
+
+template <class Dot>
+void launch_type(const char* name, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tok,
+                 float* y, Stream stream) {
+    const dim3 grid((rows + kWarps - 1) / kWarps), block(kWarps * 32);
+    const uint8_t* w = static_cast<const uint8_t*>(W);
+    // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
+    // two launches.
+    for (int t0 = 0; t0 < n_tok; t0 += 8) {
+        const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
+        const float* xt = x + static_cast<size_t>(t0) * cols;
+        float* yt = y + static_cast<size_t>(t0) * rows;
+        if (n == 1)
+            detail::launch_kernel(name, matvec_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, yt);
+        else if (n <= 4)
+            detail::launch_kernel(name, matvec_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, yt);
+        else
+            detail::launch_kernel(name, matvec_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, yt);
+    }
+}
+
+}  // namespace
+
+bool matvec_supports(GgmlType type) {
+    switch (type) {
+        case GgmlType::F32:
+        case GgmlType::F16:
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_K:
+        case GgmlType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
+            Stream stream) {
+    detail::require(rows > 0 && cols > 0, "matvec: empty shape");
+    detail::require(n_tokens >= 1 && n_tokens <= kMatvecMaxTokens, "matvec: n_tokens must be 1..16");
+    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0,
+                    "matvec: W and x must be 16-byte aligned");
+    switch (type) {
+        case GgmlType::F32: return launch_type<DotF32>("matvec_kernel<F32>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::F16: return launch_type<DotF16>("matvec_kernel<F16>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q8_0:
+            detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
+            return launch_type<DotQ8_0>("matvec_kernel<Q8_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q4_0:
+            detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
+            return launch_type<DotQ4_0>("matvec_kernel<Q4_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q4_K:
+            detail::require(cols % 256 == 0 && row_bytes % 4 == 0, "matvec: Q4_K rows are whole blocks of 256");
+            return launch_type<DotQ4_K>("matvec_kernel<Q4_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q6_K:
+            detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
+            return launch_type<DotQ6_K>("matvec_kernel<Q6_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        default: detail::require(false, "matvec: unsupported weight type");
+    }
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,390 @@
+// Tests of the CUDA kernels (kernels/*.cu) run on the CPU emulation, each against a CPU reference: RMSNorm (+fused
+// residual), SwiGLU, matvec for every weight type, RoPE + KV-cache write, embedding gather, split-K attention.
+// Every shape runs in at least two thread orders, and every output buffer starts as NaN so that an element the
+// kernel forgot to write fails the comparison.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/fp16.h"
+#include "cpu/quant.h"
+#include "emu/cuda_emu.h"
+#include "ggml_types.h"
+#include "kernels.h"
+
+using namespace tandem;
+using tandem::emu::LaunchOptions;
+using tandem::emu::ScopedLaunchOptions;
+using tandem::emu::ThreadOrder;
+
+namespace {
+
+const std::vector<LaunchOptions> kOrders = {{ThreadOrder::Forward, 0}, {ThreadOrder::Reverse, 0}, {ThreadOrder::Shuffled, 7}};
+const std::vector<LaunchOptions> kTwoOrders = {{ThreadOrder::Reverse, 0}, {ThreadOrder::Shuffled, 11}};
+
+const float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = normal(rng);
+    return v;
+}
+
+const char* order_name(const LaunchOptions& o) {
+    return o.order == ThreadOrder::Forward ? "Forward" : o.order == ThreadOrder::Reverse ? "Reverse" : "Shuffled";
+}
+
+// |got - want| <= tol * max(|want|, floor) for every element, and no NaN. One CHECK per call, naming the first bad
+// element, so that a failing thread order does not hide the others.
+void check_close(const std::vector<float>& got, const std::vector<double>& want, double tol, double floor = 1e-6) {
+    REQUIRE(got.size() == want.size());
+    size_t bad = got.size();
+    for (size_t i = 0; i < got.size() && bad == got.size(); ++i)
+        if (std::isnan(got[i]) || std::abs(got[i] - want[i]) > tol * std::max(std::abs(want[i]), floor)) bad = i;
+    CHECK_MESSAGE(bad == got.size(), "element ", bad, ": got ", bad < got.size() ? got[bad] : 0.0f, ", want ",
+                  bad < got.size() ? want[bad] : 0.0);
+}
+
+double nmse(const std::vector<float>& got, const std::vector<double>& want) {
+    double err = 0.0, ref = 0.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        err += (got[i] - want[i]) * (got[i] - want[i]);
+        ref += want[i] * want[i];
+    }
+    return ref > 0.0 ? err / ref : err;
+}
+
+// The CPU backend's RMSNorm, operation for operation (cpu_backend.cpp keeps its copy file-local).
+void cpu_rms_norm(float* out, const float* x, const float* w, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+    ss /= static_cast<float>(n);
+    ss += eps;
+    ss = 1.0f / std::sqrt(ss);
+    for (int i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: rms_norm and add_rms_norm match the CPU backend") {
+    std::mt19937 rng(1);
+    const int shapes[][2] = {{1, 32}, {3, 37}, {2, 256}, {5, 1000}, {1, 4099}};
+    for (const auto& s : shapes) {
+        const int rows = s[0], cols = s[1];
+        CAPTURE(rows);
+        CAPTURE(cols);
+        const std::vector<float> x = random_floats(static_cast<size_t>(rows) * cols, rng, 3.0f);
+        const std::vector<float> res = random_floats(x.size(), rng);
+        const std::vector<float> w = random_floats(cols, rng);
+        std::vector<float> ref(x.size()), sum(x.size());
+        for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + res[i];
+        for (const LaunchOptions& o : kOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            std::vector<float> out(x.size(), kNaN);
+            cuda::rms_norm(x.data(), w.data(), out.data(), rows, cols, 1e-5f, nullptr);
+            for (int r = 0; r < rows; ++r) cpu_rms_norm(&ref[r * cols], &x[r * cols], w.data(), cols, 1e-5f);
+            check_close(out, std::vector<double>(ref.begin(), ref.end()), 1e-5, 1e-3);
+
+            std::vector<float> xs = x;
+            std::fill(out.begin(), out.end(), kNaN);
+            cuda::add_rms_norm(xs.data(), res.data(), w.data(), out.data(), rows, cols, 1e-5f, nullptr);
+            CHECK(xs == sum);  // the residual add is one rounding: bitwise equal
+            for (int r = 0; r < rows; ++r) cpu_rms_norm(&ref[r * cols], &sum[r * cols], w.data(), cols, 1e-5f);
+            check_close(out, std::vector<double>(ref.begin(), ref.end()), 1e-5, 1e-3);
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: swiglu matches silu(gate) * up") {
+    std::mt19937 rng(2);
+    for (int n : {1, 37, 256, 5000}) {
+        CAPTURE(n);
+        const std::vector<float> g = random_floats(n, rng, 4.0f), u = random_floats(n, rng);
+        std::vector<double> ref(n);
+        for (int i = 0; i < n; ++i) ref[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            std::vector<float> out(n, kNaN);
+            cuda::swiglu(g.data(), u.data(), out.data(), n, nullptr);
+            check_close(out, ref, 1e-5, 1e-4);
+        }
+    }
+}
+
+namespace {
+
+// Rows of `type`, the way GGUF files hold them: quantized from random floats for the types tandem writes, random
+// valid blocks for the k-quants (any bytes are a valid code; the fp16 scales are kept small and finite).
+std::vector<uint8_t> random_matrix(GgmlType type, int rows, int cols, std::mt19937& rng) {
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    std::vector<uint8_t> m(row_bytes * rows);
+    if (type == GgmlType::Q4_K || type == GgmlType::Q6_K) {
+        std::uniform_int_distribution<int> byte(0, 255);
+        std::uniform_real_distribution<float> scale(0.002f, 0.02f);
+        for (uint8_t& b : m) b = static_cast<uint8_t>(byte(rng));
+        for (int r = 0; r < rows; ++r)
+            for (int b = 0; b < cols / cpu::kQK_K; ++b) {
+                uint8_t* blk = m.data() + r * row_bytes + b * (type == GgmlType::Q4_K ? 144 : 210);
+                const uint16_t d = fp32_to_fp16(scale(rng)), dmin = fp32_to_fp16(scale(rng));
+                if (type == GgmlType::Q4_K) {
+                    std::memcpy(blk, &d, 2);
+                    std::memcpy(blk + 2, &dmin, 2);
+                } else {
+                    std::memcpy(blk + 208, &d, 2);
+                }
+            }
+        return m;
+    }
+    for (int r = 0; r < rows; ++r) {
+        const std::vector<float> v = random_floats(cols, rng, r % 3 == 2 ? 0.01f : 1.0f);
+        cpu::quantize_row(type, v.data(), m.data() + r * row_bytes, cols);
+    }
+    return m;
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for every type") {
+    struct Case {
+        GgmlType type;
+        int rows, cols;
+    };
+    const Case cases[] = {
+        {GgmlType::F32, 5, 37},   {GgmlType::F32, 33, 256},  {GgmlType::F16, 3, 37},   {GgmlType::F16, 9, 160},
+        {GgmlType::Q8_0, 5, 96},  {GgmlType::Q8_0, 33, 256}, {GgmlType::Q4_0, 7, 96},  {GgmlType::Q4_0, 8, 512},
+        {GgmlType::Q4_K, 3, 256}, {GgmlType::Q4_K, 6, 512},  {GgmlType::Q6_K, 5, 256}, {GgmlType::Q6_K, 4, 512},
+    };
+    std::mt19937 rng(3);
+    for (const Case& c : cases) {
+        CAPTURE(ggml_type_name(c.type));
+        CAPTURE(c.rows);
+        CAPTURE(c.cols);
+        REQUIRE(cuda::matvec_supports(c.type));
+        const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(c.cols));
+        const std::vector<uint8_t> W = random_matrix(c.type, c.rows, c.cols, rng);
+        std::vector<float> dq(static_cast<size_t>(c.rows) * c.cols);
+        for (int r = 0; r < c.rows; ++r)
+            cpu::dequantize_row(c.type, W.data() + r * row_bytes, &dq[static_cast<size_t>(r) * c.cols], c.cols);
+        for (int n : {1, 3, 8, 13, 16}) {
+            CAPTURE(n);
+            const std::vector<float> x = random_floats(static_cast<size_t>(n) * c.cols, rng);
+            std::vector<double> ref(static_cast<size_t>(n) * c.rows), bound(ref.size());
+            std::vector<float> cpu_dot(ref.size());
+            for (int t = 0; t < n; ++t)
+                for (int r = 0; r < c.rows; ++r) {
+                    double s = 0.0, a = 0.0;
+                    for (int i = 0; i < c.cols; ++i) {
+                        const double p = static_cast<double>(dq[static_cast<size_t>(r) * c.cols + i]) * x[t * c.cols + i];
+                        s += p;
+                        a += std::abs(p);
+                    }
+                    ref[t * c.rows + r] = s;
+                    bound[t * c.rows + r] = a;
+                    cpu_dot[t * c.rows + r] =
+                        cpu::vec_dot_scalar(c.type, c.cols, W.data() + r * row_bytes, &x[t * c.cols]);
+                }
+            REQUIRE(nmse(cpu_dot, ref) < 1e-10);  // the reference and the CPU kernels agree on the layout
+            for (const LaunchOptions& o : (n == 3 ? kOrders : kTwoOrders)) {
+                ScopedLaunchOptions scope(o);
+                INFO("thread order " << std::string(order_name(o)));
+            INFO("thread order " << std::string(order_name(o)));
+                std::vector<float> y(ref.size(), kNaN);
+                cuda::matvec(c.type, W.data(), row_bytes, c.rows, c.cols, x.data(), n, y.data(), nullptr);
+                for (size_t i = 0; i < y.size(); ++i) {
+                    REQUIRE(!std::isnan(y[i]));
+                    // fp32 accumulation: the error is bounded by a few ulps of the sum of |products|.
+                    REQUIRE(std::abs(y[i] - ref[i]) <= 1e-5 * bound[i] + 1e-30);
+                }
+                CHECK(nmse(y, ref) < 1e-9);
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: matvec rejects what it cannot do") {
+    std::vector<float> x(64), y(2);
+    std::vector<uint8_t> w(2 * 64 * 4);
+    CHECK_THROWS_AS(cuda::matvec(GgmlType::Q5_0, w.data(), 44, 2, 64, x.data(), 1, y.data(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(cuda::matvec(GgmlType::F32, w.data(), 256, 2, 64, x.data(), 17, y.data(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(cuda::matvec(GgmlType::Q8_0, w.data(), 34, 2, 40, x.data(), 1, y.data(), nullptr),
+                    std::invalid_argument);
+}
+
+namespace {
+
+std::vector<float> inv_freqs(int rope_dim, float theta) {
+    std::vector<float> f;
+    for (int i = 0; i < rope_dim / 2; ++i)
+        f.push_back(static_cast<float>(std::pow(static_cast<double>(theta), -2.0 * i / rope_dim)));
+    return f;
+}
+
+// cpu_backend.cpp's rope(), operation for operation.
+void cpu_rope(float* vec, int n_heads, int head_dim, int rope_dim, bool neox, int pos, const float* inv_freq) {
+    for (int h = 0; h < n_heads; ++h) {
+        float* v = vec + h * head_dim;
+        for (int i = 0; i < rope_dim / 2; ++i) {
+            const float angle = static_cast<float>(pos) * inv_freq[i];
+            const float c = std::cos(angle), s = std::sin(angle);
+            const int a = neox ? i : 2 * i, b = neox ? i + rope_dim / 2 : 2 * i + 1;
+            const float v0 = v[a], v1 = v[b];
+            v[a] = v0 * c - v1 * s;
+            v[b] = v0 * s + v1 * c;
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: RoPE (both pairings) fused with the fp16 KV-cache write") {
+    struct Case {
+        int n_heads, n_kv, hd, rope_dim, n_tok, start;
+    };
+    const Case cases[] = {{3, 1, 32, 32, 1, 0}, {4, 2, 64, 32, 5, 17}, {5, 5, 16, 10, 3, 1000}};
+    std::mt19937 rng(4);
+    for (const Case& c : cases)
+        for (bool neox : {false, true}) {
+            CAPTURE(c.n_heads);
+            CAPTURE(c.hd);
+            CAPTURE(neox);
+            const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, capacity = c.start + c.n_tok + 2;
+            const std::vector<float> q0 = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+            const std::vector<float> k = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+            const std::vector<float> v = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+            const std::vector<float> freq = inv_freqs(c.rope_dim, 10000.0f);
+            std::vector<float> q_ref = q0, k_ref = k;
+            for (int i = 0; i < c.n_tok; ++i) {
+                cpu_rope(&q_ref[i * q_dim], c.n_heads, c.hd, c.rope_dim, neox, c.start + i, freq.data());
+                cpu_rope(&k_ref[i * kv_dim], c.n_kv, c.hd, c.rope_dim, neox, c.start + i, freq.data());
+            }
+            for (const LaunchOptions& o : kTwoOrders) {
+                ScopedLaunchOptions scope(o);
+                INFO("thread order " << std::string(order_name(o)));
+            INFO("thread order " << std::string(order_name(o)));
+                std::vector<float> q = q0;
+                std::vector<uint16_t> kc(static_cast<size_t>(capacity) * kv_dim, 0xFFFF),
+                    vc(static_cast<size_t>(capacity) * kv_dim, 0xFFFF);
+                cuda::RopeKvArgs a{q.data(), k.data(), v.data(), kc.data(), vc.data(), freq.data(), c.n_tok, c.start,
+                                   c.n_heads, c.n_kv, c.hd, c.rope_dim,
+                                   neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs};
+                cuda::rope_kv_write(a, nullptr);
+                check_close(q, std::vector<double>(q_ref.begin(), q_ref.end()), 1e-5, 1e-2);
+                for (int p = 0; p < capacity; ++p)
+                    for (int e = 0; e < kv_dim; ++e) {
+                        const size_t ci = static_cast<size_t>(p) * kv_dim + e;
+                        const int i = p - c.start;
+                        if (i < 0 || i >= c.n_tok) {  // positions outside the step stay untouched
+                            REQUIRE(kc[ci] == 0xFFFF);
+                            REQUIRE(vc[ci] == 0xFFFF);
+                            continue;
+                        }
+                        REQUIRE(vc[ci] == fp32_to_fp16(v[i * kv_dim + e]));
+                        // The rotated fp32 values may differ in the last bit, so their halves by one ulp.
+                        const float want = k_ref[i * kv_dim + e], got = fp16_to_fp32(kc[ci]);
+                        REQUIRE(std::abs(got - want) <= 1e-3f * std::max(std::abs(want), 1e-2f));
+                    }
+            }
+        }
+}
+
+TEST_CASE("cuda kernels: embedding gather dequantizes F32, F16, Q8_0 and Q4_0 rows") {
+    std::mt19937 rng(5);
+    const int n_vocab = 11;
+    const std::vector<int> tokens = {3, 0, 10, 3, 7};
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
+        for (int dim : {32, 96, 37}) {
+            if (dim % 32 && type != GgmlType::F32 && type != GgmlType::F16) continue;
+            CAPTURE(ggml_type_name(type));
+            CAPTURE(dim);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
+            const std::vector<uint8_t> table = random_matrix(type, n_vocab, dim, rng);
+            std::vector<double> ref;
+            for (int t : tokens) {
+                std::vector<float> row(dim);
+                cpu::dequantize_row(type, table.data() + t * row_bytes, row.data(), dim);
+                ref.insert(ref.end(), row.begin(), row.end());
+            }
+            for (const LaunchOptions& o : kTwoOrders) {
+                ScopedLaunchOptions scope(o);
+                INFO("thread order " << std::string(order_name(o)));
+            INFO("thread order " << std::string(order_name(o)));
+                std::vector<float> out(tokens.size() * dim, kNaN);
+                cuda::embedding(type, table.data(), row_bytes, n_vocab, dim, tokens.data(),
+                                static_cast<int>(tokens.size()), out.data(), nullptr);
+                check_close(out, ref, 1e-6);
+            }
+        }
+    std::vector<float> table(32 * 4, 1.0f), out(32, 0.0f);
+    const int bad = 4;
+    cuda::embedding(GgmlType::F32, table.data(), 32 * 4, 4, 32, &bad, 1, out.data(), nullptr);
+    CHECK(std::isnan(out[0]));
+    CHECK(std::isnan(out[31]));
+}
+
+TEST_CASE("cuda kernels: split-K attention over an fp16 cache matches causal GQA softmax attention") {
+    struct Case {
+        int n_heads, n_kv, hd, start, n_tok, split;
+    };
+    const Case cases[] = {{4, 2, 32, 0, 1, 16}, {3, 1, 64, 37, 3, 16}, {2, 2, 128, 100, 1, 32}, {6, 3, 32, 5, 4, 3},
+                          {2, 1, 256, 9, 2, 64}};
+    std::mt19937 rng(6);
+    for (const Case& c : cases) {
+        CAPTURE(c.n_heads);
+        CAPTURE(c.hd);
+        CAPTURE(c.start);
+        CAPTURE(c.n_tok);
+        const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, n_pos = c.start + c.n_tok;
+        const std::vector<float> q = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+        std::vector<uint16_t> kc(static_cast<size_t>(n_pos) * kv_dim), vc(kc.size());
+        for (uint16_t& h : kc) h = fp32_to_fp16(random_floats(1, rng)[0]);
+        for (uint16_t& h : vc) h = fp32_to_fp16(random_floats(1, rng)[0]);
+        std::vector<double> ref(static_cast<size_t>(c.n_tok) * q_dim);
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.hd));
+        for (int i = 0; i < c.n_tok; ++i)
+            for (int h = 0; h < c.n_heads; ++h) {
+                const int kvh = h / (c.n_heads / c.n_kv);
+                std::vector<double> s(c.start + i + 1);
+                double mx = -INFINITY, sum = 0.0;
+                for (int t = 0; t <= c.start + i; ++t) {
+                    double d = 0.0;
+                    for (int e = 0; e < c.hd; ++e)
+                        d += q[i * q_dim + h * c.hd + e] * fp16_to_fp32(kc[static_cast<size_t>(t) * kv_dim + kvh * c.hd + e]);
+                    s[t] = d * scale;
+                    mx = std::max(mx, s[t]);
+                }
+                for (double& x : s) sum += (x = std::exp(x - mx));
+                for (int e = 0; e < c.hd; ++e) {
+                    double o = 0.0;
+                    for (int t = 0; t <= c.start + i; ++t)
+                        o += s[t] / sum * fp16_to_fp32(vc[static_cast<size_t>(t) * kv_dim + kvh * c.hd + e]);
+                    ref[i * q_dim + h * c.hd + e] = o;
+                }
+            }
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            std::vector<float> out(ref.size(), kNaN);
+            std::vector<float> ws(cuda::attention_workspace_floats(c.n_tok, c.start, c.n_heads, c.hd, c.split), kNaN);
+            cuda::AttentionArgs a{q.data(), kc.data(), vc.data(), out.data(), ws.data(), c.n_tok, c.start,
+                                  c.n_heads, c.n_kv, c.hd, c.split};
+            cuda::attention(a, nullptr);
+            // Outputs are convex combinations of values ~N(0,1): an absolute tolerance relative to 1.
+            for (size_t i = 0; i < out.size(); ++i) {
+                REQUIRE(!std::isnan(out[i]));
+                REQUIRE(std::abs(out[i] - ref[i]) <= 2e-6);
+            }
+        }
+    }
+}
