@@ -16,41 +16,44 @@ __device__ __forceinline__ float* partial(float* ws, int tok, int head, int spli
 }
 
 // One block per (split, head, token). Each warp walks every kWarps-th key of the split with an online softmax (lane
-// holds dims lane + 32j of q, acc); the warps' states are then merged through shared memory. D = head_dim / 32.
+// holds dims lane + 32j of q, acc); the warps' states are then merged through shared memory. The template covers
+// head dims up to 32 * D; a smaller head (tiny models: 8, 16) leaves the lanes past it holding zeros.
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionArgs a, int n_splits) {
-    constexpr int HD = 32 * D;
+    constexpr int HD = 32 * D;  // shared-memory stride per warp; the real head size is a.head_dim <= HD
     TANDEM_SHARED(float, warp_m, kWarps);
     TANDEM_SHARED(float, warp_l, kWarps);
     TANDEM_SHARED(float, warp_acc, kWarps * HD);
     const int split = blockIdx.x, head = blockIdx.y, tok = blockIdx.z;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int kv_dim = a.n_kv_heads * HD, kv_head = head / (a.n_heads / a.n_kv_heads);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, hd = a.head_dim;
+    const int kv_dim = a.n_kv_heads * hd, kv_head = head / (a.n_heads / a.n_kv_heads);
     const int n_keys = a.start_pos + tok + 1;
     const int begin = split * a.split_size;
     const int end = begin + a.split_size < n_keys ? begin + a.split_size : n_keys;
-    const float scale = 1.0f / sqrtf(static_cast<float>(HD));
+    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
 
     float q[D], acc[D];
-    const float* qp = a.q + static_cast<size_t>(tok) * a.n_heads * HD + head * HD;
+    const float* qp = a.q + static_cast<size_t>(tok) * a.n_heads * hd + head * hd;
 #pragma unroll
     for (int j = 0; j < D; ++j) {
-        q[j] = qp[lane + 32 * j];
+        q[j] = lane + 32 * j < hd ? qp[lane + 32 * j] : 0.0f;
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
     for (int t = begin + warp; t < end; t += kWarps) {
-        const uint16_t* k = a.k_cache + static_cast<size_t>(t) * kv_dim + kv_head * HD;
+        const uint16_t* k = a.k_cache + static_cast<size_t>(t) * kv_dim + kv_head * hd;
         float s = 0.0f;
 #pragma unroll
-        for (int j = 0; j < D; ++j) s += q[j] * tandem_half_to_float(k[lane + 32 * j]);
+        for (int j = 0; j < D; ++j)
+            if (lane + 32 * j < hd) s += q[j] * tandem_half_to_float(k[lane + 32 * j]);
         s = detail::warp_sum(s) * scale;
         const float m_new = fmaxf(m, s);
         const float correction = expf(m - m_new), p = expf(s - m_new);
         l = l * correction + p;
-        const uint16_t* v = a.v_cache + static_cast<size_t>(t) * kv_dim + kv_head * HD;
+        const uint16_t* v = a.v_cache + static_cast<size_t>(t) * kv_dim + kv_head * hd;
 #pragma unroll
-        for (int j = 0; j < D; ++j) acc[j] = acc[j] * correction + p * tandem_half_to_float(v[lane + 32 * j]);
+        for (int j = 0; j < D; ++j)
+            if (lane + 32 * j < hd) acc[j] = acc[j] * correction + p * tandem_half_to_float(v[lane + 32 * j]);
         m = m_new;
     }
     if (lane == 0) {
@@ -64,7 +67,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, warp_m[w]);
-    float* out = partial(a.workspace, tok, head, split, a.n_heads, n_splits, HD);
+    float* out = partial(a.workspace, tok, head, split, a.n_heads, n_splits, hd);
     // A split past this token's last key (or a warp without keys) has m = -inf and contributes nothing.
     float weight[kWarps];
 #pragma unroll
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
         out[0] = M;
         out[1] = L;
     }
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float A = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) A += warp_acc[w * HD + d] * weight[w];
@@ -116,13 +119,15 @@ void attention(const AttentionArgs& a, Stream stream) {
     const int n_splits = splits_for(a.start_pos, a.n_tokens, a.split_size);
     detail::require(n_splits <= 65535 && a.n_heads <= 65535 && a.n_tokens <= 65535, "attention: grid too large");
     const dim3 grid(n_splits, a.n_heads, a.n_tokens), block(kWarps * 32);
-    switch (a.head_dim) {
-        case 32: detail::launch_kernel("attention_split_kernel<1>", attention_split_kernel<1>, grid, block, 0, stream, a, n_splits); break;
-        case 64: detail::launch_kernel("attention_split_kernel<2>", attention_split_kernel<2>, grid, block, 0, stream, a, n_splits); break;
-        case 128: detail::launch_kernel("attention_split_kernel<4>", attention_split_kernel<4>, grid, block, 0, stream, a, n_splits); break;
-        case 256: detail::launch_kernel("attention_split_kernel<8>", attention_split_kernel<8>, grid, block, 0, stream, a, n_splits); break;
-        default: detail::require(false, "attention: head_dim must be 32, 64, 128 or 256");
-    }
+    detail::require(a.head_dim > 0 && a.head_dim <= 256, "attention: head_dim must be 1..256");
+    if (a.head_dim <= 32)
+        detail::launch_kernel("attention_split_kernel<1>", attention_split_kernel<1>, grid, block, 0, stream, a, n_splits);
+    else if (a.head_dim <= 64)
+        detail::launch_kernel("attention_split_kernel<2>", attention_split_kernel<2>, grid, block, 0, stream, a, n_splits);
+    else if (a.head_dim <= 128)
+        detail::launch_kernel("attention_split_kernel<4>", attention_split_kernel<4>, grid, block, 0, stream, a, n_splits);
+    else
+        detail::launch_kernel("attention_split_kernel<8>", attention_split_kernel<8>, grid, block, 0, stream, a, n_splits);
     detail::launch_kernel("attention_combine_kernel", attention_combine_kernel, dim3(a.n_heads, a.n_tokens),
                           dim3(a.head_dim), 0, stream, a, n_splits);
 }

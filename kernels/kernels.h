@@ -28,9 +28,13 @@ void add_rms_norm(float* x, const float* residual, const float* weight, float* o
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream);
 
+// ---- bias add (elementwise.cu) -----------------------------------------------------------------------------------
+// rows[r][j] += bias[j] for r < n_rows, j < width (the Q/K/V biases of qwen2).
+void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream);
+
 // ---- quantized matrix-vector products (matvec.cu) --------------------------------------------------------------
 constexpr int kMatvecMaxTokens = 16;
-bool matvec_supports(GgmlType type);  // F32, F16, Q8_0, Q4_0, Q4_K, Q6_K
+bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
 // y[t][r] = dot(row r of W, x[t]) for t < n_tokens (<= kMatvecMaxTokens), r < rows. x is [n_tokens][cols] and must
 // be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart).
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
@@ -52,7 +56,7 @@ struct RopeKvArgs {
 void rope_kv_write(const RopeKvArgs& a, Stream stream);
 
 // ---- embedding gather (embedding.cu) -----------------------------------------------------------------------------
-bool embedding_supports(GgmlType type);  // F32, F16, Q8_0, Q4_0
+bool embedding_supports(GgmlType type);  // the types of matvec_supports
 // out[i] = row tokens[i] of the table, dequantized. Out-of-range ids give a NaN row.
 void embedding(GgmlType type, const void* table, size_t row_bytes, int n_vocab, int dim, const int* tokens,
                int n_tokens, float* out, Stream stream);
@@ -61,7 +65,7 @@ void embedding(GgmlType type, const void* table, size_t row_bytes, int n_vocab, 
 // Causal GQA attention of n_tokens queries over an fp16 cache that already holds their keys and values: query i
 // (position start_pos + i) attends to positions 0..start_pos + i. Split-K ("flash decoding"): the keys are cut
 // into splits of split_size positions, each block computes a partial softmax for one (token, head, split) into
-// `workspace`, and a second kernel combines the splits. head_dim must be 32, 64, 128 or 256.
+// `workspace`, and a second kernel combines the splits. head_dim is 1..256 (lanes idle past it: fastest at 32, 64, 128, 256).
 struct AttentionArgs {
     const float* q;            // [n_tokens][n_heads * head_dim], RoPE applied
     const uint16_t* k_cache;   // [capacity][n_kv_heads * head_dim]

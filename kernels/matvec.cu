@@ -1,5 +1,6 @@
-// Quantized matrix-vector products y = W x for 1..16 tokens: F32, F16, Q8_0, Q4_0, Q4_K, Q6_K weights with the
-// dequantization fused into the dot product.
+// Quantized matrix-vector products y = W x for 1..16 tokens: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
+// Q3_K, Q4_K, Q5_K, Q6_K weights (every type the CPU backend computes with) with the dequantization fused into the
+// dot product.
 //
 // One warp per weight row (kWarps rows per block). The lanes of a warp cover consecutive bytes of the row so each
 // iteration reads one contiguous stretch; every lane keeps one partial sum per token (NT registers), and a warp
@@ -122,6 +123,145 @@ struct DotQ4_0 {
     }
 };
 
+// BF16: the upper half of a binary32, so widening is a shift (exact). Same walk as F16.
+struct DotBF16 {
+    static __device__ __forceinline__ float widen(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
+        const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(w) % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
+        int i = 0;
+        if (vec) {
+            for (i = 4 * lane; i + 3 < cols; i += 128) {
+                const uint2 raw = *reinterpret_cast<const uint2*>(w + i);
+                const float w0 = widen(raw.x & 0xFFFF), w1 = widen(raw.x >> 16);
+                const float w2 = widen(raw.y & 0xFFFF), w3 = widen(raw.y >> 16);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t >= n_tok) break;
+                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + i);
+                    acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
+                }
+            }
+            i = cols;
+        }
+        for (int j = i + lane; j < cols; j += 32) {
+            const float wv = widen(w[j]);
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * cols + j];
+        }
+    }
+};
+
+// The 32-element legacy types with a fifth bit and / or an offset (Q4_1, Q5_0, Q5_1), walked like Q4_0: 8 lanes per
+// block, lane j = 2(l%8) holds bytes j, j+1 of qs: elements j, j+1 (low nibbles) and j+16, j+17 (high nibbles).
+// Layout: fp16 d at 0, fp16 m at 2 when kMin, the 32 fifth bits at kQh when kFifth, qs at kQs.
+template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
+struct DotLegacy {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 32, j = 2 * (lane % 8);
+        for (int ib = lane / 8; ib < nb; ib += 4) {
+            const uint8_t* blk = row + kBytes * ib;
+            const float d = detail::load_half(blk);
+            const float m = kMin ? detail::load_half(blk + 2) : 0.0f;
+            const uint32_t q = *reinterpret_cast<const uint16_t*>(blk + kQs + j);
+            int l0 = q & 0xF, l1 = (q >> 8) & 0xF, h0 = (q >> 4) & 0xF, h1 = (q >> 12) & 0xF;
+            if (kFifth) {
+                const uint32_t qh = detail::load_u32_from_u16(blk + kQh);
+                l0 |= ((qh >> j) & 1) << 4;
+                l1 |= ((qh >> (j + 1)) & 1) << 4;
+                h0 |= ((qh >> (j + 16)) & 1) << 4;
+                h1 |= ((qh >> (j + 17)) & 1) << 4;
+            }
+            const float f0 = static_cast<float>(l0 - kBias), f1 = static_cast<float>(l1 - kBias);
+            const float g0 = static_cast<float>(h0 - kBias), g1 = static_cast<float>(h1 - kBias);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 32 * ib;
+                const float2 lo = *reinterpret_cast<const float2*>(xb + j);
+                const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
+                float s = d * (f0 * lo.x + f1 * lo.y + g0 * hi.x + g1 * hi.y);
+                if (kMin) s += m * (lo.x + lo.y + hi.x + hi.y);
+                acc[t] += s;
+            }
+        }
+    }
+};
+using DotQ4_1 = DotLegacy<20, 4, true, false, 0, 0>;
+using DotQ5_0 = DotLegacy<22, 6, false, true, 2, 16>;
+using DotQ5_1 = DotLegacy<24, 8, true, true, 4, 0>;
+
+// Q2_K and Q3_K (256-element super-blocks of 2-bit codes): lane l owns element l of each of the 8 chunks of 32
+// (bytes l and 32 + l of qs, and for Q3_K byte l of hmask), so the 32 lanes read 32 consecutive bytes at a time.
+// Element l of chunk c sits in sub-block 2c + (l >= 16), which picks its scale.
+struct DotQ2_K {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 256, half = lane >= 16;
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + 84 * ib;
+            const float d = detail::load_half(blk + 80), dmin = detail::load_half(blk + 82);
+            const uint32_t q0 = blk[16 + lane], q1 = blk[16 + 32 + lane];
+            float w[8];
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                const uint32_t sc = blk[2 * c + half];
+                const uint32_t q = ((c < 4 ? q0 : q1) >> (2 * (c % 4))) & 3;
+                w[c] = d * static_cast<float>(sc & 0xF) * static_cast<float>(q) - dmin * static_cast<float>(sc >> 4);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + lane;
+                float s = 0.0f;
+#pragma unroll
+                for (int c = 0; c < 8; ++c) s += w[c] * xb[32 * c];
+                acc[t] += s;
+            }
+        }
+    }
+};
+
+struct DotQ3_K {
+    // Sixteen 6-bit scales biased by 32: low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11.
+    static __device__ __forceinline__ int scale(const uint8_t* s, int i) {
+        const int lo = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
+        const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        return (lo | (hi << 4)) - 32;
+    }
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 256, half = lane >= 16;
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + 110 * ib;
+            const float d = detail::load_half(blk + 108);
+            const uint32_t hm = blk[lane], q0 = blk[32 + lane], q1 = blk[64 + lane];
+            float w[8];
+#pragma unroll
+            for (int c = 0; c < 8; ++c) {
+                const int q = static_cast<int>(((c < 4 ? q0 : q1) >> (2 * (c % 4))) & 3) - (((hm >> c) & 1) ? 0 : 4);
+                w[c] = d * static_cast<float>(scale(blk + 96, 2 * c + half)) * static_cast<float>(q);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + lane;
+                float s = 0.0f;
+#pragma unroll
+                for (int c = 0; c < 8; ++c) s += w[c] * xb[32 * c];
+                acc[t] += s;
+            }
+        }
+    }
+};
+
 // Q4_K (144-byte super-blocks of 256): one super-block per warp iteration. Lane l reads 4 bytes of qs at
 // 32p + 4(l%8), p = l/8: their low nibbles are elements of chunk 2p, their high nibbles of chunk 2p + 1.
 struct DotQ4_K {
@@ -152,6 +292,43 @@ struct DotQ4_K {
             for (int k = 0; k < 4; ++k) {
                 lo[k] = static_cast<float>((q >> (8 * k)) & 0xF);
                 hi[k] = static_cast<float>((q >> (8 * k + 4)) & 0xF);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + 64 * p + i;
+                const float4 xl = *reinterpret_cast<const float4*>(xb);
+                const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
+                const float dot_lo = lo[0] * xl.x + lo[1] * xl.y + lo[2] * xl.z + lo[3] * xl.w;
+                const float dot_hi = hi[0] * xh.x + hi[1] * xh.y + hi[2] * xh.z + hi[3] * xh.w;
+                const float sum_lo = xl.x + xl.y + xl.z + xl.w, sum_hi = xh.x + xh.y + xh.z + xh.w;
+                acc[t] += dl0 * dot_lo - ml0 * sum_lo + dl1 * dot_hi - ml1 * sum_hi;
+            }
+        }
+    }
+};
+
+// Q5_K (176-byte super-blocks of 256): Q4_K's walk and scales, plus the fifth bits: bit c of qh[e] for element e
+// of chunk c. Lane l reads 4 bytes of qs at 48 + 32p + i and the 4 bytes of qh at 16 + i (i = 4(l%8), p = l/8).
+struct DotQ5_K {
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+                                               float (&acc)[NT]) {
+        const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + 176 * ib;
+            const float d = detail::load_half(blk), dmin = detail::load_half(blk + 2);
+            float sc0, m0, sc1, m1;
+            DotQ4_K::scale_min(blk + 4, 2 * p, sc0, m0);
+            DotQ4_K::scale_min(blk + 4, 2 * p + 1, sc1, m1);
+            const float dl0 = d * sc0, ml0 = dmin * m0, dl1 = d * sc1, ml1 = dmin * m1;
+            const uint32_t q = *reinterpret_cast<const uint32_t*>(blk + 48 + 32 * p + i);
+            const uint32_t qh = *reinterpret_cast<const uint32_t*>(blk + 16 + i);
+            float lo[4], hi[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                lo[k] = static_cast<float>(((q >> (8 * k)) & 0xF) | (((qh >> (8 * k + 2 * p)) & 1) << 4));
+                hi[k] = static_cast<float>(((q >> (8 * k + 4)) & 0xF) | (((qh >> (8 * k + 2 * p + 1)) & 1) << 4));
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -257,9 +434,16 @@ bool matvec_supports(GgmlType type) {
     switch (type) {
         case GgmlType::F32:
         case GgmlType::F16:
+        case GgmlType::BF16:
         case GgmlType::Q8_0:
         case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1:
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
         case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
         case GgmlType::Q6_K: return true;
         default: return false;
     }
@@ -280,6 +464,25 @@ void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, 
         case GgmlType::Q4_0:
             detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
             return launch_type<DotQ4_0>("matvec_kernel<Q4_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::BF16: return launch_type<DotBF16>("matvec_kernel<BF16>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q4_1:
+            detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
+            return launch_type<DotQ4_1>("matvec_kernel<Q4_1>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q5_0:
+            detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
+            return launch_type<DotQ5_0>("matvec_kernel<Q5_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q5_1:
+            detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
+            return launch_type<DotQ5_1>("matvec_kernel<Q5_1>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q2_K:
+            detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
+            return launch_type<DotQ2_K>("matvec_kernel<Q2_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q3_K:
+            detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
+            return launch_type<DotQ3_K>("matvec_kernel<Q3_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
+        case GgmlType::Q5_K:
+            detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
+            return launch_type<DotQ5_K>("matvec_kernel<Q5_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
         case GgmlType::Q4_K:
             detail::require(cols % 256 == 0 && row_bytes % 4 == 0, "matvec: Q4_K rows are whole blocks of 256");
             return launch_type<DotQ4_K>("matvec_kernel<Q4_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);

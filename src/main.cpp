@@ -21,6 +21,9 @@
 #include "model_registry.h"
 #include "repl.h"
 #include "vocab_check.h"
+#ifdef TANDEM_HAS_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace {
 
@@ -80,6 +83,48 @@ int choose_context(const Options& opt, const tandem::ModelConfig& c) {
     return static_cast<int>(std::min<size_t>(static_cast<size_t>(c.context_length), fit));
 }
 
+// Resolves --backend / --draft-backend ("auto", "cpu", "cuda") to the backend that will run: "cuda" when asked
+// for and usable (an error naming the CUDA error otherwise), "auto" picks CUDA when this build has it and a device
+// answers, else the CPU.
+std::string resolve_backend(const std::string& requested, const char* flag, bool verbose) {
+#ifdef TANDEM_HAS_CUDA
+    if (requested == "cpu") return "cpu";
+    std::string why;
+    const int n = tandem::cuda::device_count(&why);
+    if (n > 0) {
+        if (verbose && requested == "auto")
+            std::fprintf(stderr, "tandem: %s auto: CUDA on %s\n", flag, tandem::cuda::device_name().c_str());
+        return "cuda";
+    }
+    if (requested == "cuda") throw tandem::Error(std::string(flag) + " cuda: no usable CUDA device: " + why);
+    if (verbose) std::fprintf(stderr, "tandem: %s auto: no usable CUDA device (%s): using the CPU\n", flag, why.c_str());
+    return "cpu";
+#else
+    if (requested == "cuda")
+        throw tandem::Error(std::string(flag) +
+                            " cuda: this tandem was built without CUDA (nvcc not found, or -DTANDEM_CUDA=OFF)");
+    if (verbose && requested == "auto")
+        std::fprintf(stderr, "tandem: %s auto: built without CUDA: using the CPU\n", flag);
+    return "cpu";
+#endif
+}
+
+std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
+                                              int chunk, int n_ctx, bool verbose) {
+#ifdef TANDEM_HAS_CUDA
+    if (kind == "cuda") {
+        if (verbose) {
+            const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx);
+            std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
+        }
+        return std::make_unique<tandem::CudaBackend>(model, n_ctx);
+    }
+#else
+    (void)kind, (void)n_ctx, (void)verbose;
+#endif
+    return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk));
+}
+
 int run(const Options& opt) {
     // No prompt and a terminal on stdin opens the chat REPL; --chat runs the same loop over a pipe.
     const bool chat = opt.chat || (opt.prompt.empty() && opt.prompt_file.empty() && isatty(STDIN_FILENO));
@@ -91,8 +136,7 @@ int run(const Options& opt) {
     } else if (!chat) {
         prompt = read_stdin();
     }
-    if (opt.backend != "auto" && opt.backend != "cpu")
-        throw tandem::Error("backend '" + opt.backend + "' is not available in this build (available: cpu)");
+    const std::string backend_kind = resolve_backend(opt.backend, "--backend", opt.verbose);
 
     // No -m: the default model from the cache, with the default draft when it is installed too.
     std::string model_path = opt.model_path;
@@ -158,17 +202,18 @@ int run(const Options& opt) {
                             std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                             std::to_string(c.context_length) + ")");
 
-    tandem::CpuBackend backend(*model, threads, std::max(1, opt.chunk));
+    std::unique_ptr<tandem::Backend> backend_ptr =
+        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt.verbose);
+    tandem::Backend& backend = *backend_ptr;
     auto cache = backend.new_cache(n_ctx);
 
-    // The draft model: same backend kind, its own cache and thread pool, and a vocabulary checked up front.
+    // The draft model: its own backend (--draft-backend), cache and thread pool, and a vocabulary checked up front.
     std::unique_ptr<tandem::Model> draft_model;
-    std::unique_ptr<tandem::CpuBackend> draft_backend;
+    std::unique_ptr<tandem::Backend> draft_backend;
     std::unique_ptr<tandem::KvCache> draft_cache;
     tandem::DraftModel draft;
     if (!draft_path.empty()) {
-        if (opt.draft_backend != "auto" && opt.draft_backend != "cpu")
-            throw tandem::Error("draft backend '" + opt.draft_backend + "' is not available in this build (available: cpu)");
+        const std::string draft_kind = resolve_backend(opt.draft_backend, "--draft-backend", opt.verbose);
         draft_model = tandem::Model::load(draft_path);
         const tandem::VocabCheck vc = [&] {
             try {
@@ -178,7 +223,7 @@ int run(const Options& opt) {
             }
         }();
         if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
-        draft_backend = std::make_unique<tandem::CpuBackend>(*draft_model, threads, std::max(1, opt.chunk));
+        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt.verbose);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)
@@ -276,11 +321,11 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1 << 16));
     app.add_option("--tokenizer", opt.tokenizer_path, "sentencepiece .model overriding the GGUF vocabulary")
         ->check(CLI::ExistingFile);
-    app.add_option("--backend", opt.backend, "compute backend: auto, cpu")->capture_default_str()
+    app.add_option("--backend", opt.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--draft", opt.draft_path, "draft model (same vocabulary) for speculative decoding")
         ->check(CLI::ExistingFile);
-    app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu")
+    app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu, cuda")
         ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--draft-max", opt.gen.speculative.draft_max, "most tokens drafted per round")
         ->capture_default_str()->check(CLI::Range(1, 64));

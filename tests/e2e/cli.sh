@@ -77,5 +77,16 @@ check "closed pipe: no error output" [ ! -s "$tmp/err" ]
 check "full context: exit 0" [ $? -eq 0 ]
 check "full context: note on stderr" grep -q "context" "$tmp/err"
 
+# --backend: cpu always works; cuda either runs (a GPU and an nvcc build) and gives the same greedy start, or fails
+# with an error that says why (no device / the CUDA error, or a build without CUDA).
+out_cpu=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --backend cpu 2>/dev/null)
+check "--backend cpu greedy text matches llama2.c" [ "${out_cpu:0:${#expected_start}}" = "$expected_start" ]
+out_cuda=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --backend cuda 2>"$tmp/err")
+if [ $? -eq 0 ]; then
+  check "--backend cuda greedy text matches llama2.c" [ "${out_cuda:0:${#expected_start}}" = "$expected_start" ]
+else
+  check "--backend cuda without a GPU: the error names CUDA" grep -q "cuda.*\(CUDA\|cuda\)" "$tmp/err"
+fi
+
 echo "cli: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

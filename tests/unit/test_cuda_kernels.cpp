@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -18,6 +19,7 @@
 #include "emu/cuda_emu.h"
 #include "ggml_types.h"
 #include "kernels.h"
+#include "random_blocks.h"
 
 using namespace tandem;
 using tandem::emu::LaunchOptions;
@@ -128,6 +130,17 @@ namespace {
 std::vector<uint8_t> random_matrix(GgmlType type, int rows, int cols, std::mt19937& rng) {
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
     std::vector<uint8_t> m(row_bytes * rows);
+    if (type == GgmlType::BF16) {  // truncated normal floats: no NaN / Inf bit patterns
+        const std::vector<float> v = random_floats(static_cast<size_t>(rows) * cols, rng);
+        for (size_t i = 0; i < v.size(); ++i) {
+            const uint16_t h = static_cast<uint16_t>(std::bit_cast<uint32_t>(v[i]) >> 16);
+            std::memcpy(m.data() + 2 * i, &h, 2);
+        }
+        return m;
+    }
+    if (type == GgmlType::Q4_1 || type == GgmlType::Q5_0 || type == GgmlType::Q5_1 || type == GgmlType::Q2_K ||
+        type == GgmlType::Q3_K || type == GgmlType::Q5_K)  // random valid blocks, scales in [-1, 1] / 64
+        return test::random_blocks(type, cols, rows, rng);
     if (type == GgmlType::Q4_K || type == GgmlType::Q6_K) {
         std::uniform_int_distribution<int> byte(0, 255);
         std::uniform_real_distribution<float> scale(0.002f, 0.02f);
@@ -163,6 +176,10 @@ TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for ev
         {GgmlType::F32, 5, 37},   {GgmlType::F32, 33, 256},  {GgmlType::F16, 3, 37},   {GgmlType::F16, 9, 160},
         {GgmlType::Q8_0, 5, 96},  {GgmlType::Q8_0, 33, 256}, {GgmlType::Q4_0, 7, 96},  {GgmlType::Q4_0, 8, 512},
         {GgmlType::Q4_K, 3, 256}, {GgmlType::Q4_K, 6, 512},  {GgmlType::Q6_K, 5, 256}, {GgmlType::Q6_K, 4, 512},
+        {GgmlType::BF16, 3, 37},  {GgmlType::BF16, 9, 160},  {GgmlType::Q4_1, 5, 96},  {GgmlType::Q4_1, 8, 512},
+        {GgmlType::Q5_0, 7, 96},  {GgmlType::Q5_0, 4, 256},  {GgmlType::Q5_1, 5, 96},  {GgmlType::Q5_1, 9, 512},
+        {GgmlType::Q2_K, 3, 256}, {GgmlType::Q2_K, 5, 512},  {GgmlType::Q3_K, 5, 256}, {GgmlType::Q3_K, 2, 512},
+        {GgmlType::Q5_K, 3, 256}, {GgmlType::Q5_K, 6, 512},
     };
     std::mt19937 rng(3);
     for (const Case& c : cases) {
@@ -214,7 +231,7 @@ TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for ev
 TEST_CASE("cuda kernels: matvec rejects what it cannot do") {
     std::vector<float> x(64), y(2);
     std::vector<uint8_t> w(2 * 64 * 4);
-    CHECK_THROWS_AS(cuda::matvec(GgmlType::Q5_0, w.data(), 44, 2, 64, x.data(), 1, y.data(), nullptr),
+    CHECK_THROWS_AS(cuda::matvec(GgmlType::IQ4_NL, w.data(), 18, 2, 64, x.data(), 1, y.data(), nullptr),
                     std::invalid_argument);
     CHECK_THROWS_AS(cuda::matvec(GgmlType::F32, w.data(), 256, 2, 64, x.data(), 17, y.data(), nullptr),
                     std::invalid_argument);
@@ -299,13 +316,16 @@ TEST_CASE("cuda kernels: RoPE (both pairings) fused with the fp16 KV-cache write
         }
 }
 
-TEST_CASE("cuda kernels: embedding gather dequantizes F32, F16, Q8_0 and Q4_0 rows") {
+TEST_CASE("cuda kernels: embedding gather dequantizes rows of every matvec type") {
     std::mt19937 rng(5);
     const int n_vocab = 11;
     const std::vector<int> tokens = {3, 0, 10, 3, 7};
-    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::Q8_0, GgmlType::Q4_0})
-        for (int dim : {32, 96, 37}) {
-            if (dim % 32 && type != GgmlType::F32 && type != GgmlType::F16) continue;
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                          GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                          GgmlType::Q5_K, GgmlType::Q6_K})
+        for (int dim : {32, 96, 37, 512}) {
+            REQUIRE(cuda::embedding_supports(type));
+            if (dim % static_cast<int>(ggml_type_info(type).block_size)) continue;
             CAPTURE(ggml_type_name(type));
             CAPTURE(dim);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
@@ -338,7 +358,9 @@ TEST_CASE("cuda kernels: split-K attention over an fp16 cache matches causal GQA
         int n_heads, n_kv, hd, start, n_tok, split;
     };
     const Case cases[] = {{4, 2, 32, 0, 1, 16}, {3, 1, 64, 37, 3, 16}, {2, 2, 128, 100, 1, 32}, {6, 3, 32, 5, 4, 3},
-                          {2, 1, 256, 9, 2, 64}};
+                          {2, 1, 256, 9, 2, 64},
+                          // Head sizes below / between the warp multiples (stories260K has 8).
+                          {8, 4, 8, 20, 5, 7},  {2, 1, 16, 3, 16, 64}, {3, 3, 48, 11, 2, 5}};
     std::mt19937 rng(6);
     for (const Case& c : cases) {
         CAPTURE(c.n_heads);

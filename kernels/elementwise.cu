@@ -1,0 +1,26 @@
+// Small elementwise kernels of the forward pass that no other family owns: the Q/K/V bias add (qwen2).
+#include "common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One grid-stride loop over rows × width; the bias is re-read per row (it is tiny and stays in cache).
+__global__ void __launch_bounds__(kThreads) add_bias_kernel(float* __restrict__ rows, const float* __restrict__ bias,
+                                                            int64_t n, int width) {
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        rows[i] += bias[i % width];
+}
+
+}  // namespace
+
+void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream) {
+    detail::require(n_rows > 0 && width > 0, "add_bias: empty shape");
+    const int64_t n = static_cast<int64_t>(n_rows) * width, blocks = (n + kThreads - 1) / kThreads;
+    detail::launch_kernel("add_bias_kernel", add_bias_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
+                          dim3(kThreads), 0, stream, rows, bias, n, width);
+}
+
+}  // namespace tandem::cuda
