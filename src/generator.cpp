@@ -215,19 +215,15 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
 
     // Cache positions are absolute: out.history[i] sits at position `base + i` (a chat keeps earlier turns in the
     // caches). The draft's cache must hold the same tokens as the target's before the call; what it holds beyond
-    // `base` is stale and dropped. It sees the whole prompt now (it needs no logits until it proposes).
+    // `base` is stale and dropped. The draft reads the prompt only when the controller first asks it for tokens:
+    // when drafting does not pay on this machine, the prompt is never run through the draft at all.
     const int base = cache_.n_committed() - static_cast<int>(prompt.size());
     int draft_fed = 0;  // absolute: positions in the draft's cache
     if (draft_.model) {
         if (draft_.cache->n_committed() < base)
             throw Error("internal: the draft's cache holds fewer tokens than the target's before generation");
         draft_.cache->truncate(base);
-        const int chunk = std::max(1, params.chunk);
-        for (size_t b = 0; b < prompt.size(); b += static_cast<size_t>(chunk)) {
-            const size_t n = std::min(prompt.size() - b, static_cast<size_t>(chunk));
-            draft_.backend->forward(std::span<const int>(prompt.data() + b, n), *draft_.cache, 0, nullptr);
-        }
-        draft_fed = draft_.cache->n_committed();  // the prompt; cur follows with the first proposal
+        draft_fed = base;
     }
 
     for (;;) {
@@ -246,12 +242,25 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if (k > 0 && sp.lookup) drafted = lookup.propose(out.history, k);
         const bool from_lookup = !drafted.empty();
         if (k > 0 && !from_lookup && draft_.model) {
-            const Clock::time_point t0 = Clock::now();
-            // Catch the draft up on everything it has not seen (cur, and after a full acceptance the last draft).
+            Clock::time_point t0 = Clock::now();
+            // Catch the draft up on everything it has not seen: cur, after a full acceptance the last draft, and
+            // in the first drafting round (or after a stretch of plain decoding) the prompt and what followed, in
+            // prefill chunks. A long catch-up is not a draft step: its time is left out of the per-step cost.
             const size_t seen = static_cast<size_t>(draft_fed - base);
-            const std::span<const int> pending(out.history.data() + seen, out.history.size() - seen);
-            draft_.backend->forward(pending, *draft_.cache, 1, draft_logits.data());
+            const size_t n_pending = out.history.size() - seen;
+            const size_t chunk = static_cast<size_t>(std::max(1, params.chunk));
+            for (size_t b = 0; b < n_pending; b += chunk) {
+                const size_t n = std::min(n_pending - b, chunk);
+                const bool last = b + n == n_pending;
+                draft_.backend->forward(std::span<const int>(out.history.data() + seen + b, n), *draft_.cache,
+                                        last ? 1 : 0, last ? draft_logits.data() : nullptr);
+            }
             draft_fed = draft_.cache->n_committed();
+            const bool long_catch_up = n_pending > 2;
+            if (long_catch_up) {
+                st.draft_s += since(t0);
+                t0 = Clock::now();
+            }
             context = out.history;
             for (int i = 0; i < k; ++i) {
                 float* q = &q_rows[static_cast<size_t>(i) * V];
@@ -274,6 +283,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             }
             draft_seconds = since(t0);
             st.draft_s += draft_seconds;
+            if (long_catch_up) draft_seconds = 0;  // this round's steps do not measure a draft step's cost
         } else if (from_lookup) {
             for (size_t i = 0; i < drafted.size(); ++i) {
                 float* q = &q_rows[i * V];
