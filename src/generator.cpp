@@ -193,6 +193,16 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
 
     DraftLengthController controller(sp.draft_min, sp.draft_max);
     controller.set_free_drafts(draft_.model == nullptr);
+    if (draft_.model) {
+        // The prior: the draft's share of the target's weight bytes, the prompt prefill's cost per token (only from
+        // a prompt long enough for the per-token part to dominate), the draft's own prefill of the prompt (the
+        // same work at the weight-bytes ratio) and the tokens still wanted.
+        const double ratio = static_cast<double>(draft_.model->weights.bytes_per_token()) /
+                             static_cast<double>(std::max<uint64_t>(1, model_.weights.bytes_per_token()));
+        const int n_prompt = out.stats().n_prompt;
+        controller.set_cost_prior(ratio, n_prompt >= 32 ? out.stats().prefill_s / n_prompt : 0.0,
+                                  ratio * out.stats().prefill_s, static_cast<double>(out.remaining()));
+    }
     LookupProposer lookup(sp);
     const int k_cap = std::max(0, sp.draft_max);
     // The draft's sampler applies the same transforms with its own random stream.

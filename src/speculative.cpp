@@ -51,30 +51,57 @@ double DraftLengthController::verify_cost(int n) const {
     return std::max(1e-9, icept + std::max(0.0, slope) * n);
 }
 
+// Expected tokens per round with k drafted tokens each accepted with probability a: (1 - a^(k+1)) / (1 - a).
+static double expected_tokens(double a, int k) { return (1.0 - std::pow(a, k + 1)) / (1.0 - a); }
+
+bool DraftLengthController::drafting_may_pay() const {
+    if (free_drafts_ || draft_cost_ratio_ <= 0 || prefill_token_s_ <= 0 || verify_s_[1] <= 0) return true;
+    // Optimistic on every count: 90% acceptance, a draft step at the weight-bytes ratio of a target step, each
+    // extra verified token at the target's large-batch prefill cost (small batches cost more per token). Against
+    // that, the draft must first read the prompt (catch_up_s_), a cost the tokens still wanted must repay.
+    constexpr double kOptimisticAcceptance = 0.9;
+    const double t1 = verify_s_[1], step = draft_cost_ratio_ * t1;
+    const double plain_s = tokens_wanted_ * t1;
+    for (int k = std::max(1, draft_min_); k <= draft_max_; ++k) {
+        const double round_s = k * step + t1 + k * prefill_token_s_;
+        const double drafting_s = catch_up_s_ + tokens_wanted_ * round_s / expected_tokens(kOptimisticAcceptance, k);
+        if (drafting_s < plain_s) return true;
+    }
+    return false;
+}
+
 int DraftLengthController::choose(int k_limit) {
     const int kmax = std::min(draft_max_, k_limit);
     if (kmax <= 0) return 0;
     const int kmin = std::min(draft_min_, kmax);
-    // Until both costs are measured, draft a few tokens so that they are.
-    if (!free_drafts_ && draft_step_s_ < 0) return std::max(kmin, std::min(kmax, 4));
-    if (verify_s_[1] <= 0) return kmin;  // measure plain decoding once
+    if (verify_s_[1] <= 0) return kmin;  // measure plain decoding first (kPlainSamples steps): every other cost is
+                                         // judged against it
+    if (!free_drafts_ && draft_step_s_ < 0) {
+        // The draft has not run yet. If even the optimistic prior says it cannot win, never start it (it would
+        // first have to read the whole prompt); otherwise draft a few tokens to measure its real cost.
+        if (kmin == 0 && !drafting_may_pay()) return 0;
+        return std::max(kmin, std::min(kmax, 4));
+    }
     const double step = free_drafts_ ? 0.0 : draft_step_s_;
     const double a = std::min(alpha_, 0.999);
     int best_k = kmin;
     double best_rate = -1;
     for (int k = kmin; k <= kmax; ++k) {
-        // Expected tokens per round with k drafted tokens accepted independently with probability a:
-        // (1 - a^(k+1)) / (1 - a); cost: k draft steps plus one target forward of k + 1 tokens.
-        const double tokens = (1.0 - std::pow(a, k + 1)) / (1.0 - a);
-        const double rate = tokens / (k * step + verify_cost(k + 1));
+        // Cost: k draft steps plus one target forward of k + 1 tokens.
+        const double rate = expected_tokens(a, k) / (k * step + verify_cost(k + 1));
         if (rate > best_rate) best_rate = rate, best_k = k;
     }
     if (best_k == 0 && kmax > 0) {
         // Plain decoding wins on current estimates; re-measure acceptance now and then, as it drifts with content.
-        if (++rounds_since_probe_ >= 32) {
+        // A draft model must first catch up on every token since it last ran, so each losing probe doubles the
+        // interval before the next (up to 512 rounds).
+        if (++rounds_since_probe_ >= probe_interval_) {
             rounds_since_probe_ = 0;
+            if (!free_drafts_) probe_interval_ = std::min(512, probe_interval_ * 2);
             return std::min(kmax, 2);
         }
+    } else {
+        probe_interval_ = 32;
     }
     return best_k;
 }
@@ -96,6 +123,13 @@ void DraftLengthController::record_round(int drafted, int accepted, double draft
 void DraftLengthController::record_verify(int n_tokens, double seconds) {
     if (n_tokens < 1 || static_cast<size_t>(n_tokens) >= verify_s_.size() || seconds <= 0) return;
     double& v = verify_s_[static_cast<size_t>(n_tokens)];
+    if (n_tokens == 1 && first_plain_s_.size() < kPlainSamples) {
+        first_plain_s_.push_back(seconds);
+        if (first_plain_s_.size() == kPlainSamples) {
+            v = *std::min_element(first_plain_s_.begin(), first_plain_s_.end());
+        }
+        return;
+    }
     v = v < 0 ? seconds : 0.8 * v + 0.2 * seconds;
 }
 

@@ -49,6 +49,17 @@ public:
     void record_verify(int n_tokens, double seconds);
     // Turns off the cost model: the draft is free (prompt lookup), only acceptance matters.
     void set_free_drafts(bool free) { free_drafts_ = free; }
+    // Costs known before the draft has run, so that a draft that cannot pay on this machine is never started:
+    // `draft_cost_ratio`, a draft step's cost as a fraction of a plain target step (decode reads every weight once,
+    // so the ratio of the weight bytes); `prefill_token_s`, the target's seconds per token in a large prefill
+    // chunk, a lower bound on what each extra verified token costs; `catch_up_s`, what the draft's first reading of
+    // the prompt will cost; `tokens_wanted`, the tokens left to generate, which must repay it. 0 means unknown.
+    void set_cost_prior(double draft_cost_ratio, double prefill_token_s, double catch_up_s, double tokens_wanted) {
+        draft_cost_ratio_ = draft_cost_ratio;
+        prefill_token_s_ = prefill_token_s;
+        catch_up_s_ = catch_up_s;
+        tokens_wanted_ = tokens_wanted;
+    }
     double acceptance() const { return alpha_; }
 
 private:
@@ -59,7 +70,15 @@ private:
     double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_
     double draft_step_s_ = -1;    // running seconds per draft forward (-1: not measured yet)
     std::vector<double> verify_s_;  // running seconds per target forward, by n_tokens (-1: not measured)
+    bool drafting_may_pay() const;  // the prior at an optimistic acceptance (see set_cost_prior)
+    double draft_cost_ratio_ = 0, prefill_token_s_ = 0, catch_up_s_ = 0, tokens_wanted_ = 1e9;
     int rounds_since_probe_ = 0;
+    int probe_interval_ = 32;  // rounds of plain decoding between probes; doubles while probes keep losing
+    // The first plain steps, whose minimum starts verify_s_[1]: the first steps after a prefill are slower (seen:
+    // 35-41 ms against 31 ms later for the 1.5B here), and a plain step looking slower than it is would make
+    // drafting look better than it is.
+    std::vector<double> first_plain_s_;
+    static constexpr size_t kPlainSamples = 5;
 };
 
 struct Verdict {

@@ -5,13 +5,26 @@
 //   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS] [--chunk 256]
 //   tandem-bench --make-synthetic 1b --type q4_0 -o /tmp/1b-q4_0.gguf
 //   tandem-bench -m TARGET.gguf --draft DRAFT.gguf [--lookup] [--prompts FILE] [-n 128]   (speculative vs plain)
+//   tandem-bench -m MODEL.gguf --serve [-p 512] [-n 128] [-t THREADS]   (one run per "pp"/"tg" line on stdin)
+//   tandem-bench -m TARGET.gguf --draft DRAFT.gguf|--lookup --prompts FILE --serve   (one generation per
+//       "plain I"/"spec I" line on stdin)
+//   tandem-bench --bandwidth [-t THREADS] [-r 5]                     (memory read bandwidth, GB/s)
+// --json prints JSON lines instead of Markdown tables (scripts/compare-llamacpp reads them).
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iostream>
+#include <memory>
 #include <thread>
 
 #include "cpu/cpu_backend.h"
@@ -42,9 +55,130 @@ std::vector<int> bench_tokens(int n, int n_vocab) {
     return t;
 }
 
+// A JSON string literal (the prompts may hold quotes, backslashes and control characters).
+std::string json_string(std::string_view text) {
+    std::string out = "\"";
+    for (const char ch : text) {
+        const unsigned char c = static_cast<unsigned char>(ch);
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += ch;
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += ch;
+        }
+    }
+    return out + "\"";
+}
+
+// A --prompts line with --unescape: \n is a newline, \t a tab, \\ a backslash; any other backslash stays.
+std::string unescape_prompt(const std::string& line) {
+    std::string out;
+    for (size_t i = 0; i < line.size(); ++i) {
+        const char next = i + 1 < line.size() ? line[i + 1] : '\0';
+        if (line[i] == '\\' && (next == 'n' || next == 't' || next == '\\')) {
+            out += next == 'n' ? '\n' : next == 't' ? '\t' : '\\';
+            ++i;
+        } else {
+            out += line[i];
+        }
+    }
+    return out;
+}
+
+// ---- memory read bandwidth ----------------------------------------------------------------------------------
+// Each thread sums its own contiguous slice of one large buffer (streaming loads, four independent
+// accumulators); the figure is buffer bytes / wall time of the slowest thread, the median of `reps` passes after
+// one warm-up pass. It is the ceiling a decode step can approach: decode reads every weight once per token.
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2"))) uint64_t sum_avx2(const uint64_t* p, size_t n) {
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 4)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 8)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256(reinterpret_cast<const __m256i*>(p + i + 12)));
+    }
+    alignas(32) uint64_t lanes[4];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes),
+                       _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3)));
+    uint64_t s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+    for (; i < n; ++i) s += p[i];
+    return s;
+}
+#endif
+
+uint64_t sum_scalar(const uint64_t* p, size_t n) {
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+    }
+    for (; i < n; ++i) s0 += p[i];
+    return s0 + s1 + s2 + s3;
+}
+
+int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
+    const size_t n = mib * (1u << 20) / sizeof(uint64_t);
+    auto* raw = static_cast<uint64_t*>(std::aligned_alloc(64, n * sizeof(uint64_t)));
+    if (!raw) throw tandem::Error("cannot allocate " + std::to_string(mib) + " MiB for the bandwidth test");
+    std::unique_ptr<uint64_t, decltype(&std::free)> buf(raw, &std::free);
+    for (size_t i = 0; i < n; ++i) raw[i] = i;  // touch every page: no page faults inside the timing
+    bool avx2 = false;
+#if defined(__x86_64__) || defined(__i386__)
+    avx2 = __builtin_cpu_supports("avx2");
+#endif
+    std::vector<uint64_t> sums(static_cast<size_t>(threads));
+    auto pass = [&] {
+        std::vector<std::thread> pool;
+        const size_t per = (n / static_cast<size_t>(threads)) & ~size_t{15};
+        const auto t0 = Clock::now();
+        for (int t = 0; t < threads; ++t) {
+            const size_t begin = per * static_cast<size_t>(t);
+            const size_t len = t + 1 == threads ? n - begin : per;
+            pool.emplace_back([&, t, begin, len] {
+#if defined(__x86_64__) || defined(__i386__)
+                if (avx2) {
+                    sums[static_cast<size_t>(t)] += sum_avx2(raw + begin, len);
+                    return;
+                }
+#endif
+                sums[static_cast<size_t>(t)] += sum_scalar(raw + begin, len);
+            });
+        }
+        for (auto& th : pool) th.join();
+        return static_cast<double>(n * sizeof(uint64_t)) / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+    };
+    pass();  // warm-up
+    std::vector<double> runs;
+    for (int r = 0; r < reps; ++r) runs.push_back(pass());
+    const double gbps = median(runs);
+    uint64_t check = 0;
+    for (uint64_t s : sums) check += s;  // keeps the sums alive
+    if (json)
+        std::printf("{\"test\":\"bandwidth\",\"gb_per_s\":%.3f,\"threads\":%d,\"mib\":%zu,\"reps\":%d,"
+                    "\"avx2\":%s,\"checksum\":%llu}\n",
+                    gbps, threads, mib, reps, avx2 ? "true" : "false", static_cast<unsigned long long>(check % 1000));
+    else
+        std::printf("memory read bandwidth: %.2f GB/s (%d threads, %zu MiB buffer, median of %d)\n", gbps, threads,
+                    mib, reps);
+    return 0;
+}
+
 // Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
+// With `serve`, after loading it answers one generation per stdin line instead: "plain I" or "spec I" (prompt I,
+// from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
 int speculative_bench(const tandem::Model& model, const std::string& draft_path, bool lookup,
-                      const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk) {
+                      const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
+                      bool json, bool serve) {
     std::unique_ptr<tandem::Model> draft_model;
     std::unique_ptr<tandem::CpuBackend> draft_backend;
     if (!draft_path.empty()) {
@@ -53,32 +187,74 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         draft_backend = std::make_unique<tandem::CpuBackend>(*draft_model, threads, chunk);
     }
     tandem::CpuBackend backend(model, threads, chunk);
-    std::printf("| prompt | plain tokens/s | speculative tokens/s | speedup | acceptance | mean accepted |\n");
-    std::printf("|---|---|---|---|---|---|\n");
-    for (const std::string& text : prompts) {
-        const std::vector<int> prompt = model.tokenizer->encode(text, model.tokenizer->add_bos());
+    std::vector<std::vector<int>> encoded;
+    for (const std::string& text : prompts) encoded.push_back(model.tokenizer->encode(text, model.tokenizer->add_bos()));
+
+    auto run = [&](const std::vector<int>& prompt, bool speculative) {
         const int n_ctx = static_cast<int>(prompt.size()) + n_gen + 70;
+        auto cache = backend.new_cache(n_ctx);
+        std::unique_ptr<tandem::KvCache> draft_cache;
+        tandem::DraftModel draft;
+        if (speculative && draft_model) {
+            draft_cache = draft_backend->new_cache(n_ctx);
+            draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
+        }
+        tandem::GenerationParams params;
+        params.n_predict = n_gen;
+        params.chunk = chunk;
+        params.sampler.temperature = 0;
+        params.speculative.lookup = speculative && lookup;
+        tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
+        return gen.generate(prompt, params, [](std::string_view) { return true; });
+    };
+
+    if (serve) {
+        std::string sizes;
+        for (const auto& p : encoded) sizes += (sizes.empty() ? "" : ",") + std::to_string(p.size());
+        std::printf("{\"ready\":true,\"n_prompts\":%zu,\"n_prompt_tokens\":[%s],\"draft\":%s,\"lookup\":%s}\n",
+                    encoded.size(), sizes.c_str(), draft_model ? "true" : "false", lookup ? "true" : "false");
+        std::fflush(stdout);
+        for (std::string line; std::getline(std::cin, line);) {
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (line == "quit") break;
+            char mode[16] = {0};
+            int index = -1;
+            if (std::sscanf(line.c_str(), "%15s %d", mode, &index) != 2 || index < 0 ||
+                index >= static_cast<int>(encoded.size()) ||
+                (std::strcmp(mode, "plain") != 0 && std::strcmp(mode, "spec") != 0)) {
+                std::printf("{\"error\":%s}\n", json_string("bad request '" + line + "' (plain I | spec I)").c_str());
+                std::fflush(stdout);
+                continue;
+            }
+            const bool speculative = std::strcmp(mode, "spec") == 0;
+            const tandem::GenerationStats st = run(encoded[static_cast<size_t>(index)], speculative);
+            std::printf("{\"test\":\"%s\",\"prompt\":%d,\"n_generated\":%d,\"seconds\":%.6f,\"tokens_per_s\":%.4f,"
+                        "\"drafted\":%lld,\"accepted\":%lld,\"rounds\":%d,\"plain_steps\":%d}\n",
+                        mode, index, st.n_generated, st.decode_s, st.n_generated / st.decode_s,
+                        static_cast<long long>(st.spec.drafted), static_cast<long long>(st.spec.accepted),
+                        static_cast<int>(st.spec.rounds), static_cast<int>(st.spec.plain_steps));
+            std::fflush(stdout);
+        }
+        return 0;
+    }
+
+    if (!json) {
+        std::printf("| prompt | plain tokens/s | speculative tokens/s | speedup | acceptance | mean accepted |\n");
+        std::printf("|---|---|---|---|---|---|\n");
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const std::string& text = prompts[i];
+        const std::vector<int>& prompt = encoded[i];
         std::vector<double> plain, spec;
         double acceptance = 0, mean_accepted = 0;
+        int n_plain = 0, n_spec = 0;
         for (int r = 0; r <= reps; ++r) {  // run 0 is a warm-up
             for (bool speculative : {false, true}) {
-                auto cache = backend.new_cache(n_ctx);
-                std::unique_ptr<tandem::KvCache> draft_cache;
-                tandem::DraftModel draft;
-                if (speculative && draft_model) {
-                    draft_cache = draft_backend->new_cache(n_ctx);
-                    draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
-                }
-                tandem::GenerationParams params;
-                params.n_predict = n_gen;
-                params.chunk = chunk;
-                params.sampler.temperature = 0;
-                params.speculative.lookup = speculative && lookup;
-                tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
-                const tandem::GenerationStats st = gen.generate(prompt, params, [](std::string_view) { return true; });
+                const tandem::GenerationStats st = run(prompt, speculative);
                 const double tps = st.n_generated / st.decode_s;
                 if (r == 0) continue;
                 (speculative ? spec : plain).push_back(tps);
+                (speculative ? n_spec : n_plain) = st.n_generated;
                 if (speculative && st.spec.drafted > 0) {
                     acceptance = static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.drafted);
                     const int drafting_rounds = st.spec.rounds - st.spec.plain_steps;
@@ -87,6 +263,15 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
             }
         }
         const double p = median(plain), s = median(spec);
+        if (json) {
+            std::printf("{\"test\":\"speculative\",\"prompt\":%s,\"n_prompt\":%zu,\"n_generated_plain\":%d,"
+                        "\"n_generated_speculative\":%d,\"plain_tokens_per_s\":%.4f,\"speculative_tokens_per_s\":%.4f,"
+                        "\"acceptance\":%.4f,\"mean_accepted\":%.4f,\"reps\":%d,\"draft\":%s,\"lookup\":%s}\n",
+                        json_string(text).c_str(), prompt.size(), n_plain, n_spec, p, s, acceptance, mean_accepted,
+                        reps, draft_model ? "true" : "false", lookup ? "true" : "false");
+            std::fflush(stdout);
+            continue;
+        }
         std::printf("| %s | %.2f | %.2f | %.2fx | %.1f%% | %.2f |\n", text.substr(0, 40).c_str(), p, s, s / p,
                     100 * acceptance, mean_accepted);
         std::fflush(stdout);
@@ -114,10 +299,19 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
     std::string draft_path, prompts_path;
-    bool lookup = false;
+    bool lookup = false, json = false, serve = false, bandwidth = false, unescape = false;
+    size_t bandwidth_mib = 1024;
     app.add_option("--draft", draft_path, "speculative mode: draft model to compare against plain decoding");
     app.add_flag("--lookup", lookup, "speculative mode with prompt-lookup drafting");
     app.add_option("--prompts", prompts_path, "speculative mode: prompts, one per line (default: three built in)");
+    app.add_flag("--unescape", unescape, "the --prompts lines use the escapes \\n, \\t and \\\\ (multi-line prompts)");
+    app.add_flag("--json", json, "print JSON lines instead of Markdown tables");
+    app.add_flag("--serve", serve,
+                 "load the model, warm up once, then run one test per stdin line (\"pp\" or \"tg\"; with --draft/--lookup: "
+                 "\"plain I\" or \"spec I\", a generation from prompt I, no warm-up), one JSON line each");
+    app.add_flag("--bandwidth", bandwidth, "measure the memory read bandwidth with -t threads (median of -r passes)");
+    app.add_option("--bandwidth-mib", bandwidth_mib, "buffer size of --bandwidth")->capture_default_str()
+        ->check(CLI::Range(size_t{16}, size_t{1} << 20));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -135,8 +329,9 @@ int main(int argc, char** argv) {
             tandem::write_synthetic_model(synth_out, *shape, *type);
             if (model_path.empty()) return 0;
         }
-        if (model_path.empty()) throw tandem::Error("give -m MODEL.gguf (or --make-synthetic NAME -o FILE)");
         if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+        if (bandwidth) return bandwidth_bench(threads, reps, bandwidth_mib, json);
+        if (model_path.empty()) throw tandem::Error("give -m MODEL.gguf (or --make-synthetic NAME -o FILE)");
 
         auto model = tandem::Model::load(model_path);
         const tandem::ModelConfig& c = model->config;
@@ -171,17 +366,52 @@ int main(int argc, char** argv) {
                 if (!in) throw tandem::Error(prompts_path + ": cannot open");
                 prompts.clear();
                 for (std::string line; std::getline(in, line);)
-                    if (!line.empty()) prompts.push_back(line);
+                    if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
-            return speculative_bench(*model, draft_path, lookup, prompts, n_gen, reps, threads, chunk);
+            return speculative_bench(*model, draft_path, lookup, prompts, n_gen, reps, threads, chunk, json, serve);
+        }
+        if (serve) {
+            // The caller (scripts/compare-llamacpp) interleaves these runs with another engine's; the model load
+            // and the warm-up stay out of every timing.
+            if (n_prompt > 0) run_pp();
+            if (n_gen > 0) run_tg();
+            std::printf("{\"ready\":true,\"model\":%s,\"threads\":%d,\"n_prompt\":%d,\"n_gen\":%d,\"chunk\":%d,"
+                        "\"bytes_per_token\":%.0f,\"file_size\":%llu,\"n_vocab\":%d}\n",
+                        json_string(c.name).c_str(), threads, n_prompt, n_gen, chunk, bytes_per_token,
+                        static_cast<unsigned long long>(model->file->file_size()), c.n_vocab);
+            std::fflush(stdout);
+            for (std::string line; std::getline(std::cin, line);) {
+                if (!line.empty() && line.back() == '\r') line.pop_back();
+                if (line == "quit") break;
+                const bool pp = line == "pp";
+                if ((!pp && line != "tg") || (pp ? n_prompt : n_gen) <= 0) {
+                    std::printf("{\"error\":%s}\n", json_string("unknown or disabled test '" + line + "'").c_str());
+                } else {
+                    const double tps = pp ? run_pp() : run_tg();
+                    const int n = pp ? n_prompt : n_gen;
+                    std::printf("{\"test\":\"%s\",\"n\":%d,\"tokens_per_s\":%.4f,\"seconds\":%.6f}\n",
+                                pp ? "pp" : "tg", n, tps, n / tps);
+                }
+                std::fflush(stdout);
+            }
+            return 0;
         }
         uint64_t n_params = 0;
         for (const auto& t : model->file->tensors()) n_params += t.n_elements();
-        std::printf("| model | size | params | threads | test | tokens/s (median of %d) | weight GB/s |\n", reps);
-        std::printf("|---|---|---|---|---|---|---|\n");
+        if (!json) {
+            std::printf("| model | size | params | threads | test | tokens/s (median of %d) | weight GB/s |\n", reps);
+            std::printf("|---|---|---|---|---|---|---|\n");
+        }
         const double size_gib = static_cast<double>(model->file->file_size()) / (1024.0 * 1024 * 1024);
         auto print = [&](const char* test, int n, std::vector<double> runs, bool decode) {
             const double tps = median(std::move(runs));
+            if (json) {
+                std::printf("{\"test\":\"%s\",\"n\":%d,\"tokens_per_s\":%.4f,\"reps\":%d,\"threads\":%d,"
+                            "\"bytes_per_token\":%.0f}\n",
+                            test, n, tps, reps, threads, bytes_per_token);
+                std::fflush(stdout);
+                return;
+            }
             const std::string gbps = decode ? std::to_string(tps * bytes_per_token / 1e9).substr(0, 5) : "";
             std::printf("| %s | %.1f MiB | %.3fB | %d | %s%d | %.2f | %s |\n", c.name.c_str(), size_gib * 1024,
                         static_cast<double>(n_params) / 1e9, threads, test, n, tps, gbps.c_str());

@@ -224,6 +224,57 @@ TEST_CASE("speculative: the controller falls back to plain decoding when verific
     CHECK(cheap.choose(2) <= 2);
 }
 
+TEST_CASE("speculative: a draft that cannot pay even on the optimistic prior is never started") {
+    // Target step 33 ms; a large prefill costs 19 ms per token (compute-bound: this 2-core CPU with the 1.5B);
+    // a draft reading 40% of the target's bytes. Even at 90% acceptance k drafted tokens cost k*13 + 33 + k*19 ms
+    // for at most 1.9..~6 tokens: never better than 1 token per 33 ms.
+    DraftLengthController hopeless(0, 16);
+    hopeless.set_cost_prior(0.40, 0.019, 0.0, 1e9);
+    CHECK(hopeless.choose(16) == 0);  // first: one plain step to measure the target
+    for (int i = 0; i < 4; ++i) {
+        hopeless.record_verify(1, 0.033);
+        CHECK(hopeless.choose(16) == 0);
+    }
+    hopeless.record_verify(1, 0.033);
+    for (int i = 0; i < 200; ++i) CHECK(hopeless.choose(16) == 0);  // no probes either: the draft never ran
+
+    // A memory-bound machine (a verified token nearly free) and a small draft: the draft is tried.
+    DraftLengthController promising(0, 16);
+    promising.set_cost_prior(0.10, 0.002, 0.0, 1e9);
+    CHECK(promising.choose(16) == 0);
+    for (int i = 0; i < 5; ++i) promising.record_verify(1, 0.033);
+    CHECK(promising.choose(16) == 4);
+
+    // A draft that would pay in the long run but cannot repay its reading of the prompt in the tokens wanted.
+    DraftLengthController short_answer(0, 16);
+    short_answer.set_cost_prior(0.10, 0.002, 2.0, 64);  // at best ~3x faster: 64 tokens save < 2 s of catch-up
+    for (int i = 0; i < 5; ++i) short_answer.record_verify(1, 0.033);
+    CHECK(short_answer.choose(16) == 0);
+    DraftLengthController long_answer(0, 16);
+    long_answer.set_cost_prior(0.10, 0.002, 2.0, 4096);
+    for (int i = 0; i < 5; ++i) long_answer.record_verify(1, 0.033);
+    CHECK(long_answer.choose(16) == 4);
+
+    // A user's --draft-min forces drafting whatever the prior says.
+    DraftLengthController forced(2, 16);
+    forced.set_cost_prior(0.40, 0.019, 0.0, 1e9);
+    for (int i = 0; i < 5; ++i) forced.record_verify(1, 0.033);
+    CHECK(forced.choose(16) >= 2);
+}
+
+TEST_CASE("speculative: probes of a losing draft become rarer") {
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.010);
+    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.010 * n);
+    c.record_round(4, 2, 4 * 0.006);
+    std::vector<int> probe_rounds;
+    for (int round = 0; round < 400; ++round)
+        if (c.choose(8) > 0) probe_rounds.push_back(round);
+    REQUIRE(probe_rounds.size() >= 3);
+    CHECK(probe_rounds[1] - probe_rounds[0] > 32);                      // 64 after the first probe
+    CHECK(probe_rounds[2] - probe_rounds[1] > probe_rounds[1] - probe_rounds[0]);
+}
+
 TEST_CASE("speculative: vocabulary check") {
     auto stories = GgufFile::open(kData + "/stories260K.gguf");
     auto llama = GgufFile::open(kData + "/ggml-vocab-llama-spm.gguf");

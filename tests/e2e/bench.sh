@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# End-to-end checks of tandem-bench's machine-readable modes, which scripts/compare-llamacpp drives: --json lines,
+# the --serve request loops (pp/tg and speculative), --bandwidth, --unescape'd prompts; and that the comparison script refuses a missing
+# model with the fetch-models hint before it installs or runs anything. (The comparison itself is a benchmark and
+# needs llama-cpp-python; it is not run here.)
+# Usage: bench.sh BUILD_DIR DATA_DIR
+set -uo pipefail
+build=$1 data=$2
+bench="$build/tandem-bench"
+model="$data/stories260K.gguf"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+json_ok() { python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1]) if l.strip()]' "$1"; }
+
+"$bench" -m "$model" -p 32 -n 8 -r 1 -t 1 --json >"$tmp/json" 2>/dev/null
+check "--json: exit 0" [ $? -eq 0 ]
+check "--json: valid JSON lines" json_ok "$tmp/json"
+check "--json: a pp and a tg line" [ "$(grep -c '"test":"[pt][pg]"' "$tmp/json")" -eq 2 ]
+
+printf 'pp\ntg\nxx\ntg\nquit\n' | "$bench" -m "$model" --serve -p 32 -n 8 -t 1 >"$tmp/serve" 2>/dev/null
+check "--serve: exit 0" [ $? -eq 0 ]
+check "--serve: valid JSON lines" json_ok "$tmp/serve"
+check "--serve: ready line first" bash -c "head -1 '$tmp/serve' | grep -q '\"ready\":true'"
+check "--serve: one line per request" [ "$(wc -l <"$tmp/serve")" -eq 5 ]
+check "--serve: unknown request is an error line" grep -q '"error"' "$tmp/serve"
+check "--serve: tokens/s reported" [ "$(grep -c '"tokens_per_s"' "$tmp/serve")" -eq 3 ]
+printf 'pp\n' | "$bench" -m "$model" --serve -p 16 -n 4 -t 1 >"$tmp/eof" 2>/dev/null
+check "--serve: ends at EOF" [ $? -eq 0 ] && [ "$(wc -l <"$tmp/eof")" -eq 2 ]
+
+"$bench" --bandwidth --bandwidth-mib 32 -r 2 -t 2 --json >"$tmp/bw" 2>/dev/null
+check "--bandwidth: exit 0" [ $? -eq 0 ]
+check "--bandwidth: a positive GB/s" python3 -c \
+  'import json,sys; assert json.load(open(sys.argv[1]))["gb_per_s"] > 0' "$tmp/bw"
+
+printf 'Once upon a time\\nthere was\nSam said \\"hi\\" and\\tleft\n' >"$tmp/prompts"
+"$bench" -m "$model" --lookup --prompts "$tmp/prompts" --unescape -n 16 -r 1 -t 1 --json >"$tmp/spec" 2>/dev/null
+check "--lookup --json: exit 0" [ $? -eq 0 ]
+check "--lookup --json: valid JSON lines" json_ok "$tmp/spec"
+check "--unescape: the newline reaches the prompt" grep -q 'Once upon a time\\u000athere was' "$tmp/spec"
+check "--unescape: other escapes stay, tabs become tabs" grep -q 'Sam said \\\\\\"hi\\\\\\" and\\u0009left' "$tmp/spec"
+
+printf 'plain 0\nspec 1\nspec 7\nquit\n' | "$bench" -m "$model" --lookup --prompts "$tmp/prompts" --unescape --serve \
+  -n 16 -t 1 >"$tmp/specserve" 2>/dev/null
+check "--lookup --serve: exit 0" [ $? -eq 0 ]
+check "--lookup --serve: valid JSON lines" json_ok "$tmp/specserve"
+check "--lookup --serve: ready, two runs, one error" bash -c "[ \$(grep -c '\"ready\":true' '$tmp/specserve') -eq 1 ] &&
+  [ \$(grep -c '\"tokens_per_s\"' '$tmp/specserve') -eq 2 ] && [ \$(grep -c '\"error\"' '$tmp/specserve') -eq 1 ]"
+
+# The comparison script: a missing model is a clear error naming scripts/fetch-models, before anything else.
+TANDEM_MODELS_DIR="$tmp/none" python3 "$root/scripts/compare-llamacpp" --models smollm2 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "compare-llamacpp: missing model exits 1" [ $rc -eq 1 ]
+check "compare-llamacpp: the error names fetch-models" grep -q "scripts/fetch-models" "$tmp/err"
+check "compare-llamacpp: nothing on stdout" [ ! -s "$tmp/out" ]
+
+echo "bench: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
