@@ -245,6 +245,8 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         // Room in the cache for cur + k, and no point drafting past the tokens still wanted.
         const int k_limit = std::min({k_cap, cache_.capacity() - committed - 1, out.remaining() - 1});
         const int k = controller.choose(k_limit);
+        const Clock::time_point t_round = Clock::now();
+        bool round_caught_up = false;  // the draft read many tokens this round: not a typical round's cost
 
         // ---- propose ----
         std::vector<int> drafted;
@@ -267,6 +269,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             }
             draft_fed = draft_.cache->n_committed();
             const bool long_catch_up = n_pending > 2;
+            round_caught_up = long_catch_up;
             if (long_catch_up) {
                 st.draft_s += since(t0);
                 t0 = Clock::now();
@@ -339,6 +342,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             draft_.cache->truncate(keep);
             draft_fed = draft_.cache->n_committed();
         }
+        if (!round_caught_up) controller.record_throughput(n_drafted > 0, verdict.n_accepted + 1, since(t_round));
         for (int i = 0; i < verdict.n_accepted; ++i)
             if (!out.push(drafted[static_cast<size_t>(i)])) return;
         cur = verdict.next_token;

@@ -91,6 +91,10 @@ int DraftLengthController::choose(int k_limit) {
         const double rate = expected_tokens(a, k) / (k * step + verify_cost(k + 1));
         if (rate > best_rate) best_rate = rate, best_k = k;
     }
+    // The realised rates overrule the model (see record_throughput).
+    if (best_k > 0 && kmin == 0 && drafting_s_per_token_ > 0 && plain_s_per_token_ > 0 &&
+        drafting_s_per_token_ > plain_s_per_token_)
+        best_k = 0;
     if (best_k == 0 && kmax > 0) {
         // Plain decoding wins on current estimates; re-measure acceptance now and then, as it drifts with content.
         // A draft model must first catch up on every token since it last ran, so each losing probe doubles the
@@ -118,6 +122,13 @@ void DraftLengthController::record_round(int drafted, int accepted, double draft
         const double per_step = draft_seconds / drafted;
         draft_step_s_ = draft_step_s_ < 0 ? per_step : 0.8 * draft_step_s_ + 0.2 * per_step;
     }
+}
+
+void DraftLengthController::record_throughput(bool drafted, int tokens, double seconds) {
+    if (tokens <= 0 || seconds <= 0) return;
+    double& v = drafted ? drafting_s_per_token_ : plain_s_per_token_;
+    const double per_token = seconds / tokens;
+    v = v < 0 ? per_token : 0.8 * v + 0.2 * per_token;
 }
 
 void DraftLengthController::record_verify(int n_tokens, double seconds) {

@@ -60,6 +60,11 @@ public:
         catch_up_s_ = catch_up_s;
         tokens_wanted_ = tokens_wanted;
     }
+    // Whole-round wall time (proposing, verifying, sampling) and tokens emitted, for rounds with drafting and
+    // plain ones. choose() stops drafting when the realised seconds per token of drafting rounds exceed those of
+    // plain rounds, whatever the cost model predicts: the model leaves out per-round costs, and the guarantee that
+    // drafting never runs much below plain decoding must not rest on it.
+    void record_throughput(bool drafted, int tokens, double seconds);
     double acceptance() const { return alpha_; }
 
 private:
@@ -73,6 +78,7 @@ private:
     bool drafting_may_pay() const;  // the prior at an optimistic acceptance (see set_cost_prior)
     double draft_cost_ratio_ = 0, prefill_token_s_ = 0, catch_up_s_ = 0, tokens_wanted_ = 1e9;
     int rounds_since_probe_ = 0;
+    double plain_s_per_token_ = -1, drafting_s_per_token_ = -1;  // running averages (-1: not measured)
     int probe_interval_ = 32;  // rounds of plain decoding between probes; doubles while probes keep losing
     // The first plain steps, whose minimum starts verify_s_[1]: the first steps after a prefill are slower (seen:
     // 35-41 ms against 31 ms later for the 1.5B here), and a plain step looking slower than it is would make

@@ -262,6 +262,22 @@ TEST_CASE("speculative: a draft that cannot pay even on the optimistic prior is 
     CHECK(forced.choose(16) >= 2);
 }
 
+TEST_CASE("speculative: realised throughput overrules the cost model") {
+    // The model's costs say drafting wins (cheap draft, flat verification, high acceptance) ...
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.010);
+    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.010);
+    c.record_round(4, 4, 4 * 0.001);
+    CHECK(c.choose(8) > 0);
+    // ... but whole drafting rounds deliver a token every 12 ms where plain rounds take 10 ms.
+    c.record_throughput(false, 1, 0.010);
+    c.record_throughput(true, 5, 0.060);
+    CHECK(c.choose(8) == 0);
+    // When drafting rounds do better, the model decides again.
+    for (int i = 0; i < 20; ++i) c.record_throughput(true, 5, 0.030);
+    CHECK(c.choose(8) > 0);
+}
+
 TEST_CASE("speculative: probes of a losing draft become rarer") {
     DraftLengthController c(0, 8);
     for (int i = 0; i < 5; ++i) c.record_verify(1, 0.010);
