@@ -54,12 +54,14 @@ double DraftLengthController::verify_cost(int n) const {
 // Expected tokens per round with k drafted tokens each accepted with probability a: (1 - a^(k+1)) / (1 - a).
 static double expected_tokens(double a, int k) { return (1.0 - std::pow(a, k + 1)) / (1.0 - a); }
 
+// The acceptance rate the "could drafting ever pay" questions assume: high for a draft of the same family.
+static constexpr double kOptimisticAcceptance = 0.9;
+
 bool DraftLengthController::drafting_may_pay() const {
     if (free_drafts_ || draft_cost_ratio_ <= 0 || prefill_token_s_ <= 0 || verify_s_[1] <= 0) return true;
     // Optimistic on every count: 90% acceptance, a draft step at the weight-bytes ratio of a target step, each
     // extra verified token at the target's large-batch prefill cost (small batches cost more per token). Against
     // that, the draft must first read the prompt (catch_up_s_), a cost the tokens still wanted must repay.
-    constexpr double kOptimisticAcceptance = 0.9;
     const double t1 = verify_s_[1], step = draft_cost_ratio_ * t1;
     const double plain_s = tokens_wanted_ * t1;
     for (int k = std::max(1, draft_min_); k <= draft_max_; ++k) {
@@ -67,6 +69,14 @@ bool DraftLengthController::drafting_may_pay() const {
         const double drafting_s = catch_up_s_ + tokens_wanted_ * round_s / expected_tokens(kOptimisticAcceptance, k);
         if (drafting_s < plain_s) return true;
     }
+    return false;
+}
+
+bool DraftLengthController::better_acceptance_could_pay(int kmax) const {
+    const double a = std::max(kOptimisticAcceptance, std::min(alpha_, 0.999));
+    const double plain_rate = 1.0 / verify_cost(1);
+    for (int k = 1; k <= kmax; ++k)
+        if (expected_tokens(a, k) / (k * draft_step_s_ + verify_cost(k + 1)) > plain_rate) return true;
     return false;
 }
 
@@ -98,7 +108,10 @@ int DraftLengthController::choose(int k_limit) {
     if (best_k == 0 && kmax > 0) {
         // Plain decoding wins on current estimates; re-measure acceptance now and then, as it drifts with content.
         // A draft model must first catch up on every token since it last ran, so each losing probe doubles the
-        // interval before the next (up to 512 rounds).
+        // interval before the next (up to 512 rounds). A probe only measures acceptance: when the measured costs
+        // lose to plain decoding even at an optimistic acceptance, no acceptance it could find would change the
+        // decision, and the draft is left alone.
+        if (!free_drafts_ && !better_acceptance_could_pay(kmax)) return 0;
         if (++rounds_since_probe_ >= probe_interval_) {
             rounds_since_probe_ = 0;
             if (!free_drafts_) probe_interval_ = std::min(512, probe_interval_ * 2);

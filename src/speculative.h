@@ -76,6 +76,9 @@ private:
     double draft_step_s_ = -1;    // running seconds per draft forward (-1: not measured yet)
     std::vector<double> verify_s_;  // running seconds per target forward, by n_tokens (-1: not measured)
     bool drafting_may_pay() const;  // the prior at an optimistic acceptance (see set_cost_prior)
+    // With the measured draft and verification costs, whether some k up to kmax beats plain decoding at an
+    // optimistic acceptance (or the current estimate, if higher).
+    bool better_acceptance_could_pay(int kmax) const;
     double draft_cost_ratio_ = 0, prefill_token_s_ = 0, catch_up_s_ = 0, tokens_wanted_ = 1e9;
     int rounds_since_probe_ = 0;
     double plain_s_per_token_ = -1, drafting_s_per_token_ = -1;  // running averages (-1: not measured)

@@ -279,16 +279,27 @@ TEST_CASE("speculative: realised throughput overrules the cost model") {
 }
 
 TEST_CASE("speculative: probes of a losing draft become rarer") {
+    // A cheap draft with flat verification, losing only through its acceptance (a better one would win).
     DraftLengthController c(0, 8);
     for (int i = 0; i < 5; ++i) c.record_verify(1, 0.010);
-    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.010 * n);
-    c.record_round(4, 2, 4 * 0.006);
+    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.010 + 0.001 * n);
+    for (int i = 0; i < 10; ++i) c.record_round(4, 0, 4 * 0.003);
     std::vector<int> probe_rounds;
     for (int round = 0; round < 400; ++round)
         if (c.choose(8) > 0) probe_rounds.push_back(round);
     REQUIRE(probe_rounds.size() >= 3);
     CHECK(probe_rounds[1] - probe_rounds[0] > 32);                      // 64 after the first probe
     CHECK(probe_rounds[2] - probe_rounds[1] > probe_rounds[1] - probe_rounds[0]);
+}
+
+TEST_CASE("speculative: a draft whose measured costs lose even at high acceptance is not probed again") {
+    // Verification is compute-bound (each extra token costs 60% of a step) and a draft step costs 50% of one: at
+    // 90% acceptance k drafted tokens cost 0.5k + 1 + 0.6k steps for at most (1 - 0.9^(k+1)) / 0.1 tokens.
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.010);
+    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.010 + 0.006 * (n - 1));
+    c.record_round(4, 1, 4 * 0.005);
+    for (int round = 0; round < 2000; ++round) REQUIRE(c.choose(8) == 0);
 }
 
 TEST_CASE("speculative: vocabulary check") {
