@@ -137,7 +137,7 @@ void Generator::prefill(const std::vector<int>& prompt, int chunk) {
 }
 
 GenerationStats Generator::generate(const std::vector<int>& prompt, const GenerationParams& params,
-                                    const std::function<bool(std::string_view)>& emit) {
+                                    const std::function<bool(std::string_view)>& emit, std::span<const int> held) {
     using Clock = std::chrono::steady_clock;
     GenerationStats stats;
     if (prompt.empty()) throw Error("the prompt is empty (no tokens to start from)");
@@ -155,7 +155,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     const Clock::time_point t_decode = Clock::now();
     const bool speculative = draft_.model != nullptr || params.speculative.lookup;
     if (speculative)
-        decode_speculative(out, sampler, params, prompt);
+        decode_speculative(out, sampler, params, prompt, held);
     else
         decode_plain(out, sampler, params);
     out.finish();
@@ -183,7 +183,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
 // accepted. `cur` (the last emitted token) is never in the target's cache at the start of a round: it is the
 // first token of the verification batch.
 void Generator::decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params,
-                                   const std::vector<int>& prompt) {
+                                   const std::vector<int>& prompt, std::span<const int> held) {
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     const SpeculativeParams& sp = params.speculative;
@@ -225,18 +225,21 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     int cur = sampler.sample(logits_.data(), out.history);
     if (!out.push(cur)) return;
 
-    // Cache positions are absolute: out.history[i] sits at position `base + i` (a chat keeps earlier turns in the
-    // caches). The draft's cache must hold the same tokens as the target's before the call; what it holds beyond
-    // `base` is stale and dropped. The draft reads the prompt only when the controller first asks it for tokens:
-    // when drafting does not pay on this machine, the prompt is never run through the draft at all.
+    // Cache positions are absolute: out.history[i] sits at position `base + i`, and held[p] at p < base (a chat
+    // keeps earlier turns in the caches). The draft's cache holds a prefix of the same tokens; what it holds beyond
+    // `base` is stale and dropped. The draft reads what it lacks only when the controller first asks it for
+    // tokens: when drafting does not pay on this machine, neither the prompt nor earlier turns ever go through it.
     const int base = cache_.n_committed() - static_cast<int>(prompt.size());
     int draft_fed = 0;  // absolute: positions in the draft's cache
     if (draft_.model) {
-        if (draft_.cache->n_committed() < base)
-            throw Error("internal: the draft's cache holds fewer tokens than the target's before generation");
-        draft_.cache->truncate(base);
-        draft_fed = base;
+        draft_fed = std::min(draft_.cache->n_committed(), base);
+        if (draft_fed < base && static_cast<int>(held.size()) < base)
+            throw Error("internal: the draft's cache holds fewer tokens than the target's, and they were not given");
+        draft_.cache->truncate(draft_fed);
     }
+    // Token at absolute position p, for the draft's catch-up.
+    auto token_at = [&](int p) { return p < base ? held[static_cast<size_t>(p)] : out.history[static_cast<size_t>(p - base)]; };
+    std::vector<int> pending;
 
     for (;;) {
         const int committed = cache_.n_committed();
@@ -260,14 +263,15 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             // Catch the draft up on everything it has not seen: cur, after a full acceptance the last draft, and
             // in the first drafting round (or after a stretch of plain decoding) the prompt and what followed, in
             // prefill chunks. A long catch-up is not a draft step: its time is left out of the per-step cost.
-            const size_t seen = static_cast<size_t>(draft_fed - base);
-            const size_t n_pending = out.history.size() - seen;
+            pending.clear();
+            for (int p = draft_fed; p < base + static_cast<int>(out.history.size()); ++p) pending.push_back(token_at(p));
+            const size_t n_pending = pending.size();
             const size_t chunk = static_cast<size_t>(std::max(1, params.chunk));
             for (size_t b = 0; b < n_pending; b += chunk) {
                 const size_t n = std::min(n_pending - b, chunk);
                 const bool last = b + n == n_pending;
-                draft_.backend->forward(std::span<const int>(out.history.data() + seen + b, n), *draft_.cache,
-                                        last ? 1 : 0, last ? draft_logits.data() : nullptr);
+                draft_.backend->forward(std::span<const int>(pending.data() + b, n), *draft_.cache, last ? 1 : 0,
+                                        last ? draft_logits.data() : nullptr);
             }
             draft_fed = draft_.cache->n_committed();
             const bool long_catch_up = n_pending > 2;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -73,14 +74,18 @@ public:
     Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft = {});
     // Prefills `prompt` after whatever the cache holds, then generates. `emit` receives the text as it becomes
     // final (UTF-8 complete, stop strings removed) and returns false when the consumer is gone (closed pipe).
+    // `held` is what the target's cache already holds (positions 0..n_committed-1, a chat's earlier turns): the
+    // draft's cache may hold any prefix of it, and the draft reads the rest only if and when it first drafts (a
+    // draft that never pays never reads it). Without `held`, the draft's cache must hold all of it.
     GenerationStats generate(const std::vector<int>& prompt, const GenerationParams& params,
-                             const std::function<bool(std::string_view)>& emit);
+                             const std::function<bool(std::string_view)>& emit, std::span<const int> held = {});
 
 private:
     class Output;
     void prefill(const std::vector<int>& prompt, int chunk);
     void decode_plain(Output& out, Sampler& sampler, const GenerationParams& params);
-    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params, const std::vector<int>& prompt);
+    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params, const std::vector<int>& prompt,
+                            std::span<const int> held);
 
     const Model& model_;
     Backend& backend_;

@@ -90,15 +90,8 @@ std::vector<int> ChatSession::sync_caches(const std::vector<int>& target, int* n
     if (common == target.size()) --common;
     cache_.truncate(static_cast<int>(common));
     cached_.resize(common);
-    if (draft_.cache) {
-        // The speculative loop expects the draft cache to hold exactly what the target cache holds.
-        draft_.cache->truncate(static_cast<int>(common));
-        constexpr size_t kChunk = 256;
-        for (size_t b = static_cast<size_t>(draft_.cache->n_committed()); b < common; b += kChunk) {
-            const size_t n = std::min(kChunk, common - b);
-            draft_.backend->forward(std::span<const int>(cached_.data() + b, n), *draft_.cache, 0, nullptr);
-        }
-    }
+    // The draft's cache keeps the prefix it shares; the Generator catches it up from cached_ only if it drafts.
+    if (draft_.cache) draft_.cache->truncate(static_cast<int>(common));
     *n_reused = static_cast<int>(common);
     return std::vector<int>(target.begin() + static_cast<std::ptrdiff_t>(common), target.end());
 }
@@ -137,11 +130,14 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
     GenerationParams p = params;
     p.stop_tokens.insert(p.stop_tokens.end(), stop_tokens_.begin(), stop_tokens_.end());
     std::string text;
-    report.stats = generator_.generate(prompt, p, [&](std::string_view piece) {
-        if (!emit(piece)) return false;
-        text += piece;
-        return true;
-    });
+    report.stats = generator_.generate(
+        prompt, p,
+        [&](std::string_view piece) {
+            if (!emit(piece)) return false;
+            text += piece;
+            return true;
+        },
+        cached_);
 
     // The cache holds the prompt and the generated tokens that were fed back (never the last sampled one, and
     // with speculation possibly accepted drafts past the stop): keep exactly the known prefix.

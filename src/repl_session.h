@@ -29,8 +29,8 @@ class ChatSession {
 public:
     using Emit = std::function<bool(std::string_view)>;
     // `tmpl` raw: every message is plain continuation (base models). The stop tokens of the template's end of
-    // turn are added to the generation parameters of every answer. `draft` (optional) is kept in step with the
-    // target cache so the Generator's speculative loop finds both caches holding the same history.
+    // turn are added to the generation parameters of every answer. `draft` (optional): its cache keeps a prefix of
+    // what the target's holds, and the Generator catches it up from the conversation only when it drafts.
     ChatSession(const Model& model, Generator& generator, KvCache& cache, DraftModel draft, ChatTemplate tmpl,
                 std::string system = "");
 

@@ -509,4 +509,18 @@ TEST_CASE("speculative: a second generation on a non-empty cache (a chat turn) k
     whole.insert(whole.end(), turn2.begin(), turn2.end());
     const Run plain = generate(*target, "", whole, greedy_params(30));
     CHECK(plain.tokens == b.generated);
+
+    // A draft that holds only part of the earlier turns (it did not draft then) reads the rest from `held` when
+    // it first drafts, and is as right as before.
+    cache->truncate(held);
+    draft_cache->truncate(3);
+    const std::span<const int> earlier(conversation.data(), static_cast<size_t>(held));
+    const GenerationStats c = spec.generate(turn2, p, ignore, earlier);
+    CHECK(c.spec.drafted > 0);
+    CHECK(c.spec.accepted == c.spec.drafted);
+    CHECK(c.generated == b.generated);
+    // Without the earlier tokens that is an error, not a silently wrong draft.
+    cache->truncate(held);
+    draft_cache->truncate(3);
+    CHECK_THROWS_AS(spec.generate(turn2, p, ignore), Error);
 }
