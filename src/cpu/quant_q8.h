@@ -57,8 +57,12 @@ using DotRowsQ8Fn = void (*)(const void* W, size_t row_bytes, int64_t cols, int6
 struct Q8TypeKernels {
     GgmlType type;
     ActFormat act;
-    DotRowsQ8Fn dot_rows;          // AVX2 when the library is built with it, else the scalar one
+    DotRowsQ8Fn dot_rows;          // the fastest this CPU runs: AVX-512 VNNI, else AVX2, else the scalar one
     DotRowsQ8Fn dot_rows_scalar;   // portable: the same integer sums, combined in a different float order
+    DotRowsQ8Fn dot_rows_avx2 = nullptr;    // the AVX2 kernel (nullptr in a build without AVX2)
+    // The AVX-512 VNNI kernel (vpdpbusd on zmm), bitwise equal to the AVX2 one: nullptr when the build or the CPU
+    // has none, or the environment sets TANDEM_NO_AVX512=1 (to compare the two).
+    DotRowsQ8Fn dot_rows_avx512 = nullptr;
 };
 
 // The integer kernels of a weight type, or nullptr when it has none (F32, F16, BF16: fp32 activations).

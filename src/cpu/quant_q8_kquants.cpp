@@ -554,7 +554,12 @@ struct SimdKernel {
 
 template <class Scalar, class Fast>
 constexpr Q8TypeKernels make_kernels() {
-    return Q8TypeKernels{Scalar::kType, ActFormat::Q8_K, &dot_rows<Fast>, &dot_rows<ScalarKernel<Scalar>>};
+    const DotRowsQ8Fn scalar = &dot_rows<ScalarKernel<Scalar>>;
+#ifdef TANDEM_Q8K_SIMD
+    return Q8TypeKernels{Scalar::kType, ActFormat::Q8_K, &dot_rows<Fast>, scalar, &dot_rows<Fast>};
+#else
+    return Q8TypeKernels{Scalar::kType, ActFormat::Q8_K, scalar, scalar};
+#endif
 }
 
 #ifdef TANDEM_Q8K_SIMD

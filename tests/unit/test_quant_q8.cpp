@@ -135,7 +135,8 @@ TEST_CASE("q8 kernels: the driver is batch invariant (any token count, place in 
             const size_t xs = act_row_bytes(k->act, cols);
             std::vector<uint8_t> xq(xs * kMaxTokens);
             for (int64_t t = 0; t < kMaxTokens; ++t) quantize_activations(k->act, &x[t * cols], &xq[t * xs], cols);
-            for (DotRowsQ8Fn fn : {k->dot_rows, k->dot_rows_scalar}) {
+            for (DotRowsQ8Fn fn : {k->dot_rows, k->dot_rows_scalar, k->dot_rows_avx2, k->dot_rows_avx512}) {
+                if (!fn) continue;
                 std::vector<float> single(rows * kMaxTokens);
                 for (int64_t t = 0; t < kMaxTokens; ++t)
                     fn(W.data(), row_bytes, cols, 0, rows, &xq[t * xs], xs, 1, &single[t * rows], rows);
@@ -151,6 +152,42 @@ TEST_CASE("q8 kernels: the driver is batch invariant (any token count, place in 
             }
         }
     }
+}
+
+TEST_CASE("q8 kernels: the AVX-512 VNNI kernels are bitwise equal to the AVX2 ones") {
+    std::mt19937 rng(2048);
+    const int64_t kMaxTokens = 21;
+    int checked = 0;
+    for (GgmlType type : kIntegerTypes) {
+        const Q8TypeKernels* k = find_q8_kernels(type);
+        REQUIRE(k != nullptr);
+        if (!k->dot_rows_avx512 || !k->dot_rows_avx2) {
+            MESSAGE(std::string(ggml_type_name(type)) << ": no AVX-512 VNNI kernel on this build or CPU, not compared");
+            continue;
+        }
+        ++checked;
+        const int64_t bs = std::max<int64_t>(ggml_type_info(type).block_size, act_block_size(k->act));
+        for (auto [cols, rows] : {std::pair<int64_t, int64_t>{bs, 3}, {bs * 3, 19}, {bs == 32 ? 4128 : 4352, 67}}) {
+            CAPTURE(ggml_type_name(type));
+            CAPTURE(cols);
+            const std::vector<uint8_t> W = random_blocks(type, cols, rows, rng);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            // Extreme activations too: rows of one repeated magnitude drive every code to +-127.
+            std::vector<float> x = random_floats(cols * kMaxTokens, rng);
+            for (int64_t i = 0; i < cols; ++i) x[i] = (i % 3 == 0) ? -1.0f : 1.0f;
+            const size_t xs = act_row_bytes(k->act, cols);
+            std::vector<uint8_t> xq(xs * kMaxTokens);
+            for (int64_t t = 0; t < kMaxTokens; ++t) quantize_activations(k->act, &x[t * cols], &xq[t * xs], cols);
+            for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{8}, int64_t{9}, int64_t{16}, kMaxTokens}) {
+                CAPTURE(n);
+                std::vector<float> a(rows * n, NAN), b(rows * n, -1.0f);
+                k->dot_rows_avx2(W.data(), row_bytes, cols, 0, rows, xq.data(), xs, n, a.data(), rows);
+                k->dot_rows_avx512(W.data(), row_bytes, cols, 0, rows, xq.data(), xs, n, b.data(), rows);
+                CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+            }
+        }
+    }
+    MESSAGE("AVX-512 VNNI kernels compared with AVX2: " << checked << " types");
 }
 
 TEST_CASE("q8 kernels: types without an integer kernel and bad lengths are errors") {
