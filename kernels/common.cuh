@@ -64,8 +64,8 @@ void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
     if (err != cudaSuccess)
         throw std::runtime_error(std::string("tandem::cuda: launch of ") + name + " failed: " + cudaGetErrorString(err));
 #else
-    (void)stream;
-    ::tandem::emu::launch(name, kernel, grid, block, shared_bytes, std::forward<A>(args)...);
+    // The stream decides whether the launch runs now or is recorded into the graph it is capturing.
+    ::tandem::emu::launch_on(stream, name, kernel, grid, block, shared_bytes, std::forward<A>(args)...);
 #endif
 }
 

@@ -1,7 +1,8 @@
 // Device memory and streams for the host side of the CUDA backend, in plain C++ (no CUDA header): allocate, free,
-// copy host <-> device, memset, streams, synchronize, device count and free memory. kernels/device.cu defines it
-// twice, like the kernels: under nvcc on the CUDA runtime (cudaMalloc, cudaMemcpyAsync on a stream, ...), under
-// the emulation on plain host memory (copies are memcpy, streams are null, everything is synchronous).
+// pinned host memory, copy host <-> device, memset, streams, synchronize, CUDA graphs (stream capture and replay),
+// device count and free memory. kernels/device.cu defines it twice, like the kernels: under nvcc on the CUDA
+// runtime (cudaMalloc, cudaMemcpyAsync on a stream, cudaStreamBeginCapture, ...), under the emulation on plain host
+// memory (copies are memcpy, everything not captured runs synchronously, graphs are recorded lists of launches).
 //
 // Every failure throws DeviceError (a tandem::Error, so the CLI reports it like any user-facing error) whose
 // message names the CUDA error (e.g. "cudaErrorInsufficientDriver").
@@ -43,9 +44,12 @@ void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream);
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream);
 void device_memset(void* dst, int value, size_t bytes, Stream stream);
 
+// A non-blocking stream. The emulation's streams are real handles too (capture state lives in them); nullptr, the
+// legacy default stream, still works everywhere except begin_capture.
 Stream stream_create();
 void stream_destroy(Stream stream) noexcept;
-// Waits for everything queued on `stream`, and reports an asynchronous kernel fault as a DeviceError.
+// Waits for everything queued on `stream`, and reports an asynchronous kernel fault as a DeviceError. An error on
+// a capturing stream (see below).
 void stream_synchronize(Stream stream);
 
 // One device allocation, freed on destruction.
@@ -74,5 +78,87 @@ private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
 };
+
+// ---- pinned host memory ---------------------------------------------------------------------------------------------
+// cudaMallocHost / cudaFreeHost. A copy captured into a graph reads (or writes) its host buffer when the graph
+// runs, so it must be pinned memory that stays put: the emulation rejects a captured copy of any other host memory
+// (as CUDA rejects pageable memory in a capture, whose copies it stages synchronously).
+void* pinned_alloc(size_t bytes);  // throws DeviceError naming the size on failure
+void pinned_free(void* p) noexcept;
+
+class PinnedBuffer {
+public:
+    PinnedBuffer() = default;
+    explicit PinnedBuffer(size_t bytes) : ptr_(bytes ? pinned_alloc(bytes) : nullptr), bytes_(bytes) {}
+    ~PinnedBuffer() { pinned_free(ptr_); }
+    PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+        if (this != &o) {
+            pinned_free(ptr_);
+            ptr_ = std::exchange(o.ptr_, nullptr);
+            bytes_ = std::exchange(o.bytes_, 0);
+        }
+        return *this;
+    }
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    void* get() const { return ptr_; }
+    template <class T>
+    T* as() const { return static_cast<T*>(ptr_); }
+    size_t size() const { return bytes_; }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// ---- CUDA graphs -----------------------------------------------------------------------------------------------------
+// Capture: between begin_capture(s) and end_capture(s), the work queued on stream s (kernel launches, copies,
+// memsets) is recorded, not run. A kernel node keeps its arguments as they were at capture: a value passed to a
+// kernel by value (a position, a token count) is frozen into the graph, and a replay sees the old value. Whatever
+// changes between replays must live in device memory that the kernels read through a pointer. Copies keep their
+// addresses: a captured copy_to_device re-reads its (pinned) host buffer at every replay.
+//
+// The capture mode is cudaStreamCaptureModeThreadLocal: while this thread captures, calls that may synchronize
+// the device are errors (device_alloc, device_free, pinned_alloc, pinned_free, stream_synchronize of the
+// capturing stream) and invalidate the capture, so that end_capture throws. The legacy default stream (nullptr)
+// cannot be captured. All errors are DeviceError.
+
+// cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal).
+void begin_capture(Stream stream);
+// cudaStreamIsCapturing: a capture was begun on `stream` and has not ended (an invalidated capture counts).
+bool is_capturing(Stream stream);
+
+// An instantiated graph (cudaGraphExec_t), destroyed with the object.
+class Graph {
+public:
+    Graph() = default;
+    ~Graph();
+    Graph(Graph&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)), nodes_(std::exchange(o.nodes_, 0)) {}
+    Graph& operator=(Graph&& o) noexcept;
+    Graph(const Graph&) = delete;
+    Graph& operator=(const Graph&) = delete;
+
+    // cudaGraphLaunch: queues every recorded node on `stream`, in capture order (synchronous when emulated).
+    // Launching into a capturing stream records the graph as one child node. Throws DeviceError when empty.
+    void launch(Stream stream) const;
+    explicit operator bool() const { return exec_ != nullptr; }
+    size_t node_count() const { return nodes_; }  // kernels + copies + memsets (+ child graphs) captured
+
+private:
+    friend Graph end_capture(Stream stream);
+    friend bool end_capture(Stream stream, Graph& graph);
+    void* exec_ = nullptr;  // cudaGraphExec_t, or the emulation's recorded graph
+    size_t nodes_ = 0;
+};
+
+// cudaStreamEndCapture + cudaGraphInstantiate. The stream stops capturing even when this throws (an invalidated
+// capture: DeviceError naming cudaErrorStreamCaptureInvalidated and, emulated, the call that invalidated it).
+Graph end_capture(Stream stream);
+// Ends the capture into an existing graph: when `graph` is non-empty and the new capture has its topology (same
+// nodes in the same order; parameters, launch shapes and addresses may differ), cudaGraphExecUpdate patches it in
+// place and this returns true (cheap: no re-instantiation); otherwise `graph` is replaced by a fresh instantiation
+// and this returns false.
+bool end_capture(Stream stream, Graph& graph);
 
 }  // namespace tandem::cuda

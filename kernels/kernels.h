@@ -40,6 +40,42 @@ bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
             Stream stream);
 
+// ---- prefill GEMM (gemm.cu) ----------------------------------------------------------------------------------------
+// y[t][r] = dot(row r of W, x[t]) for any n_tokens >= 1 (a prefill chunk) and every matvec type: a tiled SIMT
+// kernel (64 rows x 64 tokens per block) that dequantizes weight tiles into shared memory and accumulates in fp32.
+// Each output is a sum over k in ascending order whatever its tile, so y[t][r] is bitwise the same for any
+// n_tokens and any place of token t in the batch (but not bitwise equal to matvec's lane-split sums).
+// x is [n_tokens][cols]; W 16-byte aligned.
+bool gemm_supports(GgmlType type);  // the types of matvec_supports
+void gemm(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
+          Stream stream);
+
+// The fp16 route, fast on a real GPU: weight rows dequantized to fp16 tiles, activations converted to fp16, and a
+// GEMM over fp16 operands with fp32 accumulation: cuBLAS (tensor cores) in the nvcc build, or the SIMT kernel over
+// fp16 tiles (gemm_f16), which computes the same products and is what the emulation runs and tests.
+// out[i][e] = fp16(element e of row row0 + i of W) for i < n_rows, e < cols (row-major, cols apart).
+void dequantize_f16(GgmlType type, const void* W, size_t row_bytes, int row0, int n_rows, int cols, uint16_t* out,
+                    Stream stream);
+// out[i] = fp16(x[i]) (round to nearest even; beyond the fp16 range becomes +-inf).
+void convert_f16(const float* x, size_t n, uint16_t* out, Stream stream);
+// y[t * ldy + r] = dot(W16 row r, x16[t]) for r < rows, t < n_tokens: W16 rows are ldw halves apart, x16 rows cols.
+void gemm_f16(const uint16_t* W16, int ldw, int rows, int cols, const uint16_t* x16, int n_tokens, float* y, int ldy,
+              Stream stream);
+
+// cuBLAS, nvcc build only: an opaque handle bound to one stream. Under the emulation blas_available() is false
+// and blas_create throws std::invalid_argument; nothing else in the emulation refers to cuBLAS.
+struct BlasHandle;
+bool blas_available();
+BlasHandle* blas_create(Stream stream);
+void blas_destroy(BlasHandle* handle) noexcept;
+
+// The whole fp16 route for one weight matrix: y[t][r] = dot(row r of W, x[t]) with x16 = convert_f16(x). F16
+// weights are used in place; F32 weights with a handle are an fp32 cuBLAS GEMM on x (no fp16 rounding); any other
+// type is dequantized `tile_elems` halves at a time (whole rows, at least one) into `tile`. `blas` null: every
+// product runs on gemm_f16 (F32 on gemm), the emulated mirror of the cuBLAS calls.
+void gemm_via_f16(BlasHandle* blas, GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x,
+                  const uint16_t* x16, int n_tokens, float* y, uint16_t* tile, size_t tile_elems, Stream stream);
+
 // ---- RoPE fused with the KV-cache write (rope_kv.cu) --------------------------------------------------------------
 enum class RopeMode { AdjacentPairs, NeoxHalves };  // (2i, 2i+1) as llama2.c; (i, i + rope_dim/2) as GPT-NeoX
 struct RopeKvArgs {
@@ -78,5 +114,38 @@ struct AttentionArgs {
 };
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size);
 void attention(const AttentionArgs& a, Stream stream);
+
+// ---- prefill attention (attention_prefill.cu) ------------------------------------------------------------------
+// The causal GQA attention of `attention` for prefill chunks, tiled flash attention: one block per (query tile,
+// head) walks key tiles of the fp16 cache with an online softmax (running max and sum) in fp32; the kv head is
+// indexed, not copied. No workspace (a.workspace and a.split_size are ignored). head_dim 1..256 (tiles sized for
+// 32, 64, 128 and 256). A query's result does not depend on its tile or n_tokens: key tiles always start at
+// position 0 and a tile past a query's last key leaves its state exactly as it was.
+void attention_prefill(const AttentionArgs& a, Stream stream);
+
+// ---- sampling (sampling.cu) ------------------------------------------------------------------------------------
+// Rows are [n_rows][n_vocab] fp32 logits (n_rows <= 65535), ordered and cleaned as Sampler (src/sampler.cpp) does:
+// NaN counts as -inf, equal logits rank by lower id. `workspace` is sampling_workspace_bytes(n_rows, n_vocab) of
+// device memory (8-byte aligned), enough for any of these calls on that shape; it is scratch between the kernels
+// of one call.
+constexpr int kTopKMax = 64;
+size_t sampling_workspace_bytes(int n_rows, int n_vocab);
+// out_ids[r] = the id of row r's largest logit, the lowest on ties (Sampler's greedy pick); -1 when every logit of
+// the row is -inf or NaN (where Sampler throws).
+void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream);
+// probs[r] = softmax(logits[r] / temperature) in Sampler::softmax's operation order: m = max, e = (l == m ? 1 :
+// exp((l - m) / temperature)), summed in double, p = float(e * (1.0 / sum)). temperature 0 gives the greedy one-hot
+// row (Sampler::distribution's); a row whose logits are all -inf / NaN comes out NaN. No top-k / top-p / min-p /
+// penalty: the full-vocabulary distribution of a sampler with those off. probs may not alias logits.
+void softmax(const float* logits, int n_rows, int n_vocab, float temperature, float* probs, void* workspace,
+             Stream stream);
+// The k (1..min(kTopKMax, n_vocab)) largest logits of each row and their ids, best first: out_logits / out_ids are
+// [n_rows][k]. Exactly Sampler::top_k's candidates in its order (a NaN logit is reported as -inf).
+void top_k(const float* logits, int n_rows, int n_vocab, int k, float* out_logits, int* out_ids, void* workspace,
+           Stream stream);
+// out[r] = rows[r][ids[r]] (NaN for an id outside 0..n_vocab-1): p(x_i) and q(x_i) of drafted tokens.
+void gather_rows(const float* rows, int n_rows, int n_vocab, const int* ids, float* out, Stream stream);
+// out[i] = max(0, p[i] - q[i]): the residual distribution of a rejected draft, unnormalised, as verify_proposal.
+void residual(const float* p, const float* q, float* out, int n, Stream stream);
 
 }  // namespace tandem::cuda

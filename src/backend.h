@@ -44,8 +44,12 @@ public:
     virtual std::unique_ptr<KvCache> new_cache(int n_ctx) = 0;
     // Runs `tokens` at positions cache.n_committed() onward, appends their keys and values to the cache, and
     // writes the logits of the last `n_logits` tokens (0 <= n_logits <= tokens.size()) to `logits`, row after
-    // row (n_logits × n_vocab). The caller checks that the tokens fit in the cache. The logits of a position are
-    // bitwise identical whatever the number of tokens in the call (batch invariance).
+    // row (n_logits × n_vocab). The caller checks that the tokens fit in the cache.
+    // Batch invariance: the logits of a position are bitwise identical whatever the number of tokens in the call,
+    // for the CPU backend always; for the CUDA backend among calls of up to CudaPrefillOptions::matvec_max_call
+    // tokens (64 by default: decode, speculative verification), while longer (prefill) calls take GEMM kernels and
+    // agree with the short-call path within floating-point tolerance only. Nothing may rely on more: greedy
+    // speculative decoding compares verification calls with decode calls, both short.
     virtual void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) = 0;
 };
 

@@ -13,11 +13,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <source_location>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "cpu/fp16.h"
 
@@ -163,22 +166,96 @@ T shuffle(WarpOp op, unsigned mask, T var, int param, int width, const std::sour
 
 }  // namespace detail
 
-// Launches `kernel` with CUDA's by-value parameter passing: the arguments are converted to the parameter types
-// once, and every thread calls the kernel with (copies of) them.
+// ---- streams and graph capture ------------------------------------------------------------------------------------
+// Work runs synchronously in the emulation, so a stream's only state is a capture in progress. While a stream
+// captures, kernel launches on it (and the copies / memsets kernels/device.cu records) are appended to its graph
+// instead of running; a kernel node keeps its arguments converted to the parameter types and stored by value, as
+// CUDA bakes kernel parameters into a kernel node at capture, so a replay sees the values of capture time and only
+// what they point to may change. nullptr is the legacy default stream, which cannot capture. Stream handles are
+// checked against the live ones: a destroyed or invented handle is an Error, not a wild pointer.
+
+enum class NodeKind : uint8_t { Kernel, Memcpy, Memset, Graph };
+
+struct GraphNode {
+    NodeKind kind;
+    std::string name;               // the kernel's name, or what the copy / memset was
+    const void* function = nullptr;  // the kernel of a Kernel node (cudaGraphExecUpdate compares them)
+    std::function<void()> run;       // replays the node
+};
+
+// A captured (and, the emulation needs no more, instantiated) graph: its nodes in stream order.
+struct Graph {
+    std::vector<GraphNode> nodes;
+    // Same node kinds and kernels in the same order: what lets cudaGraphExecUpdate patch an executable graph
+    // in place (parameters, launch shapes and copy addresses may differ). Stricter than CUDA, which would also
+    // accept a changed kernel function: an emulated "update" then re-instantiates, with the same result.
+    bool same_topology(const Graph& o) const;
+};
+
+void* stream_create();
+void stream_destroy(void* stream) noexcept;  // discards a capture in progress
+// cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal). Errors: the legacy stream, a stream already
+// capturing.
+void begin_capture(void* stream);
+// cudaStreamIsCapturing: begun and not ended, invalidated or not. False for nullptr.
+bool is_capturing(void* stream);
+// A capture begun by this OS thread is in progress: ThreadLocal mode forbids this thread "potentially unsafe"
+// calls (cudaMalloc, cudaFree, cudaMallocHost, synchronizing the capturing stream).
+bool thread_is_capturing();
+// Makes the capture on `stream` (or every capture begun by this thread) fail at end_capture with `why`, as
+// CUDA invalidates a capture sequence after an illegal call.
+void invalidate_capture(void* stream, const std::string& why);
+void invalidate_thread_captures(const std::string& why);
+// Appends a node to the graph `stream` captures (it must be capturing).
+void record(void* stream, GraphNode node);
+// cudaStreamEndCapture: the graph, or an Error naming the call that invalidated the capture. Either way the
+// stream stops capturing.
+Graph end_capture(void* stream);
+// cudaGraphLaunch: replays the nodes in order now, or, on a capturing stream, records the graph as one node (a
+// child graph, copied as CUDA copies it).
+void graph_launch(const Graph& graph, void* stream);
+
+namespace detail {
+// The launch checks (block and grid limits, dynamic shared memory): made when a launch is recorded as well as
+// when it runs, since CUDA rejects a bad configuration at the capturing launch.
+void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes);
+}  // namespace detail
+
+// Launches `kernel` on `stream` with CUDA's by-value parameter passing: the arguments are converted to the
+// parameter types once, and every thread calls the kernel with (copies of) them. On a capturing stream the converted
+// arguments are stored in the graph node instead, and every replay launches with (copies of) those.
 template <class... P, class... A>
-void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_shared_bytes, A&&... args) {
+void launch_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
+               size_t dynamic_shared_bytes, A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "wrong number of kernel arguments");
     struct Call {
         void (*kernel)(P...);
         std::tuple<std::decay_t<P>...> args;
-    } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
-    detail::launch(
-        name, reinterpret_cast<const void*>(kernel), grid, block, dynamic_shared_bytes,
-        [](void* p) {
+        static void invoke(void* p) {
             Call& c = *static_cast<Call*>(p);
             std::apply(c.kernel, c.args);  // std::apply copies nothing: the kernel's by-value params are the copies
-        },
-        &call);
+        }
+    } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    const void* key = reinterpret_cast<const void*>(kernel);
+    if (stream && is_capturing(stream)) {
+        try {
+            detail::check_launch(name, key, grid, block, dynamic_shared_bytes);
+        } catch (const Error& e) {
+            invalidate_capture(stream, e.what());
+            throw;
+        }
+        record(stream, GraphNode{NodeKind::Kernel, name, key, [name, key, grid, block, dynamic_shared_bytes, call]() mutable {
+                                     detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call);
+                                 }});
+        return;
+    }
+    detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call);
+}
+
+// A launch on the legacy default stream: runs now.
+template <class... P, class... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t dynamic_shared_bytes, A&&... args) {
+    launch_on(nullptr, name, kernel, grid, block, dynamic_shared_bytes, std::forward<A>(args)...);
 }
 
 }  // namespace tandem::emu

@@ -1,5 +1,6 @@
 // The CUDA emulation runtime: launches (limits, block order), the per-block fiber scheduler with exact
-// __syncthreads and warp collectives, the poisoned shared-memory arena, and the pool of fiber stacks.
+// __syncthreads and warp collectives, the poisoned shared-memory arena, the pool of fiber stacks, and streams with
+// graph capture (recorded nodes replayed in order).
 //
 // Threads of a block are boost::context fibers on the calling OS thread. The scheduler resumes each runnable thread
 // (in the launch's thread order) until it blocks in a barrier / warp collective or returns; when none is runnable it
@@ -18,9 +19,11 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -554,10 +557,8 @@ void* static_shared(const void* key, size_t bytes, size_t align) { return runner
 
 void* dynamic_shared() { return runner().dynamic_shared(); }
 
-void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-            void* ctx) {
+void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn) {
     const std::string who = std::string("tandem::emu: launch of ") + name + ": ";
-    if (g_runner) throw Error(who + "launching from inside a kernel is not supported");
     const uint64_t threads = uint64_t{block.x} * block.y * block.z;
     if (threads == 0 || uint64_t{grid.x} * grid.y * grid.z == 0)
         throw Error(who + "invalid configuration (a grid or block dimension is 0)");
@@ -574,6 +575,13 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
                     (it == dynamic_shared_limits().end()
                          ? " (opt in with cudaFuncAttributeMaxDynamicSharedMemorySize)"
                          : ""));
+}
+
+void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
+            void* ctx) {
+    if (g_runner)
+        throw Error(std::string("tandem::emu: launch of ") + name + ": launching from inside a kernel is not supported");
+    check_launch(name, kernel, grid, block, dyn);
 
     BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx);
     struct Restore {
@@ -601,5 +609,143 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
 }
 
 }  // namespace detail
+
+// ---- streams and graph capture ----------------------------------------------------------------------------------
+
+namespace {
+
+struct StreamState {
+    bool capturing = false;
+    std::thread::id owner;  // the thread that began the capture (ThreadLocal mode's unsafe-call rule)
+    std::string invalid;    // why the capture was invalidated; empty while it is valid
+    Graph graph;
+};
+
+// Every live stream, behind one mutex: streams may be created, captured and used from different OS threads.
+struct StreamRegistry {
+    std::mutex mu;
+    std::unordered_map<const void*, std::unique_ptr<StreamState>> streams;
+};
+
+StreamRegistry& registry() {
+    static StreamRegistry r;
+    return r;
+}
+
+// The state of a live stream; the registry's mutex must be held.
+StreamState& state_of(void* stream, const char* what) {
+    const auto it = registry().streams.find(stream);
+    if (it == registry().streams.end())
+        throw Error(std::string("tandem::emu: ") + what +
+                    ": cudaErrorInvalidResourceHandle (not a live stream: destroyed, or never created)");
+    return *it->second;
+}
+
+}  // namespace
+
+bool Graph::same_topology(const Graph& o) const {
+    if (nodes.size() != o.nodes.size()) return false;
+    for (size_t i = 0; i < nodes.size(); ++i)
+        if (nodes[i].kind != o.nodes[i].kind || nodes[i].function != o.nodes[i].function) return false;
+    return true;
+}
+
+void* stream_create() {
+    auto st = std::make_unique<StreamState>();
+    void* handle = st.get();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    registry().streams.emplace(handle, std::move(st));
+    return handle;
+}
+
+void stream_destroy(void* stream) noexcept {
+    if (!stream) return;
+    std::unique_ptr<StreamState> doomed;  // destroyed (with any captured graph) after the lock is released
+    {
+        std::lock_guard<std::mutex> lock(registry().mu);
+        const auto it = registry().streams.find(stream);
+        if (it == registry().streams.end()) return;
+        doomed = std::move(it->second);
+        registry().streams.erase(it);
+    }
+}
+
+void begin_capture(void* stream) {
+    if (!stream)
+        throw Error("tandem::emu: cudaStreamBeginCapture: cudaErrorStreamCaptureUnsupported (the legacy default "
+                    "stream cannot be captured)");
+    std::lock_guard<std::mutex> lock(registry().mu);
+    StreamState& st = state_of(stream, "cudaStreamBeginCapture");
+    if (st.capturing)
+        throw Error("tandem::emu: cudaStreamBeginCapture: cudaErrorIllegalState (the stream is already capturing)");
+    st.capturing = true;
+    st.owner = std::this_thread::get_id();
+    st.invalid.clear();
+    st.graph.nodes.clear();
+}
+
+bool is_capturing(void* stream) {
+    if (!stream) return false;
+    std::lock_guard<std::mutex> lock(registry().mu);
+    return state_of(stream, "cudaStreamIsCapturing").capturing;
+}
+
+bool thread_is_capturing() {
+    const std::thread::id me = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    for (const auto& [handle, st] : registry().streams)
+        if (st->capturing && st->owner == me) return true;
+    return false;
+}
+
+void invalidate_capture(void* stream, const std::string& why) {
+    if (!stream) return;
+    std::lock_guard<std::mutex> lock(registry().mu);
+    StreamState& st = state_of(stream, "capture");
+    if (st.capturing && st.invalid.empty()) st.invalid = why;
+}
+
+void invalidate_thread_captures(const std::string& why) {
+    const std::thread::id me = std::this_thread::get_id();
+    std::lock_guard<std::mutex> lock(registry().mu);
+    for (auto& [handle, st] : registry().streams)
+        if (st->capturing && st->owner == me && st->invalid.empty()) st->invalid = why;
+}
+
+void record(void* stream, GraphNode node) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    StreamState& st = state_of(stream, "capture");
+    if (!st.capturing) throw Error("tandem::emu: recording " + node.name + " on a stream that is not capturing");
+    // Nodes are still recorded after an invalidation (CUDA keeps accepting work too); end_capture discards them.
+    st.graph.nodes.push_back(std::move(node));
+}
+
+Graph end_capture(void* stream) {
+    std::lock_guard<std::mutex> lock(registry().mu);
+    StreamState& st = state_of(stream, "cudaStreamEndCapture");
+    if (!st.capturing)
+        throw Error("tandem::emu: cudaStreamEndCapture: cudaErrorIllegalState (the stream is not capturing)");
+    st.capturing = false;
+    Graph g = std::move(st.graph);
+    st.graph.nodes.clear();
+    if (!st.invalid.empty()) {
+        const std::string why = std::move(st.invalid);
+        st.invalid.clear();
+        throw Error("tandem::emu: cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated (the capture was "
+                    "invalidated by: " + why + ")");
+    }
+    return g;
+}
+
+void graph_launch(const Graph& graph, void* stream) {
+    if (stream && is_capturing(stream)) {
+        Graph child = graph;  // CUDA copies a graph launched into a capture as a child-graph node
+        record(stream, GraphNode{NodeKind::Graph, "child graph", nullptr, [child] {
+                                     for (const GraphNode& n : child.nodes) n.run();
+                                 }});
+        return;
+    }
+    for (const GraphNode& n : graph.nodes) n.run();
+}
 
 }  // namespace tandem::emu

@@ -3,6 +3,15 @@
 // kernels/kernels.h and kernels/device.h. The same source is linked twice (src/cuda/CMakeLists.txt): against
 // tandem_cuda (nvcc, a real GPU) into tandem_cuda_backend, and against tandem_cuda_emu (the CPU emulation of CUDA)
 // into tandem_cuda_backend_emu, which the tests run against CpuBackend without a GPU.
+//
+// Two paths through the layers, chosen per forward call by its length:
+//  - calls of up to CudaPrefillOptions::matvec_max_call tokens (decode, speculative verification, short chunks) run
+//    in steps of 16 tokens through matvec and split-K attention: bitwise batch-invariant among themselves (a
+//    position's logits do not depend on how many tokens the call had or where the position fell in it);
+//  - longer calls (prompt prefill) run in chunks of CudaPrefillOptions::chunk_tokens through the prefill GEMM and
+//    tiled flash attention: within tolerance of the short-call path, not bitwise equal to it. The GEMM is cuBLAS on
+//    fp16 tiles in the nvcc build (env TANDEM_CUDA_GEMM=simt picks the SIMT kernel), the SIMT kernel under the
+//    emulation; the SIMT kernel and the flash attention are themselves batch-invariant across prefill calls.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -36,28 +45,43 @@ private:
     cuda::DeviceBuffer k_, v_;
 };
 
+// How long calls are cut (see the file comment). The defaults: verification of draft_max = 16 drafts is a 17-token
+// call, so the bitwise-invariant path covers calls well past 16 tokens; 256 is the generator's prefill chunk.
+struct CudaPrefillOptions {
+    int chunk_tokens = 256;    // tokens per prefill chunk (sizes the activation scratch)
+    int matvec_max_call = 64;  // calls of up to this many tokens keep matvec + split-K
+};
+
 // Device bytes the backend needs, decided before anything is allocated.
 struct CudaMemoryPlan {
     size_t weights = 0;   // every tensor once (a tied output shares the embedding's bytes)
     size_t kv_cache = 0;  // one cache of n_ctx positions
-    size_t scratch = 0;   // activations of one 16-token step, logits, attention workspace for n_ctx
+    size_t scratch = 0;   // activations of one prefill chunk, 16 rows of logits, fp16 GEMM operands when cuBLAS
+                          // runs the prefill GEMM, attention workspace for n_ctx
+    int prefill_chunk = 0;
+    bool blas = false;    // the prefill GEMM runs on cuBLAS
     size_t total() const { return weights + kv_cache + scratch; }
-    std::string describe() const;  // "1.23 GiB (weights ..., KV cache ..., scratch ...)"
+    // "1.23 GiB (weights ..., KV cache ..., scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
+    std::string describe() const;
 };
 
 class CudaBackend : public Backend {
 public:
-    // Tokens per internal step: the matvec kernels' limit. Longer calls are split into steps of this many.
+    // Tokens per internal step of the matvec path: the matvec kernels' limit.
     static constexpr int kStepTokens = cuda::kMatvecMaxTokens;
+    // Halves of the fp16 weight tile the cuBLAS route dequantizes into (32 MiB; less when every matrix is smaller).
+    static constexpr size_t kBlasTileHalves = size_t{16} << 20;
     // Key positions per attention split (split-K).
     static constexpr int kAttentionSplit = 64;
 
     // Plans memory for weights + one cache of `n_ctx` positions + scratch, compares it with the device's free
     // memory (throws tandem::Error naming both figures when it does not fit; nothing is allocated then), then
     // uploads the weights. Throws tandem::Error for a tensor type the kernels cannot handle.
-    CudaBackend(const Model& model, int n_ctx);
+    CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill = {});
     ~CudaBackend() override;
-    static CudaMemoryPlan plan(const Model& model, int n_ctx);
+    static CudaMemoryPlan plan(const Model& model, int n_ctx, CudaPrefillOptions prefill = {});
+    // True when the prefill GEMM runs on cuBLAS: the nvcc build, unless env TANDEM_CUDA_GEMM=simt.
+    static bool use_blas();
 
     std::string name() const override { return cuda::device_is_emulated() ? "cuda-emu" : "cuda"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
@@ -75,12 +99,21 @@ private:
         DeviceMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
     };
 
-    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits);
-    void matvec(const DeviceMatrix& W, const float* x, int n, float* y);
+    struct BlasDeleter {
+        void operator()(cuda::BlasHandle* h) const noexcept { cuda::blas_destroy(h); }
+    };
+
+    // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk.
+    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits, bool prefill);
+    // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
+    void matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill);
+    void gemm_input(const float* x, int n, int cols);
     void ensure_workspace(int n_ctx);
 
     const Model& model_;
+    const CudaPrefillOptions prefill_;
     cuda::Stream stream_ = nullptr;
+    std::unique_ptr<cuda::BlasHandle, BlasDeleter> blas_;  // this backend's own, bound to stream_; null: SIMT GEMM
     cuda::DeviceBuffer weight_buf_, scratch_buf_, workspace_buf_;
     DeviceMatrix token_embd_, output_;
     const float* output_norm_ = nullptr;
@@ -89,6 +122,9 @@ private:
     float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr,
           *proj_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
     int* tokens_ = nullptr;
+    // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
+    uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
+    size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
 };
 

@@ -1,13 +1,16 @@
 // Tests of CudaBackend (src/cuda/) on the CUDA emulation: the whole forward pass through the kernels of kernels/,
 // compared with CpuBackend in fp32-activation mode on stories260K (f32, and requantized to q8_0 / q4_0): logits at
-// every position through chunked prefill, decode steps, a cache truncate (speculative rollback) and more steps.
-// Plus the memory plan's refusal when the device is too small. The emulated device is the CPU, so these run in CI.
+// every position through chunked prefill, decode steps, a cache truncate (speculative rollback) and more steps;
+// long calls through the prefill path (GEMM + flash attention), whose chunking must not matter. Plus the memory
+// plan's refusal when the device is too small. The emulated device is the CPU, so these run in CI.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <span>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -114,11 +117,129 @@ TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CP
     }
 }
 
+namespace {
+
+std::vector<int> test_prompt(int n, int n_vocab) {
+    std::vector<int> p = {1};
+    for (int i = 1; i < n; ++i) p.push_back((i * 37 + 11) % n_vocab);
+    return p;
+}
+
+// `prompt` fed in calls of the given sizes, then `n_decode` greedy decode steps (the CPU backend picks the tokens,
+// so both backends follow the same text). Each call asks for the logits of its last kLogitRows positions (the
+// matvec kernels dominate the emulated time: every warp reduction is a chain of shuffles), compared row by row with
+// the CPU backend.
+constexpr int kLogitRows = 2;
+struct PrefillRun {
+    std::vector<float> logits;  // every row the CUDA backend returned, in order
+    Diff diff;
+};
+PrefillRun run_prefill(const Model& model, CudaPrefillOptions options, const std::vector<int>& calls, int n_decode,
+                       int n_ctx) {
+    const int n_vocab = model.config.n_vocab;
+    CpuBackend cpu(model, 1, 64, cpu::Activations::Float);
+    CudaBackend gpu(model, n_ctx, options);
+    auto cpu_cache = cpu.new_cache(n_ctx);
+    auto gpu_cache = gpu.new_cache(n_ctx);
+    int total = 0;
+    for (int n : calls) total += n;
+    const std::vector<int> prompt = test_prompt(total, n_vocab);
+    PrefillRun run;
+    int next = 0, begin = 0;
+    auto call = [&](std::span<const int> tokens) {
+        const int n = std::min(kLogitRows, static_cast<int>(tokens.size()));
+        std::vector<float> a(static_cast<size_t>(n) * n_vocab), b(a.size(), std::nanf(""));
+        cpu.forward(tokens, *cpu_cache, n, a.data());
+        gpu.forward(tokens, *gpu_cache, n, b.data());
+        REQUIRE(gpu_cache->n_committed() == cpu_cache->n_committed());
+        for (int i = 0; i < n; ++i)
+            run.diff.add(&b[static_cast<size_t>(i) * n_vocab], &a[static_cast<size_t>(i) * n_vocab], n_vocab);
+        run.logits.insert(run.logits.end(), b.begin(), b.end());
+        const float* last = &a[static_cast<size_t>(n - 1) * n_vocab];
+        next = static_cast<int>(std::max_element(last, last + n_vocab) - last);
+    };
+    for (int n : calls) {
+        call(std::span<const int>(prompt.data() + begin, n));
+        begin += n;
+    }
+    for (int i = 0; i < n_decode; ++i) {
+        const int tok = next;
+        call(std::span<const int>(&tok, 1));
+    }
+    return run;
+}
+
+// Every call longer than 16 tokens on the prefill path.
+constexpr CudaPrefillOptions kPrefillFrom17 = {256, 16};
+
+}  // namespace
+
+TEST_CASE("cuda backend: prefills of 40 and 100 tokens through the GEMM and flash attention match the CPU backend") {
+    for (const std::string& name : {std::string("f32"), std::string("q8_0"), std::string("q4_0")}) {
+        CAPTURE(name);
+        auto model = Model::load(name == "f32"    ? kData + "/stories260K.gguf"
+                                 : name == "q8_0" ? requantized(GgmlType::Q8_0)
+                                                  : requantized(GgmlType::Q4_0));
+        // 40 tokens, then 100 more (the second chunk's queries attend to the first chunk's cache), then (f32) a
+        // decode step (matvec + split-K) reading the cache the prefill path wrote.
+        const PrefillRun run = run_prefill(*model, kPrefillFrom17, {40, 100}, name == "f32" ? 1 : 0, 160);
+        MESSAGE("stories260K ", name, " prefill path: max |cuda - cpu| = ", run.diff.worst_abs, " (",
+                run.diff.worst_rel, " of the logit range)");
+        CHECK(run.diff.worst_rel <= 1e-2);
+    }
+}
+
+TEST_CASE("cuda backend: prefill chunking does not change the logits") {
+    auto model = Model::load(requantized(GgmlType::Q8_0));
+    // One call of 100 tokens in one chunk; the same call cut into chunks of 32 (the last one, which returns the
+    // logits, 4 tokens); calls of 40 + 60. Then a decode step on each cache. The SIMT GEMM and the flash attention
+    // are batch-invariant, so under the emulation the prefill path agrees with itself bitwise (cuBLAS may pick
+    // other algorithms per shape: on a GPU only within tolerance).
+    const size_t row = static_cast<size_t>(model->config.n_vocab);
+    const PrefillRun one = run_prefill(*model, kPrefillFrom17, {100}, 1, 128);
+    const PrefillRun small = run_prefill(*model, {32, 16}, {100}, 1, 128);
+    const PrefillRun two = run_prefill(*model, kPrefillFrom17, {40, 60}, 0, 128);
+    REQUIRE(one.logits.size() == (kLogitRows + 1) * row);
+    REQUIRE(small.logits.size() == one.logits.size());
+    REQUIRE(two.logits.size() == 2 * kLogitRows * row);
+    CHECK(std::memcmp(one.logits.data(), small.logits.data(), one.logits.size() * 4) == 0);
+    CHECK(std::memcmp(one.logits.data(), two.logits.data() + kLogitRows * row, kLogitRows * row * 4) == 0);
+    CHECK(one.diff.worst_rel <= 1e-2);
+    CHECK(two.diff.worst_rel <= 1e-2);
+    // The default options: a 100-token call takes the prefill path, bitwise the same as above. (That calls of up
+    // to 64 tokens keep the matvec path is what compare_backends' 20- and 17-token calls run through.)
+    const PrefillRun def100 = run_prefill(*model, {}, {100}, 0, 128);
+    CHECK(std::memcmp(def100.logits.data(), one.logits.data(), def100.logits.size() * 4) == 0);
+}
+
+TEST_CASE("cuda backend: a prefill call returns the logits of its last n_logits tokens only") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const int n_vocab = model->config.n_vocab;
+    const std::vector<int> prompt = test_prompt(90, n_vocab);
+    CudaBackend gpu(*model, 96, kPrefillFrom17);
+    auto all_cache = gpu.new_cache(96);
+    // 17 rows (two groups of the 16-row output matvec), 2 rows, then none at all.
+    std::vector<float> all(static_cast<size_t>(17) * n_vocab);
+    gpu.forward(prompt, *all_cache, 17, all.data());
+    auto cache = gpu.new_cache(96);
+    std::vector<float> last(static_cast<size_t>(2) * n_vocab + 1, std::nanf(""));
+    gpu.forward(prompt, *cache, 2, last.data());
+    CHECK(std::memcmp(last.data(), all.data() + static_cast<size_t>(15) * n_vocab, 2 * n_vocab * 4) == 0);
+    CHECK(std::isnan(last.back()));
+    cache->truncate(0);
+    gpu.forward(prompt, *cache, 0, nullptr);
+    CHECK(cache->n_committed() == 90);
+}
+
 TEST_CASE("cuda backend: the memory plan refuses a device that is too small, naming both figures") {
     auto model = Model::load(kData + "/stories260K.gguf");
     const CudaMemoryPlan plan = CudaBackend::plan(*model, 256);
     CHECK(plan.weights >= model->weights.bytes_per_token() / 2);
     CHECK(plan.kv_cache == CudaKvCache::bytes_needed(model->config.n_layers, 256, model->config.kv_dim()));
+    // The scratch holds one prefill chunk of activations: a longer chunk needs more, and describe() says which.
+    CHECK(CudaBackend::plan(*model, 256, {512, 64}).scratch > plan.scratch);
+    CHECK(CudaBackend::plan(*model, 256, {16, 64}).scratch < plan.scratch);
+    CHECK(plan.describe().find("256-token prefill chunks, SIMT GEMM") != std::string::npos);
     struct Restore {
         ~Restore() { cuda::set_emulated_device_memory(0); }
     } restore;

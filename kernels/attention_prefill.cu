@@ -1,0 +1,157 @@
+// Prefill attention: tiled causal flash attention over the fp16 KV cache with grouped-query heads, for chunks of
+// many tokens (the decode path, split-K over a few queries, is attention.cu).
+//
+// One block (4 warps) per (tile of BQ queries, head). The block walks the keys 0..(its last query's position) in
+// tiles of BK: the K and V rows of the tile are staged in shared memory as the cache holds them (fp16, the kv head
+// indexed, not copied), then three phases separated by barriers:
+//   scores  S[q][k] = (q . k) / sqrt(head_dim), -inf where the key is after the query (causal mask);
+//   softmax one thread per query row: running max m, correction exp(m_old - m_new), P = exp(S - m_new) in place,
+//           running sum l;
+//   output  warp w owns queries w, w + 4, ..., lane l the dims l + 32j: acc = acc * correction + P . V.
+// No shuffles (cheap under the emulation too); all softmax state is fp32.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+
+// D: head dims up to 32 * D (lanes past head_dim hold zeros). BQ x BK keeps the static shared memory under 48 KiB
+// for every D (the largest, D = 8 with 16 x 16, is ~34 KiB) and the accumulators at BQ / 4 * D <= 32 registers.
+template <int D, int BQ, int BK>
+__global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a) {
+    constexpr int HD = 32 * D;
+    // Padded strides: the score phase reads K rows (one per lane) and up to two Q rows per warp at the same dim;
+    // an odd word stride puts those rows in different banks.
+    constexpr int QS = HD + 1, KS = HD + 2, SS = BK + 1;
+    static_assert(BQ % kWarps == 0 && (BQ * BK) % kThreads == 0, "tile shape");
+    TANDEM_SHARED(float, q_tile, BQ * QS);
+    TANDEM_SHARED(uint16_t, k_tile, BK * KS);
+    TANDEM_SHARED(uint16_t, v_tile, BK * HD);
+    TANDEM_SHARED(float, s_tile, BQ * SS);
+    TANDEM_SHARED(float, row_m, BQ);
+    TANDEM_SHARED(float, row_l, BQ);
+    TANDEM_SHARED(float, row_c, BQ);
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int q0 = blockIdx.x * BQ, head = blockIdx.y, hd = a.head_dim;
+    const int n_q = a.n_tokens - q0 < BQ ? a.n_tokens - q0 : BQ;
+    const int q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
+    const int kv_head = head / (a.n_heads / a.n_kv_heads);
+    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    const int first_pos = a.start_pos + q0;     // position of the tile's query 0
+    const int n_keys = first_pos + n_q;         // keys 0..(last query's position)
+
+    for (int i = tid; i < BQ * HD; i += kThreads) {
+        const int qi = i / HD, d = i % HD;
+        q_tile[qi * QS + d] = qi < n_q && d < hd ? a.q[static_cast<size_t>(q0 + qi) * q_dim + head * hd + d] : 0.0f;
+    }
+    if (tid < BQ) {
+        row_m[tid] = -INFINITY;
+        row_l[tid] = 0.0f;
+    }
+    float acc[BQ / kWarps][D];
+#pragma unroll
+    for (int i = 0; i < BQ / kWarps; ++i)
+#pragma unroll
+        for (int j = 0; j < D; ++j) acc[i][j] = 0.0f;
+
+    const uint16_t* k_head = a.k_cache + kv_head * hd;
+    const uint16_t* v_head = a.v_cache + kv_head * hd;
+    for (int k0 = 0; k0 < n_keys; k0 += BK) {
+        __syncthreads();  // the previous tile's readers are done (first tile: Q and the row state are written)
+        for (int i = tid; i < BK * HD; i += kThreads) {
+            const int kk = i / HD, d = i % HD;
+            const bool in = k0 + kk < n_keys && d < hd;
+            const size_t off = static_cast<size_t>(k0 + kk) * kv_dim + d;
+            k_tile[kk * KS + d] = in ? k_head[off] : 0;
+            v_tile[kk * HD + d] = in ? v_head[off] : 0;
+        }
+        __syncthreads();
+        for (int i = tid; i < BQ * BK; i += kThreads) {
+            const int qi = i / BK, kk = i % BK;
+            // Rows past the chunk take the mask of its last query: every row then has key 0, so m is finite after
+            // the first tile and no row ever computes exp(-inf - -inf).
+            const int q_pos = first_pos + (qi < n_q ? qi : n_q - 1);
+            float s = -INFINITY;
+            if (k0 + kk <= q_pos) {
+                const float* qr = q_tile + qi * QS;
+                const uint16_t* kr = k_tile + kk * KS;
+                float dot = 0.0f;
+#pragma unroll 8
+                for (int d = 0; d < hd; ++d) dot += qr[d] * tandem_half_to_float(kr[d]);
+                s = dot * scale;
+            }
+            s_tile[qi * SS + kk] = s;
+        }
+        __syncthreads();
+        if (tid < BQ) {
+            float* sr = s_tile + tid * SS;
+            const float m_old = row_m[tid];
+            float m_new = m_old;
+            for (int kk = 0; kk < BK; ++kk) m_new = fmaxf(m_new, sr[kk]);
+            // A tile wholly after this row's query: m_new == m_old, correction exp(0) = 1 and P = 0, so the state
+            // is left bitwise unchanged (which makes a query's result independent of its tile).
+            const float correction = expf(m_old - m_new);
+            float sum = 0.0f;
+            for (int kk = 0; kk < BK; ++kk) {
+                const float p = expf(sr[kk] - m_new);
+                sr[kk] = p;
+                sum += p;
+            }
+            row_m[tid] = m_new;
+            row_l[tid] = row_l[tid] * correction + sum;
+            row_c[tid] = correction;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < BQ / kWarps; ++i) {
+            const int qi = warp + kWarps * i;
+            const float correction = row_c[qi];
+            const float* pr = s_tile + qi * SS;
+#pragma unroll
+            for (int j = 0; j < D; ++j) acc[i][j] *= correction;
+            for (int kk = 0; kk < BK; ++kk) {
+                const float p = pr[kk];
+                const uint16_t* vr = v_tile + kk * HD + lane;
+#pragma unroll
+                for (int j = 0; j < D; ++j) acc[i][j] += p * tandem_half_to_float(vr[32 * j]);
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < BQ / kWarps; ++i) {
+        const int qi = warp + kWarps * i;
+        if (qi >= n_q) break;
+        const float l = row_l[qi];
+        float* out = a.out + static_cast<size_t>(q0 + qi) * q_dim + head * hd;
+#pragma unroll
+        for (int j = 0; j < D; ++j)
+            if (lane + 32 * j < hd) out[lane + 32 * j] = acc[i][j] / l;
+    }
+}
+
+template <int D, int BQ, int BK>
+void launch(const char* name, const AttentionArgs& a, Stream stream) {
+    const dim3 grid((a.n_tokens + BQ - 1) / BQ, a.n_heads), block(kThreads);
+    detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK>, grid, block, 0, stream, a);
+}
+
+}  // namespace
+
+void attention_prefill(const AttentionArgs& a, Stream stream) {
+    detail::require(a.n_tokens > 0 && a.start_pos >= 0, "attention_prefill: bad shape");
+    detail::require(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
+                    "attention_prefill: n_heads must be a multiple of n_kv_heads");
+    detail::require(a.n_heads <= 65535, "attention_prefill: grid too large");
+    detail::require(a.head_dim > 0 && a.head_dim <= 256, "attention_prefill: head_dim must be 1..256");
+    if (a.head_dim <= 32) return launch<1, 32, 32>("attention_prefill_kernel<32>", a, stream);
+    if (a.head_dim <= 64) return launch<2, 32, 32>("attention_prefill_kernel<64>", a, stream);
+    if (a.head_dim <= 128) return launch<4, 32, 32>("attention_prefill_kernel<128>", a, stream);
+    return launch<8, 16, 16>("attention_prefill_kernel<256>", a, stream);
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,362 @@
+// Sampling helpers on the device (declared at the end of kernels.h): greedy argmax, softmax with temperature, top-k,
+// and the two gathers speculative verification needs (p(x) of given tokens, the residual max(0, p - q)). They
+// follow src/sampler.cpp: a NaN logit is -inf, ties go to the lower token id, the softmax subtracts the max,
+// short-cuts the max to exp(0) = 1, sums in double and multiplies by the double reciprocal.
+//
+// A row of 151,936 logits is too much for one block to read quickly, so every row is cut into splits, a block per
+// (split, row), and a small second kernel combines the splits' results through the caller's workspace.
+#include <cmath>
+
+#include "common.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+using Key = unsigned long long;
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kArgChunk = 2048;  // logits per block for argmax / softmax: 8 per thread
+constexpr int kArgMaxSplits = 128;
+constexpr int kTopKChunk = 4096;  // top-k splits are fewer and larger: every split hands k candidates on
+constexpr int kTopKMaxSplits = 64;
+
+int splits_for(int n_vocab, int chunk, int max_splits) {
+    const int s = (n_vocab + chunk - 1) / chunk;
+    return s < max_splits ? s : max_splits;
+}
+int chunk_for(int n_vocab, int splits) { return (n_vocab + splits - 1) / splits; }
+
+// One 64-bit key per logit, ordered as the CPU sampler's ByLogit: a larger key is a larger logit, and of equal
+// logits the lower id. The high half is the logit's bits made monotonic as an unsigned integer (negative floats
+// flipped, positive ones offset past them), the low half ~id. NaN counts as -inf (Sampler::load_logits), -0 as +0
+// (they compare equal there, so the id decides). Every element's key is > 0: 0 stands for "no element".
+__device__ __forceinline__ Key key_of(float v, int id) {
+    if (v != v) v = -INFINITY;  // NaN
+    if (v == 0.0f) v = 0.0f;    // -0
+    unsigned b = __float_as_uint(v);
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return (static_cast<Key>(b) << 32) | (0xFFFFFFFFu - static_cast<unsigned>(id));
+}
+__device__ __forceinline__ float key_value(Key k) {
+    const unsigned b = static_cast<unsigned>(k >> 32);
+    return __uint_as_float((b & 0x80000000u) ? (b & 0x7FFFFFFFu) : ~b);
+}
+__device__ __forceinline__ int key_id(Key k) {
+    return static_cast<int>(0xFFFFFFFFu - static_cast<unsigned>(k & 0xFFFFFFFFu));
+}
+
+__device__ __forceinline__ Key warp_max_key(Key v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const Key o = __shfl_xor_sync(detail::kFullMask, v, offset);
+        v = o > v ? o : v;
+    }
+    return v;
+}
+
+// Max over the block, returned to every thread. `scratch` holds kWarps keys of shared memory; the caller must not
+// write it again before every thread has passed the next barrier (the top-k rounds alternate two of them).
+__device__ __forceinline__ Key block_max_key(Key v, Key* scratch) {
+    v = warp_max_key(v);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = scratch[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) v = scratch[w] > v ? scratch[w] : v;
+    return v;
+}
+
+__device__ __forceinline__ double block_sum_double(double v, double* scratch) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(detail::kFullMask, v, offset);
+    if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = v;
+    __syncthreads();
+    v = 0.0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v += scratch[w];
+    return v;
+}
+
+// Max of keys[0..n) by one warp, returned to every lane.
+__device__ __forceinline__ Key warp_max_of(const Key* keys, int n) {
+    Key v = 0;
+    for (int i = threadIdx.x % 32; i < n; i += 32) v = keys[i] > v ? keys[i] : v;
+    return warp_max_key(v);
+}
+
+// ---- argmax and softmax -----------------------------------------------------------------------------------------
+
+// Stage 1, one block per (split, row): the split's largest key.
+__global__ void __launch_bounds__(kThreads) max_key_kernel(const float* __restrict__ logits, int n_vocab, int chunk,
+                                                           Key* __restrict__ keys) {
+    TANDEM_SHARED(Key, scratch, kWarps);
+    const int split = blockIdx.x, row = blockIdx.y;
+    const float* l = logits + static_cast<size_t>(row) * n_vocab;
+    const int begin = split * chunk, end = begin + chunk < n_vocab ? begin + chunk : n_vocab;
+    Key best = 0;
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) {
+        const Key k = key_of(l[i], i);
+        best = k > best ? k : best;
+    }
+    best = block_max_key(best, scratch);
+    if (threadIdx.x == 0) keys[static_cast<size_t>(row) * gridDim.x + split] = best;
+}
+
+// Stage 2 of argmax, one warp per row: the id of the largest key, -1 when the row's best is -inf (every logit
+// -inf or NaN: where the CPU sampler throws).
+__global__ void __launch_bounds__(32) argmax_final_kernel(const Key* __restrict__ keys, int n_splits,
+                                                          int* __restrict__ out) {
+    const int row = blockIdx.x;
+    const Key best = warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits);
+    if (threadIdx.x == 0) out[row] = key_value(best) == -INFINITY ? -1 : key_id(best);
+}
+
+// exp((l - mx) / temperature) as Sampler::softmax computes it: l == mx short-cuts exp(0), which also keeps a +inf
+// logit from giving inf - inf = NaN.
+__device__ __forceinline__ float softmax_term(float l, float mx, float temperature) {
+    if (l != l) l = -INFINITY;
+    return l == mx ? 1.0f : expf((l - mx) / temperature);
+}
+
+// Stage 2 of softmax, one block per (split, row): the split's sum of terms, in double like the CPU's.
+__global__ void __launch_bounds__(kThreads) softmax_sum_kernel(const float* __restrict__ logits, int n_vocab,
+                                                               int chunk, const Key* __restrict__ keys,
+                                                               float temperature, double* __restrict__ sums) {
+    TANDEM_SHARED(double, scratch, kWarps);
+    const int split = blockIdx.x, row = blockIdx.y, n_splits = gridDim.x;
+    const float mx = key_value(warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits));
+    const float* l = logits + static_cast<size_t>(row) * n_vocab;
+    const int begin = split * chunk, end = begin + chunk < n_vocab ? begin + chunk : n_vocab;
+    double sum = 0.0;
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) sum += softmax_term(l[i], mx, temperature);
+    sum = block_sum_double(sum, scratch);
+    if (threadIdx.x == 0) sums[static_cast<size_t>(row) * n_splits + split] = sum;
+}
+
+// Stage 3, one block per (split, row): probs = term * (1 / total), the product rounded once from double as on the
+// CPU. Every block adds the splits' sums in the same order, so they agree on the total. Temperature 0 is the
+// greedy distribution (one-hot at the argmax), as Sampler::distribution gives it; a row without a logit above
+// -inf is NaN throughout, for the caller to report.
+__global__ void __launch_bounds__(kThreads) softmax_write_kernel(const float* __restrict__ logits, int n_vocab,
+                                                                 int chunk, const Key* __restrict__ keys,
+                                                                 const double* __restrict__ sums, float temperature,
+                                                                 float* __restrict__ probs) {
+    const int split = blockIdx.x, row = blockIdx.y, n_splits = gridDim.x;
+    const Key best = warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits);
+    const float mx = key_value(best);
+    const float* l = logits + static_cast<size_t>(row) * n_vocab;
+    float* p = probs + static_cast<size_t>(row) * n_vocab;
+    const int begin = split * chunk, end = begin + chunk < n_vocab ? begin + chunk : n_vocab;
+    if (mx == -INFINITY) {
+        for (int i = begin + threadIdx.x; i < end; i += kThreads) p[i] = NAN;
+        return;
+    }
+    if (temperature == 0.0f) {
+        const int top = key_id(best);
+        for (int i = begin + threadIdx.x; i < end; i += kThreads) p[i] = i == top ? 1.0f : 0.0f;
+        return;
+    }
+    double total = 0.0;
+    for (int s = threadIdx.x % 32; s < n_splits; s += 32) total += sums[static_cast<size_t>(row) * n_splits + s];
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) total += __shfl_xor_sync(detail::kFullMask, total, offset);
+    const double inv = 1.0 / total;
+    for (int i = begin + threadIdx.x; i < end; i += kThreads)
+        p[i] = static_cast<float>(static_cast<double>(softmax_term(l[i], mx, temperature)) * inv);
+}
+
+// ---- top-k --------------------------------------------------------------------------------------------------------
+
+struct SelectShared {
+    unsigned hist[256];
+    Key selected[kTopKMax];
+    unsigned n_selected;
+    unsigned bin, above, in_bin;  // the pass's result, for every thread
+};
+
+// The k largest of the keys this block's threads own, best first, into out[0..k). `key_at(j)` is the key of this
+// thread's j-th element (j < count); a key of 0 is no element. `total` is the number of elements of the block.
+//
+// Radix select: 8 bits at a time from the top, count the keys that match the digits chosen so far into a histogram
+// and pick the digit holding the k-th largest. Keys are unique, so once the chosen bin holds exactly the keys still
+// needed (at the latest after the 8th digit) the k largest are exactly the keys >= the chosen prefix. Usually that is
+// after 3 passes instead of the k block-wide rounds of repeated maxima; then the k keys are ranked by comparison.
+template <class KeyAt>
+__device__ __forceinline__ void block_top_k(int k, int total, int count, KeyAt key_at, SelectShared& sh, Key* out) {
+    Key prefix = 0, mask = 0;
+    unsigned need = static_cast<unsigned>(k);
+    for (int shift = 56; shift >= 0 && total > k; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += kThreads) sh.hist[b] = 0;
+        __syncthreads();
+        for (int j = 0; j < count; ++j) {
+            const Key x = key_at(j);
+            if (x != 0 && (x & mask) == prefix) atomicAdd(&sh.hist[(x >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // Lane l sums bins 255 - 8l down to 248 - 8l; an inclusive scan over the lanes then counts, from the top,
+            // the keys up to each lane's bins, and the lane whose range reaches `need` walks its bins.
+            const int lane = threadIdx.x, top_bin = 255 - 8 * lane;
+            unsigned mine = 0;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) mine += sh.hist[top_bin - i];
+            unsigned upto = mine;
+#pragma unroll
+            for (int offset = 1; offset < 32; offset <<= 1) {
+                const unsigned u = __shfl_up_sync(detail::kFullMask, upto, offset);
+                if (lane >= offset) upto += u;
+            }
+            const unsigned before = upto - mine;
+            if (before < need && need <= upto) {
+                unsigned above = before;
+                int bin = top_bin;
+                while (above + sh.hist[bin] < need) above += sh.hist[bin--];
+                sh.bin = static_cast<unsigned>(bin);
+                sh.above = above;
+                sh.in_bin = sh.hist[bin];
+            }
+        }
+        __syncthreads();
+        prefix |= static_cast<Key>(sh.bin) << shift;
+        mask |= static_cast<Key>(255) << shift;
+        need -= sh.above;
+        if (sh.in_bin == need) break;  // the same in every thread
+    }
+    // Collect the keys >= prefix (all of them when the block has no more than k), then rank them.
+    if (threadIdx.x == 0) sh.n_selected = 0;
+    __syncthreads();
+    for (int j = 0; j < count; ++j) {
+        const Key x = key_at(j);
+        if (x != 0 && x >= prefix) {
+            const unsigned slot = atomicAdd(&sh.n_selected, 1u);
+            if (slot < kTopKMax) sh.selected[slot] = x;
+        }
+    }
+    __syncthreads();
+    const int n = sh.n_selected < static_cast<unsigned>(k) ? static_cast<int>(sh.n_selected) : k;
+    if (static_cast<int>(threadIdx.x) < n) {
+        const Key x = sh.selected[threadIdx.x];
+        int rank = 0;
+        for (int i = 0; i < n; ++i) rank += sh.selected[i] > x;
+        out[rank] = x;
+    }
+    for (int r = n + threadIdx.x; r < k; r += kThreads) out[r] = 0;  // fewer elements than k
+}
+
+// Stage 1, one block per (split, row): the split's top k keys into its slot of the workspace.
+__global__ void __launch_bounds__(kThreads) top_k_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk,
+                                                               int k, Key* __restrict__ candidates) {
+    TANDEM_SHARED(SelectShared, sh, 1);
+    const int split = blockIdx.x, row = blockIdx.y;
+    const float* l = logits + static_cast<size_t>(row) * n_vocab;
+    const int first = split * chunk, end = first + chunk < n_vocab ? first + chunk : n_vocab;
+    const int begin = first + static_cast<int>(threadIdx.x);
+    const int count = begin < end ? (end - begin + kThreads - 1) / kThreads : 0;
+    block_top_k(
+        k, end - first, count, [&](int j) { return key_of(l[begin + j * kThreads], begin + j * kThreads); }, sh[0],
+        candidates + (static_cast<size_t>(row) * gridDim.x + split) * k);
+}
+
+// Stage 2, one block per row: the top k of the splits' candidates, as (logit, id) pairs. A NaN logit comes back as
+// -inf, the value the CPU sampler ranks it by.
+__global__ void __launch_bounds__(kThreads) top_k_merge_kernel(const Key* __restrict__ candidates, int n_candidates,
+                                                               int k, float* __restrict__ out_logits,
+                                                               int* __restrict__ out_ids) {
+    TANDEM_SHARED(SelectShared, sh, 1);
+    TANDEM_SHARED(Key, top, kTopKMax);
+    const int row = blockIdx.x;
+    const Key* c = candidates + static_cast<size_t>(row) * n_candidates;
+    const int begin = static_cast<int>(threadIdx.x);
+    const int count = begin < n_candidates ? (n_candidates - begin + kThreads - 1) / kThreads : 0;
+    block_top_k(
+        k, n_candidates, count, [&](int j) { return c[begin + j * kThreads]; }, sh[0], top);
+    __syncthreads();
+    for (int r = threadIdx.x; r < k; r += kThreads) {
+        out_logits[static_cast<size_t>(row) * k + r] = key_value(top[r]);
+        out_ids[static_cast<size_t>(row) * k + r] = key_id(top[r]);
+    }
+}
+
+// ---- gathers for speculative verification --------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(kThreads) gather_kernel(const float* __restrict__ rows, int n_rows, int n_vocab,
+                                                          const int* __restrict__ ids, float* __restrict__ out) {
+    const int r = blockIdx.x * kThreads + threadIdx.x;
+    if (r >= n_rows) return;
+    const int id = ids[r];
+    out[r] = id >= 0 && id < n_vocab ? rows[static_cast<size_t>(r) * n_vocab + id] : NAN;
+}
+
+__global__ void __launch_bounds__(kThreads) residual_kernel(const float* __restrict__ p, const float* __restrict__ q,
+                                                            float* __restrict__ out, int n) {
+    const int i = blockIdx.x * kThreads + threadIdx.x;
+    if (i < n) out[i] = fmaxf(0.0f, p[i] - q[i]);  // as speculative.cpp: std::max(0.0f, p - q)
+}
+
+void check_rows(const char* what, int n_rows, int n_vocab) {
+    detail::require(n_rows > 0 && n_rows <= 65535 && n_vocab > 0, what);
+}
+
+}  // namespace
+
+size_t sampling_workspace_bytes(int n_rows, int n_vocab) {
+    if (n_rows <= 0 || n_vocab <= 0) return 0;
+    const size_t arg = static_cast<size_t>(splits_for(n_vocab, kArgChunk, kArgMaxSplits)) * (sizeof(Key) + sizeof(double));
+    const size_t topk = static_cast<size_t>(splits_for(n_vocab, kTopKChunk, kTopKMaxSplits)) * kTopKMax * sizeof(Key);
+    return static_cast<size_t>(n_rows) * (arg > topk ? arg : topk);
+}
+
+void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream) {
+    check_rows("argmax: bad shape", n_rows, n_vocab);
+    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
+    Key* keys = static_cast<Key*>(workspace);
+    detail::launch_kernel("max_key_kernel", max_key_kernel, dim3(splits, n_rows), dim3(kThreads), 0, stream, logits,
+                          n_vocab, chunk_for(n_vocab, splits), keys);
+    detail::launch_kernel("argmax_final_kernel", argmax_final_kernel, dim3(n_rows), dim3(32), 0, stream,
+                          static_cast<const Key*>(keys), splits, out_ids);
+}
+
+void softmax(const float* logits, int n_rows, int n_vocab, float temperature, float* probs, void* workspace,
+             Stream stream) {
+    check_rows("softmax: bad shape", n_rows, n_vocab);
+    detail::require(temperature >= 0.0f && std::isfinite(temperature), "softmax: temperature must be finite and >= 0");
+    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits), chunk = chunk_for(n_vocab, splits);
+    Key* keys = static_cast<Key*>(workspace);
+    double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);
+    const dim3 grid(splits, n_rows);
+    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab, chunk,
+                          keys);
+    if (temperature > 0.0f)  // greedy needs no sum
+        detail::launch_kernel("softmax_sum_kernel", softmax_sum_kernel, grid, dim3(kThreads), 0, stream, logits,
+                              n_vocab, chunk, static_cast<const Key*>(keys), temperature, sums);
+    detail::launch_kernel("softmax_write_kernel", softmax_write_kernel, grid, dim3(kThreads), 0, stream, logits,
+                          n_vocab, chunk, static_cast<const Key*>(keys), static_cast<const double*>(sums), temperature,
+                          probs);
+}
+
+void top_k(const float* logits, int n_rows, int n_vocab, int k, float* out_logits, int* out_ids, void* workspace,
+           Stream stream) {
+    check_rows("top_k: bad shape", n_rows, n_vocab);
+    detail::require(k >= 1 && k <= kTopKMax && k <= n_vocab, "top_k: k must be 1..min(kTopKMax, n_vocab)");
+    const int splits = splits_for(n_vocab, kTopKChunk, kTopKMaxSplits);
+    Key* candidates = static_cast<Key*>(workspace);
+    detail::launch_kernel("top_k_split_kernel", top_k_split_kernel, dim3(splits, n_rows), dim3(kThreads), 0, stream,
+                          logits, n_vocab, chunk_for(n_vocab, splits), k, candidates);
+    detail::launch_kernel("top_k_merge_kernel", top_k_merge_kernel, dim3(n_rows), dim3(kThreads), 0, stream,
+                          static_cast<const Key*>(candidates), splits * k, k, out_logits, out_ids);
+}
+
+void gather_rows(const float* rows, int n_rows, int n_vocab, const int* ids, float* out, Stream stream) {
+    check_rows("gather_rows: bad shape", n_rows, n_vocab);
+    detail::launch_kernel("gather_kernel", gather_kernel, dim3((n_rows + kThreads - 1) / kThreads), dim3(kThreads), 0,
+                          stream, rows, n_rows, n_vocab, ids, out);
+}
+
+void residual(const float* p, const float* q, float* out, int n, Stream stream) {
+    detail::require(n > 0, "residual: empty");
+    detail::launch_kernel("residual_kernel", residual_kernel, dim3((n + kThreads - 1) / kThreads), dim3(kThreads), 0,
+                          stream, p, q, out, n);
+}
+
+}  // namespace tandem::cuda
