@@ -311,6 +311,16 @@ GgufFile::~GgufFile() {
     if (fd_ >= 0) ::close(fd_);
 }
 
+void GgufFile::release_pages(const void* p, size_t bytes) const {
+    const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+    const auto map_begin = reinterpret_cast<uintptr_t>(base_), map_end = map_begin + size_;
+    if (begin < map_begin || end > map_end) return;
+    const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+    // MADV_DONTNEED on a private read-only file mapping: the pages return to being file-backed (nothing is lost).
+    if (first < last) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 void GgufFile::fail(const std::string& problem) const { throw Error(path_ + ": " + problem); }
 
 void GgufFile::parse() {

@@ -89,6 +89,11 @@ public:
     std::string get_string_or(std::string_view key, const std::string& fallback) const;
 
     const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
+
+    // Drops the whole pages inside [p, p + bytes) of the mapping from this process's resident set, for data that has
+    // been copied elsewhere (a repacked weight matrix): the file stays mapped and a later read of those bytes brings
+    // them back from the page cache. Ranges outside the mapping are ignored.
+    void release_pages(const void* p, size_t bytes) const;
     const GgufTensorInfo* find_tensor(std::string_view name) const;  // nullptr when absent
 
 private:

@@ -281,6 +281,49 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
 
 }  // namespace
 
+// What a verification of k drafted tokens costs the target: a forward of n = k + 1 tokens after a prompt, with
+// logits for every position, rolled back afterwards (as a rejected draft is). The sizes take turns within each
+// repetition, so that a drifting machine shifts them alike; the ratio to one token is what the draft-length
+// controller weighs against acceptance.
+int verify_bench(tandem::Backend& backend, tandem::KvCache& cache, const std::vector<int>& tokens, int n_prompt,
+                 int chunk, const std::vector<int>& sizes, int reps, int n_vocab, bool json) {
+    const int n_max = *std::max_element(sizes.begin(), sizes.end());
+    if (n_prompt + n_max > cache.capacity() || static_cast<int>(tokens.size()) < n_prompt + n_max)
+        throw tandem::Error("--verify: -p plus the largest size must fit the context");
+    std::vector<float> logits(static_cast<size_t>(n_max) * n_vocab);
+    for (int b = 0; b < n_prompt; b += chunk) {
+        const int n = std::min(chunk, n_prompt - b);
+        backend.forward(std::span<const int>(tokens.data() + b, n), cache, 0, logits.data());
+    }
+    auto run = [&](int n) {
+        const auto t0 = Clock::now();
+        backend.forward(std::span<const int>(tokens.data() + n_prompt, n), cache, n, logits.data());
+        const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+        cache.truncate(n_prompt);
+        return s;
+    };
+    for (int n : sizes) run(n);  // warm-up
+    std::vector<std::vector<double>> times(sizes.size());
+    for (int r = 0; r < reps * 8; ++r)
+        for (size_t i = 0; i < sizes.size(); ++i) times[i].push_back(run(sizes[i]));
+    double base = -1;
+    for (size_t i = 0; i < sizes.size(); ++i)
+        if (sizes[i] == 1) base = median(times[i]);
+    if (!json) {
+        std::printf("| tokens | ms (median of %d) | x one token | ms per token |\n|---|---|---|---|\n", reps * 8);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        const double ms = 1e3 * median(times[i]);
+        if (json)
+            std::printf("{\"test\":\"verify\",\"n\":%d,\"after\":%d,\"ms\":%.4f}\n", sizes[i], n_prompt, ms);
+        else
+            std::printf("| %d | %.2f | %s | %.2f |\n", sizes[i], ms,
+                        base > 0 ? (std::to_string(ms / (1e3 * base)).substr(0, 4) + "x").c_str() : "",
+                        ms / sizes[i]);
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     std::string model_path, synth_name, synth_type = "q4_0", synth_out;
     int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, chunk = 256;
@@ -312,6 +355,12 @@ int main(int argc, char** argv) {
     app.add_flag("--bandwidth", bandwidth, "measure the memory read bandwidth with -t threads (median of -r passes)");
     app.add_option("--bandwidth-mib", bandwidth_mib, "buffer size of --bandwidth")->capture_default_str()
         ->check(CLI::Range(size_t{16}, size_t{1} << 20));
+    std::vector<int> verify_sizes;
+    app.add_option("--verify", verify_sizes,
+                   "speculative verification cost: after a prefill of -p tokens, forwards of each of these token "
+                   "counts with logits for all (then rolled back), interleaved, -r x 8 runs each; ms and the ratio to "
+                   "one token")
+        ->delimiter(',')->check(CLI::Range(1, 64));
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -337,9 +386,9 @@ int main(int argc, char** argv) {
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
         tandem::CpuBackend backend(*model, threads, chunk);
-        auto cache = backend.new_cache(n_prompt + n_gen + 1);
+        auto cache = backend.new_cache(n_prompt + std::max(n_gen, 64) + 1);
         std::vector<float> logits(static_cast<size_t>(c.n_vocab));
-        const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen), c.n_vocab);
+        const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen) + 64, c.n_vocab);  // + --verify's sizes
 
         auto run_pp = [&] {
             cache->truncate(0);
@@ -358,6 +407,8 @@ int main(int argc, char** argv) {
             return n_gen / std::chrono::duration<double>(Clock::now() - t0).count();
         };
 
+        if (!verify_sizes.empty()) return verify_bench(backend, *cache, prompt, n_prompt, chunk, verify_sizes, reps,
+                                                      c.n_vocab, json);
         if (!draft_path.empty() || lookup) {
             std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom went to the park",
                                                 "The little dog was sad because"};

@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <ctime>
 #include <random>
 #include <sstream>
@@ -22,6 +24,7 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant_q8.h"
+#include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 #include "ggml_types.h"
 
@@ -79,7 +82,7 @@ std::vector<std::string> split_list(const std::string& s) {
 
 int main(int argc, char** argv) {
     CLI::App app{"tandem-kernel-bench: integer matmul kernel throughput (scalar / AVX2 / AVX-512 VNNI)"};
-    std::string types_arg, tokens_arg = "1,8,64,512", variants_arg = "avx2,avx512";
+    std::string types_arg, tokens_arg = "1,8,64,512", variants_arg = "avx2,avx512,repacked";
     int64_t rows = 4096, cols = 4096;
     int reps = 5, threads = 1;
     bool scalar = false, wall = false;
@@ -95,7 +98,7 @@ int main(int argc, char** argv) {
     app.add_option("-t,--threads", threads, "threads splitting the rows (as matmul does)")
         ->capture_default_str()
         ->check(CLI::PositiveNumber);
-    app.add_option("--variants", variants_arg, "which of avx2, avx512 to run")->capture_default_str();
+    app.add_option("--variants", variants_arg, "which of avx2, avx512, repacked (RepackedMatrix, where the type has one) to run")->capture_default_str();
     app.add_flag("--scalar", scalar, "also time the portable scalar kernel (slow)");
     app.add_flag("--wall", wall, "time one thread by the wall clock instead of its CPU time");
     app.add_option("--seed", seed, "random seed")->capture_default_str();
@@ -158,21 +161,34 @@ int main(int argc, char** argv) {
                 cpu::quantize_activations(k->act, x.data(), xq.data() + t * xs, cols);
             }
         }
-        std::vector<std::pair<const char*, cpu::DotRowsQ8Fn>> fns;
-        if (scalar) fns.emplace_back("scalar", k->dot_rows_scalar);
-        if (wanted("avx2") && k->dot_rows_avx2) fns.emplace_back("avx2", k->dot_rows_avx2);
-        if (wanted("avx512") && k->dot_rows_avx512) fns.emplace_back("avx512", k->dot_rows_avx512);
+        // A variant computes y for rows [begin, end) of n tokens; the repacked one works in whole row groups, and the
+        // threads split groups (as matmul does for a repacked matrix).
+        using RunFn = std::function<void(int64_t n, float* y)>;
+        std::vector<std::pair<const char*, RunFn>> fns;
+        auto rows_variant = [&](cpu::DotRowsQ8Fn fn) {
+            return [&, fn](int64_t n, float* y) {
+                auto part = [&](int64_t begin, int64_t end, int) {
+                    fn(W.data(), row_bytes, cols, begin, end, xq.data(), xs, n, y, rows);
+                };
+                threads == 1 ? part(0, rows, 0) : pool.parallel_for(rows, part);
+            };
+        };
+        if (scalar) fns.emplace_back("scalar", rows_variant(k->dot_rows_scalar));
+        if (wanted("avx2") && k->dot_rows_avx2) fns.emplace_back("avx2", rows_variant(k->dot_rows_avx2));
+        if (wanted("avx512") && k->dot_rows_avx512) fns.emplace_back("avx512", rows_variant(k->dot_rows_avx512));
+        std::unique_ptr<cpu::RepackedMatrix> repacked;
+        if (wanted("repacked") && cpu::RepackedMatrix::available(type)) {
+            repacked = std::make_unique<cpu::RepackedMatrix>(type, W.data(), cols, rows, pool);
+            fns.emplace_back("repacked", [&](int64_t n, float* y) {
+                auto part = [&](int64_t begin, int64_t end, int) {
+                    repacked->dot_groups(begin, end, xq.data(), xs, n, y, rows);
+                };
+                threads == 1 ? part(0, repacked->n_groups(), 0) : pool.parallel_for(repacked->n_groups(), part);
+            });
+        }
         for (int64_t n : token_counts) {
             std::vector<float> y(static_cast<size_t>(rows * n));
-            auto run = [&](cpu::DotRowsQ8Fn fn) {
-                auto part = [&](int64_t begin, int64_t end, int) {
-                    fn(W.data(), row_bytes, cols, begin, end, xq.data(), xs, n, y.data(), rows);
-                };
-                if (threads == 1)
-                    part(0, rows, 0);
-                else
-                    pool.parallel_for(rows, part);
-            };
+            auto run = [&](const RunFn& fn) { fn(n, y.data()); };
             // The variants take turns within each repetition, so that a burst of load from elsewhere on the machine
             // falls on all of them rather than on whichever was running.
             std::vector<std::vector<double>> times(fns.size());

@@ -18,6 +18,7 @@
 #include "cpu/quant.h"
 #include "cpu/vec_math.h"
 #include "error.h"
+#include "gguf.h"
 #include "model.h"
 
 namespace tandem {
@@ -28,7 +29,7 @@ CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
       k_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]),
       v_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]) {}
 
-CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations)
+CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack)
     : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
     const ModelConfig& c = model.config;
     const size_t B = static_cast<size_t>(max_batch_);
@@ -47,6 +48,36 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Ac
         rope_inv_freq_.push_back(
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(c.rope_dim));
+    if (repack && activations_ == cpu::Activations::Int8) repack_weights();
+}
+
+// Every projection and the output matrix, where the CPU has a row-lane kernel for the type. One matrix at a time:
+// its file pages are released right after its copy is made, so the resident size stays near the file's, not twice
+// it. (A tied output is the token embedding too: the rows the embedding lookup reads come back from the page cache.)
+void CpuBackend::repack_weights() {
+    const Weights& w = model_.weights;
+    auto repack = [&](const WeightView& v) {
+        if (!v.data || !cpu::RepackedMatrix::available(v.type) || repacked_.count(v.data)) return;
+        repacked_.emplace(v.data, std::make_unique<cpu::RepackedMatrix>(v.type, v.data, v.cols, v.rows, pool_));
+        if (model_.file) model_.file->release_pages(v.data, v.n_bytes());
+    };
+    for (const LayerWeights& L : w.layers)
+        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) repack(*v);
+    repack(w.output);
+}
+
+size_t CpuBackend::repacked_bytes() const {
+    size_t total = 0;
+    for (const auto& [data, m] : repacked_) total += m->bytes();
+    return total;
+}
+
+void CpuBackend::matmul(const WeightView& W, const float* x, int n, float* y) {
+    const auto it = repacked_.find(W.data);
+    if (it != repacked_.end())
+        cpu::matmul(*it->second, x, n, y, pool_);
+    else
+        cpu::matmul(W.type, W.data, W.cols, W.rows, x, n, y, pool_, activations_);
 }
 
 std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
@@ -181,9 +212,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         cpu::dequantize_row(w.token_embd.type, w.token_embd.row(tok), x_.data() + static_cast<size_t>(i) * dim, dim);
     }
 
-    auto mm = [&](const WeightView& W, const float* in, float* out) {
-        cpu::matmul(W.type, W.data, W.cols, W.rows, in, n, out, pool_, activations_);
-    };
+    auto mm = [&](const WeightView& W, const float* in, float* out) { matmul(W, in, n, out); };
 
     for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& L = w.layers[l];
@@ -233,8 +262,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         for (int i = first; i < n; ++i)
             rms_norm(&xb_[static_cast<size_t>(i - first) * dim], &x_[static_cast<size_t>(i) * dim], out_norm, dim,
                      c.rms_eps);
-        cpu::matmul(w.output.type, w.output.data, w.output.cols, w.output.rows, xb_.data(), n_logits, logits, pool_,
-                    activations_);
+        matmul(w.output, xb_.data(), n_logits, logits);
     }
 }
 

@@ -1,17 +1,21 @@
 // The CPU backend: the whole llama forward pass over weights used in place from the mapping (fp32 activations
 // between operations, quantized to 8 bits inside the quantized matmuls), multithreaded through one ThreadPool per
-// backend instance.
+// backend instance. The one exception to "in place": matrices of a type with a row-lane kernel on this CPU (Q4_K,
+// Q6_K with AVX-512 VNNI) are repacked once at construction (cpu/repack.h) and their file pages released.
 #pragma once
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "backend.h"
 #include "cpu/matmul.h"
+#include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 
 namespace tandem {
 
 struct Model;
+struct WeightView;
 
 class CpuKvCache : public KvCache {
 public:
@@ -39,15 +43,22 @@ class CpuBackend : public Backend {
 public:
     // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
     // `activations`: how quantized weights meet the activations (see cpu/matmul.h); Int8 is the fast default.
+    // `repack`: repack the matrices that have a row-lane kernel (Int8 only; the results are the same bits either way).
     CpuBackend(const Model& model, int n_threads, int max_batch,
-               cpu::Activations activations = cpu::Activations::Int8);
+               cpu::Activations activations = cpu::Activations::Int8, bool repack = true);
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
     int n_threads() const { return pool_.size(); }
+    // Bytes of weights held repacked (0 when nothing was: another type, a CPU without the kernels, Float
+    // activations, or TANDEM_NO_REPACK=1).
+    size_t repacked_bytes() const;
 
 private:
     void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
+    void repack_weights();
+    // y = W x for the n tokens of a step: through W's repacked copy when it has one.
+    void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
 
     const Model& model_;
@@ -68,6 +79,8 @@ private:
     int scores_stride_ = 0;
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
+    // Repacked matrices, by the address of the tensor they replace.
+    std::unordered_map<const void*, std::unique_ptr<cpu::RepackedMatrix>> repacked_;
 };
 
 }  // namespace tandem

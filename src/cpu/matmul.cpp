@@ -11,6 +11,7 @@
 
 #include "cpu/quant.h"
 #include "cpu/quant_q8.h"
+#include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 #include "error.h"
 
@@ -42,7 +43,31 @@ std::vector<uint8_t>& activation_buffer(size_t bytes) {
     return buffer;
 }
 
+// The activation rows quantized to `f`, in the calling thread's buffer (valid until its next matmul).
+const uint8_t* quantized_activations(ActFormat f, const float* x, int64_t cols, int64_t n_tokens, ThreadPool& pool,
+                                     bool serial) {
+    const size_t xs = act_row_bytes(f, cols);
+    uint8_t* xq = activation_buffer(xs * static_cast<size_t>(n_tokens)).data();
+    auto quantize = [&](int64_t begin, int64_t end, int) {
+        for (int64_t t = begin; t < end; ++t) quantize_activations(f, x + t * cols, xq + t * xs, cols);
+    };
+    if (serial || n_tokens == 1)
+        quantize(0, n_tokens, 0);
+    else
+        pool.parallel_for(n_tokens, quantize);
+    return xq;
+}
+
 }  // namespace
+
+void matmul(const RepackedMatrix& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
+    if (W.rows() == 0 || n_tokens <= 0) return;
+    const bool serial = pool.size() == 1 || W.rows() * W.cols() * n_tokens < kMinParallelMacs;
+    const size_t xs = act_row_bytes(ActFormat::Q8_K, W.cols());
+    const uint8_t* xq = quantized_activations(ActFormat::Q8_K, x, W.cols(), n_tokens, pool, serial);
+    auto groups = [&](int64_t begin, int64_t end, int) { W.dot_groups(begin, end, xq, xs, n_tokens, y, W.rows()); };
+    serial ? groups(0, W.n_groups(), 0) : pool.parallel_for(W.n_groups(), groups);
+}
 
 bool uses_int8(GgmlType type, Activations act) { return integer_kernels(type, act) != nullptr; }
 
@@ -71,14 +96,7 @@ void matmul(GgmlType type, const void* W, int64_t cols, int64_t rows, const floa
     const bool serial = pool.size() == 1 || rows * cols * n_tokens < kMinParallelMacs;
     if (const Q8TypeKernels* q = integer_kernels(type, act)) {
         const size_t xs = act_row_bytes(q->act, cols);
-        uint8_t* xq = activation_buffer(xs * static_cast<size_t>(n_tokens)).data();
-        auto quantize = [&](int64_t begin, int64_t end, int) {
-            for (int64_t t = begin; t < end; ++t) quantize_activations(q->act, x + t * cols, xq + t * xs, cols);
-        };
-        if (serial || n_tokens == 1)
-            quantize(0, n_tokens, 0);
-        else
-            pool.parallel_for(n_tokens, quantize);
+        const uint8_t* xq = quantized_activations(q->act, x, cols, n_tokens, pool, serial);
         auto rows_kernel = [&](int64_t begin, int64_t end, int) {
             q->dot_rows(W, row_bytes, cols, begin, end, xq, xs, n_tokens, y, rows);
         };

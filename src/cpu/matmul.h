@@ -8,6 +8,7 @@
 namespace tandem::cpu {
 
 class ThreadPool;
+class RepackedMatrix;
 
 // How quantized weights meet the activations. Int8 (the default, llama.cpp's choice): each token's row is quantized
 // to 8-bit blocks once per matmul and multiplied with integer SIMD (cpu/quant_q8.h); F32 / F16 / BF16 weights have
@@ -30,6 +31,10 @@ void matmul(GgmlType type, const void* W, int64_t cols, int64_t rows, const floa
 // floats per token). For callers that split work themselves, e.g. several projections in one parallel_for.
 void matmul_rows(GgmlType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
                  int64_t row_begin, int64_t row_end, Activations act = Activations::Int8);
+
+// The same product for a matrix repacked at load (cpu/repack.h), always with 8-bit activations: bitwise equal to
+// matmul on the original with Activations::Int8 (batch invariance included). Threads split row groups.
+void matmul(const RepackedMatrix& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
 
 // True when matmul with `act` runs the integer kernels for this weight type.
 bool uses_int8(GgmlType type, Activations act);

@@ -458,25 +458,6 @@ struct Q5_1Traits {
 #endif
 };
 
-// Q4_K / Q5_K: the 12 scale bytes hold eight 6-bit scales and eight 6-bit mins (ggml's get_scale_min_k4).
-inline void unpack_scale_min_k4(const uint8_t* q, uint8_t sc[8], uint8_t m[8]) {
-    for (int j = 0; j < 4; ++j) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-        sc[j + 4] = static_cast<uint8_t>((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
-        m[j + 4] = static_cast<uint8_t>((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-    }
-}
-
-// Q3_K: sixteen 6-bit scales, low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11; biased by 32.
-inline void unpack_scales_q3_k(const uint8_t* s, int sc[16]) {
-    for (int i = 0; i < 16; ++i) {
-        const int lo = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
-        const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-        sc[i] = (lo | (hi << 4)) - 32;
-    }
-}
-
 struct Q2_KTraits {
     static constexpr GgmlType kType = GgmlType::Q2_K;
     static constexpr int64_t kBlockSize = kQK_K;
@@ -1117,6 +1098,23 @@ float dot_one(DotRowsFn fn, const TypeKernels& k, int64_t n, const void* row, co
 }
 
 }  // namespace
+
+void unpack_scale_min_k4(const uint8_t* q, uint8_t sc[8], uint8_t m[8]) {
+    for (int j = 0; j < 4; ++j) {
+        sc[j] = q[j] & 63;
+        m[j] = q[j + 4] & 63;
+        sc[j + 4] = static_cast<uint8_t>((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
+        m[j + 4] = static_cast<uint8_t>((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+}
+
+void unpack_scales_q3_k(const uint8_t* s, int sc[16]) {
+    for (int i = 0; i < 16; ++i) {
+        const int lo = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
+        const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
+        sc[i] = (lo | (hi << 4)) - 32;
+    }
+}
 
 const TypeKernels* find_kernels(GgmlType type) {
     for (const TypeKernels& k : kKernels)

@@ -105,6 +105,15 @@ struct BlockQ6_K {
 };
 static_assert(sizeof(BlockQ6_K) == 210);
 
+// The packed sub-block scales of the k-quants, unpacked (ggml's get_scale_min_k4 and its Q3_K counterpart):
+// Q4_K / Q5_K's 12 bytes hold eight 6-bit scales and eight 6-bit mins (bytes 0..3 the low 6 bits of scales 0..3,
+// whose top 2 bits are the high bits of scales 4..7; bytes 4..7 the same for the mins; bytes 8..11 the low 4 bits of
+// scales 4..7 (low nibble) and mins 4..7 (high nibble)). Q3_K's 12 bytes hold sixteen 6-bit scales biased by 32:
+// low 4 bits in bytes 0..7 (scale i < 8 in the low nibble of byte i, i >= 8 in the high nibble of byte i - 8), high
+// 2 bits at bits 2*(i/4) of byte 8 + i%4.
+void unpack_scale_min_k4(const uint8_t* q, uint8_t sc[8], uint8_t m[8]);
+void unpack_scales_q3_k(const uint8_t* s, int sc[16]);
+
 // ---- row API ----------------------------------------------------------------------------------------------------
 // `n` is the number of elements; for block types it must be a multiple of the block size (32, or 256 for k-quants).
 

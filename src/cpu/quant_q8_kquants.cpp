@@ -73,30 +73,6 @@ TANDEM_ALWAYS_INLINE void static_for(std::integer_sequence<int, I...>, F&& f) {
     (f(std::integral_constant<int, I>{}), ...);
 }
 
-// ---- scale unpacking (portable) ----------------------------------------------------------------------------------
-
-// Q4_K / Q5_K: eight 6-bit scales and eight 6-bit mins in 12 bytes. Bytes 0..3 hold the low 6 bits of scales 0..3
-// (their top 2 bits are the high bits of scales 4..7), bytes 4..7 the same for the mins, bytes 8..11 the low 4 bits
-// of scales 4..7 (low nibble) and mins 4..7 (high nibble).
-void unpack_scale_min_k4(const uint8_t* q, int sc[8], int m[8]) {
-    for (int j = 0; j < 4; ++j) {
-        sc[j] = q[j] & 63;
-        m[j] = q[j + 4] & 63;
-        sc[j + 4] = (q[j + 8] & 0xF) | ((q[j] >> 6) << 4);
-        m[j + 4] = (q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4);
-    }
-}
-
-// Q3_K: sixteen 6-bit scales biased by 32; low 4 bits in bytes 0..7 (scale i < 8 in the low nibble of byte i,
-// scale i >= 8 in the high nibble of byte i - 8), high 2 bits in bytes 8..11 (bits 2*(i/4) of byte 8 + i%4).
-void unpack_scales_q3_k(const uint8_t* s, int sc[16]) {
-    for (int i = 0; i < 16; ++i) {
-        const int lo = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
-        const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
-        sc[i] = (lo | (hi << 4)) - 32;
-    }
-}
-
 // ---- portable kernel -----------------------------------------------------------------------------------------------
 // Each type decodes a super-block into the form every type shares: 256 unsigned codes, a scale per 16 elements,
 // the code offset (value = sc * (u - kOffset)) and, for the types with a min, a min per 16 elements.
@@ -160,7 +136,7 @@ struct QK4Scalar {
                 if constexpr (kFifthBit) u |= ((blk[offsetof(BlockQ5_K, qh) + l] >> c) & 1) << 4;
                 o.u[32 * c + l] = static_cast<uint8_t>(u);
             }
-        int sc[8], m[8];
+        uint8_t sc[8], m[8];
         unpack_scale_min_k4(blk + offsetof(Block, scales), sc, m);
         for (int j = 0; j < 16; ++j) {
             o.sc[j] = sc[j / 2];

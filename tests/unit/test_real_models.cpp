@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <span>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -129,4 +131,36 @@ TEST_CASE("real: Qwen2.5-Coder-0.5B greedy continuations agree with llama.cpp") 
 TEST_CASE("real: Qwen2.5-Coder-1.5B greedy continuations agree with llama.cpp") {
     check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json", cpu::Activations::Float, 7);
     check_model("qwen2.5-coder-1.5b-instruct-q4_k_m", "llamacpp-qwen2.5-coder-1.5b.json", cpu::Activations::Int8, 7);
+}
+
+// The repacked weights (cpu/repack.h: the 1.5B's Q4_K and Q6_K matrices, where the CPU has the kernels) give the
+// same bits as the file's own layout: logits of a chunked prefill, single-token steps and a verification-sized call.
+TEST_CASE("real: Qwen2.5-Coder-1.5B logits are bitwise the same with repacked weights") {
+    auto model = load_real("qwen2.5-coder-1.5b-instruct-q4_k_m");
+    CpuBackend plain(*model, 2, 64, cpu::Activations::Int8, /*repack=*/false);
+    CpuBackend repacked(*model, 2, 64, cpu::Activations::Int8, /*repack=*/true);
+    if (repacked.repacked_bytes() == 0) {
+        MESSAGE("no repacked kernels on this CPU: nothing to compare");
+        return;
+    }
+    MESSAGE("repacked: " << repacked.repacked_bytes() / (1 << 20) << " MiB");
+    const int n_vocab = model->config.n_vocab;
+    std::vector<int> tokens;
+    for (int i = 0; i < 90; ++i) tokens.push_back(100 + (i * 7919) % 30000);
+    auto run = [&](CpuBackend& b) {
+        auto cache = b.new_cache(128);
+        std::vector<float> out, logits(static_cast<size_t>(9) * n_vocab);
+        b.forward(std::span<const int>(tokens.data(), 80), *cache, 3, logits.data());
+        out.insert(out.end(), logits.begin(), logits.begin() + 3 * n_vocab);
+        for (int i = 80; i < 81; ++i) {
+            b.forward(std::span<const int>(&tokens[i], 1), *cache, 1, logits.data());
+            out.insert(out.end(), logits.begin(), logits.begin() + n_vocab);
+        }
+        b.forward(std::span<const int>(tokens.data() + 81, 9), *cache, 9, logits.data());
+        out.insert(out.end(), logits.begin(), logits.end());
+        return out;
+    };
+    const std::vector<float> a = run(plain), b = run(repacked);
+    REQUIRE(a.size() == b.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }

@@ -1,0 +1,321 @@
+// AVX-512 VNNI row-lane kernels of RepackedMatrix (repack.h): 16 weight rows of a group in the 16 int32 lanes of a
+// zmm, against Q8_K activations. Compiled for AVX-512 by a target pragma (not the build flags); repack.cpp calls
+// them only after checking the CPU.
+//
+// Q4_K, per super-block and token (read repack.h for the record): chunk c (64 elements) is 8 qs vectors; vector i's
+// low nibbles are elements 64c + 4i..4i+3 of every row (sub-block 2c) and its high nibbles elements 64c + 32 + 4i..
+// (sub-block 2c + 1). vpdpbusd of a nibble vector with the token's activation dword broadcast adds those 4 products
+// into each row's lane, so after 8 of them lane r holds row r's exact sum over a whole 32-element sub-block:
+//   S_j = sum(u * x) over sub-block j,   sumi = sum_j sc_j * S_j   (vpmulld by the rows' scales, vpaddd)
+//   summ = sum_j m_j * bsum32_j          (four vpdpwssd: int16 pairs of mins times pairs of 32-element sums)
+// then, per row lane, the float steps of quant_q8_kquants.cpp: acc = fma(d_w * d_x, float(sumi), acc) and
+// acc_m = fma(dmin_w * d_x, float(summ), acc_m), result acc - acc_m. Integer sums are exact in any grouping and the
+// float steps are the same operations per (row, token, super-block) in super-block order, so every result is
+// bitwise that of the scalar kernel. Bounds: |S_j| <= 32 * 15 * 127, sc_j <= 63, |sumi| <= 256 * 15 * 127 * 63 < 2^31;
+// |bsum32| <= 32 * 127 fits int16, m_j <= 63.
+//
+// Loop nest: a group of 16 rows at a time; within it tiles of up to kTile tokens sweep the group's super-blocks.
+// Per chunk the 16 nibble vectors are built once and used by every token of the tile (the decode is shared; the
+// multiplies are per token). The float accumulators of a tile stay in registers or the stack across super-blocks.
+//
+// Nothing after the target pragma is an inline function or template of a shared header (the linker could pick an
+// AVX-512 instance for every caller); the scratch buffer comes from quant_q8_driver.h's scratch_buffer, defined before
+// the pragma.
+#pragma GCC diagnostic ignored "-Wuninitialized"  // GCC 12's _mm512_undefined_*() pass-throughs, once inlined
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "cpu/quant.h"
+#include "cpu/quant_q8.h"
+#include "cpu/quant_q8_driver.h"
+#include "cpu/repack.h"
+
+#if defined(TANDEM_AVX2) && defined(__x86_64__)
+#define TANDEM_R512 1
+#include <immintrin.h>
+#endif
+
+#ifdef TANDEM_R512
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512dq")
+#endif
+
+namespace tandem::cpu::q8_detail {
+
+#ifdef TANDEM_R512
+namespace {
+
+#define TR_INLINE inline __attribute__((always_inline))
+// On the unrolled lambdas: without it GCC outlines the bodies of the larger tiles (a call per sub-block and token).
+#define TR_LAMBDA __attribute__((always_inline))
+
+constexpr size_t kXd = offsetof(BlockQ8_K, d), kXqs = offsetof(BlockQ8_K, qs), kXbsums = offsetof(BlockQ8_K, bsums);
+constexpr size_t kXBytes = sizeof(BlockQ8_K);
+
+// Tokens per tile: 16 nibble vectors + 2 scale vectors + the tile's sumi + two sub-block sums in flight fit the 32
+// zmm registers.
+constexpr int kTile = 8;
+
+template <int N>
+struct Int {
+    static constexpr int value = N;
+};
+template <int... I, class F>
+TR_INLINE void unroll_seq(std::integer_sequence<int, I...>, F& f) {
+    (f(Int<I>{}), ...);
+}
+template <int N, class F>
+TR_INLINE void unroll(F&& f) {
+    unroll_seq(std::make_integer_sequence<int, N>{}, f);
+}
+
+TR_INLINE int32_t load_i32(const uint8_t* p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+TR_INLINE float load_f32(const uint8_t* p) {
+    float v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+TR_INLINE __m512i load512(const uint8_t* p) { return _mm512_load_si512(p); }
+TR_INLINE __m128i load128(const uint8_t* p) { return _mm_load_si128(reinterpret_cast<const __m128i*>(p)); }
+TR_INLINE __m256i load256(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// ---- Q4_K ------------------------------------------------------------------------------------------------------
+struct Q4K {
+    static constexpr size_t kRecord = q4k16::kBytes;
+    // Per (token, super-block): the 32-element bsums as int16 pairs, dword p = (bsum32[2p], bsum32[2p + 1]) with
+    // bsum32[j] = bsums[2j] + bsums[2j + 1] (|bsum32| <= 32 * 127).
+    static constexpr int kAux = 4;
+    static void prepare(const uint8_t* xb, int32_t* out) {
+        int16_t s[16];
+        __builtin_memcpy(s, xb + kXbsums, sizeof s);
+        for (int p = 0; p < 4; ++p) {
+            const auto lo = static_cast<uint16_t>(s[4 * p] + s[4 * p + 1]);
+            const auto hi = static_cast<uint16_t>(s[4 * p + 2] + s[4 * p + 3]);
+            out[p] = static_cast<int32_t>(static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16));
+        }
+    }
+    template <int T>
+    static void tile(const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
+                     const int32_t* aux, float* out);
+};
+
+// One tile of T tokens against the super-blocks of one group; out[t * 16 + r] = row r's result for token t. Token t's
+// activations of super-block b are at xq + b * block_stride + t * xq_stride, its aux at aux + (t * n_blocks + b) *
+// kAux.
+template <int T>
+void Q4K::tile(const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
+               const int32_t* pairs, float* out) {
+    using namespace q4k16;
+    __m512 acc[T], acc_m[T];
+    unroll<T>([&](auto t) TR_LAMBDA { acc[t.value] = acc_m[t.value] = _mm512_setzero_ps(); });
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const uint8_t* rec = grp + b * kBytes;
+        const uint8_t* xb = xq + b * block_stride;
+        __m512i sumi[T];
+        unroll<T>([&](auto t) TR_LAMBDA { sumi[t.value] = _mm512_setzero_si512(); });
+        unroll<4>([&](auto cc) TR_LAMBDA {
+            constexpr int c = decltype(cc)::value;
+            __m512i lo[8], hi[8];
+            unroll<8>([&](auto ii) TR_LAMBDA {
+                constexpr int i = decltype(ii)::value;
+                const __m512i v = load512(rec + kQs + 64 * (8 * c + i));
+                lo[i] = _mm512_and_si512(v, nib);
+                hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            });
+            const __m512i sc0 = _mm512_cvtepu8_epi32(load128(rec + kScales + 16 * (2 * c)));
+            const __m512i sc1 = _mm512_cvtepu8_epi32(load128(rec + kScales + 16 * (2 * c + 1)));
+            unroll<T>([&](auto tt) TR_LAMBDA {
+                constexpr int t = decltype(tt)::value;
+                const uint8_t* x = xb + t * xq_stride + kXqs + 64 * c;
+                __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+                unroll<8>([&](auto ii) TR_LAMBDA {
+                    constexpr int i = decltype(ii)::value;
+                    s0 = _mm512_dpbusd_epi32(s0, lo[i], _mm512_set1_epi32(load_i32(x + 4 * i)));
+                    s1 = _mm512_dpbusd_epi32(s1, hi[i], _mm512_set1_epi32(load_i32(x + 32 + 4 * i)));
+                });
+                sumi[t] = _mm512_add_epi32(sumi[t], _mm512_add_epi32(_mm512_mullo_epi32(s0, sc0),
+                                                                     _mm512_mullo_epi32(s1, sc1)));
+            });
+        });
+        __m512i mp[4];
+        unroll<4>([&](auto pp) TR_LAMBDA {
+            mp[pp.value] = _mm512_cvtepu8_epi16(load256(rec + kMinPairs + 32 * pp.value));
+        });
+        const __m512 dw = _mm512_cvtph_ps(load256(rec + kD));
+        const __m512 dmw = _mm512_cvtph_ps(load256(rec + kDmin));
+        unroll<T>([&](auto tt) TR_LAMBDA {
+            constexpr int t = decltype(tt)::value;
+            const int32_t* bp = pairs + (static_cast<int64_t>(t) * n_blocks + b) * 4;
+            __m512i summ = _mm512_dpwssd_epi32(_mm512_setzero_si512(), mp[0], _mm512_set1_epi32(bp[0]));
+            summ = _mm512_dpwssd_epi32(summ, mp[1], _mm512_set1_epi32(bp[1]));
+            summ = _mm512_dpwssd_epi32(summ, mp[2], _mm512_set1_epi32(bp[2]));
+            summ = _mm512_dpwssd_epi32(summ, mp[3], _mm512_set1_epi32(bp[3]));
+            const __m512 dx = _mm512_set1_ps(load_f32(xb + t * xq_stride + kXd));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+            acc_m[t] = _mm512_fmadd_ps(_mm512_mul_ps(dmw, dx), _mm512_cvtepi32_ps(summ), acc_m[t]);
+        });
+    }
+    unroll<T>([&](auto t) TR_LAMBDA { _mm512_storeu_ps(out + 16 * t.value, _mm512_sub_ps(acc[t.value], acc_m[t.value])); });
+}
+
+// ---- Q6_K ------------------------------------------------------------------------------------------------------
+// Per super-block and token: ql vector m's low nibbles are elements 128h + 32k + l with k = (m % 16) / 8, its high
+// nibbles those of k + 2 (h = m / 16, l = 4 (m % 8) + 0..3), and qh vector n holds bits 4..5 of all four k at bits 2k
+// (h = n / 8, the same l). So a step (h, half) builds 16 code vectors, (k, d) for k < 4 and d = 4 half + 0..3 (codes
+// u <= 63, elements 128h + 32k + 4d..), and every token adds 4 of them into each of 4 sub-block sums
+//   S_j = -32 * bsum_j + sum(u * x) over sub-block j = 8h + 2k + half,   sumi += sc_j * S_j (vpmulld),
+// which is sum_j sc_j * sum((u - 32) * x) as the scalar kernel forms it, exactly. Then acc = fma(d_w * d_x,
+// float(sumi), acc). Bounds: |S_j| <= 16 * 63 * 127 + 32 * 16 * 127, |sc_j| <= 128, |sumi| < 2^31 (the scalar
+// kernel's bound).
+struct Q6K {
+    static constexpr size_t kRecord = q6k16::kBytes;
+    // Per (token, super-block): the initial values -32 * bsum_j of the 16 sub-block sums.
+    static constexpr int kAux = 16;
+    static void prepare(const uint8_t* xb, int32_t* out) {
+        int16_t s[16];
+        __builtin_memcpy(s, xb + kXbsums, sizeof s);
+        for (int j = 0; j < 16; ++j) out[j] = -32 * static_cast<int32_t>(s[j]);
+    }
+    template <int T>
+    static void tile(const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
+                     const int32_t* aux, float* out) {
+        using namespace q6k16;
+        __m512 acc[T];
+        unroll<T>([&](auto t) TR_LAMBDA { acc[t.value] = _mm512_setzero_ps(); });
+        const __m512i nib = _mm512_set1_epi8(0x0F), hi2 = _mm512_set1_epi8(0x30);
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const uint8_t* rec = grp + b * kRecord;
+            const uint8_t* xb = xq + b * block_stride;
+            __m512i sumi[T];
+            unroll<T>([&](auto t) TR_LAMBDA { sumi[t.value] = _mm512_setzero_si512(); });
+            unroll<4>([&](auto step) TR_LAMBDA {
+                constexpr int h = decltype(step)::value / 2, half = decltype(step)::value % 2;
+                __m512i u[4][4];  // [k][d - 4 half]
+                unroll<4>([&](auto dd) TR_LAMBDA {
+                    constexpr int i = decltype(dd)::value;
+                    const uint8_t* v = rec + kCodes + 64 * (12 * decltype(step)::value + 3 * i);
+                    const __m512i q1 = load512(v);        // ql vector 16h + d: k = 0 (low nibbles), 2 (high)
+                    const __m512i q2 = load512(v + 64);   // ql vector 16h + 8 + d: k = 1, 3
+                    const __m512i qh = load512(v + 128);  // qh vector 8h + d
+                    // u = low 4 bits | (the two qh bits << 4): a | (b & 0x30) is one vpternlogd.
+                    u[0][i] = _mm512_ternarylogic_epi32(_mm512_and_si512(q1, nib), _mm512_slli_epi16(qh, 4), hi2, 0xF8);
+                    u[1][i] = _mm512_ternarylogic_epi32(_mm512_and_si512(q2, nib), _mm512_slli_epi16(qh, 2), hi2, 0xF8);
+                    u[2][i] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(q1, 4), nib), qh, hi2, 0xF8);
+                    u[3][i] = _mm512_ternarylogic_epi32(_mm512_and_si512(_mm512_srli_epi16(q2, 4), nib),
+                                                        _mm512_srli_epi16(qh, 2), hi2, 0xF8);
+                });
+                __m512i sc[4];
+                unroll<4>([&](auto kk) TR_LAMBDA {
+                    constexpr int k = decltype(kk)::value;
+                    sc[k] = _mm512_cvtepi8_epi32(load128(rec + kScales + 16 * (8 * h + 2 * k + half)));
+                });
+                unroll<T>([&](auto tt) TR_LAMBDA {
+                    constexpr int t = decltype(tt)::value;
+                    const uint8_t* x = xb + t * xq_stride + kXqs;
+                    const int32_t* a = aux + (static_cast<int64_t>(t) * n_blocks + b) * kAux;
+                    unroll<4>([&](auto kk) TR_LAMBDA {
+                        constexpr int k = decltype(kk)::value;
+                        __m512i S = _mm512_set1_epi32(a[8 * h + 2 * k + half]);
+                        unroll<4>([&](auto dd) TR_LAMBDA {
+                            constexpr int i = decltype(dd)::value, d = 4 * half + i;
+                            S = _mm512_dpbusd_epi32(S, u[k][i],
+                                                    _mm512_set1_epi32(load_i32(x + 4 * (32 * h + 8 * k + d))));
+                        });
+                        sumi[t] = _mm512_add_epi32(sumi[t], _mm512_mullo_epi32(S, sc[k]));
+                    });
+                });
+            });
+            const __m512 dw = _mm512_cvtph_ps(load256(rec + kD));
+            unroll<T>([&](auto tt) TR_LAMBDA {
+                constexpr int t = decltype(tt)::value;
+                const __m512 dx = _mm512_set1_ps(load_f32(xb + t * xq_stride + kXd));
+                acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
+            });
+        }
+        unroll<T>([&](auto t) TR_LAMBDA { _mm512_storeu_ps(out + 16 * t.value, acc[t.value]); });
+    }
+};
+
+// ---- the driver (both types) -------------------------------------------------------------------------------------
+template <class Ty, int T>
+void tile_upto(int n, const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
+               const int32_t* aux, float* out) {
+    if constexpr (T > 1) {
+        if (n < T) return tile_upto<Ty, T - 1>(n, grp, n_blocks, xq, xq_stride, block_stride, aux, out);
+    }
+    Ty::template tile<T>(grp, n_blocks, xq, xq_stride, block_stride, aux, out);
+}
+
+template <class Ty>
+void dot_groups(const uint8_t* data, size_t group_bytes, int64_t n_blocks, int64_t rows, int64_t group_begin,
+                int64_t group_end, const uint8_t* xq, size_t xq_stride, int64_t n_tokens, float* y,
+                int64_t y_stride) {
+    if (n_tokens <= 0 || group_end <= group_begin) return;
+    // Scratch: the aux values of every (token, super-block), then the activations of each tile of kTile tokens
+    // repacked super-block-major (block b of the tile's token t at (b * n + t) * kXBytes), so that a tile reads one
+    // stream rather than n streams a row apart: with the weights streaming from L3, n separate streams of a wide
+    // matrix (8960 columns: 10 KB a token) measured at half the speed from 3 tokens on.
+    const size_t aux_bytes = static_cast<size_t>(n_tokens * n_blocks) * Ty::kAux * sizeof(int32_t);
+    const size_t tile_bytes = static_cast<size_t>(n_blocks) * kTile * kXBytes;
+    const int64_t n_tiles = (n_tokens + kTile - 1) / kTile;
+    uint8_t* scratch = scratch_buffer(aux_bytes + static_cast<size_t>(n_tiles) * tile_bytes);
+    int32_t* aux = reinterpret_cast<int32_t*>(scratch);
+    for (int64_t t = 0; t < n_tokens; ++t)
+        for (int64_t b = 0; b < n_blocks; ++b)
+            Ty::prepare(xq + t * xq_stride + b * kXBytes, aux + (t * n_blocks + b) * Ty::kAux);
+    uint8_t* packed = scratch + aux_bytes;
+    for (int64_t i = 0; i < n_tiles; ++i) {
+        const int64_t t0 = i * kTile, n = n_tokens - t0 < kTile ? n_tokens - t0 : kTile;
+        if (n == 1) continue;  // one token: the activation row itself is already in that layout
+        for (int64_t b = 0; b < n_blocks; ++b)
+            for (int64_t t = 0; t < n; ++t)
+                __builtin_memcpy(packed + i * tile_bytes + (b * n + t) * kXBytes, xq + (t0 + t) * xq_stride + b * kXBytes,
+                                 kXBytes);
+    }
+    alignas(64) float out[kTile * 16];
+    for (int64_t g = group_begin; g < group_end; ++g) {
+        const uint8_t* grp = data + g * group_bytes;
+        const int64_t r0 = g * RepackedMatrix::kGroupRows;
+        const int valid = static_cast<int>(rows - r0 < 16 ? rows - r0 : 16);
+        const auto mask = static_cast<__mmask16>((1u << valid) - 1u);
+        for (int64_t i = 0; i < n_tiles; ++i) {
+            const int64_t t0 = i * kTile;
+            const int n = static_cast<int>(n_tokens - t0 < kTile ? n_tokens - t0 : kTile);
+            const uint8_t* acts = n == 1 ? xq + t0 * xq_stride : packed + i * tile_bytes;
+            tile_upto<Ty, kTile>(n, grp, n_blocks, acts, kXBytes, static_cast<size_t>(n) * kXBytes,
+                                 aux + t0 * n_blocks * Ty::kAux, out);
+            for (int t = 0; t < n; ++t)
+                _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, mask, _mm512_load_ps(out + 16 * t));
+        }
+    }
+}
+
+}  // namespace
+
+RepackedDotFn repacked_avx512_kernel(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q4_K: return &dot_groups<Q4K>;
+        case GgmlType::Q6_K: return &dot_groups<Q6K>;
+        default: return nullptr;
+    }
+}
+
+#else
+
+RepackedDotFn repacked_avx512_kernel(GgmlType) { return nullptr; }
+
+#endif  // TANDEM_R512
+
+}  // namespace tandem::cpu::q8_detail
+
+#ifdef TANDEM_R512
+#pragma GCC pop_options
+#endif

@@ -1,0 +1,158 @@
+// Tests of RepackedMatrix (cpu/repack.h): the row-lane kernels over the repacked layout are bitwise the scalar
+// kernel of the type (dot_rows_scalar) for every (row, token), over shapes with partial row groups, any token count
+// (tiles and their remainders), group ranges, extreme codes, and whatever the batch; and matmul with a repacked
+// matrix equals matmul with the original. Skipped (with a message) on a CPU without the kernels.
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/matmul.h"
+#include "cpu/quant.h"
+#include "cpu/quant_q8.h"
+#include "cpu/repack.h"
+#include "cpu/thread_pool.h"
+#include "error.h"
+#include "random_blocks.h"
+
+using namespace tandem;
+using namespace tandem::cpu;
+using namespace tandem::test;
+
+namespace {
+
+const GgmlType kRepackTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
+
+struct Problem {
+    GgmlType type;
+    int64_t rows, cols, tokens;
+    std::vector<uint8_t> w, xq;
+    size_t row_bytes, xs;
+};
+
+Problem make_problem(GgmlType type, int64_t rows, int64_t cols, int64_t tokens, std::mt19937& rng) {
+    Problem p{type, rows, cols, tokens, random_blocks(type, cols, rows, rng), {}, 0, 0};
+    const Q8TypeKernels* k = find_q8_kernels(type);
+    p.row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    p.xs = act_row_bytes(k->act, cols);
+    p.xq.resize(p.xs * static_cast<size_t>(tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<float> x = random_floats(cols, rng);
+        quantize_activations(k->act, x.data(), p.xq.data() + t * p.xs, cols);
+    }
+    return p;
+}
+
+std::vector<float> scalar_result(const Problem& p) {
+    std::vector<float> y(static_cast<size_t>(p.rows * p.tokens));
+    find_q8_kernels(p.type)->dot_rows_scalar(p.w.data(), p.row_bytes, p.cols, 0, p.rows, p.xq.data(), p.xs, p.tokens,
+                                             y.data(), p.rows);
+    return y;
+}
+
+// The repacked kernel over the given group cuts x token cuts (separate calls), into a y with padding after each
+// token's rows that must stay untouched.
+std::vector<float> repacked_result(const Problem& p, const RepackedMatrix& m, const std::vector<int64_t>& group_cuts,
+                                   const std::vector<int64_t>& token_cuts) {
+    const int64_t pad = 5, ys = p.rows + pad;
+    std::vector<float> y(static_cast<size_t>(ys * p.tokens), -7.0f);
+    for (size_t i = 0; i + 1 < group_cuts.size(); ++i)
+        for (size_t j = 0; j + 1 < token_cuts.size(); ++j) {
+            const int64_t t0 = token_cuts[j], t1 = token_cuts[j + 1];
+            if (t1 > t0 && group_cuts[i + 1] > group_cuts[i])
+                m.dot_groups(group_cuts[i], group_cuts[i + 1], p.xq.data() + t0 * p.xs, p.xs, t1 - t0,
+                             y.data() + t0 * ys, ys);
+        }
+    std::vector<float> out(static_cast<size_t>(p.rows * p.tokens));
+    for (int64_t t = 0; t < p.tokens; ++t)
+        for (int64_t r = 0; r < ys; ++r) {
+            if (r < p.rows)
+                out[t * p.rows + r] = y[t * ys + r];
+            else
+                CHECK(y[t * ys + r] == -7.0f);
+        }
+    return out;
+}
+
+void check_bitwise(const std::vector<float>& got, const std::vector<float>& want, const Problem& p) {
+    REQUIRE(got.size() == want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+        if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+            FAIL_CHECK(ggml_type_name(p.type) << " rows " << p.rows << " cols " << p.cols << ": token "
+                                              << i / p.rows << " row " << i % p.rows << " got " << got[i]
+                                              << " want " << want[i]);
+            return;
+        }
+}
+
+}  // namespace
+
+TEST_CASE("repack: row-lane kernels are bitwise the scalar kernel, any shape, token count and group range") {
+    std::mt19937 rng(77);
+    ThreadPool pool(2);
+    int checked = 0;
+    for (GgmlType type : kRepackTypes) {
+        if (!RepackedMatrix::available(type)) {
+            MESSAGE(ggml_type_name(type) << ": no repacked kernel on this build or CPU, not checked");
+            continue;
+        }
+        ++checked;
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 256}, {1, 512}, {37, 768}, {64, 1536}, {19, 256}}) {
+            for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{19}}) {
+                CAPTURE(rows);
+                CAPTURE(cols);
+                CAPTURE(tokens);
+                const Problem p = make_problem(type, rows, cols, tokens, rng);
+                const RepackedMatrix m(type, p.w.data(), cols, rows, pool);
+                const std::vector<float> want = scalar_result(p);
+                const int64_t G = m.n_groups();
+                check_bitwise(repacked_result(p, m, {0, G}, {0, tokens}), want, p);
+                // Each group alone, tokens one at a time and in uneven slices: the same bits (batch invariance).
+                std::vector<int64_t> gc, tc;
+                for (int64_t g = 0; g <= G; ++g) gc.push_back(g);
+                for (int64_t t = 0; t <= tokens; ++t) tc.push_back(t);
+                check_bitwise(repacked_result(p, m, gc, tc), want, p);
+                check_bitwise(repacked_result(p, m, {0, G}, {0, tokens / 3, tokens}), want, p);
+            }
+        }
+    }
+    MESSAGE("repacked kernels checked: " << checked << " types");
+}
+
+TEST_CASE("repack: extreme codes and activations stay exact") {
+    std::mt19937 rng(78);
+    ThreadPool pool(1);
+    for (GgmlType type : kRepackTypes) {
+        if (!RepackedMatrix::available(type)) continue;
+        const int64_t rows = 21, cols = 1024, tokens = 9;
+        Problem p = make_problem(type, rows, cols, tokens, rng);
+        // Every code at its largest (Q4_K: nibbles 15, 6-bit scales and mins 63; Q6_K: codes 63, int8 scales -128),
+        // the fp16 scales left as they are, activations +-127: the bounds of the integer sums.
+        const size_t block = ggml_type_info(type).type_size;
+        const std::vector<size_t> keep = scale_offsets(type);
+        for (size_t b = 0; b < p.w.size() / block; ++b)
+            for (size_t i = 0; i < block; ++i) {
+                bool is_scale = false;
+                for (size_t off : keep) is_scale |= i == off || i == off + 1;
+                if (is_scale) continue;
+                const bool q6_scale = type == GgmlType::Q6_K && i >= offsetof(BlockQ6_K, scales) &&
+                                      i < offsetof(BlockQ6_K, scales) + 16;
+                p.w[b * block + i] = q6_scale ? 0x80 : 0xFF;
+            }
+        std::vector<float> x(static_cast<size_t>(cols));
+        for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t i = 0; i < cols; ++i) x[i] = ((i + t) % 3 == 0) ? -1.0f : 1.0f;
+            quantize_activations(find_q8_kernels(type)->act, x.data(), p.xq.data() + t * p.xs, cols);
+        }
+        const RepackedMatrix m(type, p.w.data(), cols, rows, pool);
+        check_bitwise(repacked_result(p, m, {0, m.n_groups()}, {0, tokens}), scalar_result(p), p);
+    }
+}
+
+TEST_CASE("repack: a type without a layout is an error") {
+    ThreadPool pool(1);
+    std::vector<uint8_t> w(1024);
+    CHECK_THROWS_AS(RepackedMatrix(GgmlType::Q8_0, w.data(), 256, 2, pool), Error);
+}
