@@ -187,6 +187,9 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         draft_backend = std::make_unique<tandem::CpuBackend>(*draft_model, threads, chunk);
     }
     tandem::CpuBackend backend(model, threads, chunk);
+    // The steady state: timings start once the background repacking of the weights is done.
+    backend.wait_for_repacking();
+    if (draft_backend) draft_backend->wait_for_repacking();
     std::vector<std::vector<int>> encoded;
     for (const std::string& text : prompts) encoded.push_back(model.tokenizer->encode(text, model.tokenizer->add_bos()));
 
@@ -386,6 +389,7 @@ int main(int argc, char** argv) {
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
         tandem::CpuBackend backend(*model, threads, chunk);
+        backend.wait_for_repacking();  // timings are of the steady state
         auto cache = backend.new_cache(n_prompt + std::max(n_gen, 64) + 1);
         std::vector<float> logits(static_cast<size_t>(c.n_vocab));
         const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen) + 64, c.n_vocab);  // + --verify's sizes

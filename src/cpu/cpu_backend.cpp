@@ -51,31 +51,30 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Ac
     if (repack && activations_ == cpu::Activations::Int8) repack_weights();
 }
 
-// Every projection and the output matrix, where the CPU has a row-lane kernel for the type. One matrix at a time:
-// its file pages are released right after its copy is made, so the resident size stays near the file's, not twice
-// it. (A tied output is the token embedding too: the rows the embedding lookup reads come back from the page cache.)
+// Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked
+// on a background thread that the first forward waits for; each matrix's file pages are released once copied. (A tied output is the
+// token embedding too: the rows the embedding lookup reads come back from the page cache.)
 void CpuBackend::repack_weights() {
     const Weights& w = model_.weights;
-    auto repack = [&](const WeightView& v) {
-        if (!v.data || !cpu::RepackedMatrix::available(v.type) || repacked_.count(v.data)) return;
-        repacked_.emplace(v.data, std::make_unique<cpu::RepackedMatrix>(v.type, v.data, v.cols, v.rows, pool_));
-        if (model_.file) model_.file->release_pages(v.data, v.n_bytes());
-    };
+    std::vector<const WeightView*> views;
     for (const LayerWeights& L : w.layers)
-        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) repack(*v);
-    repack(w.output);
+        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) views.push_back(v);
+    views.push_back(&w.output);
+    const GgufFile* file = model_.file.get();
+    repacked_ = std::make_unique<cpu::RepackedWeights>(views, [file](const WeightView& v) {
+        if (file) file->release_pages(v.data, v.n_bytes());
+    });
 }
 
-size_t CpuBackend::repacked_bytes() const {
-    size_t total = 0;
-    for (const auto& [data, m] : repacked_) total += m->bytes();
-    return total;
+size_t CpuBackend::repacked_bytes() const { return repacked_ ? repacked_->bytes() : 0; }
+
+void CpuBackend::wait_for_repacking() const {
+    if (repacked_) repacked_->wait();
 }
 
 void CpuBackend::matmul(const WeightView& W, const float* x, int n, float* y) {
-    const auto it = repacked_.find(W.data);
-    if (it != repacked_.end())
-        cpu::matmul(*it->second, x, n, y, pool_);
+    if (const cpu::RepackedMatrix* R = repacked_ ? repacked_->find(W.data) : nullptr)
+        cpu::matmul(*R, x, n, y, pool_);
     else
         cpu::matmul(W.type, W.data, W.cols, W.rows, x, n, y, pool_, activations_);
 }
@@ -90,6 +89,7 @@ std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
 }
 
 void CpuBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits) {
+    if (repacked_) repacked_->wait();  // see cpu/repack.h: the first forward waits for the copies
     auto& cache = static_cast<CpuKvCache&>(cache_base);
     assert(n_logits >= 0 && static_cast<size_t>(n_logits) <= tokens.size());
     assert(cache.n_committed() + static_cast<int>(tokens.size()) <= cache.capacity());

@@ -1,10 +1,9 @@
 // The CPU backend: the whole llama forward pass over weights used in place from the mapping (fp32 activations
 // between operations, quantized to 8 bits inside the quantized matmuls), multithreaded through one ThreadPool per
 // backend instance. The one exception to "in place": matrices of a type with a row-lane kernel on this CPU (Q4_K,
-// Q6_K with AVX-512 VNNI) are repacked once at construction (cpu/repack.h) and their file pages released.
+// Q6_K with AVX-512 VNNI) are repacked on a background thread (cpu/repack.h) and their file pages released.
 #pragma once
 #include <memory>
-#include <unordered_map>
 #include <vector>
 
 #include "backend.h"
@@ -50,9 +49,11 @@ public:
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
     int n_threads() const { return pool_.size(); }
-    // Bytes of weights held repacked (0 when nothing was: another type, a CPU without the kernels, Float
-    // activations, or TANDEM_NO_REPACK=1).
+    // Bytes of weights repacked, or being repacked in the background (0 when nothing is: another type, a CPU
+    // without the kernels, Float activations, or TANDEM_NO_REPACK=1). Results are the same bits before and after.
     size_t repacked_bytes() const;
+    // Blocks until the background repacking is done (benchmarks measure the steady state).
+    void wait_for_repacking() const;
 
 private:
     void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
@@ -79,8 +80,7 @@ private:
     int scores_stride_ = 0;
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
-    // Repacked matrices, by the address of the tensor they replace.
-    std::unordered_map<const void*, std::unique_ptr<cpu::RepackedMatrix>> repacked_;
+    std::unique_ptr<cpu::RepackedWeights> repacked_;  // null: nothing repacked
 };
 
 }  // namespace tandem

@@ -180,23 +180,9 @@ void dequantize_activations(ActFormat f, const void* src, float* dst, int64_t co
 
 namespace {
 
-// AVX-512 F/BW/VL with VNNI, and the OS saving the zmm state (libgcc's check covers that), unless
-// TANDEM_NO_AVX512=1 asks for the AVX2 kernels.
-bool use_avx512() {
-#if defined(TANDEM_AVX2) && defined(__x86_64__)
-    const char* off = std::getenv("TANDEM_NO_AVX512");
-    if (off && std::string_view(off) == "1") return false;
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-#else
-    return false;
-#endif
-}
-
 // The family tables with each type's AVX-512 kernel filled in where this CPU runs it.
 std::vector<Q8TypeKernels> make_table() {
-    const bool avx512 = use_avx512();
+    const bool avx512 = avx512_kernels_enabled();
     std::vector<Q8TypeKernels> table;
     for (auto family : {q8_detail::legacy_q8_kernels(), q8_detail::kquant_q8_kernels()})
         for (Q8TypeKernels k : family) {
@@ -211,6 +197,22 @@ std::vector<Q8TypeKernels> make_table() {
 }
 
 }  // namespace
+
+bool avx512_kernels_enabled() {
+    static const bool enabled = [] {
+#if defined(TANDEM_AVX2) && defined(__x86_64__)
+        const char* off = std::getenv("TANDEM_NO_AVX512");
+        if (off && std::string_view(off) == "1") return false;
+        __builtin_cpu_init();  // libgcc's checks include the OS saving the zmm state
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("avx512vnni");
+#else
+        return false;
+#endif
+    }();
+    return enabled;
+}
 
 const Q8TypeKernels* find_q8_kernels(GgmlType type) {
     static const std::vector<Q8TypeKernels> table = make_table();

@@ -65,6 +65,11 @@ struct Q8TypeKernels {
     DotRowsQ8Fn dot_rows_avx512 = nullptr;
 };
 
+// Whether the AVX-512 kernels may run: the build is for x86 with AVX2, the CPU has AVX-512 F/BW/VL/DQ and VNNI (the
+// target every AVX-512 kernel file is compiled for), and the environment does not set TANDEM_NO_AVX512=1 (to
+// compare with the AVX2 kernels).
+bool avx512_kernels_enabled();
+
 // The integer kernels of a weight type, or nullptr when it has none (F32, F16, BF16: fp32 activations).
 const Q8TypeKernels* find_q8_kernels(GgmlType type);
 

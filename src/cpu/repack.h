@@ -28,27 +28,45 @@
 //                      [3328, 3360)  d of rows 0..15 (fp16);  [3360, 3392) zero (records stay 64-byte aligned)
 // The records of a group are consecutive (super-block order), and the groups follow each other.
 #pragma once
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "ggml_types.h"
+#include "weights.h"
 
 namespace tandem::cpu {
 
 class ThreadPool;
 
+struct RepackCancelled {};
+
 class RepackedMatrix {
 public:
     static constexpr int kGroupRows = 16;
 
-    // True when this build and CPU have a row-lane kernel for `type` (AVX-512 VNNI; Q4_K and Q6_K) and the
-    // environment does not turn repacking off (TANDEM_NO_REPACK=1).
+    // True when this build and CPU have a row-lane kernel for `type` (Q4_K and Q6_K, where avx512_kernels_enabled()
+    // of quant_q8.h) and the environment does not turn repacking off (TANDEM_NO_REPACK=1).
     static bool available(GgmlType type);
 
-    // Repacks a [cols, rows] matrix of `type` (the GGUF layout, W row-major); the work is split across `pool`.
-    // Throws tandem::Error when the type has no repacked layout or cols is not a whole number of super-blocks.
-    RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool);
+    // Bytes the repacked copy of a [cols, rows] matrix of `type` takes (a multiple of 64).
+    static size_t storage_bytes(GgmlType type, int64_t cols, int64_t rows);
+
+    // Repacks a [cols, rows] matrix of `type` (the GGUF layout, W row-major); the work is split across `pool`. The
+    // copy goes to `storage` (storage_bytes(...) of 64-byte aligned memory that outlives the matrix), or to memory
+    // of its own when `storage` is null. Throws tandem::Error when the type has no repacked layout or kernel, or
+    // cols is not a whole number of super-blocks.
+    // `cancel`, when given, is polled between row groups: once it is set the constructor throws
+    // RepackCancelled and the copy is unusable.
+    RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
+                   uint8_t* storage = nullptr, const std::atomic<bool>* cancel = nullptr);
     ~RepackedMatrix();
     RepackedMatrix(const RepackedMatrix&) = delete;
     RepackedMatrix& operator=(const RepackedMatrix&) = delete;
@@ -72,6 +90,52 @@ private:
     size_t record_bytes_ = 0;
     size_t bytes_ = 0;
     uint8_t* data_ = nullptr;  // 64-byte aligned
+    bool owns_ = false;        // data_ is ours to free (std::aligned_alloc)
+};
+
+// The repacked matrices of one backend, made on a background thread that starts with the backend, so that the rest
+// of start-up (tokenizer, chat template, the prompt) overlaps it. Results are bitwise the same with or without a
+// repacked copy, so a matrix could switch to its copy whenever it is published (an atomic pointer); the backend
+// waits for all of them before its first forward pass, though, so that the file's pages are never read while the
+// copies accumulate (peak memory near the file's size, not twice it). The copies share one anonymous mapping with
+// a transparent-huge-page hint: 953 MB (the 1.5B) took 0.65 s in 4 KiB pages, half of it in page faults, and
+// 0.31 s typically with huge pages (the kernel may compact memory first: seen up to 1.8 s on a loaded machine).
+class RepackedWeights {
+public:
+    // Plans a copy of every view whose type is available() and starts repacking them, largest first, calling
+    // release(view) from the background thread once a copy is in use (the backend drops the file pages: the
+    // resident size then stays near the file's). With nothing to repack, or no memory for the copies, nothing
+    // is repacked and the backend keeps the file's layout.
+    RepackedWeights(const std::vector<const WeightView*>& views, std::function<void(const WeightView&)> release);
+    ~RepackedWeights();  // stops the background thread after the matrix in progress
+    RepackedWeights(const RepackedWeights&) = delete;
+    RepackedWeights& operator=(const RepackedWeights&) = delete;
+
+    // The repacked copy of the tensor at `data` once it is ready, else nullptr.
+    const RepackedMatrix* find(const void* data) const;
+    // Blocks until the background thread is done (every copy ready, or it gave up); cheap once it is.
+    void wait() const;
+    size_t bytes() const { return bytes_; }  // planned
+
+private:
+    struct Entry {
+        const WeightView* view;
+        uint8_t* storage;
+        std::unique_ptr<RepackedMatrix> matrix;  // set by the worker before `ready`
+        std::atomic<const RepackedMatrix*> ready{nullptr};
+    };
+    void run();
+    std::vector<std::unique_ptr<Entry>> entries_;  // largest first
+    std::unordered_map<const void*, const Entry*> by_data_;
+    std::function<void(const WeightView&)> release_;
+    void* arena_ = nullptr;
+    size_t bytes_ = 0;
+    std::atomic<bool> stop_{false};
+    mutable std::mutex mutex_;
+    mutable std::condition_variable done_cv_;
+    bool done_ = false;
+    std::atomic<bool> done_flag_{false};  // done_, readable without the mutex
+    std::thread worker_;
 };
 
 namespace q8_detail {
@@ -82,6 +146,12 @@ using RepackedDotFn = void (*)(const uint8_t* data, size_t group_bytes, int64_t 
                                int64_t group_begin, int64_t group_end, const uint8_t* xq, size_t xq_stride,
                                int64_t n_tokens, float* y, int64_t y_stride);
 RepackedDotFn repacked_avx512_kernel(GgmlType type);  // quant_q8_repacked_avx512.cpp
+
+// Writes the records of super-blocks [0, n_blocks) of one group: row r of the group is rows + r * row_bytes (the
+// caller passes valid_rows < 16 for a last partial group; the missing rows become zero rows). 16 x 16 dword
+// transposes in AVX-512 registers; nullptr where repacked_avx512_kernel is.
+using RepackGroupFn = void (*)(const uint8_t* rows, size_t row_bytes, int valid_rows, int64_t n_blocks, uint8_t* out);
+RepackGroupFn repack_avx512(GgmlType type);
 
 // Record layout constants shared by the repacker and the kernels.
 namespace q4k16 {

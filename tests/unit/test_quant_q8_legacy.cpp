@@ -15,6 +15,7 @@
 #include "cpu/quant.h"
 #include "cpu/quant_q8.h"
 #include "cpu/quant_q8_driver.h"
+#include "q8_problem.h"
 #include "random_blocks.h"
 
 using namespace tandem;
@@ -25,52 +26,16 @@ namespace {
 
 const GgmlType kLegacyTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0};
 
-bool cpu_has_avx512_vnni() {
-#if defined(__x86_64__) && defined(__GNUC__)
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512vnni");
-#else
-    return false;
-#endif
-}
-
 // The SIMD kernels this build and CPU run, with names for the messages.
 std::vector<std::pair<const char*, DotRowsQ8Fn>> row_kernels(GgmlType type) {
     std::vector<std::pair<const char*, DotRowsQ8Fn>> out;
     if (auto f = q8_detail::legacy_q8_avx2_kernel(type)) out.emplace_back("avx2", f);
-    if (cpu_has_avx512_vnni())
+    if (avx512_kernels_enabled())
         if (auto f = q8_detail::legacy_q8_avx512_kernel(type)) out.emplace_back("avx512", f);
     return out;
 }
 
-struct Problem {
-    GgmlType type;
-    int64_t rows, cols, tokens;
-    std::vector<uint8_t> w, xq;
-    size_t row_bytes, xs;
-};
-
-Problem make_problem(GgmlType type, int64_t rows, int64_t cols, int64_t tokens, std::mt19937& rng) {
-    Problem p{type, rows, cols, tokens, random_blocks(type, cols, rows, rng), {}, 0, 0};
-    const Q8TypeKernels* k = find_q8_kernels(type);
-    p.row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-    p.xs = act_row_bytes(k->act, cols);
-    p.xq.resize(p.xs * static_cast<size_t>(tokens));
-    for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<float> x = random_floats(cols, rng);
-        quantize_activations(k->act, x.data(), p.xq.data() + t * p.xs, cols);
-    }
-    return p;
-}
-
-// y[t * rows + r] for the whole problem, by the scalar kernel.
-std::vector<float> scalar_result(const Problem& p) {
-    std::vector<float> y(static_cast<size_t>(p.rows * p.tokens));
-    find_q8_kernels(p.type)->dot_rows_scalar(p.w.data(), p.row_bytes, p.cols, 0, p.rows, p.xq.data(), p.xs, p.tokens,
-                                             y.data(), p.rows);
-    return y;
-}
+using Problem = Q8Problem;
 
 // The kernel over the given row ranges x token ranges (each a separate call), into a y with padding between the
 // token rows (y_stride > rows) that must stay untouched.
@@ -102,20 +67,12 @@ std::vector<float> split_result(const Problem& p, DotRowsQ8Fn fn, const std::vec
     return out;
 }
 
-// Bitwise equality (so -0 / +0 and NaN payloads count); reports the first difference.
 void check_bitwise(const std::vector<float>& got, const std::vector<float>& want, const Problem& p, const char* what) {
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i)
-        if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
-            FAIL_CHECK(what << " " << ggml_type_name(p.type) << " rows " << p.rows << " cols " << p.cols
-                            << ": token " << i / p.rows << " row " << i % p.rows << " got " << got[i] << " want "
-                            << want[i]);
-            return;
-        }
+    check_q8_bitwise(got, want, p, what);
 }
 
 void check_all_splits(const Problem& p, DotRowsQ8Fn fn, const char* name) {
-    const std::vector<float> want = scalar_result(p);
+    const std::vector<float> want = scalar_q8_result(p);
     const int64_t R = p.rows, T = p.tokens;
     check_bitwise(split_result(p, fn, {0, R}, {0, T}, 0), want, p, name);
     check_bitwise(split_result(p, fn, {0, R}, {0, 1, 3, 7, 15, T}, 3), want, p, name);
@@ -143,7 +100,7 @@ TEST_CASE("q8 legacy kernels: the SIMD kernels are bitwise the scalar kernel, an
         for (int64_t cols : {32, 96, 896, 4128, 4864})
             for (int64_t rows : {1, 7, 8, 9, 67}) {
                 if (cols >= 4128 && rows == 8) continue;  // keeps the scalar reference's time down
-                const Problem p = make_problem(type, rows, cols, 21, rng);
+                const Problem p = make_q8_problem(type, rows, cols, 21, rng);
                 for (const auto& [name, fn] : kernels) check_all_splits(p, fn, name);
             }
     }
@@ -157,7 +114,7 @@ TEST_CASE("q8 legacy kernels: extreme codes (activations +-127, weight codes at 
         const GgmlTypeInfo info = ggml_type_info(type);
         const int64_t cols = 256, rows = 19, tokens = 11;
         for (int variant = 0; variant < 3; ++variant) {
-            Problem p = make_problem(type, rows, cols, tokens, rng);
+            Problem p = make_q8_problem(type, rows, cols, tokens, rng);
             // Weights: every code byte 0xFF (all-ones nibbles / fifth bits: the largest unsigned codes, Q8_0: -1),
             // 0x00, or (Q8_0) 0x80 = -128 in alternate rows; the scales stay as drawn.
             const std::vector<size_t> scales = scale_offsets(type);
@@ -198,7 +155,7 @@ TEST_CASE("q8 legacy kernels: batch invariance (a token alone, or in any batch, 
     std::mt19937 rng(3);
     for (GgmlType type : kLegacyTypes)
         for (const auto& [name, fn] : row_kernels(type)) {
-            const Problem p = make_problem(type, 45, 4864, 37, rng);
+            const Problem p = make_q8_problem(type, 45, 4864, 37, rng);
             std::vector<float> batch(static_cast<size_t>(p.rows * p.tokens));
             fn(p.w.data(), p.row_bytes, p.cols, 0, p.rows, p.xq.data(), p.xs, p.tokens, batch.data(), p.rows);
             for (int64_t t = 0; t < p.tokens; t += 5) {

@@ -15,6 +15,7 @@
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
 #include "error.h"
+#include "q8_problem.h"
 #include "random_blocks.h"
 
 using namespace tandem;
@@ -25,32 +26,7 @@ namespace {
 
 const GgmlType kRepackTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
 
-struct Problem {
-    GgmlType type;
-    int64_t rows, cols, tokens;
-    std::vector<uint8_t> w, xq;
-    size_t row_bytes, xs;
-};
-
-Problem make_problem(GgmlType type, int64_t rows, int64_t cols, int64_t tokens, std::mt19937& rng) {
-    Problem p{type, rows, cols, tokens, random_blocks(type, cols, rows, rng), {}, 0, 0};
-    const Q8TypeKernels* k = find_q8_kernels(type);
-    p.row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-    p.xs = act_row_bytes(k->act, cols);
-    p.xq.resize(p.xs * static_cast<size_t>(tokens));
-    for (int64_t t = 0; t < tokens; ++t) {
-        std::vector<float> x = random_floats(cols, rng);
-        quantize_activations(k->act, x.data(), p.xq.data() + t * p.xs, cols);
-    }
-    return p;
-}
-
-std::vector<float> scalar_result(const Problem& p) {
-    std::vector<float> y(static_cast<size_t>(p.rows * p.tokens));
-    find_q8_kernels(p.type)->dot_rows_scalar(p.w.data(), p.row_bytes, p.cols, 0, p.rows, p.xq.data(), p.xs, p.tokens,
-                                             y.data(), p.rows);
-    return y;
-}
+using Problem = Q8Problem;
 
 // The repacked kernel over the given group cuts x token cuts (separate calls), into a y with padding after each
 // token's rows that must stay untouched.
@@ -77,14 +53,7 @@ std::vector<float> repacked_result(const Problem& p, const RepackedMatrix& m, co
 }
 
 void check_bitwise(const std::vector<float>& got, const std::vector<float>& want, const Problem& p) {
-    REQUIRE(got.size() == want.size());
-    for (size_t i = 0; i < got.size(); ++i)
-        if (std::memcmp(&got[i], &want[i], sizeof(float)) != 0) {
-            FAIL_CHECK(ggml_type_name(p.type) << " rows " << p.rows << " cols " << p.cols << ": token "
-                                              << i / p.rows << " row " << i % p.rows << " got " << got[i]
-                                              << " want " << want[i]);
-            return;
-        }
+    check_q8_bitwise(got, want, p, "repacked");
 }
 
 }  // namespace
@@ -104,9 +73,9 @@ TEST_CASE("repack: row-lane kernels are bitwise the scalar kernel, any shape, to
                 CAPTURE(rows);
                 CAPTURE(cols);
                 CAPTURE(tokens);
-                const Problem p = make_problem(type, rows, cols, tokens, rng);
+                const Problem p = make_q8_problem(type, rows, cols, tokens, rng);
                 const RepackedMatrix m(type, p.w.data(), cols, rows, pool);
-                const std::vector<float> want = scalar_result(p);
+                const std::vector<float> want = scalar_q8_result(p);
                 const int64_t G = m.n_groups();
                 check_bitwise(repacked_result(p, m, {0, G}, {0, tokens}), want, p);
                 // Each group alone, tokens one at a time and in uneven slices: the same bits (batch invariance).
@@ -127,7 +96,7 @@ TEST_CASE("repack: extreme codes and activations stay exact") {
     for (GgmlType type : kRepackTypes) {
         if (!RepackedMatrix::available(type)) continue;
         const int64_t rows = 21, cols = 1024, tokens = 9;
-        Problem p = make_problem(type, rows, cols, tokens, rng);
+        Problem p = make_q8_problem(type, rows, cols, tokens, rng);
         // Every code at its largest (Q4_K: nibbles 15, 6-bit scales and mins 63; Q6_K: codes 63, int8 scales -128),
         // the fp16 scales left as they are, activations +-127: the bounds of the integer sums.
         const size_t block = ggml_type_info(type).type_size;
@@ -147,7 +116,7 @@ TEST_CASE("repack: extreme codes and activations stay exact") {
             quantize_activations(find_q8_kernels(type)->act, x.data(), p.xq.data() + t * p.xs, cols);
         }
         const RepackedMatrix m(type, p.w.data(), cols, rows, pool);
-        check_bitwise(repacked_result(p, m, {0, m.n_groups()}, {0, tokens}), scalar_result(p), p);
+        check_bitwise(repacked_result(p, m, {0, m.n_groups()}, {0, tokens}), scalar_q8_result(p), p);
     }
 }
 
