@@ -9,6 +9,12 @@ namespace {
 
 constexpr int kWarps = 4;
 
+// The position of the call's first token: by value, or (a launch captured into a CUDA graph) read from device
+// memory when the kernel runs.
+__device__ __forceinline__ int start_position(const AttentionArgs& a) {
+    return a.device_start_pos ? *a.device_start_pos : a.start_pos;
+}
+
 // Partial results: for each (token, head, split) the running max m, the sum l of exp(s - m) and the unnormalised
 // output acc[head_dim] = sum exp(s - m) * v, laid out as [m, l, acc...].
 __device__ __forceinline__ float* partial(float* ws, int tok, int head, int split, int n_heads, int n_splits, int hd) {
@@ -27,8 +33,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     const int split = blockIdx.x, head = blockIdx.y, tok = blockIdx.z;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, hd = a.head_dim;
     const int kv_dim = a.n_kv_heads * hd, kv_head = head / (a.n_heads / a.n_kv_heads);
-    const int n_keys = a.start_pos + tok + 1;
+    const int n_keys = start_position(a) + tok + 1;
     const int begin = split * a.split_size;
+    // A split past this token's last key: the grid is sized for the call's last token (or, replayed from a graph,
+    // for a bound on the position), and the combine kernel reads only the splits that hold keys.
+    if (begin >= n_keys) return;
     const int end = begin + a.split_size < n_keys ? begin + a.split_size : n_keys;
     const float scale = 1.0f / sqrtf(static_cast<float>(hd));
 
@@ -68,7 +77,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, warp_m[w]);
     float* out = partial(a.workspace, tok, head, split, a.n_heads, n_splits, hd);
-    // A split past this token's last key (or a warp without keys) has m = -inf and contributes nothing.
+    // A warp without keys (a split shorter than kWarps positions) has m = -inf and contributes nothing; M is
+    // finite, the split holding at least one key.
     float weight[kWarps];
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) weight[w] = M == -INFINITY ? 0.0f : expf(warp_m[w] - M);
@@ -87,15 +97,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     }
 }
 
-// One block per (head, token), one thread per output dim.
+// One block per (head, token), one thread per output dim. n_splits is the grid's (the workspace's stride); only the
+// splits holding this token's keys were written.
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttentionArgs a, int n_splits) {
     const int head = blockIdx.x, tok = blockIdx.y, d = threadIdx.x, hd = a.head_dim;
+    const int n_keys = start_position(a) + tok + 1;
+    const int needed = (n_keys + a.split_size - 1) / a.split_size;
+    const int used = needed < n_splits ? needed : n_splits;
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)[0]);
+    for (int s = 0; s < used; ++s) M = fmaxf(M, partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)[0]);
     float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
+    for (int s = 0; s < used; ++s) {
         const float* p = partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd);
-        if (p[0] == -INFINITY) continue;
+        if (p[0] == -INFINITY) continue;  // cannot happen (every used split has a key); kept as a guard
         const float w = expf(p[0] - M);
         L += p[1] * w;
         A += p[2 + d] * w;

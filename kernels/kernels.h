@@ -88,6 +88,10 @@ struct RopeKvArgs {
     int n_tokens, start_pos;  // token i is at position start_pos + i
     int n_heads, n_kv_heads, head_dim, rope_dim;
     RopeMode mode;
+    // CUDA graphs: when set, the kernel reads the start position from this device int when it runs (and ignores
+    // start_pos), so a captured launch replays at whatever position the int holds then. A by-value start_pos would
+    // be frozen into the graph at capture.
+    const int* device_start_pos = nullptr;
 };
 void rope_kv_write(const RopeKvArgs& a, Stream stream);
 
@@ -111,6 +115,11 @@ struct AttentionArgs {
     int n_tokens, start_pos;
     int n_heads, n_kv_heads, head_dim;
     int split_size;            // key positions per split (> 0)
+    // CUDA graphs (attention only; attention_prefill ignores it): when set, the start position is read from this
+    // device int when the kernels run, and start_pos is only a bound it never exceeds: the grid (and the workspace)
+    // is sized for start_pos, and splits past a token's last key return at once. A captured launch then replays
+    // correctly at any position up to the bound, with the same results as a launch sized for the real position.
+    const int* device_start_pos = nullptr;
 };
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size);
 void attention(const AttentionArgs& a, Stream stream);

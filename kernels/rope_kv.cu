@@ -16,7 +16,8 @@ __device__ __forceinline__ void rotate(float& a, float& b, float angle) {
 }
 
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
-    const int tok = blockIdx.x, pos = a.start_pos + tok, half = a.rope_dim / 2, hd = a.head_dim;
+    const int start = a.device_start_pos ? *a.device_start_pos : a.start_pos;
+    const int tok = blockIdx.x, pos = start + tok, half = a.rope_dim / 2, hd = a.head_dim;
     const int q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
     const bool neox = a.mode == RopeMode::NeoxHalves;
     float* q = a.q + static_cast<size_t>(tok) * q_dim;

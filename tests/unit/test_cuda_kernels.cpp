@@ -427,6 +427,71 @@ TEST_CASE("cuda kernels: split-K attention over an fp16 cache matches causal GQA
     }
 }
 
+TEST_CASE("cuda kernels: RoPE + KV write and split-K attention read the start position from device memory") {
+    // What a replayed CUDA graph relies on: with device_start_pos set, the by-value start_pos is ignored (RoPE) or
+    // only a bound that sizes the grid (attention, whose extra splits must return without a trace), and the
+    // results are bitwise those of a launch given the real position by value.
+    struct Case {
+        int n_heads, n_kv, hd, start, n_tok, split, bound;
+    };
+    const Case cases[] = {{4, 2, 32, 37, 3, 16, 37},  {4, 2, 32, 37, 3, 16, 100}, {8, 4, 8, 5, 1, 4, 60},
+                          {2, 1, 64, 0, 16, 8, 47},   {3, 3, 48, 70, 2, 64, 300}};
+    std::mt19937 rng(12);
+    for (const Case& c : cases) {
+        CAPTURE(c.hd);
+        CAPTURE(c.start);
+        CAPTURE(c.n_tok);
+        CAPTURE(c.bound);
+        const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, capacity = c.bound + c.n_tok;
+        const std::vector<float> q0 = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+        const std::vector<float> k = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+        const std::vector<float> v = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+        const std::vector<float> freq = inv_freqs(c.hd, 10000.0f);
+        // Earlier positions of the cache: random, as a previous step would have left them.
+        std::vector<uint16_t> kc0(static_cast<size_t>(capacity) * kv_dim, 0x7E00), vc0(kc0.size(), 0x7E00);
+        for (size_t i = 0; i < static_cast<size_t>(c.start) * kv_dim; ++i) {
+            kc0[i] = fp32_to_fp16(random_floats(1, rng)[0]);
+            vc0[i] = fp32_to_fp16(random_floats(1, rng)[0]);
+        }
+        const int device_pos = c.start;  // "device memory" is host memory under the emulation
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            struct Result {
+                std::vector<float> q, out;
+                std::vector<uint16_t> kc, vc;
+            };
+            auto run = [&](bool from_device) {
+                Result r{q0, std::vector<float>(static_cast<size_t>(c.n_tok) * q_dim, kNaN), kc0, vc0};
+                cuda::RopeKvArgs ra{r.q.data(), k.data(), v.data(), r.kc.data(), r.vc.data(), freq.data(), c.n_tok,
+                                    from_device ? c.bound + 3 : c.start, c.n_heads, c.n_kv, c.hd, c.hd,
+                                    cuda::RopeMode::NeoxHalves};
+                if (from_device) ra.device_start_pos = &device_pos;
+                cuda::rope_kv_write(ra, nullptr);
+                const int grid_pos = from_device ? c.bound : c.start;
+                std::vector<float> ws(cuda::attention_workspace_floats(c.n_tok, grid_pos, c.n_heads, c.hd, c.split),
+                                      kNaN);
+                cuda::AttentionArgs aa{r.q.data(), r.kc.data(), r.vc.data(), r.out.data(), ws.data(), c.n_tok,
+                                       grid_pos, c.n_heads, c.n_kv, c.hd, c.split};
+                if (from_device) aa.device_start_pos = &device_pos;
+                cuda::attention(aa, nullptr);
+                return r;
+            };
+            const Result by_value = run(false), from_device = run(true);
+            CHECK(from_device.q == by_value.q);
+            CHECK(from_device.kc == by_value.kc);  // the same positions written, nothing else touched
+            CHECK(from_device.vc == by_value.vc);
+            for (float x : from_device.out) REQUIRE(!std::isnan(x));
+            CHECK(std::memcmp(from_device.out.data(), by_value.out.data(), by_value.out.size() * 4) == 0);
+            if (c.bound == c.start) continue;
+            // The positions the device int names, not the by-value start_pos, were written.
+            const size_t past = static_cast<size_t>(c.start + c.n_tok) * kv_dim;
+            CHECK(std::all_of(from_device.kc.begin() + static_cast<std::ptrdiff_t>(past), from_device.kc.end(),
+                              [](uint16_t h) { return h == 0x7E00; }));
+        }
+    }
+}
+
 namespace {
 
 // y[t][r] = sum_k W[r][k] x[t][k] in double over dequantized rows, and the bound sum_k |W[r][k] x[t][k]| that
