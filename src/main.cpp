@@ -116,6 +116,9 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         if (verbose) {
             const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx);
             std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
+            std::fprintf(stderr, "tandem: CUDA graphs for decode / verification steps: %s\n",
+                         tandem::cuda_graphs_from_env() ? "on (TANDEM_CUDA_GRAPHS=0 turns them off)"
+                                                        : "off (TANDEM_CUDA_GRAPHS=0)");
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx);
     }

@@ -1,7 +1,8 @@
 // Tests of CudaBackend (src/cuda/) on the CUDA emulation: the whole forward pass through the kernels of kernels/,
 // compared with CpuBackend in fp32-activation mode on stories260K (f32, and requantized to q8_0 / q4_0): logits at
 // every position through chunked prefill, decode steps, a cache truncate (speculative rollback) and more steps;
-// long calls through the prefill path (GEMM + flash attention), whose chunking must not matter. Plus the memory
+// long calls through the prefill path (GEMM + flash attention), whose chunking must not matter; CUDA graphs (bitwise
+// the logits of direct launches, and captured / updated / replayed exactly when the design says). Plus the memory
 // plan's refusal when the device is too small. The emulated device is the CPU, so these run in CI.
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -18,6 +19,7 @@
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "device.h"
+#include "emu/cuda_emu.h"
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
@@ -297,4 +299,132 @@ TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few 
     MESSAGE("SmolLM2-135M: max |cuda - cpu| = ", diff.worst_abs, " (", diff.worst_rel, " of the logit range), ", s,
             " s");
     CHECK(diff.worst_rel <= 1e-2);
+}
+
+// ---- CUDA graphs ------------------------------------------------------------------------------------------------
+
+namespace {
+
+// One call of a schedule, run on a backend: the logits it returned, and the graph counters after it.
+struct Call {
+    std::vector<float> logits;
+    CudaGraphStats stats;
+};
+
+// The schedule of the graph tests on stories260K (n_ctx 48, splits of 4 positions, calls over 16 tokens on the
+// prefill path), written so that the attention grid of the graphs changes: a 12-token call (3 splits: grid 4), five
+// decodes (the fifth reaches 17 keys: grid 8), a truncate back to 14 positions and a decode (grid 4 again), a
+// 5-token verification call, two decodes, a 20-token prefill-path call, a decode (43 keys: grid 16, capped at the
+// cache's 12), a decode on a second cache and one more on the first.
+std::vector<Call> run_graph_schedule(const Model& model, CudaOptions options, emu::LaunchOptions order) {
+    const emu::ScopedLaunchOptions scope(order);
+    const int n_vocab = model.config.n_vocab, n_ctx = 48;
+    CudaBackend gpu(model, n_ctx, {256, 16}, options);
+    auto cache = gpu.new_cache(n_ctx);
+    auto other = gpu.new_cache(n_ctx);
+    const std::vector<int> prompt = test_prompt(40, n_vocab);
+    std::vector<Call> calls;
+    int next = 0;
+    auto call = [&](KvCache& kv, std::vector<int> tokens, int n_logits) {
+        std::vector<float> logits(static_cast<size_t>(n_logits) * n_vocab, std::nanf(""));
+        gpu.forward(tokens, kv, n_logits, logits.data());
+        const float* last = &logits[static_cast<size_t>(n_logits - 1) * n_vocab];
+        next = static_cast<int>(std::max_element(last, last + n_vocab) - last);
+        calls.push_back({std::move(logits), gpu.graph_stats()});
+    };
+    call(*cache, std::vector<int>(prompt.begin(), prompt.begin() + 12), 12);
+    for (int i = 0; i < 5; ++i) call(*cache, {next}, 1);
+    cache->truncate(14);
+    call(*cache, {next}, 1);
+    call(*cache, {next, 7, 19, 300, 42}, 5);
+    for (int i = 0; i < 2; ++i) call(*cache, {next}, 1);
+    call(*cache, std::vector<int>(prompt.begin() + 20, prompt.end()), 2);
+    call(*cache, {next}, 1);
+    call(*other, {1}, 1);
+    call(*cache, {next}, 1);
+    REQUIRE(cache->n_committed() == 44);
+    return calls;
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct launches; graphs are reused") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    CudaOptions graphs, direct;
+    graphs.graphs = true;
+    direct.graphs = false;
+    graphs.attention_split = direct.attention_split = 4;
+    // Different thread orders for the two runs: the kernels' results must not depend on them either.
+    const std::vector<Call> g = run_graph_schedule(*model, graphs, {emu::ThreadOrder::Shuffled, 21});
+    const std::vector<Call> d = run_graph_schedule(*model, direct, {emu::ThreadOrder::Forward, 0});
+    REQUIRE(g.size() == d.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(g[i].logits.size() == d[i].logits.size());
+        for (float x : g[i].logits) REQUIRE(std::isfinite(x));
+        CHECK(std::memcmp(g[i].logits.data(), d[i].logits.data(), g[i].logits.size() * 4) == 0);
+    }
+    // Direct launches never capture.
+    CHECK(d.back().stats.captures == 0);
+    CHECK(d.back().stats.replays == 0);
+    CHECK(d.back().stats.direct_steps == 14);
+
+    // The graphs, call by call: (instantiations, updates, replays) after each.
+    struct Want {
+        int inst, upd, replays;
+        const char* why;
+    };
+    const Want want[] = {
+        {1, 0, 1, "12 tokens: a new shape, instantiated"},
+        {2, 0, 2, "decode at 13 keys: a new shape"},
+        {2, 0, 3, "decode: replayed, no capture"},
+        {2, 0, 4, "decode: replayed"},
+        {2, 0, 5, "decode at 16 keys: replayed (still 4 splits)"},
+        {2, 1, 6, "decode at 17 keys: 8 splits, re-captured and updated in place"},
+        {2, 2, 7, "after the truncate, 15 keys: 4 splits again, updated"},
+        {3, 2, 8, "5-token verification: a new shape"},
+        {3, 3, 9, "decode at 21 keys: 8 splits, updated"},
+        {3, 3, 10, "decode: replayed"},
+        {3, 3, 10, "20 tokens: the prefill path, launched directly"},
+        {3, 4, 11, "decode at 43 keys: 12 splits (the cache's all), updated"},
+        {3, 5, 12, "decode on another cache: updated (other cache addresses, 1 split)"},
+        {3, 6, 13, "back on the first cache: updated"},
+    };
+    REQUIRE(g.size() == std::size(want));
+    for (size_t i = 0; i < g.size(); ++i) {
+        INFO(want[i].why);
+        CHECK(g[i].stats.instantiations == want[i].inst);
+        CHECK(g[i].stats.updates == want[i].upd);
+        CHECK(g[i].stats.replays == want[i].replays);
+        CHECK(g[i].stats.captures == want[i].inst + want[i].upd);
+    }
+    CHECK(g.back().stats.direct_steps == 1);
+    // One graph replaces every launch of a step: embedding, norm, 5 layers of 13 kernels (3 matvecs, RoPE + KV
+    // write, 2 attention kernels, output matvec, norm, 2 matvecs, SwiGLU, matvec, norm), the output matvec.
+    CHECK(g.back().stats.nodes == 2 + 5 * 13 + 1);
+    MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
+            g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
+            g.back().stats.nodes, "-node graphs");
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_GRAPHS=0 turns the graphs off") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    struct RestoreEnv {
+        ~RestoreEnv() { unsetenv("TANDEM_CUDA_GRAPHS"); }
+    } restore;
+    unsetenv("TANDEM_CUDA_GRAPHS");
+    CHECK(cuda_graphs_from_env());
+    CHECK(CudaOptions{}.graphs);
+    setenv("TANDEM_CUDA_GRAPHS", "1", 1);
+    CHECK(cuda_graphs_from_env());
+    setenv("TANDEM_CUDA_GRAPHS", "0", 1);
+    CHECK_FALSE(cuda_graphs_from_env());
+    CudaBackend gpu(*model, 8);
+    CHECK_FALSE(gpu.options().graphs);
+    auto cache = gpu.new_cache(8);
+    std::vector<float> logits(model->config.n_vocab);
+    const std::vector<int> tokens = {1, 200};
+    gpu.forward(tokens, *cache, 1, logits.data());
+    CHECK(gpu.graph_stats().replays == 0);
+    CHECK(gpu.graph_stats().direct_steps == 1);
 }
