@@ -70,12 +70,13 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // The chunk scratch: sizes (in 4-byte words) of its pieces, in order. Activations hold one prefill chunk (or one
 // step when that is longer); logits only kStepTokens rows, the output projection running 16 rows at a time (a
 // chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). step_in is the start position and
-// the tokens. x16 and w_tile (fp16) exist only on the cuBLAS route.
+// the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace. x16 and w_tile
+// (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
-    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, x16, w_tile;
+    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, x16, w_tile;
     size_t total() const {
         size_t t = 0;
-        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, x16, w_tile})
+        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -101,6 +102,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
     return {B * c.dim,        B * c.dim,        B * c.q_dim(),   B * c.kv_dim(),
             B * c.kv_dim(),   B * c.q_dim(),    B * c.dim,       B * c.hidden_dim,
             B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), 1 + B,
+            S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -232,6 +234,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         step_in_ = reinterpret_cast<int*>(take(s.step_in));
         tokens_ = step_in_ + 1;
         step_host_.resize(s.step_in);
+        ids_ = reinterpret_cast<int*>(take(s.ids));
+        sampling_ws_ = take(s.sampling);
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -277,7 +281,16 @@ std::unique_ptr<KvCache> CudaBackend::new_cache(int n_ctx) {
     return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim());
 }
 
-void CudaBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits) {
+void CudaBackend::forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) {
+    run_call(tokens, cache, n_logits, logits, nullptr);
+}
+
+void CudaBackend::forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                                 std::span<float>) {
+    run_call(tokens, cache, n_rows, nullptr, ids);
+}
+
+void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits, int* ids) {
     auto& cache = static_cast<CudaKvCache&>(cache_base);
     assert(n_logits >= 0 && static_cast<size_t>(n_logits) <= tokens.size());
     assert(cache.n_committed() + static_cast<int>(tokens.size()) <= cache.capacity());
@@ -291,9 +304,9 @@ void CudaBackend::forward(std::span<const int> tokens, KvCache& cache_base, int 
         const int n = std::min(step, n_total - begin);
         const int first_logit_token = n_total - n_logits;
         const int step_logits = std::max(0, begin + n - std::max(begin, first_logit_token));
-        float* out = logits ? logits + static_cast<size_t>(std::max(0, begin - first_logit_token)) * n_vocab
-                            : nullptr;
-        forward_step(tokens.subspan(begin, n), cache, step_logits, out, prefill);
+        const size_t done = static_cast<size_t>(std::max(0, begin - first_logit_token));  // rows of earlier steps
+        forward_step(tokens.subspan(begin, n), cache, step_logits, logits ? logits + done * n_vocab : nullptr,
+                     ids ? ids + done : nullptr, prefill);
     }
     cuda::stream_synchronize(stream_);
 }
@@ -313,7 +326,7 @@ void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y,
 }
 
 void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits,
-                               bool prefill) {
+                               int* ids, bool prefill) {
     const ModelConfig& c = model_.config;
     const int n = static_cast<int>(tokens.size());
     const int start_pos = cache.n_committed();
@@ -330,23 +343,26 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
         ++graph_stats_.direct_steps;
     } else if (options_.graphs) {
-        replay_step(cache, n, start_pos, n_logits);
+        replay_step(cache, n, start_pos, n_logits, ids != nullptr);
     } else {
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, false);
-        if (n_logits > 0) enqueue_output(n - n_logits, n_logits);
+        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, ids != nullptr);
         ++graph_stats_.direct_steps;
     }
     cache.commit_appended(n);
 
-    // The logits: a short step's (<= kStepTokens rows) were projected above, inside the graph; a prefill chunk's
+    // The outputs: a short step's (<= kStepTokens rows) were computed above, inside the graph; a prefill chunk's
     // run kStepTokens rows at a time through matvec (logits_ holds that many). Queued on the stream like the
-    // kernels: the next group's matvec cannot overwrite logits_ before the copy has read it, and forward()
-    // synchronizes before the caller looks at `logits`.
+    // kernels: the next group's matvec cannot overwrite logits_ (or ids_) before the copy has read it, and
+    // run_call() synchronizes before the caller looks at the outputs. Greedy picks copy one int per row.
     for (int g = 0; g < n_logits; g += kStepTokens) {
         const int rows = std::min(kStepTokens, n_logits - g);
-        if (prefill) enqueue_output(n - n_logits + g, rows);
-        cuda::copy_to_host(logits + static_cast<size_t>(g) * c.n_vocab, logits_,
-                           static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
+        if (prefill) enqueue_output(n - n_logits + g, rows, ids != nullptr);
+        if (ids)
+            cuda::copy_to_host(ids + g, ids_, static_cast<size_t>(rows) * sizeof(int), stream_);
+        else
+            cuda::copy_to_host(logits + static_cast<size_t>(g) * c.n_vocab, logits_,
+                               static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
     }
 }
 
@@ -397,9 +413,10 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     }
 }
 
-void CudaBackend::enqueue_output(int row0, int rows) {
+void CudaBackend::enqueue_output(int row0, int rows, bool argmax) {
     cuda::matvec(output_.type, output_.data, output_.row_bytes, output_.rows, output_.cols,
                  xb_ + static_cast<size_t>(row0) * model_.config.dim, rows, logits_, stream_);
+    if (argmax) cuda::argmax(logits_, rows, model_.config.n_vocab, ids_, sampling_ws_, stream_);
 }
 
 int CudaBackend::graph_splits(int n_keys, int capacity) const {
@@ -410,12 +427,12 @@ int CudaBackend::graph_splits(int n_keys, int capacity) const {
     return std::min(splits, most);  // needed <= most: n_keys never exceeds the capacity
 }
 
-void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_logits) {
+void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_logits, bool argmax) {
     // What the captured launches hold by value besides shapes fixed by the key: the cache and workspace addresses
     // and attention's grid. When one differs the step is captured again; end_capture then updates the graph in place
     // (the same kernels in the same order), which is far cheaper than a new instantiation.
     const int splits = graph_splits(start_pos + n, cache.capacity());
-    StepGraph& g = graphs_[{n, n_logits}];
+    StepGraph& g = graphs_[{n, n_logits, argmax}];
     const void *k = cache.key(0), *v = cache.value(0);
     const float* ws = workspace_buf_.as<float>();
     if (!g.graph || g.k_cache != k || g.v_cache != v || g.workspace != ws || g.splits != splits) {
@@ -425,7 +442,7 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
         cuda::begin_capture(stream_);
         try {
             enqueue_layers(cache, n, {start_pos, step_in_, bound}, false);
-            if (n_logits > 0) enqueue_output(n - n_logits, n_logits);
+            if (n_logits > 0) enqueue_output(n - n_logits, n_logits, argmax);
         } catch (...) {
             try {
                 (void)cuda::end_capture(stream_);  // leaves the stream usable; the launch's error is the one to report

@@ -117,6 +117,10 @@ public:
     std::string name() const override { return cuda::device_is_emulated() ? "cuda-emu" : "cuda"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
+    // The greedy picks on the device (kernels/sampling.cu's argmax, after the output projection, inside the step's
+    // graph): only n_rows ints are copied back; `scratch` is not touched.
+    void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                        std::span<float> scratch) override;
 
     const CudaOptions& options() const { return options_; }
     const CudaGraphStats& graph_stats() const { return graph_stats_; }
@@ -152,14 +156,19 @@ private:
         int splits = 0;  // attention grid
     };
 
-    // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk.
-    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits, bool prefill);
+    // A whole call: the output of its last n_out tokens is their logits (ids null) or their argmax ids.
+    void run_call(std::span<const int> tokens, KvCache& cache, int n_out, float* logits, int* ids);
+    // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk, with the output of its last n_out
+    // tokens (logits, or argmax ids when `ids` is set).
+    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, float* logits, int* ids,
+                      bool prefill);
     // Queues the embedding and every layer of a step of n tokens (their keys and values go into the cache).
     void enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill);
-    // Queues the output projection of rows row0..row0 + rows - 1 (<= kStepTokens) of the step into logits_.
-    void enqueue_output(int row0, int rows);
+    // Queues the output projection of rows row0..row0 + rows - 1 (<= kStepTokens) of the step into logits_, and
+    // with `argmax` their greedy ids into ids_.
+    void enqueue_output(int row0, int rows, bool argmax);
     // Replays (capturing first when needed) the graph of a short step of n tokens at start_pos.
-    void replay_step(CudaKvCache& cache, int n, int start_pos, int n_logits);
+    void replay_step(CudaKvCache& cache, int n, int start_pos, int n_out, bool argmax);
     // Split-K blocks per (token, head) a graph launches for steps whose keys end at `n_keys`.
     int graph_splits(int n_keys, int capacity) const;
     // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
@@ -183,11 +192,13 @@ private:
     // their host copy, uploaded in one copy before the step's kernels.
     int *step_in_ = nullptr, *tokens_ = nullptr;
     std::vector<int> step_host_;
+    int* ids_ = nullptr;                 // kStepTokens argmax ids
+    void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
-    std::map<std::tuple<int, int>, StepGraph> graphs_;  // by (tokens in the step, logit rows)
+    std::map<std::tuple<int, int, bool>, StepGraph> graphs_;  // by (tokens in the step, output rows, argmax)
     CudaGraphStats graph_stats_;
 };
 
