@@ -1,6 +1,7 @@
-// CudaBackend: embedding → n_layers × (RMSNorm, Q/K/V matvec (+bias), RoPE fused with the fp16 KV-cache write,
-// split-K causal GQA attention, output projection, residual add fused into the next RMSNorm, gate/up matvec,
-// SwiGLU, down matvec, residual add fused into the next RMSNorm) → output matvec → logits copied to the host.
+// CudaBackend: embedding → n_layers × (RMSNorm, Q/K/V matvec (+bias), RoPE fused with the KV-cache write (fp16 or
+// Q8_0), split-K causal GQA attention, output projection, residual add fused into the next RMSNorm, gate/up matvec,
+// SwiGLU, down matvec, residual add fused into the next RMSNorm) → output matvec → logits (or their argmax ids)
+// copied to the host.
 // Long calls take the prefill path: the same sequence per chunk with the GEMM for the matvecs and tiled flash
 // attention for split-K; the output matvec still runs 16 rows at a time, for the requested logits only.
 //
@@ -123,8 +124,17 @@ void check_fits(const std::string& what, size_t need, const std::string& detail)
 
 }  // namespace
 
+std::optional<cuda::KvType> parse_kv_type(const std::string& name) {
+    if (name == "f16") return cuda::KvType::F16;
+    if (name == "q8_0") return cuda::KvType::Q8_0;
+    return std::nullopt;
+}
+
+const char* kv_type_name(cuda::KvType type) { return type == cuda::KvType::Q8_0 ? "q8_0" : "f16"; }
+
 std::string CudaMemoryPlan::describe() const {
-    return gib(total()) + " (weights " + mib(weights) + ", KV cache " + mib(kv_cache) + ", scratch " + mib(scratch) +
+    return gib(total()) + " (weights " + mib(weights) + ", KV cache " + mib(kv_cache) + " " + kv_type_name(kv_type) +
+           ", scratch " + mib(scratch) +
            " for " + std::to_string(prefill_chunk) + "-token prefill chunks, " +
            (blas ? "cuBLAS fp16 GEMM" : "SIMT GEMM") + ")";
 }
@@ -140,11 +150,12 @@ bool CudaBackend::use_blas() {
     return !(env && std::string(env) == "simt");
 }
 
-CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim)
+CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type)
     : KvCache(capacity),
-      kv_dim_(kv_dim),
-      k_(bytes_needed(n_layers, capacity, kv_dim) / 2),
-      v_(bytes_needed(n_layers, capacity, kv_dim) / 2) {}
+      type_(type),
+      row_bytes_(cuda::kv_row_bytes(type, kv_dim)),
+      k_(bytes_needed(n_layers, capacity, kv_dim, type) / 2),
+      v_(bytes_needed(n_layers, capacity, kv_dim, type) / 2) {}
 
 CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options) {
     const ModelConfig& c = model.config;
@@ -152,7 +163,8 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
     p.blas = use_blas();
     p.prefill_chunk = prefill.chunk_tokens;
     p.weights = weight_layout(model.weights, nullptr);
-    p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim()) : 0;
+    p.kv_type = options.kv_type;
+    p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options.kv_type) : 0;
     p.scratch = scratch_layout(model, prefill, p.blas).total() +
                 (n_ctx > 0 ? workspace_bytes(c, n_ctx, options.attention_split) : 0);
     return p;
@@ -163,6 +175,10 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
     if (prefill.chunk_tokens < 1 || prefill.matvec_max_call < 0)
         throw Error("the CUDA backend needs a prefill chunk of at least one token");
     if (options.attention_split < 1) throw Error("the CUDA backend needs attention splits of at least one position");
+    if (!cuda::kv_type_supports(options.kv_type, model.config.kv_dim()))
+        throw Error(std::string("--kv-type ") + kv_type_name(options.kv_type) +
+                    " needs the model's key/value width (n_kv_heads x head_dim = " +
+                    std::to_string(model.config.kv_dim()) + ") to be a multiple of 32");
     const ModelConfig& c = model.config;
     const Weights& w = model.weights;
     // What the kernels can take, checked before anything is allocated.
@@ -273,12 +289,12 @@ void CudaBackend::ensure_workspace(int n_ctx) {
 
 std::unique_ptr<KvCache> CudaBackend::new_cache(int n_ctx) {
     const ModelConfig& c = model_.config;
-    const size_t kv = CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim());
+    const size_t kv = CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
     const size_t ws = n_ctx > workspace_ctx_ ? workspace_bytes(c, n_ctx, options_.attention_split) : 0;
     check_fits("a KV cache of " + std::to_string(n_ctx) + " positions", kv + ws,
                " (KV cache " + mib(kv) + ", attention workspace " + mib(ws) + ")");
     ensure_workspace(n_ctx);
-    return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim());
+    return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
 }
 
 void CudaBackend::forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) {
@@ -387,12 +403,12 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
         }
         cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, pos.start, c.n_heads,
-                              c.n_kv_heads, c.head_dim, c.rope_dim, mode};
+                              c.n_kv_heads, c.head_dim, c.rope_dim, mode, cache.type()};
         rope.device_start_pos = pos.device;
         cuda::rope_kv_write(rope, stream_);
         cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,
                                 pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
-                                options_.attention_split};
+                                options_.attention_split, cache.type()};
         att.device_start_pos = pos.device;
         if (prefill)
             cuda::attention_prefill(att, stream_);

@@ -1,5 +1,5 @@
 // The CUDA backend: the whole llama forward pass through the kernels of kernels/ (weights uploaded once as they are
-// in the GGUF, fp32 activations, fp16 KV cache on the device). Plain C++: it sees the kernels only through
+// in the GGUF, fp32 activations, an fp16 or Q8_0 KV cache on the device: --kv-type). Plain C++: it sees the kernels only through
 // kernels/kernels.h and kernels/device.h. The same source is linked twice (src/cuda/CMakeLists.txt): against
 // tandem_cuda (nvcc, a real GPU) into tandem_cuda_backend, and against tandem_cuda_emu (the CPU emulation of CUDA)
 // into tandem_cuda_backend_emu, which the tests run against CpuBackend without a GPU.
@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -44,19 +45,25 @@ struct Weights;
 
 class CudaKvCache : public KvCache {
 public:
-    CudaKvCache(int n_layers, int capacity, int kv_dim);
-    // Device pointers to `layer`'s keys / values: [capacity][kv_dim] fp16 bits.
-    uint16_t* key(int layer) const { return k_.as<uint16_t>() + layer_offset(layer); }
-    uint16_t* value(int layer) const { return v_.as<uint16_t>() + layer_offset(layer); }
-    static size_t bytes_needed(int n_layers, int capacity, int kv_dim) {
-        return 2 * sizeof(uint16_t) * static_cast<size_t>(n_layers) * capacity * kv_dim;
+    CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16);
+    // Device pointers to `layer`'s keys / values: [capacity] rows of cuda::kv_row_bytes(type(), kv_dim).
+    void* key(int layer) const { return k_.as<uint8_t>() + layer_offset(layer); }
+    void* value(int layer) const { return v_.as<uint8_t>() + layer_offset(layer); }
+    cuda::KvType type() const { return type_; }
+    static size_t bytes_needed(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16) {
+        return 2 * cuda::kv_row_bytes(type, kv_dim) * static_cast<size_t>(n_layers) * capacity;
     }
 
 private:
-    size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * capacity() * kv_dim_; }
-    int kv_dim_;
+    size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * capacity() * row_bytes_; }
+    cuda::KvType type_;
+    size_t row_bytes_;
     cuda::DeviceBuffer k_, v_;
 };
+
+// "f16" / "q8_0" (the --kv-type values); nullopt for anything else.
+std::optional<cuda::KvType> parse_kv_type(const std::string& name);
+const char* kv_type_name(cuda::KvType type);
 
 // How long calls are cut (see the file comment). The defaults: verification of draft_max = 16 drafts is a 17-token
 // call, so the bitwise-invariant path covers calls well past 16 tokens; 256 is the generator's prefill chunk.
@@ -70,6 +77,7 @@ bool cuda_graphs_from_env();
 
 // The rest of the backend's choices.
 struct CudaOptions {
+    cuda::KvType kv_type = cuda::KvType::F16;  // storage of the KV cache (--kv-type; Q8_0 needs kv_dim % 32 == 0)
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
 };
@@ -89,12 +97,13 @@ struct CudaGraphStats {
 struct CudaMemoryPlan {
     size_t weights = 0;   // every tensor once (a tied output shares the embedding's bytes)
     size_t kv_cache = 0;  // one cache of n_ctx positions
+    cuda::KvType kv_type = cuda::KvType::F16;
     size_t scratch = 0;   // activations of one prefill chunk, 16 rows of logits, fp16 GEMM operands when cuBLAS
                           // runs the prefill GEMM, attention workspace for n_ctx
     int prefill_chunk = 0;
     bool blas = false;    // the prefill GEMM runs on cuBLAS
     size_t total() const { return weights + kv_cache + scratch; }
-    // "1.23 GiB (weights ..., KV cache ..., scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
+    // "1.23 GiB (weights ..., KV cache ... q8_0, scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
     std::string describe() const;
 };
 
