@@ -1,5 +1,5 @@
-// Decode attention over the fp16 KV cache with grouped-query heads, split-K ("flash decoding"): a partial softmax
-// per (token, head, split of the key positions), then a kernel that combines the splits.
+// Decode attention over the KV cache (fp16 or Q8_0, kernels.h: KvType) with grouped-query heads, split-K ("flash
+// decoding"): a partial softmax per (token, head, split of the key positions), then a kernel that combines the splits.
 #include <cmath>
 
 #include "common.cuh"
@@ -9,6 +9,23 @@ namespace {
 
 constexpr int kWarps = 4;
 
+// The position of the call's first token: by value, or (a launch captured into a CUDA graph) read from device
+// memory when the kernel runs.
+__device__ __forceinline__ int start_position(const AttentionArgs& a) {
+    return a.device_start_pos ? *a.device_start_pos : a.start_pos;
+}
+
+// Element e of a cache row: an fp16 value, or code * d of its Q8_0 block (exact in fp32).
+template <bool Q8>
+__device__ __forceinline__ float kv_value(const uint8_t* row, int e) {
+    if constexpr (Q8) {
+        const uint8_t* block = row + 34 * (e >> 5);
+        return detail::load_half(block) * static_cast<float>(static_cast<int8_t>(block[2 + (e & 31)]));
+    } else {
+        return tandem_half_to_float(reinterpret_cast<const uint16_t*>(row)[e]);
+    }
+}
+
 // Partial results: for each (token, head, split) the running max m, the sum l of exp(s - m) and the unnormalised
 // output acc[head_dim] = sum exp(s - m) * v, laid out as [m, l, acc...].
 __device__ __forceinline__ float* partial(float* ws, int tok, int head, int split, int n_heads, int n_splits, int hd) {
@@ -17,8 +34,9 @@ __device__ __forceinline__ float* partial(float* ws, int tok, int head, int spli
 
 // One block per (split, head, token). Each warp walks every kWarps-th key of the split with an online softmax (lane
 // holds dims lane + 32j of q, acc); the warps' states are then merged through shared memory. The template covers
-// head dims up to 32 * D; a smaller head (tiny models: 8, 16) leaves the lanes past it holding zeros.
-template <int D>
+// head dims up to 32 * D; a smaller head (tiny models: 8, 16) leaves the lanes past it holding zeros. Q8: the cache
+// holds Q8_0 blocks.
+template <int D, bool Q8>
 __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionArgs a, int n_splits) {
     constexpr int HD = 32 * D;  // shared-memory stride per warp; the real head size is a.head_dim <= HD
     TANDEM_SHARED(float, warp_m, kWarps);
@@ -27,10 +45,17 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     const int split = blockIdx.x, head = blockIdx.y, tok = blockIdx.z;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, hd = a.head_dim;
     const int kv_dim = a.n_kv_heads * hd, kv_head = head / (a.n_heads / a.n_kv_heads);
-    const int n_keys = a.start_pos + tok + 1;
+    const int n_keys = start_position(a) + tok + 1;
     const int begin = split * a.split_size;
+    // A split past this token's last key: the grid is sized for the call's last token (or, replayed from a graph,
+    // for a bound on the position), and the combine kernel reads only the splits that hold keys.
+    if (begin >= n_keys) return;
     const int end = begin + a.split_size < n_keys ? begin + a.split_size : n_keys;
     const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    const size_t row_bytes = Q8 ? static_cast<size_t>(kv_dim / 32) * 34 : static_cast<size_t>(kv_dim) * 2;
+    const uint8_t* k_rows = static_cast<const uint8_t*>(a.k_cache);
+    const uint8_t* v_rows = static_cast<const uint8_t*>(a.v_cache);
+    const int e0 = kv_head * hd;  // the head's first element in a row
 
     float q[D], acc[D];
     const float* qp = a.q + static_cast<size_t>(tok) * a.n_heads * hd + head * hd;
@@ -41,19 +66,19 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     }
     float m = -INFINITY, l = 0.0f;
     for (int t = begin + warp; t < end; t += kWarps) {
-        const uint16_t* k = a.k_cache + static_cast<size_t>(t) * kv_dim + kv_head * hd;
+        const uint8_t* k = k_rows + static_cast<size_t>(t) * row_bytes;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < D; ++j)
-            if (lane + 32 * j < hd) s += q[j] * tandem_half_to_float(k[lane + 32 * j]);
+            if (lane + 32 * j < hd) s += q[j] * kv_value<Q8>(k, e0 + lane + 32 * j);
         s = detail::warp_sum(s) * scale;
         const float m_new = fmaxf(m, s);
         const float correction = expf(m - m_new), p = expf(s - m_new);
         l = l * correction + p;
-        const uint16_t* v = a.v_cache + static_cast<size_t>(t) * kv_dim + kv_head * hd;
+        const uint8_t* v = v_rows + static_cast<size_t>(t) * row_bytes;
 #pragma unroll
         for (int j = 0; j < D; ++j)
-            if (lane + 32 * j < hd) acc[j] = acc[j] * correction + p * tandem_half_to_float(v[lane + 32 * j]);
+            if (lane + 32 * j < hd) acc[j] = acc[j] * correction + p * kv_value<Q8>(v, e0 + lane + 32 * j);
         m = m_new;
     }
     if (lane == 0) {
@@ -68,7 +93,8 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) M = fmaxf(M, warp_m[w]);
     float* out = partial(a.workspace, tok, head, split, a.n_heads, n_splits, hd);
-    // A split past this token's last key (or a warp without keys) has m = -inf and contributes nothing.
+    // A warp without keys (a split shorter than kWarps positions) has m = -inf and contributes nothing; M is
+    // finite, the split holding at least one key.
     float weight[kWarps];
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) weight[w] = M == -INFINITY ? 0.0f : expf(warp_m[w] - M);
@@ -87,20 +113,41 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     }
 }
 
-// One block per (head, token), one thread per output dim.
+// One block per (head, token), one thread per output dim. n_splits is the grid's (the workspace's stride); only the
+// splits holding this token's keys were written.
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttentionArgs a, int n_splits) {
     const int head = blockIdx.x, tok = blockIdx.y, d = threadIdx.x, hd = a.head_dim;
+    const int n_keys = start_position(a) + tok + 1;
+    const int needed = (n_keys + a.split_size - 1) / a.split_size;
+    const int used = needed < n_splits ? needed : n_splits;
     float M = -INFINITY;
-    for (int s = 0; s < n_splits; ++s) M = fmaxf(M, partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)[0]);
+    for (int s = 0; s < used; ++s) M = fmaxf(M, partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)[0]);
     float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
+    for (int s = 0; s < used; ++s) {
         const float* p = partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd);
-        if (p[0] == -INFINITY) continue;
+        if (p[0] == -INFINITY) continue;  // cannot happen (every used split has a key); kept as a guard
         const float w = expf(p[0] - M);
         L += p[1] * w;
         A += p[2 + d] * w;
     }
     a.out[static_cast<size_t>(tok) * a.n_heads * hd + head * hd + d] = A / L;
+}
+
+template <bool Q8>
+void launch_split(const AttentionArgs& a, int n_splits, dim3 grid, dim3 block, Stream stream) {
+    const char* names[] = {"attention_split_kernel<32>", "attention_split_kernel<64>", "attention_split_kernel<128>",
+                           "attention_split_kernel<256>", "attention_split_kernel<32, q8_0>",
+                           "attention_split_kernel<64, q8_0>", "attention_split_kernel<128, q8_0>",
+                           "attention_split_kernel<256, q8_0>"};
+    const char* const* name = names + (Q8 ? 4 : 0);
+    if (a.head_dim <= 32)
+        detail::launch_kernel(name[0], attention_split_kernel<1, Q8>, grid, block, 0, stream, a, n_splits);
+    else if (a.head_dim <= 64)
+        detail::launch_kernel(name[1], attention_split_kernel<2, Q8>, grid, block, 0, stream, a, n_splits);
+    else if (a.head_dim <= 128)
+        detail::launch_kernel(name[2], attention_split_kernel<4, Q8>, grid, block, 0, stream, a, n_splits);
+    else
+        detail::launch_kernel(name[3], attention_split_kernel<8, Q8>, grid, block, 0, stream, a, n_splits);
 }
 
 int splits_for(int start_pos, int n_tokens, int split_size) {
@@ -120,14 +167,12 @@ void attention(const AttentionArgs& a, Stream stream) {
     detail::require(n_splits <= 65535 && a.n_heads <= 65535 && a.n_tokens <= 65535, "attention: grid too large");
     const dim3 grid(n_splits, a.n_heads, a.n_tokens), block(kWarps * 32);
     detail::require(a.head_dim > 0 && a.head_dim <= 256, "attention: head_dim must be 1..256");
-    if (a.head_dim <= 32)
-        detail::launch_kernel("attention_split_kernel<1>", attention_split_kernel<1>, grid, block, 0, stream, a, n_splits);
-    else if (a.head_dim <= 64)
-        detail::launch_kernel("attention_split_kernel<2>", attention_split_kernel<2>, grid, block, 0, stream, a, n_splits);
-    else if (a.head_dim <= 128)
-        detail::launch_kernel("attention_split_kernel<4>", attention_split_kernel<4>, grid, block, 0, stream, a, n_splits);
+    detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
+                    "attention: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");
+    if (a.kv_type == KvType::Q8_0)
+        launch_split<true>(a, n_splits, grid, block, stream);
     else
-        detail::launch_kernel("attention_split_kernel<8>", attention_split_kernel<8>, grid, block, 0, stream, a, n_splits);
+        launch_split<false>(a, n_splits, grid, block, stream);
     detail::launch_kernel("attention_combine_kernel", attention_combine_kernel, dim3(a.n_heads, a.n_tokens),
                           dim3(a.head_dim), 0, stream, a, n_splits);
 }

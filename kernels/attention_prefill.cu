@@ -1,15 +1,17 @@
-// Prefill attention: tiled causal flash attention over the fp16 KV cache with grouped-query heads, for chunks of
-// many tokens (the decode path, split-K over a few queries, is attention.cu).
+// Prefill attention: tiled causal flash attention over the KV cache (fp16 or Q8_0, kernels.h: KvType) with
+// grouped-query heads, for chunks of many tokens (the decode path, split-K over a few queries, is attention.cu).
 //
 // One block (4 warps) per (tile of BQ queries, head). The block walks the keys 0..(its last query's position) in
-// tiles of BK: the K and V rows of the tile are staged in shared memory as the cache holds them (fp16, the kv head
-// indexed, not copied), then three phases separated by barriers:
+// tiles of BK: the K and V rows of the tile are staged in shared memory as the cache holds them (fp16 halves, or
+// Q8_0's int8 codes beside the fp32 scales of the blocks the head touches; the kv head indexed, not copied), then
+// three phases separated by barriers:
 //   scores  S[q][k] = (q . k) / sqrt(head_dim), -inf where the key is after the query (causal mask);
 //   softmax one thread per query row: running max m, correction exp(m_old - m_new), P = exp(S - m_new) in place,
 //           running sum l;
 //   output  warp w owns queries w, w + 4, ..., lane l the dims l + 32j: acc = acc * correction + P . V.
 // No shuffles (cheap under the emulation too); all softmax state is fp32.
 #include <cmath>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -19,17 +21,24 @@ namespace {
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 
 // D: head dims up to 32 * D (lanes past head_dim hold zeros). BQ x BK keeps the static shared memory under 48 KiB
-// for every D (the largest, D = 8 with 16 x 16, is ~34 KiB) and the accumulators at BQ / 4 * D <= 32 registers.
-template <int D, int BQ, int BK>
+// for every D (the largest, D = 8 with 16 x 16, is ~34 KiB with fp16 tiles, ~27 KiB with Q8_0's) and the
+// accumulators at BQ / 4 * D <= 32 registers.
+template <int D, int BQ, int BK, bool Q8>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a) {
     constexpr int HD = 32 * D;
     // Padded strides: the score phase reads K rows (one per lane) and up to two Q rows per warp at the same dim;
     // an odd word stride puts those rows in different banks.
-    constexpr int QS = HD + 1, KS = HD + 2, SS = BK + 1;
+    constexpr int QS = HD + 1, KS = Q8 ? HD + 4 : HD + 2, SS = BK + 1;
+    // Q8_0: the scales of the blocks a head's dims touch, per staged row: HD / 32 + 1 when the head does not start
+    // on a block boundary (heads narrower than 32, or not a multiple of it).
+    constexpr int NB = Q8 ? HD / 32 + 1 : 1;
+    using Code = std::conditional_t<Q8, int8_t, uint16_t>;  // what a tile holds per element
     static_assert(BQ % kWarps == 0 && (BQ * BK) % kThreads == 0, "tile shape");
     TANDEM_SHARED(float, q_tile, BQ * QS);
-    TANDEM_SHARED(uint16_t, k_tile, BK * KS);
-    TANDEM_SHARED(uint16_t, v_tile, BK * HD);
+    TANDEM_SHARED(Code, k_tile, BK * KS);
+    TANDEM_SHARED(Code, v_tile, BK * HD);
+    TANDEM_SHARED(float, k_scale, BK * NB);
+    TANDEM_SHARED(float, v_scale, BK * NB);
     TANDEM_SHARED(float, s_tile, BQ * SS);
     TANDEM_SHARED(float, row_m, BQ);
     TANDEM_SHARED(float, row_l, BQ);
@@ -43,6 +52,15 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     const float scale = 1.0f / sqrtf(static_cast<float>(hd));
     const int first_pos = a.start_pos + q0;     // position of the tile's query 0
     const int n_keys = first_pos + n_q;         // keys 0..(last query's position)
+    const size_t row_bytes = Q8 ? static_cast<size_t>(kv_dim / 32) * 34 : static_cast<size_t>(kv_dim) * 2;
+    const int first_block = kv_head * hd / 32;  // Q8_0: the block holding the head's first dim
+    // An element of a staged row: the fp16 value, or code * scale (exact in fp32, so the same value split-K reads).
+    auto value = [&](const Code* tile, const float* scales, int row, int stride, int d) -> float {
+        if constexpr (Q8)
+            return scales[row * NB + (kv_head * hd + d) / 32 - first_block] * static_cast<float>(tile[row * stride + d]);
+        else
+            return tandem_half_to_float(tile[row * stride + d]);
+    };
 
     for (int i = tid; i < BQ * HD; i += kThreads) {
         const int qi = i / HD, d = i % HD;
@@ -58,16 +76,35 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
 #pragma unroll
         for (int j = 0; j < D; ++j) acc[i][j] = 0.0f;
 
-    const uint16_t* k_head = a.k_cache + kv_head * hd;
-    const uint16_t* v_head = a.v_cache + kv_head * hd;
+    const uint8_t* k_rows = static_cast<const uint8_t*>(a.k_cache);
+    const uint8_t* v_rows = static_cast<const uint8_t*>(a.v_cache);
     for (int k0 = 0; k0 < n_keys; k0 += BK) {
         __syncthreads();  // the previous tile's readers are done (first tile: Q and the row state are written)
         for (int i = tid; i < BK * HD; i += kThreads) {
             const int kk = i / HD, d = i % HD;
             const bool in = k0 + kk < n_keys && d < hd;
-            const size_t off = static_cast<size_t>(k0 + kk) * kv_dim + d;
-            k_tile[kk * KS + d] = in ? k_head[off] : 0;
-            v_tile[kk * HD + d] = in ? v_head[off] : 0;
+            const size_t row = static_cast<size_t>(k0 + kk) * row_bytes;
+            const int e = kv_head * hd + d;  // the element's index in the row
+            if constexpr (Q8) {
+                const size_t off = row + static_cast<size_t>(e / 32) * 34 + 2 + e % 32;
+                k_tile[kk * KS + d] = in ? static_cast<int8_t>(k_rows[off]) : int8_t{0};
+                v_tile[kk * HD + d] = in ? static_cast<int8_t>(v_rows[off]) : int8_t{0};
+            } else {
+                const size_t off = row + 2 * static_cast<size_t>(e);
+                k_tile[kk * KS + d] = in ? *reinterpret_cast<const uint16_t*>(k_rows + off) : uint16_t{0};
+                v_tile[kk * HD + d] = in ? *reinterpret_cast<const uint16_t*>(v_rows + off) : uint16_t{0};
+            }
+        }
+        if constexpr (Q8) {
+            // Scales of blocks past the row's end (the padding dims of a head at the end of the row) are 0: their
+            // codes are 0 too, and nothing reads a NaN.
+            for (int i = tid; i < BK * NB; i += kThreads) {
+                const int kk = i / NB, b = first_block + i % NB;
+                const bool in = k0 + kk < n_keys && b < kv_dim / 32;
+                const size_t off = static_cast<size_t>(k0 + kk) * row_bytes + static_cast<size_t>(b) * 34;
+                k_scale[i] = in ? detail::load_half(k_rows + off) : 0.0f;
+                v_scale[i] = in ? detail::load_half(v_rows + off) : 0.0f;
+            }
         }
         __syncthreads();
         for (int i = tid; i < BQ * BK; i += kThreads) {
@@ -78,10 +115,9 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             float s = -INFINITY;
             if (k0 + kk <= q_pos) {
                 const float* qr = q_tile + qi * QS;
-                const uint16_t* kr = k_tile + kk * KS;
                 float dot = 0.0f;
 #pragma unroll 8
-                for (int d = 0; d < hd; ++d) dot += qr[d] * tandem_half_to_float(kr[d]);
+                for (int d = 0; d < hd; ++d) dot += qr[d] * value(k_tile, k_scale, kk, KS, d);
                 s = dot * scale;
             }
             s_tile[qi * SS + kk] = s;
@@ -115,9 +151,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             for (int j = 0; j < D; ++j) acc[i][j] *= correction;
             for (int kk = 0; kk < BK; ++kk) {
                 const float p = pr[kk];
-                const uint16_t* vr = v_tile + kk * HD + lane;
 #pragma unroll
-                for (int j = 0; j < D; ++j) acc[i][j] += p * tandem_half_to_float(vr[32 * j]);
+                for (int j = 0; j < D; ++j) acc[i][j] += p * value(v_tile, v_scale, kk, HD, lane + 32 * j);
             }
         }
     }
@@ -135,9 +170,12 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
 }
 
 template <int D, int BQ, int BK>
-void launch(const char* name, const AttentionArgs& a, Stream stream) {
+void launch(const char* name, const char* name_q8, const AttentionArgs& a, Stream stream) {
     const dim3 grid((a.n_tokens + BQ - 1) / BQ, a.n_heads), block(kThreads);
-    detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK>, grid, block, 0, stream, a);
+    if (a.kv_type == KvType::Q8_0)
+        detail::launch_kernel(name_q8, attention_prefill_kernel<D, BQ, BK, true>, grid, block, 0, stream, a);
+    else
+        detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK, false>, grid, block, 0, stream, a);
 }
 
 }  // namespace
@@ -148,10 +186,15 @@ void attention_prefill(const AttentionArgs& a, Stream stream) {
                     "attention_prefill: n_heads must be a multiple of n_kv_heads");
     detail::require(a.n_heads <= 65535, "attention_prefill: grid too large");
     detail::require(a.head_dim > 0 && a.head_dim <= 256, "attention_prefill: head_dim must be 1..256");
-    if (a.head_dim <= 32) return launch<1, 32, 32>("attention_prefill_kernel<32>", a, stream);
-    if (a.head_dim <= 64) return launch<2, 32, 32>("attention_prefill_kernel<64>", a, stream);
-    if (a.head_dim <= 128) return launch<4, 32, 32>("attention_prefill_kernel<128>", a, stream);
-    return launch<8, 16, 16>("attention_prefill_kernel<256>", a, stream);
+    detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
+                    "attention_prefill: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");
+    if (a.head_dim <= 32)
+        return launch<1, 32, 32>("attention_prefill_kernel<32>", "attention_prefill_kernel<32, q8_0>", a, stream);
+    if (a.head_dim <= 64)
+        return launch<2, 32, 32>("attention_prefill_kernel<64>", "attention_prefill_kernel<64, q8_0>", a, stream);
+    if (a.head_dim <= 128)
+        return launch<4, 32, 32>("attention_prefill_kernel<128>", "attention_prefill_kernel<128, q8_0>", a, stream);
+    return launch<8, 16, 16>("attention_prefill_kernel<256>", "attention_prefill_kernel<256, q8_0>", a, stream);
 }
 
 }  // namespace tandem::cuda

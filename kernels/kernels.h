@@ -76,18 +76,35 @@ void blas_destroy(BlasHandle* handle) noexcept;
 void gemm_via_f16(BlasHandle* blas, GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x,
                   const uint16_t* x16, int n_tokens, float* y, uint16_t* tile, size_t tile_elems, Stream stream);
 
+// ---- KV-cache storage (written by rope_kv.cu, read by attention.cu and attention_prefill.cu) -----------------------
+// A layer's cache is [capacity] rows, one per position, of kv_row_bytes(type, kv_dim) bytes each:
+//  F16:  kv_dim IEEE binary16 values;
+//  Q8_0: the same kv_dim values as ggml Q8_0 blocks (34 bytes: an fp16 scale d, then 32 int8 codes; value = d *
+//        code), quantized as ggml's quantize_row_q8_0_ref does (d = amax / 127, code = round(x * (1 / d)), the codes
+//        from the fp32 d). Blocks run along the position's row, so heads narrower than 32 share blocks, and kv_dim
+//        must be a multiple of 32. d * code is exact in fp32 (11 + 8 significant bits), so every reader sees the
+//        same dequantized values whatever the order it multiplies in.
+enum class KvType { F16, Q8_0 };
+size_t kv_row_bytes(KvType type, int kv_dim);
+bool kv_type_supports(KvType type, int kv_dim);  // Q8_0: kv_dim % 32 == 0
+
 // ---- RoPE fused with the KV-cache write (rope_kv.cu) --------------------------------------------------------------
 enum class RopeMode { AdjacentPairs, NeoxHalves };  // (2i, 2i+1) as llama2.c; (i, i + rope_dim/2) as GPT-NeoX
 struct RopeKvArgs {
     float* q;                 // [n_tokens][n_heads * head_dim], rotated in place
     const float* k;           // [n_tokens][n_kv_heads * head_dim], rotated into k_cache
     const float* v;           // [n_tokens][n_kv_heads * head_dim], copied into v_cache
-    uint16_t* k_cache;        // this layer's cache: [capacity][n_kv_heads * head_dim] fp16
-    uint16_t* v_cache;
+    void* k_cache;            // this layer's cache: [capacity] rows of kv_row_bytes(kv_type, kv_dim)
+    void* v_cache;
     const float* inv_freq;    // [rope_dim / 2]: theta^(-2i/rope_dim), computed in double, rounded to float
     int n_tokens, start_pos;  // token i is at position start_pos + i
     int n_heads, n_kv_heads, head_dim, rope_dim;
     RopeMode mode;
+    KvType kv_type = KvType::F16;
+    // CUDA graphs: when set, the kernel reads the start position from this device int when it runs (and ignores
+    // start_pos), so a captured launch replays at whatever position the int holds then. A by-value start_pos would
+    // be frozen into the graph at capture.
+    const int* device_start_pos = nullptr;
 };
 void rope_kv_write(const RopeKvArgs& a, Stream stream);
 
@@ -98,27 +115,33 @@ void embedding(GgmlType type, const void* table, size_t row_bytes, int n_vocab, 
                int n_tokens, float* out, Stream stream);
 
 // ---- decode attention (attention.cu) ----------------------------------------------------------------------------
-// Causal GQA attention of n_tokens queries over an fp16 cache that already holds their keys and values: query i
+// Causal GQA attention of n_tokens queries over a cache that already holds their keys and values: query i
 // (position start_pos + i) attends to positions 0..start_pos + i. Split-K ("flash decoding"): the keys are cut
 // into splits of split_size positions, each block computes a partial softmax for one (token, head, split) into
 // `workspace`, and a second kernel combines the splits. head_dim is 1..256 (lanes idle past it: fastest at 32, 64, 128, 256).
 struct AttentionArgs {
     const float* q;            // [n_tokens][n_heads * head_dim], RoPE applied
-    const uint16_t* k_cache;   // [capacity][n_kv_heads * head_dim]
-    const uint16_t* v_cache;
+    const void* k_cache;       // [capacity] rows of kv_row_bytes(kv_type, n_kv_heads * head_dim)
+    const void* v_cache;
     float* out;                // [n_tokens][n_heads * head_dim]
     float* workspace;          // attention_workspace_floats(...) floats
     int n_tokens, start_pos;
     int n_heads, n_kv_heads, head_dim;
     int split_size;            // key positions per split (> 0)
+    KvType kv_type = KvType::F16;
+    // CUDA graphs (attention only; attention_prefill ignores it): when set, the start position is read from this
+    // device int when the kernels run, and start_pos is only a bound it never exceeds: the grid (and the workspace)
+    // is sized for start_pos, and splits past a token's last key return at once. A captured launch then replays
+    // correctly at any position up to the bound, with the same results as a launch sized for the real position.
+    const int* device_start_pos = nullptr;
 };
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size);
 void attention(const AttentionArgs& a, Stream stream);
 
 // ---- prefill attention (attention_prefill.cu) ------------------------------------------------------------------
 // The causal GQA attention of `attention` for prefill chunks, tiled flash attention: one block per (query tile,
-// head) walks key tiles of the fp16 cache with an online softmax (running max and sum) in fp32; the kv head is
-// indexed, not copied. No workspace (a.workspace and a.split_size are ignored). head_dim 1..256 (tiles sized for
+// head) walks key tiles of the cache (either KvType) with an online softmax (running max and sum) in fp32; the kv
+// head is indexed, not copied. No workspace (a.workspace and a.split_size are ignored). head_dim 1..256 (tiles sized for
 // 32, 64, 128 and 256). A query's result does not depend on its tile or n_tokens: key tiles always start at
 // position 0 and a tile past a query's last key leaves its state exactly as it was.
 void attention_prefill(const AttentionArgs& a, Stream stream);

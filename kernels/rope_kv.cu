@@ -1,11 +1,13 @@
-// RoPE on Q and K fused with the KV-cache write: Q is rotated in place, K is rotated straight into the fp16 cache
-// and V is converted into it, one block per token. Both pairings: adjacent (2i, 2i+1) and NeoX halves.
+// RoPE on Q and K fused with the KV-cache write: Q is rotated in place, K is rotated straight into the cache and V
+// is stored there, one block per token, in either cache type (kernels.h: KvType): fp16 halves, or ggml Q8_0 blocks
+// quantized in registers (a warp per 32-value block). Both pairings: adjacent (2i, 2i+1) and NeoX halves.
 #include "common.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kQ8Block = 32, kQ8BlockBytes = 34;  // ggml block_q8_0: fp16 d, int8 qs[32]
 
 // The angle is float(pos) * inv_freq[i] in fp32, as the CPU backend computes it; cosf/sinf are the accurate ones.
 __device__ __forceinline__ void rotate(float& a, float& b, float angle) {
@@ -15,20 +17,30 @@ __device__ __forceinline__ void rotate(float& a, float& b, float angle) {
     b = v0 * s + v1 * c;
 }
 
-__global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
-    const int tok = blockIdx.x, pos = a.start_pos + tok, half = a.rope_dim / 2, hd = a.head_dim;
-    const int q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
+__device__ __forceinline__ int start_position(const RopeKvArgs& a) {
+    return a.device_start_pos ? *a.device_start_pos : a.start_pos;
+}
+
+// Q rotated in place, one thread per rotated pair; the dims past rope_dim stay as they are.
+__device__ __forceinline__ void rotate_q(const RopeKvArgs& a, int tok, int pos) {
+    const int half = a.rope_dim / 2, hd = a.head_dim;
     const bool neox = a.mode == RopeMode::NeoxHalves;
-    float* q = a.q + static_cast<size_t>(tok) * q_dim;
-    // One thread per rotated pair; the dims past rope_dim stay as they are.
+    float* q = a.q + static_cast<size_t>(tok) * a.n_heads * hd;
     for (int p = threadIdx.x; p < a.n_heads * half; p += blockDim.x) {
         const int h = p / half, i = p % half;
         float* v = q + h * hd;
         const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
         rotate(v[ia], v[ib], static_cast<float>(pos) * a.inv_freq[i]);
     }
+}
+
+__global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
+    const int tok = blockIdx.x, pos = start_position(a) + tok, half = a.rope_dim / 2, hd = a.head_dim;
+    const int kv_dim = a.n_kv_heads * hd;
+    const bool neox = a.mode == RopeMode::NeoxHalves;
+    rotate_q(a, tok, pos);
     const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
-    uint16_t* kc = a.k_cache + static_cast<size_t>(pos) * kv_dim;
+    uint16_t* kc = static_cast<uint16_t*>(a.k_cache) + static_cast<size_t>(pos) * kv_dim;
     for (int p = threadIdx.x; p < a.n_kv_heads * half; p += blockDim.x) {
         const int h = p / half, i = p % half;
         const int ia = h * hd + (neox ? i : 2 * i), ib = h * hd + (neox ? i + half : 2 * i + 1);
@@ -43,18 +55,80 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
         kc[e] = tandem_float_to_half(k[e]);
     }
     const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
-    uint16_t* vc = a.v_cache + static_cast<size_t>(pos) * kv_dim;
+    uint16_t* vc = static_cast<uint16_t*>(a.v_cache) + static_cast<size_t>(pos) * kv_dim;
     for (int e = threadIdx.x; e < kv_dim; e += blockDim.x) vc[e] = tandem_float_to_half(v[e]);
 }
 
+// Element e of a K row after RoPE, computed alone (each lane of a Q8_0 block needs its own value, and a pair's two
+// elements may lie in different blocks, NeoX halves always). The expressions are rotate()'s, so the value is the
+// one rotate() gives that element.
+__device__ __forceinline__ float rotated_k(const RopeKvArgs& a, const float* k, int e, int pos) {
+    const int hd = a.head_dim, j = e % hd, half = a.rope_dim / 2;
+    if (j >= a.rope_dim) return k[e];
+    const int base = e - j;
+    int i, ia, ib;
+    if (a.mode == RopeMode::NeoxHalves) {
+        i = j < half ? j : j - half;
+        ia = i, ib = i + half;
+    } else {
+        i = j / 2;
+        ia = 2 * i, ib = 2 * i + 1;
+    }
+    const float angle = static_cast<float>(pos) * a.inv_freq[i];
+    const float c = cosf(angle), s = sinf(angle);
+    const float v0 = k[base + ia], v1 = k[base + ib];
+    return j == ia ? v0 * c - v1 * s : v0 * s + v1 * c;
+}
+
+// One Q8_0 block from 32 values, lane l holding value l, as ggml's quantize_row_q8_0_ref: d = amax / 127 and
+// code = round(x * (1 / d)) from the fp32 d, d stored as fp16. The max is exact in any order.
+__device__ __forceinline__ void store_q8_0(uint8_t* block, float x, int lane) {
+    const float amax = detail::warp_max(fabsf(x));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    block[2 + lane] = static_cast<uint8_t>(static_cast<int8_t>(roundf(x * id)));
+    if (lane == 0) *reinterpret_cast<uint16_t*>(block) = tandem_float_to_half(d);  // blocks sit at 2-byte alignment
+}
+
+// The Q8_0 cache: Q as above; warp w quantizes K blocks w, w + 8, ... of this token's row, then the V blocks.
+__global__ void __launch_bounds__(kThreads) rope_kv_q8_0_kernel(RopeKvArgs a) {
+    const int tok = blockIdx.x, pos = start_position(a) + tok;
+    const int kv_dim = a.n_kv_heads * a.head_dim, n_blocks = kv_dim / kQ8Block;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n_warps = blockDim.x / 32;
+    rotate_q(a, tok, pos);
+    const size_t row_bytes = static_cast<size_t>(n_blocks) * kQ8BlockBytes;
+    const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
+    const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
+    uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + static_cast<size_t>(pos) * row_bytes;
+    uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + static_cast<size_t>(pos) * row_bytes;
+    for (int b = warp; b < n_blocks; b += n_warps) {
+        const int e = b * kQ8Block + lane;
+        store_q8_0(kc + b * kQ8BlockBytes, rotated_k(a, k, e, pos), lane);
+        store_q8_0(vc + b * kQ8BlockBytes, v[e], lane);
+    }
+}
+
 }  // namespace
+
+size_t kv_row_bytes(KvType type, int kv_dim) {
+    return type == KvType::Q8_0 ? static_cast<size_t>(kv_dim / kQ8Block) * kQ8BlockBytes
+                                : static_cast<size_t>(kv_dim) * sizeof(uint16_t);
+}
+
+bool kv_type_supports(KvType type, int kv_dim) { return kv_dim > 0 && (type == KvType::F16 || kv_dim % kQ8Block == 0); }
 
 void rope_kv_write(const RopeKvArgs& a, Stream stream) {
     detail::require(a.n_tokens > 0 && a.start_pos >= 0 && a.n_heads > 0 && a.n_kv_heads > 0 && a.head_dim > 0,
                     "rope_kv_write: bad shape");
     detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,
                     "rope_kv_write: rope_dim must be even and <= head_dim");
-    detail::launch_kernel("rope_kv_kernel", rope_kv_kernel, dim3(a.n_tokens), dim3(kThreads), 0, stream, a);
+    detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
+                    "rope_kv_write: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");
+    if (a.kv_type == KvType::Q8_0)
+        detail::launch_kernel("rope_kv_q8_0_kernel", rope_kv_q8_0_kernel, dim3(a.n_tokens), dim3(kThreads), 0, stream,
+                              a);
+    else
+        detail::launch_kernel("rope_kv_kernel", rope_kv_kernel, dim3(a.n_tokens), dim3(kThreads), 0, stream, a);
 }
 
 }  // namespace tandem::cuda

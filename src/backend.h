@@ -1,10 +1,11 @@
-// The compute interface every backend (cpu/, later cuda/) implements, and the per-model KV cache it owns.
+// The compute interface every backend (cpu/, cuda/) implements, and the per-model KV cache it owns.
 //
 // One forward call serves chunked prefill (n = chunk), decode (n = 1) and speculative verification (n = k + 1):
 // only the number of tokens changes. The cache is its own object, one per model; rolling back rejected draft
 // tokens is a truncate.
 #pragma once
 #include <cassert>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
@@ -51,6 +52,33 @@ public:
     // agree with the short-call path within floating-point tolerance only. Nothing may rely on more: greedy
     // speculative decoding compares verification calls with decode calls, both short.
     virtual void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) = 0;
+
+    // Greedy picks instead of logits: runs `tokens` as forward does and writes, for each of the last n_rows tokens,
+    // the id of its largest logit to ids[0..n_rows) (Sampler's greedy rule: NaN counts as -inf, the lower id wins a
+    // tie; -1 when no logit of the row is above -inf, where Sampler throws). For greedy decoding with a sampler
+    // that reads nothing else of the logits: a GPU backend then copies n_rows ints back instead of n_rows rows.
+    // `scratch` is n_rows × n_vocab floats: this default implementation runs forward into it and picks on the
+    // host; a backend that picks on the device (CudaBackend) leaves it alone.
+    virtual void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                                std::span<float> scratch) {
+        assert(n_rows >= 0 && static_cast<size_t>(n_rows) <= tokens.size());
+        forward(tokens, cache, n_rows, scratch.data());
+        if (n_rows == 0) return;
+        const size_t n_vocab = scratch.size() / static_cast<size_t>(n_rows);
+        for (int r = 0; r < n_rows; ++r) ids[r] = argmax_row(scratch.data() + r * n_vocab, n_vocab);
+    }
+
+    // Sampler's greedy pick of one row (see forward_argmax): a NaN never compares greater, a tie keeps the first.
+    static int argmax_row(const float* row, size_t n) {
+        int best = -1;
+        float best_logit = -std::numeric_limits<float>::infinity();
+        for (size_t i = 0; i < n; ++i)
+            if (row[i] > best_logit) {
+                best_logit = row[i];
+                best = static_cast<int>(i);
+            }
+        return best;
+    }
 };
 
 }  // namespace tandem

@@ -123,6 +123,21 @@ public:
     std::vector<int> history;  // prompt + generated tokens
 };
 
+namespace {
+
+// Greedy with nothing else that reads the logits (a repeat penalty does, even with an empty window): the argmax is
+// all the sampler would take from them, so the backend may pick it (Backend::forward_argmax; a GPU then copies one
+// int per row back instead of the row).
+bool argmax_is_enough(const SamplerParams& p) { return p.temperature == 0.0f && p.repeat_penalty == 1.0f; }
+
+// A greedy id from forward_argmax; -1 is the row where Sampler would have thrown.
+int greedy_pick(int id) {
+    if (id < 0) throw Error("sampler: every logit is -inf or NaN");
+    return id;
+}
+
+}  // namespace
+
 Generator::Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft)
     : model_(model), backend_(backend), cache_(cache), draft_(draft),
       logits_(static_cast<size_t>(model.config.n_vocab)) {}
@@ -165,15 +180,23 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     return stats;
 }
 
-void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams&) {
+void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams& params) {
+    const bool ids_only = argmax_is_enough(params.sampler);
+    int tok = sampler.sample(logits_.data(), out.history);  // the prefill's logits
     for (;;) {
-        const int tok = sampler.sample(logits_.data(), out.history);
         if (!out.push(tok)) return;
         if (cache_.n_committed() >= cache_.capacity()) {
             out.stop_context_full();
             return;
         }
-        backend_.forward(std::span<const int>(&tok, 1), cache_, 1, logits_.data());
+        const int cur = tok;
+        if (ids_only) {
+            backend_.forward_argmax(std::span<const int>(&cur, 1), cache_, 1, &tok, logits_);
+            tok = greedy_pick(tok);
+        } else {
+            backend_.forward(std::span<const int>(&cur, 1), cache_, 1, logits_.data());
+            tok = sampler.sample(logits_.data(), out.history);
+        }
         ++out.stats().n_decode_forwards;
     }
 }
@@ -213,6 +236,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     Sampler draft_sampler(draft_sampler_params, std::max(1, draft_vocab));
     std::vector<float> draft_logits(static_cast<size_t>(std::max(1, draft_vocab)));
     std::vector<float> target_logits((static_cast<size_t>(k_cap) + 1) * V);
+    // Pure greedy verification needs only the target's argmax at each position: ids, not rows of logits.
+    const bool ids_only = greedy && argmax_is_enough(params.sampler);
+    std::vector<int> target_ids(static_cast<size_t>(k_cap) + 1);
     // Rows of probabilities for rejection sampling (greedy verification compares tokens and needs none).
     std::vector<float> p_rows(greedy ? 0 : (static_cast<size_t>(k_cap) + 1) * V);
     std::vector<float> q_rows(greedy ? 0 : static_cast<size_t>(std::max(1, k_cap)) * V);
@@ -321,7 +347,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         batch.assign(1, cur);
         batch.insert(batch.end(), drafted.begin(), drafted.end());
         const Clock::time_point t_verify = Clock::now();
-        backend_.forward(batch, cache_, n_drafted + 1, target_logits.data());
+        if (ids_only)
+            backend_.forward_argmax(batch, cache_, n_drafted + 1, target_ids.data(),
+                                    std::span<float>(target_logits.data(), static_cast<size_t>(n_drafted + 1) * V));
+        else
+            backend_.forward(batch, cache_, n_drafted + 1, target_logits.data());
         const double verify_seconds = since(t_verify);
         st.verify_s += verify_seconds;
         controller.record_verify(n_drafted + 1, verify_seconds);
@@ -331,13 +361,15 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         Verdict verdict;
         if (n_drafted == 0) {
             ++st.plain_steps;
-            verdict.next_token = sampler.sample(target_logits.data(), out.history);  // exactly the plain step
+            verdict.next_token = ids_only ? greedy_pick(target_ids[0])  // exactly the plain step
+                                          : sampler.sample(target_logits.data(), out.history);
         } else if (greedy) {
             // The target's greedy choice at each position (penalties see the drafts before it), accepted while the
             // draft agrees: verify_proposal's greedy rule without building one-hot rows.
             context = out.history;
             for (int i = 0; i <= n_drafted; ++i) {
-                const int choice = sampler.sample(&target_logits[static_cast<size_t>(i) * V], context);
+                const int choice = ids_only ? greedy_pick(target_ids[static_cast<size_t>(i)])
+                                            : sampler.sample(&target_logits[static_cast<size_t>(i) * V], context);
                 if (i == n_drafted || choice != drafted[static_cast<size_t>(i)]) {
                     verdict.next_token = choice;
                     break;

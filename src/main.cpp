@@ -40,6 +40,8 @@ struct Options {
     std::string system_prompt;
     std::string chat_template;
     std::string draft_backend = "auto";
+    std::string kv_type = "f16";
+    bool kv_type_given = false;
     int n_predict = -1;
     int n_ctx = 0;
     int chunk = 256;
@@ -109,19 +111,30 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 #endif
 }
 
+// `which` is "--backend" or "--draft-backend", for the notes.
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
-                                              int chunk, int n_ctx, bool verbose) {
+                                              int chunk, int n_ctx, const Options& opt, const char* which) {
+    const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
     if (kind == "cuda") {
+        tandem::CudaOptions options;
+        options.kv_type = *tandem::parse_kv_type(opt.kv_type);  // CLI11 admitted only the known names
         if (verbose) {
-            const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx);
+            const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx, {}, options);
             std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
+            std::fprintf(stderr, "tandem: CUDA graphs for decode / verification steps: %s\n",
+                         tandem::cuda_graphs_from_env() ? "on (TANDEM_CUDA_GRAPHS=0 turns them off)"
+                                                        : "off (TANDEM_CUDA_GRAPHS=0)");
         }
-        return std::make_unique<tandem::CudaBackend>(model, n_ctx);
+        return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);
     }
 #else
-    (void)kind, (void)n_ctx, (void)verbose;
+    (void)kind, (void)n_ctx;
 #endif
+    // The CPU backend keeps its fp32 cache whatever was asked: an explicit --kv-type is not dropped without a word.
+    if (verbose && opt.kv_type_given)
+        std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an fp32 KV cache\n",
+                     opt.kv_type.c_str(), which);
     return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk));
 }
 
@@ -203,7 +216,7 @@ int run(const Options& opt) {
                             std::to_string(c.context_length) + ")");
 
     std::unique_ptr<tandem::Backend> backend_ptr =
-        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt.verbose);
+        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend");
     tandem::Backend& backend = *backend_ptr;
     auto cache = backend.new_cache(n_ctx);
 
@@ -223,7 +236,7 @@ int run(const Options& opt) {
             }
         }();
         if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
-        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt.verbose);
+        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend");
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)
@@ -323,6 +336,12 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--backend", opt.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    auto* kv_type_opt =
+        app.add_option("--kv-type", opt.kv_type,
+                       "KV-cache storage of the CUDA backend: f16, or q8_0 (ggml Q8_0 blocks, about half the memory); "
+                       "the CPU backend's cache is fp32")
+            ->capture_default_str()
+            ->check(CLI::IsMember({"f16", "q8_0"}));
     app.add_option("--draft", opt.draft_path, "draft model (same vocabulary) for speculative decoding")
         ->check(CLI::ExistingFile);
     app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu, cuda")
@@ -348,6 +367,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     opt.seed_given = seed_opt->count() > 0;
+    opt.kv_type_given = kv_type_opt->count() > 0;
     if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();
     if (opt.gen.speculative.draft_min > opt.gen.speculative.draft_max) {
         std::fprintf(stderr, "tandem: --draft-min must not exceed --draft-max\n");

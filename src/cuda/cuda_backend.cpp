@@ -1,8 +1,13 @@
-// CudaBackend: embedding → n_layers × (RMSNorm, Q/K/V matvec (+bias), RoPE fused with the fp16 KV-cache write,
-// split-K causal GQA attention, output projection, residual add fused into the next RMSNorm, gate/up matvec,
-// SwiGLU, down matvec, residual add fused into the next RMSNorm) → output matvec → logits copied to the host.
+// CudaBackend: embedding → n_layers × (RMSNorm, Q/K/V matvec (+bias), RoPE fused with the KV-cache write (fp16 or
+// Q8_0), split-K causal GQA attention, output projection, residual add fused into the next RMSNorm, gate/up matvec,
+// SwiGLU, down matvec, residual add fused into the next RMSNorm) → output matvec → logits (or their argmax ids)
+// copied to the host.
 // Long calls take the prefill path: the same sequence per chunk with the GEMM for the matvecs and tiled flash
 // attention for split-K; the output matvec still runs 16 rows at a time, for the requested logits only.
+//
+// Short calls replay one CUDA graph per step shape (see cuda_backend.h for why the position lives in device memory
+// and attention's grid is bucketed); long calls and TANDEM_CUDA_GRAPHS=0 launch kernel by kernel. Both run the same
+// enqueue functions, so the graph holds exactly the launches a direct step makes.
 //
 // Memory: three device allocations made once — weights (one buffer, tensors at 256-byte aligned offsets), chunk
 // scratch (one buffer) and the attention workspace (grows with the largest cache) — plus one per KV cache. The
@@ -65,13 +70,14 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 
 // The chunk scratch: sizes (in 4-byte words) of its pieces, in order. Activations hold one prefill chunk (or one
 // step when that is longer); logits only kStepTokens rows, the output projection running 16 rows at a time (a
-// chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). x16 and w_tile (fp16) exist only on
-// the cuBLAS route.
+// chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). step_in is the start position and
+// the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace. x16 and w_tile
+// (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
-    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, tokens, x16, w_tile;
+    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, x16, w_tile;
     size_t total() const {
         size_t t = 0;
-        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, tokens, x16, w_tile})
+        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -96,15 +102,16 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
                                     static_cast<size_t>(c.hidden_dim)});
     return {B * c.dim,        B * c.dim,        B * c.q_dim(),   B * c.kv_dim(),
             B * c.kv_dim(),   B * c.q_dim(),    B * c.dim,       B * c.hidden_dim,
-            B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), B,
+            B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), 1 + B,
+            S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
-size_t workspace_bytes(const ModelConfig& c, int n_ctx) {
+size_t workspace_bytes(const ModelConfig& c, int n_ctx, int split) {
     const int n = CudaBackend::kStepTokens;
-    // The worst step: the last n positions of the cache.
-    return 4 * cuda::attention_workspace_floats(n, std::max(0, n_ctx - n), c.n_heads, c.head_dim,
-                                                CudaBackend::kAttentionSplit);
+    // The worst step: the last n positions of the cache. (A graph's attention grid is rounded up, but never past
+    // the splits of the whole cache, which this is.)
+    return 4 * cuda::attention_workspace_floats(n, std::max(0, n_ctx - n), c.n_heads, c.head_dim, split);
 }
 
 void check_fits(const std::string& what, size_t need, const std::string& detail) {
@@ -117,10 +124,24 @@ void check_fits(const std::string& what, size_t need, const std::string& detail)
 
 }  // namespace
 
+std::optional<cuda::KvType> parse_kv_type(const std::string& name) {
+    if (name == "f16") return cuda::KvType::F16;
+    if (name == "q8_0") return cuda::KvType::Q8_0;
+    return std::nullopt;
+}
+
+const char* kv_type_name(cuda::KvType type) { return type == cuda::KvType::Q8_0 ? "q8_0" : "f16"; }
+
 std::string CudaMemoryPlan::describe() const {
-    return gib(total()) + " (weights " + mib(weights) + ", KV cache " + mib(kv_cache) + ", scratch " + mib(scratch) +
+    return gib(total()) + " (weights " + mib(weights) + ", KV cache " + mib(kv_cache) + " " + kv_type_name(kv_type) +
+           ", scratch " + mib(scratch) +
            " for " + std::to_string(prefill_chunk) + "-token prefill chunks, " +
            (blas ? "cuBLAS fp16 GEMM" : "SIMT GEMM") + ")";
+}
+
+bool cuda_graphs_from_env() {
+    const char* env = std::getenv("TANDEM_CUDA_GRAPHS");
+    return !(env && std::string(env) == "0");
 }
 
 bool CudaBackend::use_blas() {
@@ -129,27 +150,35 @@ bool CudaBackend::use_blas() {
     return !(env && std::string(env) == "simt");
 }
 
-CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim)
+CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type)
     : KvCache(capacity),
-      kv_dim_(kv_dim),
-      k_(bytes_needed(n_layers, capacity, kv_dim) / 2),
-      v_(bytes_needed(n_layers, capacity, kv_dim) / 2) {}
+      type_(type),
+      row_bytes_(cuda::kv_row_bytes(type, kv_dim)),
+      k_(bytes_needed(n_layers, capacity, kv_dim, type) / 2),
+      v_(bytes_needed(n_layers, capacity, kv_dim, type) / 2) {}
 
-CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptions prefill) {
+CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options) {
     const ModelConfig& c = model.config;
     CudaMemoryPlan p;
     p.blas = use_blas();
     p.prefill_chunk = prefill.chunk_tokens;
     p.weights = weight_layout(model.weights, nullptr);
-    p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim()) : 0;
-    p.scratch = scratch_layout(model, prefill, p.blas).total() + (n_ctx > 0 ? workspace_bytes(c, n_ctx) : 0);
+    p.kv_type = options.kv_type;
+    p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options.kv_type) : 0;
+    p.scratch = scratch_layout(model, prefill, p.blas).total() +
+                (n_ctx > 0 ? workspace_bytes(c, n_ctx, options.attention_split) : 0);
     return p;
 }
 
-CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill)
-    : model_(model), prefill_(prefill) {
+CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options)
+    : model_(model), prefill_(prefill), options_(options) {
     if (prefill.chunk_tokens < 1 || prefill.matvec_max_call < 0)
         throw Error("the CUDA backend needs a prefill chunk of at least one token");
+    if (options.attention_split < 1) throw Error("the CUDA backend needs attention splits of at least one position");
+    if (!cuda::kv_type_supports(options.kv_type, model.config.kv_dim()))
+        throw Error(std::string("--kv-type ") + kv_type_name(options.kv_type) +
+                    " needs the model's key/value width (n_kv_heads x head_dim = " +
+                    std::to_string(model.config.kv_dim()) + ") to be a multiple of 32");
     const ModelConfig& c = model.config;
     const Weights& w = model.weights;
     // What the kernels can take, checked before anything is allocated.
@@ -176,7 +205,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
     // The output rows of a step start at xb + i * dim, and matvec wants 16-byte aligned activations.
     if (c.dim % 4 != 0) throw Error("the CUDA backend needs an embedding length divisible by 4");
 
-    const CudaMemoryPlan p = plan(model, n_ctx, prefill);
+    const CudaMemoryPlan p = plan(model, n_ctx, prefill, options);
     check_fits("the model", p.total(), " " + p.describe().substr(p.describe().find('(')));
 
     stream_ = cuda::stream_create();
@@ -218,7 +247,11 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         x_ = take(s.x), xb_ = take(s.xb), q_ = take(s.q), k_ = take(s.k), v_ = take(s.v), att_ = take(s.att);
         proj_ = take(s.proj), gate_ = take(s.gate), up_ = take(s.up), logits_ = take(s.logits);
         inv_freq_ = take(s.inv_freq);
-        tokens_ = reinterpret_cast<int*>(take(s.tokens));
+        step_in_ = reinterpret_cast<int*>(take(s.step_in));
+        tokens_ = step_in_ + 1;
+        step_host_.resize(s.step_in);
+        ids_ = reinterpret_cast<int*>(take(s.ids));
+        sampling_ws_ = take(s.sampling);
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -250,21 +283,30 @@ CudaBackend::~CudaBackend() {
 void CudaBackend::ensure_workspace(int n_ctx) {
     if (n_ctx <= workspace_ctx_) return;
     cuda::stream_synchronize(stream_);  // the old workspace may still be in use by queued kernels
-    workspace_buf_ = cuda::DeviceBuffer(workspace_bytes(model_.config, n_ctx));
+    workspace_buf_ = cuda::DeviceBuffer(workspace_bytes(model_.config, n_ctx, options_.attention_split));
     workspace_ctx_ = n_ctx;
 }
 
 std::unique_ptr<KvCache> CudaBackend::new_cache(int n_ctx) {
     const ModelConfig& c = model_.config;
-    const size_t kv = CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim());
-    const size_t ws = n_ctx > workspace_ctx_ ? workspace_bytes(c, n_ctx) : 0;
+    const size_t kv = CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
+    const size_t ws = n_ctx > workspace_ctx_ ? workspace_bytes(c, n_ctx, options_.attention_split) : 0;
     check_fits("a KV cache of " + std::to_string(n_ctx) + " positions", kv + ws,
                " (KV cache " + mib(kv) + ", attention workspace " + mib(ws) + ")");
     ensure_workspace(n_ctx);
-    return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim());
+    return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
 }
 
-void CudaBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits) {
+void CudaBackend::forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) {
+    run_call(tokens, cache, n_logits, logits, nullptr);
+}
+
+void CudaBackend::forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                                 std::span<float>) {
+    run_call(tokens, cache, n_rows, nullptr, ids);
+}
+
+void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits, int* ids) {
     auto& cache = static_cast<CudaKvCache&>(cache_base);
     assert(n_logits >= 0 && static_cast<size_t>(n_logits) <= tokens.size());
     assert(cache.n_committed() + static_cast<int>(tokens.size()) <= cache.capacity());
@@ -278,9 +320,9 @@ void CudaBackend::forward(std::span<const int> tokens, KvCache& cache_base, int 
         const int n = std::min(step, n_total - begin);
         const int first_logit_token = n_total - n_logits;
         const int step_logits = std::max(0, begin + n - std::max(begin, first_logit_token));
-        float* out = logits ? logits + static_cast<size_t>(std::max(0, begin - first_logit_token)) * n_vocab
-                            : nullptr;
-        forward_step(tokens.subspan(begin, n), cache, step_logits, out, prefill);
+        const size_t done = static_cast<size_t>(std::max(0, begin - first_logit_token));  // rows of earlier steps
+        forward_step(tokens.subspan(begin, n), cache, step_logits, logits ? logits + done * n_vocab : nullptr,
+                     ids ? ids + done : nullptr, prefill);
     }
     cuda::stream_synchronize(stream_);
 }
@@ -300,16 +342,49 @@ void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y,
 }
 
 void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits,
-                               bool prefill) {
+                               int* ids, bool prefill) {
     const ModelConfig& c = model_.config;
     const int n = static_cast<int>(tokens.size());
     const int start_pos = cache.n_committed();
-    const int dim = c.dim;
     for (int tok : tokens)
         if (tok < 0 || tok >= c.n_vocab) throw Error("token id " + std::to_string(tok) + " is out of range");
 
-    // `tokens` is pageable host memory: the copy is staged before cudaMemcpyAsync returns.
-    cuda::copy_to_device(tokens_, tokens.data(), static_cast<size_t>(n) * sizeof(int), stream_);
+    // The position and the tokens, in one copy: device memory that a replayed graph reads. step_host_ is pageable
+    // host memory: the copy is staged before cudaMemcpyAsync returns, so the next step may overwrite it.
+    step_host_[0] = start_pos;
+    std::copy(tokens.begin(), tokens.end(), step_host_.begin() + 1);
+    cuda::copy_to_device(step_in_, step_host_.data(), static_cast<size_t>(n + 1) * sizeof(int), stream_);
+
+    if (prefill) {
+        enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
+        ++graph_stats_.direct_steps;
+    } else if (options_.graphs) {
+        replay_step(cache, n, start_pos, n_logits, ids != nullptr);
+    } else {
+        enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, false);
+        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, ids != nullptr);
+        ++graph_stats_.direct_steps;
+    }
+    cache.commit_appended(n);
+
+    // The outputs: a short step's (<= kStepTokens rows) were computed above, inside the graph; a prefill chunk's
+    // run kStepTokens rows at a time through matvec (logits_ holds that many). Queued on the stream like the
+    // kernels: the next group's matvec cannot overwrite logits_ (or ids_) before the copy has read it, and
+    // run_call() synchronizes before the caller looks at the outputs. Greedy picks copy one int per row.
+    for (int g = 0; g < n_logits; g += kStepTokens) {
+        const int rows = std::min(kStepTokens, n_logits - g);
+        if (prefill) enqueue_output(n - n_logits + g, rows, ids != nullptr);
+        if (ids)
+            cuda::copy_to_host(ids + g, ids_, static_cast<size_t>(rows) * sizeof(int), stream_);
+        else
+            cuda::copy_to_host(logits + static_cast<size_t>(g) * c.n_vocab, logits_,
+                               static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
+    }
+}
+
+void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill) {
+    const ModelConfig& c = model_.config;
+    const int dim = c.dim;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
     cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_);
@@ -327,11 +402,14 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
             cuda::add_bias(k_, L.bk, n, c.kv_dim(), stream_);
             cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
         }
-        cuda::rope_kv_write({q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, start_pos, c.n_heads,
-                             c.n_kv_heads, c.head_dim, c.rope_dim, mode},
-                            stream_);
-        const cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n, start_pos,
-                                      c.n_heads, c.n_kv_heads, c.head_dim, kAttentionSplit};
+        cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, pos.start, c.n_heads,
+                              c.n_kv_heads, c.head_dim, c.rope_dim, mode, cache.type()};
+        rope.device_start_pos = pos.device;
+        cuda::rope_kv_write(rope, stream_);
+        cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,
+                                pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
+                                options_.attention_split, cache.type()};
+        att.device_start_pos = pos.device;
         if (prefill)
             cuda::attention_prefill(att, stream_);
         else
@@ -349,18 +427,53 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
         const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : output_norm_;
         cuda::add_rms_norm(x_, proj_, next_norm, xb_, n, dim, c.rms_eps, stream_);
     }
-    cache.commit_appended(n);
+}
 
-    // The output projection for the requested rows only, kStepTokens at a time through matvec whatever the path:
-    // logits_ holds that many rows. Queued on the stream like the kernels: the next group's matvec cannot overwrite
-    // logits_ before the copy has read it, and forward() synchronizes before the caller looks at `logits`.
-    for (int g = 0; g < n_logits; g += kStepTokens) {
-        const int rows = std::min(kStepTokens, n_logits - g);
-        cuda::matvec(output_.type, output_.data, output_.row_bytes, output_.rows, output_.cols,
-                     xb_ + static_cast<size_t>(n - n_logits + g) * dim, rows, logits_, stream_);
-        cuda::copy_to_host(logits + static_cast<size_t>(g) * c.n_vocab, logits_,
-                           static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
+void CudaBackend::enqueue_output(int row0, int rows, bool argmax) {
+    cuda::matvec(output_.type, output_.data, output_.row_bytes, output_.rows, output_.cols,
+                 xb_ + static_cast<size_t>(row0) * model_.config.dim, rows, logits_, stream_);
+    if (argmax) cuda::argmax(logits_, rows, model_.config.n_vocab, ids_, sampling_ws_, stream_);
+}
+
+int CudaBackend::graph_splits(int n_keys, int capacity) const {
+    const int split = options_.attention_split;
+    const int needed = (n_keys + split - 1) / split, most = (capacity + split - 1) / split;
+    int splits = 1;
+    while (splits < needed) splits *= 2;
+    return std::min(splits, most);  // needed <= most: n_keys never exceeds the capacity
+}
+
+void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_logits, bool argmax) {
+    // What the captured launches hold by value besides shapes fixed by the key: the cache and workspace addresses
+    // and attention's grid. When one differs the step is captured again; end_capture then updates the graph in place
+    // (the same kernels in the same order), which is far cheaper than a new instantiation.
+    const int splits = graph_splits(start_pos + n, cache.capacity());
+    StepGraph& g = graphs_[{n, n_logits, argmax}];
+    const void *k = cache.key(0), *v = cache.value(0);
+    const float* ws = workspace_buf_.as<float>();
+    if (!g.graph || g.k_cache != k || g.v_cache != v || g.workspace != ws || g.splits != splits) {
+        // The grid bound: the largest start position whose keys still fit in `splits` splits (>= start_pos).
+        const int bound = splits * options_.attention_split - n;
+        assert(bound >= start_pos);
+        cuda::begin_capture(stream_);
+        try {
+            enqueue_layers(cache, n, {start_pos, step_in_, bound}, false);
+            if (n_logits > 0) enqueue_output(n - n_logits, n_logits, argmax);
+        } catch (...) {
+            try {
+                (void)cuda::end_capture(stream_);  // leaves the stream usable; the launch's error is the one to report
+            } catch (const cuda::DeviceError&) {
+            }
+            throw;
+        }
+        const bool updated = cuda::end_capture(stream_, g.graph);
+        ++graph_stats_.captures;
+        ++(updated ? graph_stats_.updates : graph_stats_.instantiations);
+        g.k_cache = k, g.v_cache = v, g.workspace = ws, g.splits = splits;
     }
+    g.graph.launch(stream_);
+    ++graph_stats_.replays;
+    graph_stats_.nodes = g.graph.node_count();
 }
 
 }  // namespace tandem

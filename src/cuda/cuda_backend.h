@@ -1,5 +1,5 @@
 // The CUDA backend: the whole llama forward pass through the kernels of kernels/ (weights uploaded once as they are
-// in the GGUF, fp32 activations, fp16 KV cache on the device). Plain C++: it sees the kernels only through
+// in the GGUF, fp32 activations, an fp16 or Q8_0 KV cache on the device: --kv-type). Plain C++: it sees the kernels only through
 // kernels/kernels.h and kernels/device.h. The same source is linked twice (src/cuda/CMakeLists.txt): against
 // tandem_cuda (nvcc, a real GPU) into tandem_cuda_backend, and against tandem_cuda_emu (the CPU emulation of CUDA)
 // into tandem_cuda_backend_emu, which the tests run against CpuBackend without a GPU.
@@ -12,11 +12,25 @@
 //    tiled flash attention: within tolerance of the short-call path, not bitwise equal to it. The GEMM is cuBLAS on
 //    fp16 tiles in the nvcc build (env TANDEM_CUDA_GEMM=simt picks the SIMT kernel), the SIMT kernel under the
 //    emulation; the SIMT kernel and the flash attention are themselves batch-invariant across prefill calls.
+//
+// CUDA graphs (short calls only): a step's ~10 launches per layer are captured once into a graph per shape (tokens
+// in the step, logit rows wanted) and replayed. What changes from step to step lives in device memory the kernels
+// read through pointers (the tokens and the start position, uploaded before each replay), so a replay needs no
+// re-capture. The one by-value exception is split-K attention's grid, which grows with the number of keys: it is
+// rounded up to a power of two of splits, and when the keys outgrow it the step is re-captured and the graph
+// updated in place (cudaGraphExecUpdate: same kernels, a larger grid), not re-instantiated. Sizing the grid for the
+// whole context instead would launch ctx/64 mostly empty split blocks per head and layer at every step (512 at 32k
+// positions); re-capturing every step, as llama.cpp does, would pay a capture and an update walk over every node at
+// every token. Here that happens log2(ctx / 64) times per context (~9 at 32k), and at most half the split blocks
+// are empty ones that return at once. Env TANDEM_CUDA_GRAPHS=0 launches kernel by kernel instead.
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend.h"
@@ -31,19 +45,25 @@ struct Weights;
 
 class CudaKvCache : public KvCache {
 public:
-    CudaKvCache(int n_layers, int capacity, int kv_dim);
-    // Device pointers to `layer`'s keys / values: [capacity][kv_dim] fp16 bits.
-    uint16_t* key(int layer) const { return k_.as<uint16_t>() + layer_offset(layer); }
-    uint16_t* value(int layer) const { return v_.as<uint16_t>() + layer_offset(layer); }
-    static size_t bytes_needed(int n_layers, int capacity, int kv_dim) {
-        return 2 * sizeof(uint16_t) * static_cast<size_t>(n_layers) * capacity * kv_dim;
+    CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16);
+    // Device pointers to `layer`'s keys / values: [capacity] rows of cuda::kv_row_bytes(type(), kv_dim).
+    void* key(int layer) const { return k_.as<uint8_t>() + layer_offset(layer); }
+    void* value(int layer) const { return v_.as<uint8_t>() + layer_offset(layer); }
+    cuda::KvType type() const { return type_; }
+    static size_t bytes_needed(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16) {
+        return 2 * cuda::kv_row_bytes(type, kv_dim) * static_cast<size_t>(n_layers) * capacity;
     }
 
 private:
-    size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * capacity() * kv_dim_; }
-    int kv_dim_;
+    size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * capacity() * row_bytes_; }
+    cuda::KvType type_;
+    size_t row_bytes_;
     cuda::DeviceBuffer k_, v_;
 };
+
+// "f16" / "q8_0" (the --kv-type values); nullopt for anything else.
+std::optional<cuda::KvType> parse_kv_type(const std::string& name);
+const char* kv_type_name(cuda::KvType type);
 
 // How long calls are cut (see the file comment). The defaults: verification of draft_max = 16 drafts is a 17-token
 // call, so the bitwise-invariant path covers calls well past 16 tokens; 256 is the generator's prefill chunk.
@@ -52,16 +72,38 @@ struct CudaPrefillOptions {
     int matvec_max_call = 64;  // calls of up to this many tokens keep matvec + split-K
 };
 
+// False when env TANDEM_CUDA_GRAPHS is "0" (the default of CudaOptions::graphs).
+bool cuda_graphs_from_env();
+
+// The rest of the backend's choices.
+struct CudaOptions {
+    cuda::KvType kv_type = cuda::KvType::F16;  // storage of the KV cache (--kv-type; Q8_0 needs kv_dim % 32 == 0)
+    bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
+    int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
+};
+
+// What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
+struct CudaGraphStats {
+    int captures = 0;        // steps recorded into a graph: instantiations + updates
+    int instantiations = 0;  // a graph made anew (a new shape, or a capture that could not update in place)
+    int updates = 0;         // a re-capture patched into the existing graph in place (a larger attention grid,
+                             // another cache or workspace)
+    int replays = 0;         // graph launches, one per short step
+    int direct_steps = 0;    // steps launched kernel by kernel (graphs off, or the prefill path)
+    size_t nodes = 0;        // kernels in the graph replayed last
+};
+
 // Device bytes the backend needs, decided before anything is allocated.
 struct CudaMemoryPlan {
     size_t weights = 0;   // every tensor once (a tied output shares the embedding's bytes)
     size_t kv_cache = 0;  // one cache of n_ctx positions
+    cuda::KvType kv_type = cuda::KvType::F16;
     size_t scratch = 0;   // activations of one prefill chunk, 16 rows of logits, fp16 GEMM operands when cuBLAS
                           // runs the prefill GEMM, attention workspace for n_ctx
     int prefill_chunk = 0;
     bool blas = false;    // the prefill GEMM runs on cuBLAS
     size_t total() const { return weights + kv_cache + scratch; }
-    // "1.23 GiB (weights ..., KV cache ..., scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
+    // "1.23 GiB (weights ..., KV cache ... q8_0, scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
     std::string describe() const;
 };
 
@@ -71,21 +113,26 @@ public:
     static constexpr int kStepTokens = cuda::kMatvecMaxTokens;
     // Halves of the fp16 weight tile the cuBLAS route dequantizes into (32 MiB; less when every matrix is smaller).
     static constexpr size_t kBlasTileHalves = size_t{16} << 20;
-    // Key positions per attention split (split-K).
-    static constexpr int kAttentionSplit = 64;
-
     // Plans memory for weights + one cache of `n_ctx` positions + scratch, compares it with the device's free
     // memory (throws tandem::Error naming both figures when it does not fit; nothing is allocated then), then
     // uploads the weights. Throws tandem::Error for a tensor type the kernels cannot handle.
-    CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill = {});
+    CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill = {}, CudaOptions options = {});
     ~CudaBackend() override;
-    static CudaMemoryPlan plan(const Model& model, int n_ctx, CudaPrefillOptions prefill = {});
+    static CudaMemoryPlan plan(const Model& model, int n_ctx, CudaPrefillOptions prefill = {},
+                               CudaOptions options = {});
     // True when the prefill GEMM runs on cuBLAS: the nvcc build, unless env TANDEM_CUDA_GEMM=simt.
     static bool use_blas();
 
     std::string name() const override { return cuda::device_is_emulated() ? "cuda-emu" : "cuda"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
+    // The greedy picks on the device (kernels/sampling.cu's argmax, after the output projection, inside the step's
+    // graph): only n_rows ints are copied back; `scratch` is not touched.
+    void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                        std::span<float> scratch) override;
+
+    const CudaOptions& options() const { return options_; }
+    const CudaGraphStats& graph_stats() const { return graph_stats_; }
 
 private:
     struct DeviceMatrix {
@@ -103,8 +150,36 @@ private:
         void operator()(cuda::BlasHandle* h) const noexcept { cuda::blas_destroy(h); }
     };
 
-    // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk.
-    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits, bool prefill);
+    // Where a step's kernels take the start position from: `start` by value (direct launches), or the device int
+    // `device` with attention's grid sized for `grid_bound` (a step captured into a graph).
+    struct StepPosition {
+        int start = 0;
+        const int* device = nullptr;
+        int grid_bound = 0;
+    };
+    // A short step captured into a graph, and what its by-value arguments were captured for.
+    struct StepGraph {
+        cuda::Graph graph;
+        const void *k_cache = nullptr, *v_cache = nullptr;
+        const float* workspace = nullptr;
+        int splits = 0;  // attention grid
+    };
+
+    // A whole call: the output of its last n_out tokens is their logits (ids null) or their argmax ids.
+    void run_call(std::span<const int> tokens, KvCache& cache, int n_out, float* logits, int* ids);
+    // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk, with the output of its last n_out
+    // tokens (logits, or argmax ids when `ids` is set).
+    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, float* logits, int* ids,
+                      bool prefill);
+    // Queues the embedding and every layer of a step of n tokens (their keys and values go into the cache).
+    void enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill);
+    // Queues the output projection of rows row0..row0 + rows - 1 (<= kStepTokens) of the step into logits_, and
+    // with `argmax` their greedy ids into ids_.
+    void enqueue_output(int row0, int rows, bool argmax);
+    // Replays (capturing first when needed) the graph of a short step of n tokens at start_pos.
+    void replay_step(CudaKvCache& cache, int n, int start_pos, int n_out, bool argmax);
+    // Split-K blocks per (token, head) a graph launches for steps whose keys end at `n_keys`.
+    int graph_splits(int n_keys, int capacity) const;
     // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
     void matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill);
     void gemm_input(const float* x, int n, int cols);
@@ -112,6 +187,7 @@ private:
 
     const Model& model_;
     const CudaPrefillOptions prefill_;
+    const CudaOptions options_;
     cuda::Stream stream_ = nullptr;
     std::unique_ptr<cuda::BlasHandle, BlasDeleter> blas_;  // this backend's own, bound to stream_; null: SIMT GEMM
     cuda::DeviceBuffer weight_buf_, scratch_buf_, workspace_buf_;
@@ -121,11 +197,18 @@ private:
     // Scratch for one step, row i for the step's i-th token (pointers into scratch_buf_).
     float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr,
           *proj_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
-    int* tokens_ = nullptr;
+    // The step's inputs in device memory, [start position, tokens...]: what a replayed graph reads. step_host_ is
+    // their host copy, uploaded in one copy before the step's kernels.
+    int *step_in_ = nullptr, *tokens_ = nullptr;
+    std::vector<int> step_host_;
+    int* ids_ = nullptr;                 // kStepTokens argmax ids
+    void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
+    std::map<std::tuple<int, int, bool>, StepGraph> graphs_;  // by (tokens in the step, output rows, argmax)
+    CudaGraphStats graph_stats_;
 };
 
 }  // namespace tandem

@@ -1,8 +1,10 @@
 // Tests of CudaBackend (src/cuda/) on the CUDA emulation: the whole forward pass through the kernels of kernels/,
 // compared with CpuBackend in fp32-activation mode on stories260K (f32, and requantized to q8_0 / q4_0): logits at
 // every position through chunked prefill, decode steps, a cache truncate (speculative rollback) and more steps;
-// long calls through the prefill path (GEMM + flash attention), whose chunking must not matter. Plus the memory
-// plan's refusal when the device is too small. The emulated device is the CPU, so these run in CI.
+// long calls through the prefill path (GEMM + flash attention), whose chunking must not matter; CUDA graphs (bitwise
+// the logits of direct launches, and captured / updated / replayed exactly when the design says); the q8_0 KV cache
+// (within tolerance of the f16 one, in the memory plan). Plus the memory plan's refusal when the device is too small.
+// The emulated device is the CPU, so these run in CI.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
@@ -16,13 +18,16 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/quant.h"
 #include "cuda/cuda_backend.h"
 #include "device.h"
+#include "emu/cuda_emu.h"
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
 #include "model_registry.h"
 #include "quantize_model.h"
+#include "synthetic_model.h"
 
 using namespace tandem;
 
@@ -297,4 +302,352 @@ TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few 
     MESSAGE("SmolLM2-135M: max |cuda - cpu| = ", diff.worst_abs, " (", diff.worst_rel, " of the logit range), ", s,
             " s");
     CHECK(diff.worst_rel <= 1e-2);
+}
+
+// ---- CUDA graphs ------------------------------------------------------------------------------------------------
+
+namespace {
+
+// One call of a schedule, run on a backend: the logits it returned, and the graph counters after it.
+struct Call {
+    std::vector<float> logits;
+    CudaGraphStats stats;
+};
+
+// The schedule of the graph tests on stories260K (n_ctx 48, splits of 4 positions, calls over 16 tokens on the
+// prefill path), written so that the attention grid of the graphs changes: a 12-token call (3 splits: grid 4), five
+// decodes (the fifth reaches 17 keys: grid 8), a truncate back to 14 positions and a decode (grid 4 again), a
+// 5-token verification call, two decodes, a 20-token prefill-path call, a decode (43 keys: grid 16, capped at the
+// cache's 12), a decode on a second cache and one more on the first.
+std::vector<Call> run_graph_schedule(const Model& model, CudaOptions options, emu::LaunchOptions order) {
+    const emu::ScopedLaunchOptions scope(order);
+    const int n_vocab = model.config.n_vocab, n_ctx = 48;
+    CudaBackend gpu(model, n_ctx, {256, 16}, options);
+    auto cache = gpu.new_cache(n_ctx);
+    auto other = gpu.new_cache(n_ctx);
+    const std::vector<int> prompt = test_prompt(40, n_vocab);
+    std::vector<Call> calls;
+    int next = 0;
+    auto call = [&](KvCache& kv, std::vector<int> tokens, int n_logits) {
+        std::vector<float> logits(static_cast<size_t>(n_logits) * n_vocab, std::nanf(""));
+        gpu.forward(tokens, kv, n_logits, logits.data());
+        const float* last = &logits[static_cast<size_t>(n_logits - 1) * n_vocab];
+        next = static_cast<int>(std::max_element(last, last + n_vocab) - last);
+        calls.push_back({std::move(logits), gpu.graph_stats()});
+    };
+    call(*cache, std::vector<int>(prompt.begin(), prompt.begin() + 12), 12);
+    for (int i = 0; i < 5; ++i) call(*cache, {next}, 1);
+    cache->truncate(14);
+    call(*cache, {next}, 1);
+    call(*cache, {next, 7, 19, 300, 42}, 5);
+    for (int i = 0; i < 2; ++i) call(*cache, {next}, 1);
+    call(*cache, std::vector<int>(prompt.begin() + 20, prompt.end()), 2);
+    call(*cache, {next}, 1);
+    call(*other, {1}, 1);
+    call(*cache, {next}, 1);
+    REQUIRE(cache->n_committed() == 44);
+    return calls;
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct launches; graphs are reused") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    CudaOptions graphs, direct;
+    graphs.graphs = true;
+    direct.graphs = false;
+    graphs.attention_split = direct.attention_split = 4;
+    // Different thread orders for the two runs: the kernels' results must not depend on them either.
+    const std::vector<Call> g = run_graph_schedule(*model, graphs, {emu::ThreadOrder::Shuffled, 21});
+    const std::vector<Call> d = run_graph_schedule(*model, direct, {emu::ThreadOrder::Forward, 0});
+    REQUIRE(g.size() == d.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(g[i].logits.size() == d[i].logits.size());
+        for (float x : g[i].logits) REQUIRE(std::isfinite(x));
+        CHECK(std::memcmp(g[i].logits.data(), d[i].logits.data(), g[i].logits.size() * 4) == 0);
+    }
+    // Direct launches never capture.
+    CHECK(d.back().stats.captures == 0);
+    CHECK(d.back().stats.replays == 0);
+    CHECK(d.back().stats.direct_steps == 14);
+
+    // The graphs, call by call: (instantiations, updates, replays) after each.
+    struct Want {
+        int inst, upd, replays;
+        const char* why;
+    };
+    const Want want[] = {
+        {1, 0, 1, "12 tokens: a new shape, instantiated"},
+        {2, 0, 2, "decode at 13 keys: a new shape"},
+        {2, 0, 3, "decode: replayed, no capture"},
+        {2, 0, 4, "decode: replayed"},
+        {2, 0, 5, "decode at 16 keys: replayed (still 4 splits)"},
+        {2, 1, 6, "decode at 17 keys: 8 splits, re-captured and updated in place"},
+        {2, 2, 7, "after the truncate, 15 keys: 4 splits again, updated"},
+        {3, 2, 8, "5-token verification: a new shape"},
+        {3, 3, 9, "decode at 21 keys: 8 splits, updated"},
+        {3, 3, 10, "decode: replayed"},
+        {3, 3, 10, "20 tokens: the prefill path, launched directly"},
+        {3, 4, 11, "decode at 43 keys: 12 splits (the cache's all), updated"},
+        {3, 5, 12, "decode on another cache: updated (other cache addresses, 1 split)"},
+        {3, 6, 13, "back on the first cache: updated"},
+    };
+    REQUIRE(g.size() == std::size(want));
+    for (size_t i = 0; i < g.size(); ++i) {
+        INFO(want[i].why);
+        CHECK(g[i].stats.instantiations == want[i].inst);
+        CHECK(g[i].stats.updates == want[i].upd);
+        CHECK(g[i].stats.replays == want[i].replays);
+        CHECK(g[i].stats.captures == want[i].inst + want[i].upd);
+    }
+    CHECK(g.back().stats.direct_steps == 1);
+    // One graph replaces every launch of a step: embedding, norm, 5 layers of 13 kernels (3 matvecs, RoPE + KV
+    // write, 2 attention kernels, output matvec, norm, 2 matvecs, SwiGLU, matvec, norm), the output matvec.
+    CHECK(g.back().stats.nodes == 2 + 5 * 13 + 1);
+    MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
+            g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
+            g.back().stats.nodes, "-node graphs");
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_GRAPHS=0 turns the graphs off") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    struct RestoreEnv {
+        ~RestoreEnv() { unsetenv("TANDEM_CUDA_GRAPHS"); }
+    } restore;
+    unsetenv("TANDEM_CUDA_GRAPHS");
+    CHECK(cuda_graphs_from_env());
+    CHECK(CudaOptions{}.graphs);
+    setenv("TANDEM_CUDA_GRAPHS", "1", 1);
+    CHECK(cuda_graphs_from_env());
+    setenv("TANDEM_CUDA_GRAPHS", "0", 1);
+    CHECK_FALSE(cuda_graphs_from_env());
+    CudaBackend gpu(*model, 8);
+    CHECK_FALSE(gpu.options().graphs);
+    auto cache = gpu.new_cache(8);
+    std::vector<float> logits(model->config.n_vocab);
+    const std::vector<int> tokens = {1, 200};
+    gpu.forward(tokens, *cache, 1, logits.data());
+    CHECK(gpu.graph_stats().replays == 0);
+    CHECK(gpu.graph_stats().direct_steps == 1);
+}
+
+// ---- the Q8_0 KV cache (--kv-type q8_0) ------------------------------------------------------------------------------
+
+namespace {
+
+// An independent reference for --kv-type q8_0: the llama forward pass in double, one token at a time, whose keys
+// and values are stored as a Q8_0 cache stores them (rounded to float after RoPE, quantized by cpu::quantize_row,
+// ggml's reference quantizer, and read back dequantized). Llama only (no biases), any weight type.
+class Q8KvReference {
+public:
+    explicit Q8KvReference(const Model& m) : m_(m), c_(m.config), k_(c_.n_layers), v_(c_.n_layers) {
+        for (int i = 0; i < c_.rope_dim / 2; ++i)
+            inv_freq_.push_back(static_cast<float>(std::pow(static_cast<double>(c_.rope_theta), -2.0 * i / c_.rope_dim)));
+    }
+    int n_past() const { return static_cast<int>(k_[0].size()) / c_.kv_dim(); }
+    void truncate(int n) {
+        for (int l = 0; l < c_.n_layers; ++l) {
+            k_[l].resize(static_cast<size_t>(n) * c_.kv_dim());
+            v_[l].resize(static_cast<size_t>(n) * c_.kv_dim());
+        }
+    }
+    // Appends `token` at the next position; returns its logits.
+    std::vector<double> step(int token) {
+        const Weights& w = m_.weights;
+        const int pos = n_past(), hd = c_.head_dim, kv_dim = c_.kv_dim(), group = c_.n_heads / c_.n_kv_heads;
+        std::vector<double> x = row(w.token_embd, token);
+        for (int l = 0; l < c_.n_layers; ++l) {
+            const LayerWeights& L = w.layers[l];
+            const std::vector<double> xb = rms_norm(x, L.attn_norm);
+            std::vector<double> q = matvec(L.wq, xb), k = matvec(L.wk, xb), v = matvec(L.wv, xb);
+            rope(q, c_.n_heads, pos);
+            rope(k, c_.n_kv_heads, pos);
+            store(k_[l], k);
+            store(v_[l], v);
+            std::vector<double> att(c_.q_dim(), 0.0);
+            for (int h = 0; h < c_.n_heads; ++h) {
+                const int kvh = h / group;
+                std::vector<double> s(pos + 1);
+                double mx = -INFINITY, sum = 0.0;
+                for (int t = 0; t <= pos; ++t) {
+                    double d = 0.0;
+                    for (int e = 0; e < hd; ++e) d += q[h * hd + e] * k_[l][static_cast<size_t>(t) * kv_dim + kvh * hd + e];
+                    s[t] = d / std::sqrt(static_cast<double>(hd));
+                    mx = std::max(mx, s[t]);
+                }
+                for (double& e : s) sum += (e = std::exp(e - mx));
+                for (int t = 0; t <= pos; ++t)
+                    for (int e = 0; e < hd; ++e)
+                        att[h * hd + e] += s[t] / sum * v_[l][static_cast<size_t>(t) * kv_dim + kvh * hd + e];
+            }
+            const std::vector<double> o = matvec(L.wo, att);
+            for (int i = 0; i < c_.dim; ++i) x[i] += o[i];
+            const std::vector<double> xf = rms_norm(x, L.ffn_norm);
+            std::vector<double> g = matvec(L.w_gate, xf);
+            const std::vector<double> u = matvec(L.w_up, xf);
+            for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+            const std::vector<double> d = matvec(L.w_down, g);
+            for (int i = 0; i < c_.dim; ++i) x[i] += d[i];
+        }
+        return matvec(w.output, rms_norm(x, w.output_norm));
+    }
+
+private:
+    std::vector<double> row(const WeightView& w, int r) const {
+        std::vector<float> f(static_cast<size_t>(w.cols));
+        cpu::dequantize_row(w.type, w.row(r), f.data(), w.cols);
+        return {f.begin(), f.end()};
+    }
+    std::vector<double> matvec(const WeightView& w, const std::vector<double>& x) const {
+        std::vector<double> y(static_cast<size_t>(w.rows));
+        for (int r = 0; r < w.rows; ++r) {
+            const std::vector<double> wr = row(w, r);
+            double s = 0.0;
+            for (size_t i = 0; i < x.size(); ++i) s += wr[i] * x[i];
+            y[r] = s;
+        }
+        return y;
+    }
+    std::vector<double> rms_norm(const std::vector<double>& x, const WeightView& weight) const {
+        double ss = 0.0;
+        for (double e : x) ss += e * e;
+        const double scale = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + c_.rms_eps);
+        const std::vector<double> wt = row(weight, 0);
+        std::vector<double> out(x.size());
+        for (size_t i = 0; i < x.size(); ++i) out[i] = wt[i] * x[i] * scale;
+        return out;
+    }
+    // The backends' angles: float(pos) * inv_freq[i] and float cos / sin.
+    void rope(std::vector<double>& x, int n_heads, int pos) const {
+        const bool neox = c_.rope_style == RopeStyle::Neox;
+        for (int h = 0; h < n_heads; ++h)
+            for (int i = 0; i < c_.rope_dim / 2; ++i) {
+                const float angle = static_cast<float>(pos) * inv_freq_[i];
+                const double cs = std::cos(angle), sn = std::sin(angle);
+                double& a = x[h * c_.head_dim + (neox ? i : 2 * i)];
+                double& b = x[h * c_.head_dim + (neox ? i + c_.rope_dim / 2 : 2 * i + 1)];
+                const double a0 = a, b0 = b;
+                a = a0 * cs - b0 * sn;
+                b = a0 * sn + b0 * cs;
+            }
+    }
+    void store(std::vector<float>& cache, const std::vector<double>& x) const {
+        const std::vector<float> f(x.begin(), x.end());
+        std::vector<uint8_t> q(cuda::kv_row_bytes(cuda::KvType::Q8_0, c_.kv_dim()));
+        cpu::quantize_row(GgmlType::Q8_0, f.data(), q.data(), c_.kv_dim());
+        const size_t at = cache.size();
+        cache.resize(at + f.size());
+        cpu::dequantize_row(GgmlType::Q8_0, q.data(), cache.data() + at, c_.kv_dim());
+    }
+
+    const Model& m_;
+    const ModelConfig& c_;
+    std::vector<float> inv_freq_;
+    std::vector<std::vector<float>> k_, v_;  // per layer: [position][kv_dim], dequantized
+};
+
+}  // namespace
+
+TEST_CASE("cuda backend: a q8_0 KV cache matches a reference that quantizes K/V the same way, and stays near f16") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const int n_vocab = model->config.n_vocab, n_ctx = 40;
+    CudaOptions q8;
+    q8.kv_type = cuda::KvType::Q8_0;
+    // Calls over 16 tokens on the prefill path: the flash attention reads the Q8_0 cache as well as split-K. The
+    // default options otherwise: graphs on.
+    CudaBackend f16_backend(*model, n_ctx, {256, 16}), q8_backend(*model, n_ctx, {256, 16}, q8);
+    auto f16_cache = f16_backend.new_cache(n_ctx), q8_cache = q8_backend.new_cache(n_ctx);
+    CHECK(static_cast<CudaKvCache&>(*q8_cache).type() == cuda::KvType::Q8_0);
+    CHECK(static_cast<CudaKvCache&>(*f16_cache).type() == cuda::KvType::F16);
+    Q8KvReference ref(*model);
+    Diff q8_vs_ref, f16_vs_ref, q8_vs_f16;
+    int same_argmax = 0, rows = 0, next = 0;
+    auto call = [&](std::vector<int> tokens, int n_logits) {
+        const int n = static_cast<int>(tokens.size());
+        const size_t size = static_cast<size_t>(n_logits) * n_vocab;
+        std::vector<float> a(size, std::nanf("")), b(size, std::nanf(""));
+        f16_backend.forward(tokens, *f16_cache, n_logits, a.data());
+        q8_backend.forward(tokens, *q8_cache, n_logits, b.data());
+        for (int i = 0; i < n; ++i) {
+            const std::vector<double> r = ref.step(tokens[i]);
+            const int row = i - (n - n_logits);
+            if (row < 0) continue;
+            const std::vector<float> rf(r.begin(), r.end());
+            const float* fa = &a[static_cast<size_t>(row) * n_vocab];
+            const float* fb = &b[static_cast<size_t>(row) * n_vocab];
+            q8_vs_ref.add(fb, rf.data(), n_vocab);
+            f16_vs_ref.add(fa, rf.data(), n_vocab);
+            q8_vs_f16.add(fb, fa, n_vocab);
+            same_argmax += Backend::argmax_row(fa, n_vocab) == Backend::argmax_row(fb, n_vocab);
+            ++rows;
+        }
+        next = Backend::argmax_row(&a[size - n_vocab], n_vocab);
+    };
+    const std::vector<int> prompt = test_prompt(20, n_vocab);
+    call(prompt, 3);
+    for (int i = 0; i < 4; ++i) call({next}, 1);
+    f16_cache->truncate(22);
+    q8_cache->truncate(22);
+    ref.truncate(22);
+    call({next, 5, 17, 300}, 4);
+    for (int i = 0; i < 2; ++i) call({next}, 1);
+    REQUIRE(ref.n_past() == q8_cache->n_committed());
+    MESSAGE("stories260K, q8_0 KV: vs the Q8_0 reference ", q8_vs_ref.worst_rel, " of the logit range (the f16 cache: ",
+            f16_vs_ref.worst_rel, "); vs the f16 cache ", q8_vs_f16.worst_rel, " (max |diff| ", q8_vs_f16.worst_abs,
+            "); argmax agrees with f16 on ", same_argmax, " of ", rows, " rows");
+    // The Q8_0 cache is what the reference's quantization predicts: a key whose float value lands near a rounding
+    // boundary may take the neighbouring code (the GPU's sums differ from the reference's in the last bits), which
+    // is the only slack. The f16 cache, without that quantization, is far from this reference.
+    // (Measured: 1.5e-7 of the range, i.e. no code differs; the f16 cache is 2e-2 away.)
+    CHECK(q8_vs_ref.worst_rel <= 1e-3);
+    CHECK(f16_vs_ref.worst_rel > 10 * q8_vs_ref.worst_rel);
+    // Against the f16 cache: 8-bit keys and values in blocks that each span four of stories260K's 8-wide heads cost
+    // 1-3% of the logit range on this model (about 40 times the f16 cache's own error against the CPU's fp32).
+    CHECK(q8_vs_f16.worst_rel <= 5e-2);
+    CHECK(same_argmax >= rows - 1);
+}
+
+TEST_CASE("cuda backend: the memory plan counts the q8_0 KV cache, and a width that is not whole blocks is refused") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const ModelConfig& c = model->config;
+    CudaOptions q8;
+    q8.kv_type = cuda::KvType::Q8_0;
+    const CudaMemoryPlan f16_plan = CudaBackend::plan(*model, 256), q8_plan = CudaBackend::plan(*model, 256, {}, q8);
+    // 34 bytes per 32 values instead of 64.
+    CHECK(q8_plan.kv_cache == 2 * static_cast<size_t>(c.n_layers) * 256 * (c.kv_dim() / 32) * 34);
+    CHECK(q8_plan.kv_cache * 64 == f16_plan.kv_cache * 34);
+    CHECK(q8_plan.total() == f16_plan.total() - f16_plan.kv_cache + q8_plan.kv_cache);
+    CHECK(q8_plan.describe().find("q8_0") != std::string::npos);
+    CHECK(f16_plan.describe().find("f16") != std::string::npos);
+    CHECK(parse_kv_type("q8_0") == cuda::KvType::Q8_0);
+    CHECK(parse_kv_type("f16") == cuda::KvType::F16);
+    CHECK_FALSE(parse_kv_type("q4_0").has_value());
+    {
+        // The plan is what gets allocated: a device of exactly the q8_0 plan's size takes the q8_0 backend and
+        // its cache, and refuses the f16 one.
+        struct Restore {
+            ~Restore() { cuda::set_emulated_device_memory(0); }
+        } restore;
+        cuda::set_emulated_device_memory(q8_plan.total());
+        CHECK_THROWS_AS(CudaBackend(*model, 256), Error);
+        CudaBackend backend(*model, 256, {}, q8);
+        CHECK(backend.new_cache(256) != nullptr);
+    }
+
+    // A model whose keys are 3 heads of 8 (24 values a position): not whole Q8_0 blocks.
+    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-backend-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    SyntheticShape shape{"kv24", 48, 64, 1, 6, 3, 300, 64};
+    write_synthetic_model(dir + "/kv24.gguf", shape, GgmlType::F32, 5);
+    auto odd = Model::load(dir + "/kv24.gguf");
+    REQUIRE(odd->config.kv_dim() == 24);
+    try {
+        CudaBackend backend(*odd, 16, {}, q8);
+        FAIL("a q8_0 cache of 24-value rows was accepted");
+    } catch (const Error& e) {
+        CHECK(std::string(e.what()).find("multiple of 32") != std::string::npos);
+    }
+    CudaBackend f16_ok(*odd, 16);  // the fp16 cache takes any width
+    CHECK(f16_ok.new_cache(16) != nullptr);
 }

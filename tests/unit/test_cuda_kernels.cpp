@@ -1,7 +1,7 @@
 // Tests of the CUDA kernels (kernels/*.cu) run on the CPU emulation, each against a CPU reference: RMSNorm (+fused
 // residual), SwiGLU, matvec for every weight type, RoPE + KV-cache write, embedding gather, split-K attention, the
 // prefill GEMM for every weight type, the fp16 route (dequantize / convert to fp16, the SIMT mirror of the cuBLAS
-// GEMM), and tiled flash attention for prefill chunks.
+// GEMM), tiled flash attention for prefill chunks, and the Q8_0 KV cache (its write and both attention kernels).
 // Every shape runs in at least two thread orders, and every output buffer starts as NaN so that an element the
 // kernel forgot to write fails the comparison.
 #include <doctest/doctest.h>
@@ -357,9 +357,10 @@ TEST_CASE("cuda kernels: embedding gather dequantizes rows of every matvec type"
 
 namespace {
 
-// Causal GQA softmax attention in double over an fp16 cache: query i (position start + i) attends to 0..start + i.
-std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<uint16_t>& kc,
-                                        const std::vector<uint16_t>& vc, int n_heads, int n_kv, int hd, int start,
+// Causal GQA softmax attention in double over a cache of float values (fp16 or Q8_0 dequantized): query i
+// (position start + i) attends to 0..start + i.
+std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& kc,
+                                        const std::vector<float>& vc, int n_heads, int n_kv, int hd, int start,
                                         int n_tok) {
     const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
     std::vector<double> ref(static_cast<size_t>(n_tok) * q_dim);
@@ -372,8 +373,7 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
             for (int t = 0; t <= start + i; ++t) {
                 double d = 0.0;
                 for (int e = 0; e < hd; ++e)
-                    d += q[static_cast<size_t>(i) * q_dim + h * hd + e] *
-                         fp16_to_fp32(kc[static_cast<size_t>(t) * kv_dim + kvh * hd + e]);
+                    d += q[static_cast<size_t>(i) * q_dim + h * hd + e] * kc[static_cast<size_t>(t) * kv_dim + kvh * hd + e];
                 s[t] = d * scale;
                 mx = std::max(mx, s[t]);
             }
@@ -381,11 +381,20 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
             for (int e = 0; e < hd; ++e) {
                 double o = 0.0;
                 for (int t = 0; t <= start + i; ++t)
-                    o += s[t] / sum * fp16_to_fp32(vc[static_cast<size_t>(t) * kv_dim + kvh * hd + e]);
+                    o += s[t] / sum * vc[static_cast<size_t>(t) * kv_dim + kvh * hd + e];
                 ref[static_cast<size_t>(i) * q_dim + h * hd + e] = o;
             }
         }
     return ref;
+}
+
+// The same over an fp16 cache.
+std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<uint16_t>& kc,
+                                        const std::vector<uint16_t>& vc, int n_heads, int n_kv, int hd, int start,
+                                        int n_tok) {
+    std::vector<float> k(kc.size()), v(vc.size());
+    for (size_t i = 0; i < kc.size(); ++i) k[i] = fp16_to_fp32(kc[i]), v[i] = fp16_to_fp32(vc[i]);
+    return attention_reference(q, k, v, n_heads, n_kv, hd, start, n_tok);
 }
 
 }  // namespace
@@ -423,6 +432,71 @@ TEST_CASE("cuda kernels: split-K attention over an fp16 cache matches causal GQA
                 REQUIRE(!std::isnan(out[i]));
                 REQUIRE(std::abs(out[i] - ref[i]) <= 2e-6);
             }
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: RoPE + KV write and split-K attention read the start position from device memory") {
+    // What a replayed CUDA graph relies on: with device_start_pos set, the by-value start_pos is ignored (RoPE) or
+    // only a bound that sizes the grid (attention, whose extra splits must return without a trace), and the
+    // results are bitwise those of a launch given the real position by value.
+    struct Case {
+        int n_heads, n_kv, hd, start, n_tok, split, bound;
+    };
+    const Case cases[] = {{4, 2, 32, 37, 3, 16, 37},  {4, 2, 32, 37, 3, 16, 100}, {8, 4, 8, 5, 1, 4, 60},
+                          {2, 1, 64, 0, 16, 8, 47},   {3, 3, 48, 70, 2, 64, 300}};
+    std::mt19937 rng(12);
+    for (const Case& c : cases) {
+        CAPTURE(c.hd);
+        CAPTURE(c.start);
+        CAPTURE(c.n_tok);
+        CAPTURE(c.bound);
+        const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, capacity = c.bound + c.n_tok;
+        const std::vector<float> q0 = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+        const std::vector<float> k = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+        const std::vector<float> v = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+        const std::vector<float> freq = inv_freqs(c.hd, 10000.0f);
+        // Earlier positions of the cache: random, as a previous step would have left them.
+        std::vector<uint16_t> kc0(static_cast<size_t>(capacity) * kv_dim, 0x7E00), vc0(kc0.size(), 0x7E00);
+        for (size_t i = 0; i < static_cast<size_t>(c.start) * kv_dim; ++i) {
+            kc0[i] = fp32_to_fp16(random_floats(1, rng)[0]);
+            vc0[i] = fp32_to_fp16(random_floats(1, rng)[0]);
+        }
+        const int device_pos = c.start;  // "device memory" is host memory under the emulation
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            struct Result {
+                std::vector<float> q, out;
+                std::vector<uint16_t> kc, vc;
+            };
+            auto run = [&](bool from_device) {
+                Result r{q0, std::vector<float>(static_cast<size_t>(c.n_tok) * q_dim, kNaN), kc0, vc0};
+                cuda::RopeKvArgs ra{r.q.data(), k.data(), v.data(), r.kc.data(), r.vc.data(), freq.data(), c.n_tok,
+                                    from_device ? c.bound + 3 : c.start, c.n_heads, c.n_kv, c.hd, c.hd,
+                                    cuda::RopeMode::NeoxHalves};
+                if (from_device) ra.device_start_pos = &device_pos;
+                cuda::rope_kv_write(ra, nullptr);
+                const int grid_pos = from_device ? c.bound : c.start;
+                std::vector<float> ws(cuda::attention_workspace_floats(c.n_tok, grid_pos, c.n_heads, c.hd, c.split),
+                                      kNaN);
+                cuda::AttentionArgs aa{r.q.data(), r.kc.data(), r.vc.data(), r.out.data(), ws.data(), c.n_tok,
+                                       grid_pos, c.n_heads, c.n_kv, c.hd, c.split};
+                if (from_device) aa.device_start_pos = &device_pos;
+                cuda::attention(aa, nullptr);
+                return r;
+            };
+            const Result by_value = run(false), from_device = run(true);
+            CHECK(from_device.q == by_value.q);
+            CHECK(from_device.kc == by_value.kc);  // the same positions written, nothing else touched
+            CHECK(from_device.vc == by_value.vc);
+            for (float x : from_device.out) REQUIRE(!std::isnan(x));
+            CHECK(std::memcmp(from_device.out.data(), by_value.out.data(), by_value.out.size() * 4) == 0);
+            if (c.bound == c.start) continue;
+            // The positions the device int names, not the by-value start_pos, were written.
+            const size_t past = static_cast<size_t>(c.start + c.n_tok) * kv_dim;
+            CHECK(std::all_of(from_device.kc.begin() + static_cast<std::ptrdiff_t>(past), from_device.kc.end(),
+                              [](uint16_t h) { return h == 0x7E00; }));
         }
     }
 }
@@ -653,5 +727,164 @@ TEST_CASE("cuda kernels: tiled flash attention for prefill chunks matches causal
     cuda::AttentionArgs bad{q.data(), kc.data(), vc.data(), out.data(), nullptr, 1, 0, 3, 2, 8, 0};
     CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
     bad = {q.data(), kc.data(), vc.data(), out.data(), nullptr, 1, 0, 1, 1, 300, 0};
+    CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
+}
+
+// ---- the Q8_0 KV cache ------------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kQ8Block = 34;  // bytes of a ggml block_q8_0
+
+// A cache of `positions` rows of kv_dim values quantized to Q8_0 by the CPU (cpu::quantize_row, ggml's reference
+// quantizer), and the same rows dequantized.
+struct Q8Cache {
+    std::vector<uint8_t> bytes;
+    std::vector<float> values;
+};
+Q8Cache random_q8_cache(int positions, int capacity, int kv_dim, std::mt19937& rng, float scale) {
+    const size_t row = cuda::kv_row_bytes(cuda::KvType::Q8_0, kv_dim);
+    Q8Cache c{std::vector<uint8_t>(row * capacity, 0xFF), std::vector<float>(static_cast<size_t>(capacity) * kv_dim, kNaN)};
+    for (int p = 0; p < positions; ++p) {
+        const std::vector<float> x = random_floats(kv_dim, rng, scale);
+        cpu::quantize_row(GgmlType::Q8_0, x.data(), &c.bytes[p * row], kv_dim);
+        cpu::dequantize_row(GgmlType::Q8_0, &c.bytes[p * row], &c.values[static_cast<size_t>(p) * kv_dim], kv_dim);
+    }
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("cuda kernels: RoPE + KV write into a Q8_0 cache quantizes exactly as ggml's quantize_row_q8_0") {
+    struct Case {
+        int n_heads, n_kv, hd, rope_dim, n_tok, start;
+    };
+    // kv_dim 32 (one block a row), 128 (heads of two blocks), 32 with heads of 8 (stories260K: four heads a
+    // block), 64 with a tail past rope_dim, and 160 (heads of 80 straddling blocks).
+    const Case cases[] = {{3, 1, 32, 32, 1, 0}, {4, 2, 64, 32, 5, 17}, {8, 4, 8, 8, 3, 100}, {4, 4, 16, 10, 3, 1000},
+                          {4, 2, 80, 64, 2, 9}};
+    std::mt19937 rng(13);
+    for (const Case& c : cases)
+        for (bool neox : {false, true}) {
+            CAPTURE(c.n_heads);
+            CAPTURE(c.hd);
+            CAPTURE(c.n_tok);
+            CAPTURE(neox);
+            const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, capacity = c.start + c.n_tok + 2;
+            const size_t row = cuda::kv_row_bytes(cuda::KvType::Q8_0, kv_dim);
+            REQUIRE(row == kv_dim / 32 * kQ8Block);
+            const std::vector<float> q0 = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+            std::vector<float> k = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng, 2.0f);
+            const std::vector<float> v = random_floats(static_cast<size_t>(c.n_tok) * kv_dim, rng);
+            k[3] = 0.0f;  // a few exact values: zero, and a block's own max
+            if (kv_dim > 40) k[40] = -4.5f;
+            const std::vector<float> freq = inv_freqs(c.rope_dim, 10000.0f);
+            const cuda::RopeMode mode = neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
+            std::vector<float> q_ref = q0;
+            for (int i = 0; i < c.n_tok; ++i)
+                cpu_rope(&q_ref[i * q_dim], c.n_heads, c.hd, c.rope_dim, neox, c.start + i, freq.data());
+            for (const LaunchOptions& o : kTwoOrders) {
+                ScopedLaunchOptions scope(o);
+                INFO("thread order " << std::string(order_name(o)));
+                std::vector<float> q = q0;
+                std::vector<uint8_t> kc(row * capacity, 0xFF), vc(kc.size(), 0xFF);
+                cuda::RopeKvArgs a{q.data(), k.data(), v.data(), kc.data(), vc.data(), freq.data(), c.n_tok, c.start,
+                                   c.n_heads, c.n_kv, c.hd, c.rope_dim, mode, cuda::KvType::Q8_0};
+                cuda::rope_kv_write(a, nullptr);
+                check_close(q, std::vector<double>(q_ref.begin(), q_ref.end()), 1e-5, 1e-2);
+                // The kernel's own rotation of K: the same launch with the keys as queries (n_heads = n_kv).
+                std::vector<float> k_rot = k;
+                std::vector<uint8_t> scratch_k(row * capacity), scratch_v(row * capacity);
+                cuda::RopeKvArgs as_q{k_rot.data(), k.data(), v.data(), scratch_k.data(), scratch_v.data(),
+                                      freq.data(), c.n_tok, c.start, c.n_kv, c.n_kv, c.hd, c.rope_dim, mode,
+                                      cuda::KvType::Q8_0};
+                cuda::rope_kv_write(as_q, nullptr);
+                for (int p = 0; p < capacity; ++p) {
+                    const int i = p - c.start;
+                    const uint8_t* krow = &kc[p * row];
+                    const uint8_t* vrow = &vc[p * row];
+                    if (i < 0 || i >= c.n_tok) {  // positions outside the step stay untouched
+                        REQUIRE(std::all_of(krow, krow + row, [](uint8_t b) { return b == 0xFF; }));
+                        REQUIRE(std::all_of(vrow, vrow + row, [](uint8_t b) { return b == 0xFF; }));
+                        continue;
+                    }
+                    std::vector<uint8_t> want_k(row), want_v(row);
+                    cpu::quantize_row(GgmlType::Q8_0, &k_rot[static_cast<size_t>(i) * kv_dim], want_k.data(), kv_dim);
+                    cpu::quantize_row(GgmlType::Q8_0, &v[static_cast<size_t>(i) * kv_dim], want_v.data(), kv_dim);
+                    CHECK(std::memcmp(krow, want_k.data(), row) == 0);  // bitwise: scales and codes
+                    CHECK(std::memcmp(vrow, want_v.data(), row) == 0);
+                    // And the keys are the CPU's RoPE within the quantization error: half a step, plus the codes
+                    // (up to 127) times the fp16 rounding of d (2^-11 relative), the codes coming from the fp32 d.
+                    std::vector<float> k_ref(k.begin() + static_cast<std::ptrdiff_t>(i) * kv_dim,
+                                             k.begin() + static_cast<std::ptrdiff_t>(i + 1) * kv_dim),
+                        k_deq(kv_dim);
+                    cpu_rope(k_ref.data(), c.n_kv, c.hd, c.rope_dim, neox, p, freq.data());
+                    cpu::dequantize_row(GgmlType::Q8_0, krow, k_deq.data(), kv_dim);
+                    for (int e = 0; e < kv_dim; ++e) {
+                        const float d = fp16_to_fp32(static_cast<uint16_t>(krow[e / 32 * kQ8Block] |
+                                                                           krow[e / 32 * kQ8Block + 1] << 8));
+                        REQUIRE(std::abs(k_deq[e] - k_ref[e]) <= (0.5f + 127.0f / 2048.0f) * d * 1.01f + 1e-6f);
+                    }
+                }
+            }
+        }
+    // A row that is not whole blocks is refused.
+    std::vector<float> q(80), k(80), v(80), f(4);
+    std::vector<uint8_t> kc(200), vc(200);
+    cuda::RopeKvArgs bad{q.data(), k.data(), v.data(), kc.data(), vc.data(), f.data(), 1, 0, 5, 5, 16, 8,
+                         cuda::RopeMode::AdjacentPairs, cuda::KvType::Q8_0};
+    CHECK_THROWS_AS(cuda::rope_kv_write(bad, nullptr), std::invalid_argument);
+    CHECK_FALSE(cuda::kv_type_supports(cuda::KvType::Q8_0, 80));
+    CHECK(cuda::kv_type_supports(cuda::KvType::F16, 80));
+}
+
+TEST_CASE("cuda kernels: split-K and flash prefill attention over a Q8_0 cache match attention over its values") {
+    struct Case {
+        int n_heads, n_kv, hd, start, n_tok, split;
+    };
+    // Every head-size template of both kernels, heads narrower than a block (8: stories260K) and heads straddling
+    // blocks (80), decode-sized and prefill-sized calls.
+    const Case cases[] = {{4, 2, 32, 0, 1, 16},  {3, 1, 64, 37, 3, 16}, {2, 2, 128, 60, 2, 32}, {2, 1, 256, 9, 17, 64},
+                          {8, 4, 8, 20, 5, 7},   {4, 2, 80, 11, 34, 5}, {8, 4, 8, 0, 40, 64}};
+    std::mt19937 rng(14);
+    for (const Case& c : cases) {
+        CAPTURE(c.n_heads);
+        CAPTURE(c.hd);
+        CAPTURE(c.start);
+        CAPTURE(c.n_tok);
+        const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, n_pos = c.start + c.n_tok;
+        const std::vector<float> q = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+        // Positions past the call stay 0xFF (NaN scales): a kernel reading beyond its causal range would show.
+        const Q8Cache kc = random_q8_cache(n_pos, n_pos + 3, kv_dim, rng, 3.0f);
+        const Q8Cache vc = random_q8_cache(n_pos, n_pos + 3, kv_dim, rng, 1.0f);
+        const std::vector<double> ref =
+            attention_reference(q, kc.values, vc.values, c.n_heads, c.n_kv, c.hd, c.start, c.n_tok);
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            for (bool prefill : {false, true}) {
+                CAPTURE(prefill);
+                std::vector<float> out(ref.size(), kNaN);
+                std::vector<float> ws(cuda::attention_workspace_floats(c.n_tok, c.start, c.n_heads, c.hd, c.split),
+                                      kNaN);
+                cuda::AttentionArgs a{q.data(), kc.bytes.data(), vc.bytes.data(), out.data(), ws.data(), c.n_tok,
+                                      c.start, c.n_heads, c.n_kv, c.hd, c.split, cuda::KvType::Q8_0};
+                if (prefill)
+                    cuda::attention_prefill(a, nullptr);
+                else
+                    cuda::attention(a, nullptr);
+                // Values of unit scale, scores up to ~10 (keys of scale 3): the prefill bound of the fp16 test.
+                for (size_t i = 0; i < out.size(); ++i) {
+                    REQUIRE(!std::isnan(out[i]));
+                    REQUIRE(std::abs(out[i] - ref[i]) <= 5e-6);
+                }
+            }
+        }
+    }
+    std::vector<float> q(8), out(8);
+    std::vector<uint8_t> kc(64), vc(64);
+    cuda::AttentionArgs bad{q.data(), kc.data(), vc.data(), out.data(), out.data(), 1, 0, 5, 5, 16, 4,
+                            cuda::KvType::Q8_0};
+    CHECK_THROWS_AS(cuda::attention(bad, nullptr), std::invalid_argument);
     CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
 }
