@@ -53,4 +53,15 @@ std::optional<GgmlType> ggml_type_from_name(const std::string& name) {
     return std::nullopt;
 }
 
+std::vector<size_t> ggml_fp16_scale_offsets(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
+        case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
+        case GgmlType::Q2_K: return {80, 82};
+        case GgmlType::Q3_K: return {108};
+        case GgmlType::Q6_K: return {208};
+        default: return {};
+    }
+}
+
 }  // namespace tandem

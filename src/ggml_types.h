@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -32,6 +33,10 @@ const char* ggml_type_name(GgmlType type);
 std::optional<GgmlType> ggml_type_from_name(const std::string& name);
 
 // Bytes of one row of `n` elements; n must be a multiple of the block size (checked by the caller).
+// Byte offsets of the fp16 scale fields (d, and dmin where the type has one) inside one block of `type`; empty for
+// the float types. Every other byte of a quantized block is a valid code whatever its value.
+std::vector<size_t> ggml_fp16_scale_offsets(GgmlType type);
+
 inline size_t ggml_row_bytes(GgmlType type, uint64_t n) {
     GgmlTypeInfo info = ggml_type_info(type);
     return static_cast<size_t>(n / info.block_size * info.type_size);

@@ -1,11 +1,13 @@
 // write_synthetic_model: shapes, random weights and a made-up vocabulary.
 #include "synthetic_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
 
+#include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "error.h"
 #include "gguf_writer.h"
@@ -27,14 +29,54 @@ struct Rng {
 
 // A matrix of `rows` rows × `cols` columns with uniform values of standard deviation 1/sqrt(cols), so that
 // activations keep their scale through the layers.
+// Types that tandem reads but cannot write (the k-quants) get random codes instead: random bytes, every fp16 scale
+// field of every block set to one value s, chosen so that the matrix's RMS is the wanted 1/sqrt(cols) (a block's
+// values are linear in s when d and dmin are both s; the codes' mean makes them far from zero-mean, which RMSNorm
+// absorbs). Enough for speed and for comparing backends, which is what synthetic models are for.
+std::vector<uint8_t> random_codes_matrix(Rng& rng, GgmlType type, int64_t cols, int64_t rows) {
+    const GgmlTypeInfo info = ggml_type_info(type);
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
+    for (size_t i = 0; i + 8 <= out.size(); i += 8) {
+        const uint64_t r = rng.next();
+        std::memcpy(out.data() + i, &r, 8);
+    }
+    const std::vector<size_t> scales = ggml_fp16_scale_offsets(type);
+    auto set_scales = [&](float s) {
+        const uint16_t h = cpu::fp32_to_fp16(s);
+        for (size_t b = 0; b < out.size() / info.type_size; ++b)
+            for (size_t off : scales) std::memcpy(out.data() + b * info.type_size + off, &h, 2);
+    };
+    set_scales(1.0f);
+    std::vector<float> row(static_cast<size_t>(cols));
+    cpu::dequantize_row(type, out.data(), row.data(), cols);
+    double ss = 0;
+    for (float v : row) ss += static_cast<double>(v) * v;
+    const double rms = std::sqrt(ss / static_cast<double>(cols));
+    set_scales(static_cast<float>(1.0 / std::sqrt(static_cast<double>(cols)) / std::max(rms, 1e-3)));
+    return out;
+}
+
 std::vector<uint8_t> random_matrix(Rng& rng, GgmlType type, int64_t cols, int64_t rows) {
+    const bool bf16 = type == GgmlType::BF16;  // written by truncating binary32 values (no NaN patterns)
+    if (!bf16 && !cpu::cpu_can_quantize(type)) return random_codes_matrix(rng, type, cols, rows);
     const float amp = std::sqrt(3.0f / static_cast<float>(cols));
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
     std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
     std::vector<float> row(static_cast<size_t>(cols));
     for (int64_t r = 0; r < rows; ++r) {
         for (float& v : row) v = amp * rng.uniform_pm1();
-        cpu::quantize_row(type, row.data(), out.data() + row_bytes * static_cast<size_t>(r), cols);
+        uint8_t* dst = out.data() + row_bytes * static_cast<size_t>(r);
+        if (bf16) {
+            for (int64_t i = 0; i < cols; ++i) {
+                uint32_t bits;
+                std::memcpy(&bits, &row[static_cast<size_t>(i)], 4);
+                const uint16_t h = static_cast<uint16_t>(bits >> 16);
+                std::memcpy(dst + 2 * i, &h, 2);
+            }
+        } else {
+            cpu::quantize_row(type, row.data(), dst, cols);
+        }
     }
     return out;
 }

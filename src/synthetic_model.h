@@ -21,7 +21,8 @@ struct SyntheticShape {
 std::optional<SyntheticShape> synthetic_preset(const std::string& name);
 
 // Writes a model of `shape` whose 2-D matrices are of `type` (norms f32; rows whose length is not a multiple of
-// the type's block size fall back to f16). Deterministic for a given seed.
+// the type's block size fall back to f16): random values quantized for the types tandem can write, random codes
+// with scales fitted to the same RMS for the others (the k-quants). Deterministic for a given seed.
 void write_synthetic_model(const std::string& path, const SyntheticShape& shape, GgmlType type, uint64_t seed = 1);
 
 }  // namespace tandem

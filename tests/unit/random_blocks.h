@@ -19,16 +19,7 @@ inline std::vector<float> random_floats(int64_t n, std::mt19937& rng) {
 }
 
 // Offsets of the fp16 scale fields in a block; every other byte of a block may take any value.
-inline std::vector<size_t> scale_offsets(GgmlType type) {
-    switch (type) {
-        case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-        case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-        case GgmlType::Q2_K: return {80, 82};
-        case GgmlType::Q3_K: return {108};
-        case GgmlType::Q6_K: return {208};
-        default: return {};
-    }
-}
+inline std::vector<size_t> scale_offsets(GgmlType type) { return ggml_fp16_scale_offsets(type); }
 
 // `rows` rows of `cols` random valid elements: random bytes, with the scales set to random halves in [-1, 1]/64.
 inline std::vector<uint8_t> random_blocks(GgmlType type, int64_t cols, int64_t rows, std::mt19937& rng) {

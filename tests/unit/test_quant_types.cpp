@@ -265,3 +265,40 @@ TEST_CASE("quant types: the weights loader accepts a model whose matrices are of
     std::filesystem::remove(base);
     std::filesystem::remove(typed);
 }
+
+TEST_CASE("quant types: synthetic models of the types tandem cannot write have random codes at the wanted scale") {
+    // tandem-bench --make-synthetic 7b --type q4_k: the GPU benchmarks' k-quant models. Each matrix must come out
+    // at RMS 1/sqrt(cols), like the quantized types', and BF16 without NaN patterns.
+    const auto shape = synthetic_preset("tiny");
+    REQUIRE(shape);
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("tandem-qt-" + std::to_string(::getpid()) + "-codes.gguf")).string();
+    for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
+                          GgmlType::BF16}) {
+        CAPTURE(ggml_type_name(type));
+        write_synthetic_model(path, *shape, type, 4);
+        const auto f = GgufFile::open(path);
+        int matrices = 0;
+        for (const GgufTensorInfo& t : f->tensors()) {
+            if (t.n_dims != 2 || t.type != type) continue;
+            ++matrices;
+            const int64_t cols = static_cast<int64_t>(t.ne[0]);
+            std::vector<float> row(static_cast<size_t>(cols));
+            double ss = 0;
+            const int64_t rows = std::min<int64_t>(static_cast<int64_t>(t.ne[1]), 8);
+            for (int64_t r = 0; r < rows; ++r) {
+                dequantize_row(type, t.data + r * ggml_row_bytes(type, static_cast<uint64_t>(cols)), row.data(), cols);
+                for (float v : row) {
+                    REQUIRE(std::isfinite(v));
+                    ss += static_cast<double>(v) * v;
+                }
+            }
+            const double rms_times_sqrt_cols = std::sqrt(ss / static_cast<double>(rows * cols) * static_cast<double>(cols));
+            CAPTURE(t.name);
+            CHECK(rms_times_sqrt_cols > 0.7);
+            CHECK(rms_times_sqrt_cols < 1.4);
+        }
+        CHECK(matrices >= 7 * shape->n_layers);
+    }
+    std::filesystem::remove(path);
+}
