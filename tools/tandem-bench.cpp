@@ -9,6 +9,7 @@
 //   tandem-bench -m TARGET.gguf --draft DRAFT.gguf|--lookup --prompts FILE --serve   (one generation per
 //       "plain I"/"spec I" line on stdin)
 //   tandem-bench --bandwidth [-t THREADS] [-r 5]                     (memory read bandwidth, GB/s)
+// --backend cuda (builds with nvcc) runs target and draft on the GPU; TANDEM_CUDA_GRAPHS=0 turns its graphs off.
 // --json prints JSON lines instead of Markdown tables (scripts/compare-llamacpp reads them).
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -28,6 +29,9 @@
 #include <thread>
 
 #include "cpu/cpu_backend.h"
+#ifdef TANDEM_HAS_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 #include "error.h"
 #include "generator.h"
 #include "vocab_check.h"
@@ -173,25 +177,49 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
     return 0;
 }
 
+// The backend a measurement runs on: "cpu" (whose weights are repacked before any timing starts) or "cuda".
+std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
+                                                    int chunk, int n_ctx, const std::string& kv_type) {
+    if (kind == "cuda") {
+#ifdef TANDEM_HAS_CUDA
+        tandem::CudaOptions options;
+        const auto kv = tandem::parse_kv_type(kv_type);
+        if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f16, q8_0)");
+        options.kv_type = *kv;
+        tandem::CudaPrefillOptions prefill;
+        prefill.chunk_tokens = chunk;
+        return std::make_unique<tandem::CudaBackend>(model, n_ctx, prefill, options);
+#else
+        (void)kv_type;
+        throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
+#endif
+    }
+    auto cpu = std::make_unique<tandem::CpuBackend>(model, threads, chunk);
+    cpu->wait_for_repacking();  // timings are of the steady state
+    return cpu;
+}
+
 // Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
 // With `serve`, after loading it answers one generation per stdin line instead: "plain I" or "spec I" (prompt I,
 // from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
 int speculative_bench(const tandem::Model& model, const std::string& draft_path, bool lookup,
                       const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
-                      bool json, bool serve) {
+                      bool json, bool serve, const std::string& backend_kind, const std::string& kv_type) {
+    std::vector<std::vector<int>> encoded;
+    int n_ctx_max = 0;
+    for (const std::string& text : prompts) {
+        encoded.push_back(model.tokenizer->encode(text, model.tokenizer->add_bos()));
+        n_ctx_max = std::max(n_ctx_max, static_cast<int>(encoded.back().size()) + n_gen + 70);
+    }
     std::unique_ptr<tandem::Model> draft_model;
-    std::unique_ptr<tandem::CpuBackend> draft_backend;
+    std::unique_ptr<tandem::Backend> draft_backend;
     if (!draft_path.empty()) {
         draft_model = tandem::Model::load(draft_path);
         tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
-        draft_backend = std::make_unique<tandem::CpuBackend>(*draft_model, threads, chunk);
+        draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type);
     }
-    tandem::CpuBackend backend(model, threads, chunk);
-    // The steady state: timings start once the background repacking of the weights is done.
-    backend.wait_for_repacking();
-    if (draft_backend) draft_backend->wait_for_repacking();
-    std::vector<std::vector<int>> encoded;
-    for (const std::string& text : prompts) encoded.push_back(model.tokenizer->encode(text, model.tokenizer->add_bos()));
+    std::unique_ptr<tandem::Backend> backend_ptr = make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
+    tandem::Backend& backend = *backend_ptr;
 
     auto run = [&](const std::vector<int>& prompt, bool speculative) {
         const int n_ctx = static_cast<int>(prompt.size()) + n_gen + 70;
@@ -358,6 +386,11 @@ int main(int argc, char** argv) {
     app.add_flag("--bandwidth", bandwidth, "measure the memory read bandwidth with -t threads (median of -r passes)");
     app.add_option("--bandwidth-mib", bandwidth_mib, "buffer size of --bandwidth")->capture_default_str()
         ->check(CLI::Range(size_t{16}, size_t{1} << 20));
+    std::string backend_kind = "cpu", kv_type = "f16";
+    app.add_option("--backend", backend_kind, "cpu, or cuda (the GPU; builds with nvcc)")
+        ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
+    app.add_option("--kv-type", kv_type, "KV-cache storage of the CUDA backend: f16 or q8_0")
+        ->capture_default_str()->check(CLI::IsMember({"f16", "q8_0"}));
     std::vector<int> verify_sizes;
     app.add_option("--verify", verify_sizes,
                    "speculative verification cost: after a prefill of -p tokens, forwards of each of these token "
@@ -388,9 +421,11 @@ int main(int argc, char** argv) {
         auto model = tandem::Model::load(model_path);
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
-        tandem::CpuBackend backend(*model, threads, chunk);
-        backend.wait_for_repacking();  // timings are of the steady state
-        auto cache = backend.new_cache(n_prompt + std::max(n_gen, 64) + 1);
+        const int n_ctx = n_prompt + std::max(n_gen, 64) + 1;
+        std::unique_ptr<tandem::Backend> backend_ptr =
+            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type);
+        tandem::Backend& backend = *backend_ptr;
+        auto cache = backend.new_cache(n_ctx);
         std::vector<float> logits(static_cast<size_t>(c.n_vocab));
         const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen) + 64, c.n_vocab);  // + --verify's sizes
 
@@ -423,7 +458,8 @@ int main(int argc, char** argv) {
                 for (std::string line; std::getline(in, line);)
                     if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
-            return speculative_bench(*model, draft_path, lookup, prompts, n_gen, reps, threads, chunk, json, serve);
+            return speculative_bench(*model, draft_path, lookup, prompts, n_gen, reps, threads, chunk, json, serve,
+                                     backend_kind, kv_type);
         }
         if (serve) {
             // The caller (scripts/compare-llamacpp) interleaves these runs with another engine's; the model load
@@ -454,7 +490,7 @@ int main(int argc, char** argv) {
         uint64_t n_params = 0;
         for (const auto& t : model->file->tensors()) n_params += t.n_elements();
         if (!json) {
-            std::printf("| model | size | params | threads | test | tokens/s (median of %d) | weight GB/s |\n", reps);
+            std::printf("| model | size | params | backend | test | tokens/s (median of %d) | weight GB/s |\n", reps);
             std::printf("|---|---|---|---|---|---|---|\n");
         }
         const double size_gib = static_cast<double>(model->file->file_size()) / (1024.0 * 1024 * 1024);
@@ -468,8 +504,9 @@ int main(int argc, char** argv) {
                 return;
             }
             const std::string gbps = decode ? std::to_string(tps * bytes_per_token / 1e9).substr(0, 5) : "";
-            std::printf("| %s | %.1f MiB | %.3fB | %d | %s%d | %.2f | %s |\n", c.name.c_str(), size_gib * 1024,
-                        static_cast<double>(n_params) / 1e9, threads, test, n, tps, gbps.c_str());
+            const std::string where = backend.name() == "cpu" ? "cpu, " + std::to_string(threads) + " threads" : backend.name();
+            std::printf("| %s | %.1f MiB | %.3fB | %s | %s%d | %.2f | %s |\n", c.name.c_str(), size_gib * 1024,
+                        static_cast<double>(n_params) / 1e9, where.c_str(), test, n, tps, gbps.c_str());
             std::fflush(stdout);
         };
         if (n_prompt > 0) {

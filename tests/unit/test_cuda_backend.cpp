@@ -4,13 +4,16 @@
 // long calls through the prefill path (GEMM + flash attention), whose chunking must not matter; CUDA graphs (bitwise
 // the logits of direct launches, and captured / updated / replayed exactly when the design says); the q8_0 KV cache
 // (within tolerance of the f16 one, in the memory plan). Plus the memory plan's refusal when the device is too small.
-// The emulated device is the CPU, so these run in CI.
+// The emulated device is the CPU, so these run in CI. The same file also builds into tandem_cuda_device_tests
+// (TANDEM_TEST_REAL_DEVICE, nvcc builds only) against the real kernels: scripts/gpu-check runs it on a GPU, where
+// the emulation's knobs (thread orders, a pretended memory size) are replaced by what a real device offers.
 #include <doctest/doctest.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <filesystem>
@@ -21,7 +24,11 @@
 #include "cpu/quant.h"
 #include "cuda/cuda_backend.h"
 #include "device.h"
+#ifdef TANDEM_TEST_REAL_DEVICE
+#include "real_device_shim.h"
+#else
 #include "emu/cuda_emu.h"
+#endif
 #include "error.h"
 #include "gguf.h"
 #include "model.h"
@@ -33,7 +40,8 @@ using namespace tandem;
 
 namespace {
 
-const std::string kData = TANDEM_TEST_DATA;
+// Overridable, for tandem_cuda_device_tests run from another checkout path (scripts/gpu-check on a lent machine).
+const std::string kData = std::getenv("TANDEM_TEST_DATA") ? std::getenv("TANDEM_TEST_DATA") : TANDEM_TEST_DATA;
 
 // The worst row of a comparison: max |cuda - cpu| over the row divided by the CPU row's logit range.
 struct Diff {
@@ -244,7 +252,23 @@ TEST_CASE("cuda backend: the memory plan refuses a device that is too small, nam
     // The scratch holds one prefill chunk of activations: a longer chunk needs more, and describe() says which.
     CHECK(CudaBackend::plan(*model, 256, {512, 64}).scratch > plan.scratch);
     CHECK(CudaBackend::plan(*model, 256, {16, 64}).scratch < plan.scratch);
-    CHECK(plan.describe().find("256-token prefill chunks, SIMT GEMM") != std::string::npos);
+    CHECK(plan.describe().find(CudaBackend::use_blas() ? "256-token prefill chunks, cuBLAS"
+                                                       : "256-token prefill chunks, SIMT GEMM") != std::string::npos);
+    if (!cuda::device_is_emulated()) {
+        // A real device: a context whose KV cache alone outgrows the free memory is refused before any allocation.
+        const size_t free_bytes = cuda::device_memory().free_bytes;
+        const size_t per_position = CudaKvCache::bytes_needed(model->config.n_layers, 1, model->config.kv_dim());
+        const int n_ctx = static_cast<int>(std::min<size_t>(free_bytes / per_position + 1024, 1u << 30));
+        try {
+            CudaBackend backend(*model, n_ctx);
+            FAIL("the backend was created with a KV cache larger than the device's free memory");
+        } catch (const Error& e) {
+            const std::string msg = e.what();
+            CHECK(msg.find("needs") != std::string::npos);
+            CHECK(msg.find("free") != std::string::npos);
+        }
+        return;
+    }
     struct Restore {
         ~Restore() { cuda::set_emulated_device_memory(0); }
     } restore;
@@ -623,7 +647,7 @@ TEST_CASE("cuda backend: the memory plan counts the q8_0 KV cache, and a width t
     CHECK(parse_kv_type("q8_0") == cuda::KvType::Q8_0);
     CHECK(parse_kv_type("f16") == cuda::KvType::F16);
     CHECK_FALSE(parse_kv_type("q4_0").has_value());
-    {
+    if (cuda::device_is_emulated()) {
         // The plan is what gets allocated: a device of exactly the q8_0 plan's size takes the q8_0 backend and
         // its cache, and refuses the f16 one.
         struct Restore {

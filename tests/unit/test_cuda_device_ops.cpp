@@ -1,0 +1,250 @@
+// The op table through device memory: matvec, the prefill GEMM, the fp16 route (cuBLAS in the nvcc build) and the
+// embedding gather for every weight type, with inputs uploaded, outputs poisoned on the device and downloaded, each
+// compared with a double-precision reference over the CPU's dequantized rows. Written only against kernels/device.h
+// so that one source runs both ways: in tandem_tests on the emulation (small shapes, CI) and in
+// tandem_cuda_device_tests on a real GPU (scripts/gpu-check), where the shapes are those of real models, odd row
+// counts included, and cuBLAS takes the fp16 route.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/fp16.h"
+#include "cpu/quant.h"
+#include "device.h"
+#include "ggml_types.h"
+#include "kernels.h"
+#include "random_blocks.h"
+
+using namespace tandem;
+
+namespace {
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
+                              GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K,
+                              GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
+// Shapes: (rows, cols). On the emulation every warp is fibers, so the shapes stay small there.
+struct Shape {
+    int rows, cols;
+};
+std::vector<Shape> shapes() {
+    if (cuda::device_is_emulated()) return {{37, 256}, {64, 512}};
+    return {{1536, 1536}, {8960 + 3, 1536}, {1539, 8960}, {32000, 2048}};
+}
+
+template <class T>
+cuda::DeviceBuffer upload(const std::vector<T>& v) {
+    cuda::DeviceBuffer d(v.size() * sizeof(T));
+    cuda::copy_to_device(d.get(), v.data(), d.size(), nullptr);
+    return d;
+}
+
+// A device buffer of n floats, every byte 0xFF (a NaN pattern), so an element the kernel does not write fails.
+cuda::DeviceBuffer poisoned_floats(size_t n) {
+    cuda::DeviceBuffer d(n * sizeof(float));
+    cuda::device_memset(d.get(), 0xFF, d.size(), nullptr);
+    return d;
+}
+
+std::vector<float> download(const cuda::DeviceBuffer& d) {
+    std::vector<float> v(d.size() / sizeof(float));
+    cuda::copy_to_host(v.data(), d.get(), d.size(), nullptr);
+    cuda::stream_synchronize(nullptr);
+    return v;
+}
+
+std::vector<uint8_t> random_weights(GgmlType type, int rows, int cols, std::mt19937& rng) {
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    std::vector<uint8_t> m(row_bytes * static_cast<size_t>(rows));
+    if (type == GgmlType::BF16) {  // truncated normal floats: no NaN / Inf patterns
+        const std::vector<float> v = test::random_floats(static_cast<int64_t>(rows) * cols, rng);
+        for (size_t i = 0; i < v.size(); ++i) {
+            uint32_t bits;
+            std::memcpy(&bits, &v[i], 4);
+            const uint16_t h = static_cast<uint16_t>(bits >> 16);
+            std::memcpy(m.data() + 2 * i, &h, 2);
+        }
+        return m;
+    }
+    if (cpu::cpu_can_quantize(type)) {
+        for (int r = 0; r < rows; ++r) {
+            const std::vector<float> v = test::random_floats(cols, rng);
+            cpu::quantize_row(type, v.data(), m.data() + static_cast<size_t>(r) * row_bytes, cols);
+        }
+        return m;
+    }
+    return test::random_blocks(type, cols, rows, rng);
+}
+
+// Which tokens of an n-token product the double reference checks: all of them on the emulation; on a GPU, where
+// the products are large and the reference runs on one CPU core, the first two, one in the middle and the last.
+std::vector<int> checked_tokens(int n) {
+    std::vector<int> picks;
+    if (cuda::device_is_emulated() || n <= 4) {
+        for (int t = 0; t < n; ++t) picks.push_back(t);
+    } else {
+        picks = {0, 1, n / 2, n - 1};
+    }
+    return picks;
+}
+
+// The rows of `y` ([n][rows]) that `picks` names, in that order.
+std::vector<float> picked_rows(const std::vector<float>& y, const std::vector<int>& picks, int rows) {
+    std::vector<float> out;
+    for (int t : picks) out.insert(out.end(), y.begin() + static_cast<ptrdiff_t>(t) * rows, y.begin() + static_cast<ptrdiff_t>(t + 1) * rows);
+    return out;
+}
+
+// y[t][r] in double from the CPU's dequantized rows for the tokens t in `picks` ([picks.size()][rows]); x optionally
+// rounded to fp16 first (the fp16 route), and the weights too (`w_fp16`).
+std::vector<double> reference(GgmlType type, const std::vector<uint8_t>& W, int rows, int cols,
+                              const std::vector<float>& x, const std::vector<int>& picks, bool x_fp16, bool w_fp16) {
+    const int n_tokens = static_cast<int>(picks.size());
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    std::vector<float> xr = x;
+    if (x_fp16)
+        for (float& v : xr) v = cpu::fp16_to_fp32(cpu::fp32_to_fp16(v));
+    std::vector<double> y(static_cast<size_t>(n_tokens) * rows);
+    std::vector<float> w(static_cast<size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+        cpu::dequantize_row(type, W.data() + static_cast<size_t>(r) * row_bytes, w.data(), cols);
+        if (w_fp16)
+            for (float& v : w) v = cpu::fp16_to_fp32(cpu::fp32_to_fp16(v));
+        for (int t = 0; t < n_tokens; ++t) {
+            double acc = 0;
+            const float* xt = &xr[static_cast<size_t>(picks[t]) * cols];
+            for (int k = 0; k < cols; ++k) acc += static_cast<double>(w[k]) * xt[k];
+            y[static_cast<size_t>(t) * rows + r] = acc;
+        }
+    }
+    return y;
+}
+
+// ||got - want|| / ||want||, and whether every element is finite.
+double relative_error(const std::vector<float>& got, const std::vector<double>& want, bool& all_finite) {
+    double err = 0, ref = 0;
+    all_finite = true;
+    for (size_t i = 0; i < got.size(); ++i) {
+        if (!std::isfinite(got[i])) all_finite = false;
+        err += (got[i] - want[i]) * (got[i] - want[i]);
+        ref += want[i] * want[i];
+    }
+    return std::sqrt(err / std::max(ref, 1e-300));
+}
+
+}  // namespace
+
+TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every type against a double reference") {
+    std::mt19937 rng(101);
+    for (GgmlType type : kAllTypes) {
+        for (const Shape& s : shapes()) {
+            CAPTURE(std::string(ggml_type_name(type)));
+            CAPTURE(s.rows);
+            CAPTURE(s.cols);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
+            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
+            const cuda::DeviceBuffer dW = upload(W);
+            const int gemm_tokens = cuda::device_is_emulated() ? 5 : 77;
+            const int n_x = std::max(gemm_tokens, 16);  // the matvec calls below take up to 16 tokens
+            const std::vector<float> x = test::random_floats(static_cast<int64_t>(n_x) * s.cols, rng);
+            const cuda::DeviceBuffer dx = upload(x);
+            std::vector<int> first16(16);
+            for (int t = 0; t < 16; ++t) first16[t] = t;
+            const std::vector<double> ref16 = reference(type, W, s.rows, s.cols, x, first16, false, false);
+            for (int n : {1, 3, 16}) {
+                CAPTURE(n);
+                cuda::DeviceBuffer dy = poisoned_floats(static_cast<size_t>(n) * s.rows);
+                cuda::matvec(type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), n, dy.as<float>(), nullptr);
+                const std::vector<float> y = download(dy);
+                bool finite = false;
+                const double e = relative_error(y, std::vector<double>(ref16.begin(), ref16.begin() + y.size()), finite);
+                CHECK(finite);
+                CHECK(e < 1e-5);  // fp32 sums of exactly dequantized products
+            }
+            const std::vector<int> picks = checked_tokens(gemm_tokens);
+            const std::vector<double> ref = reference(type, W, s.rows, s.cols, x, picks, false, false);
+            cuda::DeviceBuffer dy = poisoned_floats(static_cast<size_t>(gemm_tokens) * s.rows);
+            cuda::gemm(type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), gemm_tokens, dy.as<float>(), nullptr);
+            bool finite = false;
+            const double e = relative_error(picked_rows(download(dy), picks, s.rows), ref, finite);
+            CHECK(finite);
+            CHECK(e < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda ops through device memory: the fp16 GEMM route (cuBLAS on a GPU) against fp16-rounded operands") {
+    std::mt19937 rng(102);
+    const cuda::Stream stream = cuda::stream_create();
+    cuda::BlasHandle* blas = cuda::blas_available() ? cuda::blas_create(stream) : nullptr;
+    const std::string route = blas ? "fp16 route on cuBLAS" : "fp16 route on the SIMT mirror of cuBLAS";
+    MESSAGE(route);
+    for (GgmlType type : kAllTypes) {
+        for (const Shape& s : shapes()) {
+            CAPTURE(std::string(ggml_type_name(type)));
+            CAPTURE(s.rows);
+            CAPTURE(s.cols);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
+            const int n = cuda::device_is_emulated() ? 6 : 300;
+            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
+            const std::vector<float> x = test::random_floats(static_cast<int64_t>(n) * s.cols, rng);
+            const cuda::DeviceBuffer dW = upload(W), dx = upload(x);
+            cuda::DeviceBuffer dx16(x.size() * 2);
+            cuda::convert_f16(dx.as<float>(), x.size(), dx16.as<uint16_t>(), stream);
+            // A tile smaller than the matrix, so that the route walks several tiles (and a partial last one).
+            const size_t tile_elems = static_cast<size_t>(s.cols) * (s.rows / 3 + 1);
+            cuda::DeviceBuffer tile(tile_elems * 2);
+            cuda::DeviceBuffer dy(static_cast<size_t>(n) * s.rows * 4);
+            cuda::device_memset(dy.get(), 0xFF, dy.size(), stream);
+            cuda::gemm_via_f16(blas, type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), dx16.as<uint16_t>(), n,
+                               dy.as<float>(), tile.as<uint16_t>(), tile_elems, stream);
+            cuda::stream_synchronize(stream);
+            // F32 weights and their activations stay fp32 (an fp32 GEMM); everything else is fp16 x fp16.
+            const bool f32 = type == GgmlType::F32;
+            const std::vector<int> picks = checked_tokens(n);
+            const std::vector<double> ref = reference(type, W, s.rows, s.cols, x, picks, !f32, !f32);
+            bool finite = false;
+            const double e = relative_error(picked_rows(download(dy), picks, s.rows), ref, finite);
+            MESSAGE(std::string(ggml_type_name(type)), " ", s.rows, "x", s.cols, ": relative error ", e);
+            CHECK(finite);
+            // fp32 accumulation of exact products; TF32 (cuBLAS may pick it for fp32) is ~3e-4.
+            CHECK(e < (f32 && blas ? 1e-3 : 1e-5));
+        }
+    }
+    cuda::blas_destroy(blas);
+    cuda::stream_destroy(stream);
+}
+
+// Within one rounding of the row's largest value: nvcc may fuse a dequantization's multiply and subtract into one
+// fma, the host compiler does not.
+TEST_CASE("cuda ops through device memory: embedding rows of every type are the CPU's dequantized rows") {
+    std::mt19937 rng(103);
+    for (GgmlType type : kAllTypes) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        const int n_vocab = cuda::device_is_emulated() ? 50 : 32000, dim = cuda::device_is_emulated() ? 256 : 2048;
+        const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
+        const std::vector<uint8_t> table = random_weights(type, n_vocab, dim, rng);
+        const std::vector<int> tokens = {0, n_vocab - 1, 7, 7, n_vocab / 2};
+        const cuda::DeviceBuffer dt = upload(table), dtok = upload(tokens);
+        cuda::DeviceBuffer out = poisoned_floats(tokens.size() * dim);
+        cuda::embedding(type, dt.get(), row_bytes, n_vocab, dim, dtok.as<int>(), static_cast<int>(tokens.size()),
+                        out.as<float>(), nullptr);
+        const std::vector<float> got = download(out);
+        std::vector<float> want(static_cast<size_t>(dim));
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            cpu::dequantize_row(type, table.data() + static_cast<size_t>(tokens[i]) * row_bytes, want.data(), dim);
+            float amax = 0;
+            for (float v : want) amax = std::max(amax, std::abs(v));
+            int bad = 0;
+            for (int e = 0; e < dim; ++e)
+                if (!(std::abs(got[i * dim + e] - want[e]) <= 1e-6f * amax)) ++bad;
+            CHECK(bad == 0);
+        }
+    }
+}
