@@ -36,19 +36,6 @@ using Clock = std::chrono::steady_clock;
 constexpr GgmlType kAllTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                                   GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
-// Byte offsets of the fp16 scales in a block. Every other byte may hold any value (codes, packed sub-block scales),
-// but random scale bytes would be random fp16s, infinities and NaNs among them, which no real model has.
-std::vector<size_t> fp16_offsets(GgmlType type) {
-    switch (type) {
-        case GgmlType::Q4_0: case GgmlType::Q5_0: case GgmlType::Q8_0: return {0};
-        case GgmlType::Q4_1: case GgmlType::Q5_1: case GgmlType::Q4_K: case GgmlType::Q5_K: return {0, 2};
-        case GgmlType::Q2_K: return {80, 82};
-        case GgmlType::Q3_K: return {108};
-        case GgmlType::Q6_K: return {208};
-        default: return {};
-    }
-}
-
 std::vector<uint8_t> random_matrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
     const GgmlTypeInfo info = ggml_type_info(type);
     const size_t n_blocks = static_cast<size_t>(rows * (cols / info.block_size));
@@ -57,7 +44,7 @@ std::vector<uint8_t> random_matrix(GgmlType type, int64_t rows, int64_t cols, st
     std::uniform_real_distribution<float> scale(-1.0f / 64, 1.0f / 64);
     for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
     for (size_t b = 0; b < n_blocks; ++b)
-        for (size_t off : fp16_offsets(type)) {
+        for (size_t off : ggml_fp16_scale_offsets(type)) {  // random scale bytes could be infinities or NaNs
             const uint16_t h = cpu::fp32_to_fp16(scale(rng));
             std::memcpy(w.data() + b * info.type_size + off, &h, 2);
         }
