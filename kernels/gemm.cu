@@ -4,8 +4,9 @@
 //    (k-major, so the compute loop reads both with 16-byte loads), and each thread accumulates a 4x4 micro-tile in
 //    fp32 registers.
 //  - the fp16 route: dequantize_f16 (weight rows -> fp16 tiles), convert_f16 (activations), then cuBLAS
-//    (cublasGemmEx, fp16 in, fp32 compute: tensor cores) in the nvcc build, or gemm_f16 (the SIMT kernel over fp16
-//    operands) as its emulatable mirror. Everything cuBLAS is in the `#if defined(__CUDACC__)` blocks of this file.
+//    (cublasGemmEx, fp16 in, fp32 compute: tensor cores; loaded with dlopen on first use) in the nvcc build, or gemm_f16
+//    (the SIMT kernel over fp16 operands) as its emulatable mirror. Everything cuBLAS is in the
+//    `#if defined(__CUDACC__)` blocks of this file.
 #include <algorithm>
 
 #include "common.cuh"
@@ -13,6 +14,11 @@
 
 #if defined(__CUDACC__)
 #include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 #endif
 
 namespace tandem::cuda {
@@ -222,27 +228,86 @@ struct BlasHandle {
 };
 
 namespace {
+// cuBLAS is loaded on first use (dlopen), not linked. Linked, every run of every tandem program mapped libcublas
+// and libcublasLt at start-up, and their initialisation kept ~150 MB resident (62 MB of library pages and 86 MB of
+// libcublasLt's .bss, read off /proc/PID/smaps of a CPU-only run on the 1.5B model) whether or not a GPU was used.
+// The entry points are declared with the library's exported signatures; the static_asserts check them against the
+// header without referring to the symbols (an unevaluated operand), so nothing links to cuBLAS.
+using CreateFn = cublasStatus_t (*)(cublasHandle_t*);
+using DestroyFn = cublasStatus_t (*)(cublasHandle_t);
+using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
+using StatusStringFn = const char* (*)(cublasStatus_t);
+using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                    const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                                    cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+static_assert(sizeof(static_cast<CreateFn>(&cublasCreate_v2)) > 0);
+static_assert(sizeof(static_cast<DestroyFn>(&cublasDestroy_v2)) > 0);
+static_assert(sizeof(static_cast<SetStreamFn>(&cublasSetStream_v2)) > 0);
+static_assert(sizeof(static_cast<StatusStringFn>(&cublasGetStatusString)) > 0);
+static_assert(sizeof(static_cast<GemmExFn>(&cublasGemmEx)) > 0);
+
+struct BlasApi {
+    CreateFn create = nullptr;
+    DestroyFn destroy = nullptr;
+    SetStreamFn set_stream = nullptr;
+    StatusStringFn status_string = nullptr;
+    GemmExFn gemm_ex = nullptr;
+    std::string error;  // why it could not be loaded; empty when it was
+};
+
+// The cuBLAS of the toolkit tandem was built with (same major version), loaded once; never unloaded.
+const BlasApi& blas_api() {
+    static const BlasApi api = [] {
+        BlasApi a;
+        const std::string soname = "libcublas.so." + std::to_string(CUBLAS_VER_MAJOR);
+        void* lib = dlopen(soname.c_str(), RTLD_NOW | RTLD_LOCAL);
+#ifdef TANDEM_CUBLAS_DIR
+        // Not on the loader's paths: the toolkit tandem was built against.
+        if (!lib) lib = dlopen((std::string(TANDEM_CUBLAS_DIR) + "/" + soname).c_str(), RTLD_NOW | RTLD_LOCAL);
+#endif
+        if (!lib) {
+            const char* why = dlerror();
+            a.error = why ? why : soname + ": cannot be loaded";
+            return a;
+        }
+        auto load = [&](auto& fn, const char* name) {
+            fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name));
+            if (!fn && a.error.empty()) a.error = soname + " has no " + name;
+        };
+        load(a.create, "cublasCreate_v2");
+        load(a.destroy, "cublasDestroy_v2");
+        load(a.set_stream, "cublasSetStream_v2");
+        load(a.status_string, "cublasGetStatusString");
+        load(a.gemm_ex, "cublasGemmEx");
+        return a;
+    }();
+    return api;
+}
+
 void check_blas(cublasStatus_t st, const char* what) {
     if (st != CUBLAS_STATUS_SUCCESS)
-        throw std::runtime_error(std::string("tandem::cuda: ") + what + " failed: " + cublasGetStatusString(st));
+        throw std::runtime_error(std::string("tandem::cuda: ") + what + " failed: " + blas_api().status_string(st));
 }
 
 // Column-major view of the row-major products: y (rows x n, ld ldy) = W^T (W is cols x rows, ld ldw) * x (cols x n).
 void blas_gemm(BlasHandle* b, const void* W, cudaDataType wt, int ldw, int rows, int cols, const void* x,
                cudaDataType xt, int n_tokens, float* y, int ldy) {
     const float alpha = 1.0f, beta = 0.0f;
-    check_blas(cublasGemmEx(b->h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, cols, &alpha, W, wt, ldw, x, xt, cols,
-                            &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check_blas(blas_api().gemm_ex(b->h, CUBLAS_OP_T, CUBLAS_OP_N, rows, n_tokens, cols, &alpha, W, wt, ldw, x, xt,
+                                  cols, &beta, y, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
 }
 }  // namespace
 
-bool blas_available() { return true; }
+// False when cuBLAS cannot be loaded: the prefill GEMM then runs on the SIMT kernel (CudaBackend::use_blas).
+bool blas_available() { return blas_api().error.empty(); }
 
 BlasHandle* blas_create(Stream stream) {
+    const BlasApi& api = blas_api();
+    if (!api.error.empty()) throw std::runtime_error("tandem::cuda: cuBLAS: " + api.error);
     auto* b = new BlasHandle;
-    cublasStatus_t st = cublasCreate(&b->h);
-    if (st == CUBLAS_STATUS_SUCCESS) st = cublasSetStream(b->h, static_cast<cudaStream_t>(stream));
+    cublasStatus_t st = api.create(&b->h);
+    if (st == CUBLAS_STATUS_SUCCESS) st = api.set_stream(b->h, static_cast<cudaStream_t>(stream));
     if (st != CUBLAS_STATUS_SUCCESS) {
         blas_destroy(b);
         check_blas(st, "cublasCreate");
@@ -252,7 +317,7 @@ BlasHandle* blas_create(Stream stream) {
 
 void blas_destroy(BlasHandle* b) noexcept {
     if (!b) return;
-    if (b->h) cublasDestroy(b->h);
+    if (b->h) blas_api().destroy(b->h);
     delete b;
 }
 #else
