@@ -185,6 +185,9 @@ TEST_CASE("cuda ops through device memory: the fp16 GEMM route (cuBLAS on a GPU)
     cuda::BlasHandle* blas = cuda::blas_available() ? cuda::blas_create(stream) : nullptr;
     const std::string route = blas ? "fp16 route on cuBLAS" : "fp16 route on the SIMT mirror of cuBLAS";
     MESSAGE(route);
+    // On a GPU the route must be cuBLAS (loaded with dlopen): a library that failed to load would otherwise pass
+    // unnoticed through the SIMT mirror.
+    if (!cuda::device_is_emulated()) CHECK_MESSAGE(blas != nullptr, "cuBLAS could not be loaded on a real device");
     for (GgmlType type : kAllTypes) {
         for (const Shape& s : shapes()) {
             CAPTURE(std::string(ggml_type_name(type)));
