@@ -52,33 +52,6 @@ void stream_destroy(Stream stream) noexcept;
 // a capturing stream (see below).
 void stream_synchronize(Stream stream);
 
-// One device allocation, freed on destruction.
-class DeviceBuffer {
-public:
-    DeviceBuffer() = default;
-    explicit DeviceBuffer(size_t bytes) : ptr_(bytes ? device_alloc(bytes) : nullptr), bytes_(bytes) {}
-    ~DeviceBuffer() { device_free(ptr_); }
-    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-    DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-        if (this != &o) {
-            device_free(ptr_);
-            ptr_ = std::exchange(o.ptr_, nullptr);
-            bytes_ = std::exchange(o.bytes_, 0);
-        }
-        return *this;
-    }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void* get() const { return ptr_; }
-    template <class T>
-    T* as() const { return static_cast<T*>(ptr_); }
-    size_t size() const { return bytes_; }
-
-private:
-    void* ptr_ = nullptr;
-    size_t bytes_ = 0;
-};
-
 // ---- pinned host memory ---------------------------------------------------------------------------------------------
 // cudaMallocHost / cudaFreeHost. A copy captured into a graph reads (or writes) its host buffer when the graph
 // runs, so it must be pinned memory that stays put: the emulation rejects a captured copy of any other host memory
@@ -86,22 +59,24 @@ private:
 void* pinned_alloc(size_t bytes);  // throws DeviceError naming the size on failure
 void pinned_free(void* p) noexcept;
 
-class PinnedBuffer {
+// One allocation of `Alloc`, freed by `Free` on destruction; movable, not copyable.
+template <void* (*Alloc)(size_t), void (*Free)(void*) noexcept>
+class OwnedBuffer {
 public:
-    PinnedBuffer() = default;
-    explicit PinnedBuffer(size_t bytes) : ptr_(bytes ? pinned_alloc(bytes) : nullptr), bytes_(bytes) {}
-    ~PinnedBuffer() { pinned_free(ptr_); }
-    PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    OwnedBuffer() = default;
+    explicit OwnedBuffer(size_t bytes) : ptr_(bytes ? Alloc(bytes) : nullptr), bytes_(bytes) {}
+    ~OwnedBuffer() { Free(ptr_); }
+    OwnedBuffer(OwnedBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
+    OwnedBuffer& operator=(OwnedBuffer&& o) noexcept {
         if (this != &o) {
-            pinned_free(ptr_);
+            Free(ptr_);
             ptr_ = std::exchange(o.ptr_, nullptr);
             bytes_ = std::exchange(o.bytes_, 0);
         }
         return *this;
     }
-    PinnedBuffer(const PinnedBuffer&) = delete;
-    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    OwnedBuffer(const OwnedBuffer&) = delete;
+    OwnedBuffer& operator=(const OwnedBuffer&) = delete;
     void* get() const { return ptr_; }
     template <class T>
     T* as() const { return static_cast<T*>(ptr_); }
@@ -111,6 +86,8 @@ private:
     void* ptr_ = nullptr;
     size_t bytes_ = 0;
 };
+using DeviceBuffer = OwnedBuffer<device_alloc, device_free>;  // device memory
+using PinnedBuffer = OwnedBuffer<pinned_alloc, pinned_free>;  // pinned host memory
 
 // ---- CUDA graphs -----------------------------------------------------------------------------------------------------
 // Capture: between begin_capture(s) and end_capture(s), the work queued on stream s (kernel launches, copies,

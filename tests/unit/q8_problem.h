@@ -44,6 +44,32 @@ inline std::vector<float> scalar_q8_result(const Q8Problem& p) {
     return y;
 }
 
+// A kernel run in pieces: `call(a, b, x, n, y, ys)` for every cell of unit_cuts x token_cuts (a..b: the kernel's
+// units, rows or row groups; x and y: the activations and output of the cell's first token, n tokens, y rows ys
+// floats apart), into token rows padded by `pad` floats that must stay untouched. Empty cells are skipped. Returns
+// y[t * rows + r].
+template <class Call>
+std::vector<float> padded_split_result(const Q8Problem& p, const std::vector<int64_t>& unit_cuts,
+                                       const std::vector<int64_t>& token_cuts, int64_t pad, Call call) {
+    const int64_t ys = p.rows + pad;
+    std::vector<float> y(static_cast<size_t>(ys * p.tokens), -7.0f);
+    for (size_t i = 0; i + 1 < unit_cuts.size(); ++i)
+        for (size_t j = 0; j + 1 < token_cuts.size(); ++j) {
+            const int64_t t0 = token_cuts[j], t1 = token_cuts[j + 1];
+            if (t1 > t0 && unit_cuts[i + 1] > unit_cuts[i])
+                call(unit_cuts[i], unit_cuts[i + 1], p.xq.data() + t0 * p.xs, t1 - t0, y.data() + t0 * ys, ys);
+        }
+    std::vector<float> out(static_cast<size_t>(p.rows * p.tokens));
+    for (int64_t t = 0; t < p.tokens; ++t)
+        for (int64_t r = 0; r < ys; ++r) {
+            if (r < p.rows)
+                out[t * p.rows + r] = y[t * ys + r];
+            else
+                CHECK(y[t * ys + r] == -7.0f);  // the padding: never written
+        }
+    return out;
+}
+
 // Bitwise equality (so -0 / +0 and NaN payloads count); reports the first difference.
 inline void check_q8_bitwise(const std::vector<float>& got, const std::vector<float>& want, const Q8Problem& p,
                              const char* what) {

@@ -59,29 +59,6 @@ std::vector<float> download(const cuda::DeviceBuffer& d) {
     return v;
 }
 
-std::vector<uint8_t> random_weights(GgmlType type, int rows, int cols, std::mt19937& rng) {
-    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-    std::vector<uint8_t> m(row_bytes * static_cast<size_t>(rows));
-    if (type == GgmlType::BF16) {  // truncated normal floats: no NaN / Inf patterns
-        const std::vector<float> v = test::random_floats(static_cast<int64_t>(rows) * cols, rng);
-        for (size_t i = 0; i < v.size(); ++i) {
-            uint32_t bits;
-            std::memcpy(&bits, &v[i], 4);
-            const uint16_t h = static_cast<uint16_t>(bits >> 16);
-            std::memcpy(m.data() + 2 * i, &h, 2);
-        }
-        return m;
-    }
-    if (cpu::cpu_can_quantize(type)) {
-        for (int r = 0; r < rows; ++r) {
-            const std::vector<float> v = test::random_floats(cols, rng);
-            cpu::quantize_row(type, v.data(), m.data() + static_cast<size_t>(r) * row_bytes, cols);
-        }
-        return m;
-    }
-    return test::random_blocks(type, cols, rows, rng);
-}
-
 // Which tokens of an n-token product the double reference checks: all of them on the emulation; on a GPU, where
 // the products are large and the reference runs on one CPU core, the first two, one in the middle and the last.
 std::vector<int> checked_tokens(int n) {
@@ -148,7 +125,7 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
             CAPTURE(s.rows);
             CAPTURE(s.cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
-            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
+            const std::vector<uint8_t> W = test::random_weight_rows(type, s.rows, s.cols, rng);
             const cuda::DeviceBuffer dW = upload(W);
             const int gemm_tokens = cuda::device_is_emulated() ? 5 : 77;
             const int n_x = std::max(gemm_tokens, 16);  // the matvec calls below take up to 16 tokens
@@ -195,7 +172,7 @@ TEST_CASE("cuda ops through device memory: the fp16 GEMM route (cuBLAS on a GPU)
             CAPTURE(s.cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
             const int n = cuda::device_is_emulated() ? 6 : 300;
-            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
+            const std::vector<uint8_t> W = test::random_weight_rows(type, s.rows, s.cols, rng);
             const std::vector<float> x = test::random_floats(static_cast<int64_t>(n) * s.cols, rng);
             const cuda::DeviceBuffer dW = upload(W), dx = upload(x);
             cuda::DeviceBuffer dx16(x.size() * 2);
@@ -232,7 +209,7 @@ TEST_CASE("cuda ops through device memory: embedding rows of every type are the 
         CAPTURE(std::string(ggml_type_name(type)));
         const int n_vocab = cuda::device_is_emulated() ? 50 : 32000, dim = cuda::device_is_emulated() ? 256 : 2048;
         const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
-        const std::vector<uint8_t> table = random_weights(type, n_vocab, dim, rng);
+        const std::vector<uint8_t> table = test::random_weight_rows(type, n_vocab, dim, rng);
         const std::vector<int> tokens = {0, n_vocab - 1, 7, 7, n_vocab / 2};
         const cuda::DeviceBuffer dt = upload(table), dtok = upload(tokens);
         cuda::DeviceBuffer out = poisoned_floats(tokens.size() * dim);

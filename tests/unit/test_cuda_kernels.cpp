@@ -125,50 +125,6 @@ TEST_CASE("cuda kernels: swiglu matches silu(gate) * up") {
     }
 }
 
-namespace {
-
-// Rows of `type`, the way GGUF files hold them: quantized from random floats for the types tandem writes, random
-// valid blocks for the k-quants (any bytes are a valid code; the fp16 scales are kept small and finite).
-std::vector<uint8_t> random_matrix(GgmlType type, int rows, int cols, std::mt19937& rng) {
-    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-    std::vector<uint8_t> m(row_bytes * rows);
-    if (type == GgmlType::BF16) {  // truncated normal floats: no NaN / Inf bit patterns
-        const std::vector<float> v = random_floats(static_cast<size_t>(rows) * cols, rng);
-        for (size_t i = 0; i < v.size(); ++i) {
-            const uint16_t h = static_cast<uint16_t>(std::bit_cast<uint32_t>(v[i]) >> 16);
-            std::memcpy(m.data() + 2 * i, &h, 2);
-        }
-        return m;
-    }
-    if (type == GgmlType::Q4_1 || type == GgmlType::Q5_0 || type == GgmlType::Q5_1 || type == GgmlType::Q2_K ||
-        type == GgmlType::Q3_K || type == GgmlType::Q5_K)  // random valid blocks, scales in [-1, 1] / 64
-        return test::random_blocks(type, cols, rows, rng);
-    if (type == GgmlType::Q4_K || type == GgmlType::Q6_K) {
-        std::uniform_int_distribution<int> byte(0, 255);
-        std::uniform_real_distribution<float> scale(0.002f, 0.02f);
-        for (uint8_t& b : m) b = static_cast<uint8_t>(byte(rng));
-        for (int r = 0; r < rows; ++r)
-            for (int b = 0; b < cols / cpu::kQK_K; ++b) {
-                uint8_t* blk = m.data() + r * row_bytes + b * (type == GgmlType::Q4_K ? 144 : 210);
-                const uint16_t d = fp32_to_fp16(scale(rng)), dmin = fp32_to_fp16(scale(rng));
-                if (type == GgmlType::Q4_K) {
-                    std::memcpy(blk, &d, 2);
-                    std::memcpy(blk + 2, &dmin, 2);
-                } else {
-                    std::memcpy(blk + 208, &d, 2);
-                }
-            }
-        return m;
-    }
-    for (int r = 0; r < rows; ++r) {
-        const std::vector<float> v = random_floats(cols, rng, r % 3 == 2 ? 0.01f : 1.0f);
-        cpu::quantize_row(type, v.data(), m.data() + r * row_bytes, cols);
-    }
-    return m;
-}
-
-}  // namespace
-
 TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for every type") {
     struct Case {
         GgmlType type;
@@ -190,7 +146,7 @@ TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for ev
         CAPTURE(c.cols);
         REQUIRE(cuda::matvec_supports(c.type));
         const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(c.cols));
-        const std::vector<uint8_t> W = random_matrix(c.type, c.rows, c.cols, rng);
+        const std::vector<uint8_t> W = test::random_weight_rows(c.type, c.rows, c.cols, rng);
         std::vector<float> dq(static_cast<size_t>(c.rows) * c.cols);
         for (int r = 0; r < c.rows; ++r)
             cpu::dequantize_row(c.type, W.data() + r * row_bytes, &dq[static_cast<size_t>(r) * c.cols], c.cols);
@@ -331,7 +287,7 @@ TEST_CASE("cuda kernels: embedding gather dequantizes rows of every matvec type"
             CAPTURE(ggml_type_name(type));
             CAPTURE(dim);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
-            const std::vector<uint8_t> table = random_matrix(type, n_vocab, dim, rng);
+            const std::vector<uint8_t> table = test::random_weight_rows(type, n_vocab, dim, rng);
             std::vector<double> ref;
             for (int t : tokens) {
                 std::vector<float> row(dim);
@@ -564,7 +520,7 @@ TEST_CASE("cuda kernels: prefill GEMM matches dequantize_row and a double dot fo
             CAPTURE(sh.cols);
             CAPTURE(sh.n);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(sh.cols));
-            const std::vector<uint8_t> W = random_matrix(type, sh.rows, sh.cols, rng);
+            const std::vector<uint8_t> W = test::random_weight_rows(type, sh.rows, sh.cols, rng);
             const std::vector<float> x = random_floats(static_cast<size_t>(sh.n) * sh.cols, rng);
             std::vector<double> ref, bound;
             gemm_reference(dequantize_matrix(type, W, sh.rows, sh.cols), x, sh.rows, sh.cols, sh.n, ref, bound);
@@ -608,7 +564,7 @@ TEST_CASE("cuda kernels: dequantize_f16 and convert_f16 round like fp32_to_fp16"
         const int rows = 7, cols = block == 256 ? 512 : block == 32 ? 96 : 37, row0 = 2, n_rows = 4;
         CAPTURE(ggml_type_name(type));
         const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-        const std::vector<uint8_t> W = random_matrix(type, rows, cols, rng);
+        const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
         const std::vector<float> dq = dequantize_matrix(type, W, rows, cols);
         ScopedLaunchOptions scope(kTwoOrders[1]);
         std::vector<uint16_t> out(static_cast<size_t>(n_rows) * cols + 3, 0x7E00);  // fp16 NaN
@@ -644,7 +600,7 @@ TEST_CASE("cuda kernels: the fp16 GEMM route (the emulated mirror of cuBLAS) mat
         CAPTURE(c.rows);
         CAPTURE(c.n);
         const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(c.cols));
-        const std::vector<uint8_t> W = random_matrix(c.type, c.rows, c.cols, rng);
+        const std::vector<uint8_t> W = test::random_weight_rows(c.type, c.rows, c.cols, rng);
         const std::vector<float> x = random_floats(static_cast<size_t>(c.n) * c.cols, rng);
         std::vector<uint16_t> x16(x.size());
         cuda::convert_f16(x.data(), x.size(), x16.data(), nullptr);
@@ -666,7 +622,7 @@ TEST_CASE("cuda kernels: the fp16 GEMM route (the emulated mirror of cuBLAS) mat
             check_gemm(y, ref, bound);
         }
     }
-    std::vector<uint8_t> W = random_matrix(GgmlType::Q8_0, 2, 64, rng);
+    std::vector<uint8_t> W = test::random_weight_rows(GgmlType::Q8_0, 2, 64, rng);
     std::vector<float> x(64), y(2);
     std::vector<uint16_t> x16(64), tile(63);
     CHECK_THROWS_AS(cuda::gemm_via_f16(nullptr, GgmlType::Q8_0, W.data(), 68, 2, 64, x.data(), x16.data(), 1,

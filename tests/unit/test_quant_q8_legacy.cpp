@@ -46,25 +46,10 @@ std::vector<float> split_result(const Problem& p, DotRowsQ8Fn fn, const std::vec
         for (int64_t& v : c) v = std::min(v, n);
         return c;
     };
-    const std::vector<int64_t> rcut = clamp(row_cuts, p.rows), tcut = clamp(token_cuts, p.tokens);
-    const int64_t ys = p.rows + pad;
-    std::vector<float> y(static_cast<size_t>(ys * p.tokens), -7.0f);
-    for (size_t i = 0; i + 1 < rcut.size(); ++i)
-        for (size_t j = 0; j + 1 < tcut.size(); ++j) {
-            const int64_t t0 = tcut[j], t1 = tcut[j + 1];
-            if (t1 <= t0 || rcut[i + 1] <= rcut[i]) continue;
-            fn(p.w.data(), p.row_bytes, p.cols, rcut[i], rcut[i + 1], p.xq.data() + t0 * p.xs, p.xs, t1 - t0,
-               y.data() + t0 * ys, ys);
-        }
-    std::vector<float> out(static_cast<size_t>(p.rows * p.tokens));
-    for (int64_t t = 0; t < p.tokens; ++t)
-        for (int64_t r = 0; r < ys; ++r) {
-            if (r < p.rows)
-                out[t * p.rows + r] = y[t * ys + r];
-            else
-                CHECK(y[t * ys + r] == -7.0f);  // the padding: never written
-        }
-    return out;
+    return padded_split_result(p, clamp(row_cuts, p.rows), clamp(token_cuts, p.tokens), pad,
+                               [&](int64_t r0, int64_t r1, const uint8_t* x, int64_t n, float* y, int64_t ys) {
+                                   fn(p.w.data(), p.row_bytes, p.cols, r0, r1, x, p.xs, n, y, ys);
+                               });
 }
 
 void check_bitwise(const std::vector<float>& got, const std::vector<float>& want, const Problem& p, const char* what) {

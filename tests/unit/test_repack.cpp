@@ -32,24 +32,10 @@ using Problem = Q8Problem;
 // token's rows that must stay untouched.
 std::vector<float> repacked_result(const Problem& p, const RepackedMatrix& m, const std::vector<int64_t>& group_cuts,
                                    const std::vector<int64_t>& token_cuts) {
-    const int64_t pad = 5, ys = p.rows + pad;
-    std::vector<float> y(static_cast<size_t>(ys * p.tokens), -7.0f);
-    for (size_t i = 0; i + 1 < group_cuts.size(); ++i)
-        for (size_t j = 0; j + 1 < token_cuts.size(); ++j) {
-            const int64_t t0 = token_cuts[j], t1 = token_cuts[j + 1];
-            if (t1 > t0 && group_cuts[i + 1] > group_cuts[i])
-                m.dot_groups(group_cuts[i], group_cuts[i + 1], p.xq.data() + t0 * p.xs, p.xs, t1 - t0,
-                             y.data() + t0 * ys, ys);
-        }
-    std::vector<float> out(static_cast<size_t>(p.rows * p.tokens));
-    for (int64_t t = 0; t < p.tokens; ++t)
-        for (int64_t r = 0; r < ys; ++r) {
-            if (r < p.rows)
-                out[t * p.rows + r] = y[t * ys + r];
-            else
-                CHECK(y[t * ys + r] == -7.0f);
-        }
-    return out;
+    return padded_split_result(p, group_cuts, token_cuts, 5,
+                               [&](int64_t g0, int64_t g1, const uint8_t* x, int64_t n, float* y, int64_t ys) {
+                                   m.dot_groups(g0, g1, x, p.xs, n, y, ys);
+                               });
 }
 
 void check_bitwise(const std::vector<float>& got, const std::vector<float>& want, const Problem& p) {
