@@ -76,6 +76,7 @@ int run(const Options& opt) {
 
     const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     tandem::CpuBackend backend(*model, threads, params.batch);
+    backend.wait_for_repacking();  // a long throughput run: every window should use the copies
     auto cache = backend.new_cache(params.n_ctx);
     std::fprintf(stderr,
                  "tandem-perplexity: %s: %zu tokens, %d windows of %d (scoring the last %d of each), batch %d, "

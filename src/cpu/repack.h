@@ -63,10 +63,10 @@ public:
     // copy goes to `storage` (storage_bytes(...) of 64-byte aligned memory that outlives the matrix), or to memory
     // of its own when `storage` is null. Throws tandem::Error when the type has no repacked layout or kernel, or
     // cols is not a whole number of super-blocks.
-    // `cancel`, when given, is polled between row groups: once it is set the constructor throws
-    // RepackCancelled and the copy is unusable.
+    // `proceed`, when given, is called between row groups (it may block: the background repacking pauses there);
+    // once it returns false the constructor throws RepackCancelled and the copy is unusable.
     RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
-                   uint8_t* storage = nullptr, const std::atomic<bool>* cancel = nullptr);
+                   uint8_t* storage = nullptr, const std::function<bool()>& proceed = {});
     ~RepackedMatrix();
     RepackedMatrix(const RepackedMatrix&) = delete;
     RepackedMatrix& operator=(const RepackedMatrix&) = delete;
@@ -93,12 +93,13 @@ private:
     bool owns_ = false;        // data_ is ours to free (std::aligned_alloc)
 };
 
-// The repacked matrices of one backend, made on a background thread that starts with the backend, so that the rest
-// of start-up (tokenizer, chat template, the prompt) overlaps it. Results are bitwise the same with or without a
-// repacked copy, so a matrix could switch to its copy whenever it is published (an atomic pointer); the backend
-// waits for all of them before its first forward pass, though, so that the file's pages are never read while the
-// copies accumulate (peak memory near the file's size, not twice it). The copies share one anonymous mapping with
-// a transparent-huge-page hint: 953 MB (the 1.5B) took 0.65 s in 4 KiB pages, half of it in page faults, and
+// The repacked matrices of one backend, made on a background thread at idle priority that starts with the backend.
+// Results are bitwise the same with or without a repacked copy, so each matrix switches to its copy as soon as it is
+// published (an atomic pointer), and forward passes do not wait for the rest (CpuBackend::forward waits only in a
+// step long enough for the copies to pay for the wait). Memory stays near the file's size: a matrix's file pages are
+// released as soon as its copy is published, and again when a forward pass that was running then (and may have
+// read them back) ends, so every weight is resident about once, from the file or from a copy. The copies share one anonymous mapping
+// with a transparent-huge-page hint: 953 MB (the 1.5B) took 0.65 s in 4 KiB pages, half of it in page faults, and
 // 0.31 s typically with huge pages (the kernel may compact memory first: seen up to 1.8 s on a loaded machine).
 class RepackedWeights {
 public:
@@ -115,6 +116,12 @@ public:
     const RepackedMatrix* find(const void* data) const;
     // Blocks until the background thread is done (every copy ready, or it gave up); cheap once it is.
     void wait() const;
+    // Bracket a forward pass that may read the file's layout of matrices find() did not return yet: the pages of
+    // those published meanwhile are released once more after it ends. While a `prefill` pass runs (the time to
+    // first token waits on it), background repacking pauses in every backend of the process; during decode and
+    // verification it goes on at idle priority. Calls come from the backend's one calling thread, never nested.
+    void begin_forward(bool prefill);
+    void end_forward(bool prefill);
     size_t bytes() const { return bytes_; }  // planned
 
 private:
@@ -131,7 +138,10 @@ private:
     void* arena_ = nullptr;
     size_t bytes_ = 0;
     std::atomic<bool> stop_{false};
-    mutable std::mutex mutex_;
+    mutable std::mutex mutex_;  // guards done_, in_forward_, pending_release_
+    bool in_forward_ = false;
+    bool proceed() const;  // between row groups: false once stopping; blocks while a prefill pass runs
+    std::vector<const WeightView*> pending_release_;  // published during the forward pass in flight
     mutable std::condition_variable done_cv_;
     bool done_ = false;
     std::atomic<bool> done_flag_{false};  // done_, readable without the mutex

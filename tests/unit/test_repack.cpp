@@ -1,12 +1,17 @@
 // Tests of RepackedMatrix (cpu/repack.h): the row-lane kernels over the repacked layout are bitwise the scalar
 // kernel of the type (dot_rows_scalar) for every (row, token), over shapes with partial row groups, any token count
 // (tiles and their remainders), group ranges, extreme codes, and whatever the batch; and matmul with a repacked
-// matrix equals matmul with the original. Skipped (with a message) on a CPU without the kernels.
+// matrix equals matmul with the original; RepackedWeights' background thread pauses during prefill and releases every
+// matrix. Skipped (with a message) on a CPU without the kernels.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "cpu/matmul.h"
@@ -17,6 +22,7 @@
 #include "error.h"
 #include "q8_problem.h"
 #include "random_blocks.h"
+#include "weights.h"
 
 using namespace tandem;
 using namespace tandem::cpu;
@@ -110,4 +116,55 @@ TEST_CASE("repack: a type without a layout is an error") {
     ThreadPool pool(1);
     std::vector<uint8_t> w(1024);
     CHECK_THROWS_AS(RepackedMatrix(GgmlType::Q8_0, w.data(), 256, 2, pool), Error);
+}
+
+// RepackedWeights' background thread (cpu/repack.h): it pauses while a prefill pass runs anywhere in the process
+// (between row groups, so at most the matrix in progress is published meanwhile), goes on afterwards, publishes every
+// copy, and releases each matrix's file pages once (again after a forward pass that was running when it was
+// published).
+TEST_CASE("repack: background repacking pauses during a prefill pass and releases every matrix") {
+    if (!RepackedMatrix::available(GgmlType::Q4_K)) {
+        MESSAGE("Q4_K: no repacked kernel on this build or CPU, not checked");
+        return;
+    }
+    std::mt19937 rng(5);
+    constexpr int kMatrices = 24, kRows = 64, kCols = 2048;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<WeightView> views(kMatrices);
+    std::vector<const WeightView*> ptrs;
+    for (int i = 0; i < kMatrices; ++i) {
+        data.push_back(random_weight_rows(GgmlType::Q4_K, kRows, kCols, rng));
+        views[i] = WeightView{data.back().data(), GgmlType::Q4_K, kCols, kRows};
+        ptrs.push_back(&views[i]);
+    }
+    std::mutex m;
+    std::vector<const void*> released;
+    RepackedWeights weights(ptrs, [&](const WeightView& v) {
+        std::lock_guard<std::mutex> lock(m);
+        released.push_back(v.data);
+    });
+    REQUIRE(weights.bytes() > 0);
+    auto n_ready = [&] {
+        int n = 0;
+        for (const WeightView& v : views) n += weights.find(v.data) != nullptr;
+        return n;
+    };
+    weights.begin_forward(/*prefill=*/true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const int before = n_ready();
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    const int after = n_ready();
+    CHECK(after <= before + 1);  // paused: only the matrix in progress may still be published
+    CHECK(after < kMatrices);
+    weights.end_forward(/*prefill=*/true);
+    weights.wait();
+    CHECK(n_ready() == kMatrices);
+    // Each matrix released once, plus once more for those published while the pass above was running.
+    std::lock_guard<std::mutex> lock(m);
+    for (const WeightView& v : views) {
+        const auto n = std::count(released.begin(), released.end(), v.data);
+        CHECK(n >= 1);
+        CHECK(n <= 2);
+    }
+    CHECK(static_cast<int>(released.size()) <= kMatrices + after + 1);
 }
