@@ -68,6 +68,18 @@ public:
         for (int r = 0; r < n_rows; ++r) ids[r] = argmax_row(scratch.data() + r * n_vocab, n_vocab);
     }
 
+    // Restricts the logits of later forward calls to ids [0, n_first) and the ids in `extra` (any order, repeats and
+    // ids below n_first allowed); every other logit is written as -inf. Those computed are bitwise the unrestricted
+    // ones. For a draft model, whose proposals the target verifies anyway: the output matrix is the largest single
+    // read of a small model's step (Qwen2.5-0.5B: 145 of its 486 MB), and a byte-level BPE vocabulary is ordered by
+    // merge rank, so its first ids are the frequent ones. n_first >= n_vocab lifts the restriction. Returns false,
+    // changing nothing, where the backend cannot restrict (it keeps computing every logit).
+    virtual bool restrict_logits(int n_first, std::span<const int> extra) {
+        (void)n_first;
+        (void)extra;
+        return false;
+    }
+
     // Sampler's greedy pick of one row (see forward_argmax): a NaN never compares greater, a tie keeps the first.
     static int argmax_row(const float* row, size_t n) {
         int best = -1;

@@ -221,8 +221,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         // The prior: the draft's share of the target's weight bytes, the prompt prefill's cost per token (only from
         // a prompt long enough for the per-token part to dominate), the draft's own prefill of the prompt (the
         // same work at the weight-bytes ratio) and the tokens still wanted.
-        const double ratio = static_cast<double>(draft_.model->weights.bytes_per_token()) /
-                             static_cast<double>(std::max<uint64_t>(1, model_.weights.bytes_per_token()));
+        double draft_bytes = static_cast<double>(draft_.model->weights.bytes_per_token());
+        const int draft_n_vocab = draft_.model->config.n_vocab;
+        if (sp.draft_vocab > 0 && sp.draft_vocab < draft_n_vocab)  // the output rows it will not read
+            draft_bytes -= static_cast<double>(draft_.model->weights.output.n_bytes()) *
+                           (1.0 - static_cast<double>(sp.draft_vocab) / draft_n_vocab);
+        const double ratio = draft_bytes / static_cast<double>(std::max<uint64_t>(1, model_.weights.bytes_per_token()));
         const int n_prompt = out.stats().n_prompt;
         controller.set_cost_prior(ratio, n_prompt >= 32 ? out.stats().prefill_s / n_prompt : 0.0,
                                   ratio * out.stats().prefill_s, static_cast<double>(out.remaining()));
@@ -265,6 +269,31 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     }
     // Token at absolute position p, for the draft's catch-up.
     auto token_at = [&](int p) { return p < base ? held[static_cast<size_t>(p)] : out.history[static_cast<size_t>(p - base)]; };
+    // The draft's logits restricted to the first sp.draft_vocab ids and the ids of the context (held, prompt and
+    // what was generated): code that the answer repeats from the prompt stays draftable. Updated before drafting
+    // whenever the context brought new ids.
+    const bool restrict_draft = draft_.model && sp.draft_vocab > 0 && sp.draft_vocab < draft_vocab;
+    std::vector<int> draft_extra_ids;
+    std::vector<char> draft_extra_seen(restrict_draft ? static_cast<size_t>(draft_vocab - sp.draft_vocab) : 0);
+    int draft_vocab_scanned = 0;  // absolute positions looked at
+    bool draft_vocab_set = false;
+    auto update_draft_vocab = [&] {
+        if (!restrict_draft) return;
+        const int end = base + static_cast<int>(out.history.size());
+        bool added = false;
+        for (; draft_vocab_scanned < end; ++draft_vocab_scanned) {
+            const int id = draft_vocab_scanned < base && draft_vocab_scanned >= static_cast<int>(held.size())
+                               ? -1  // not given (the draft's cache already holds it)
+                               : token_at(draft_vocab_scanned);
+            if (id < sp.draft_vocab || id >= draft_vocab || draft_extra_seen[static_cast<size_t>(id - sp.draft_vocab)]) continue;
+            draft_extra_seen[static_cast<size_t>(id - sp.draft_vocab)] = 1;
+            draft_extra_ids.push_back(id);
+            added = true;
+        }
+        if (added || !draft_vocab_set) draft_.backend->restrict_logits(sp.draft_vocab, draft_extra_ids);
+        draft_vocab_set = true;
+    };
+    if (draft_.model && !restrict_draft) draft_.backend->restrict_logits(draft_vocab, {});  // an earlier call's, lifted
     std::vector<int> pending;
 
     for (;;) {
@@ -286,6 +315,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         const bool from_lookup = !drafted.empty();
         if (k > 0 && !from_lookup && draft_.model) {
             Clock::time_point t0 = Clock::now();
+            update_draft_vocab();
             // Catch the draft up on everything it has not seen: cur, after a full acceptance the last draft, and
             // in the first drafting round (or after a stretch of plain decoding) the prompt and what followed, in
             // prefill chunks. A long catch-up is not a draft step: its time is left out of the per-step cost.

@@ -354,6 +354,10 @@ int main(int argc, char** argv) {
     app.add_option("--draft-p-min", opt.gen.speculative.p_min,
                    "stop drafting when the draft's top probability falls below this")
         ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--draft-vocab", opt.gen.speculative.draft_vocab,
+                   "the draft computes logits only for ids below this (a BPE vocabulary's frequent ones) and those in "
+                   "the context (0: every id); the output is the target's either way")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_flag("--lookup", opt.gen.speculative.lookup,
                  "prompt-lookup drafting: propose continuations of n-grams already in the context");
     app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");

@@ -22,6 +22,9 @@ struct SpeculativeParams {
     int draft_max = 16;     // k never exceeds this
     int draft_min = 0;      // nor goes below this (0 lets the controller fall back to plain decoding)
     float p_min = 0.6f;     // a draft model stops proposing when its own top probability falls below this
+    // A draft model computes the logits of the first draft_vocab ids and of every id in the context only (0: all;
+    // Backend::restrict_logits). Proposals outside are never made; the output stays the target's exactly.
+    int draft_vocab = 32768;
     bool lookup = false;    // prompt-lookup drafting (with or without a draft model)
     int lookup_ngram_max = 4;  // longest n-gram matched against the context
     int lookup_ngram_min = 2;  // shortest n-gram accepted as a match

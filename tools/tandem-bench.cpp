@@ -202,7 +202,7 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 // Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
 // With `serve`, after loading it answers one generation per stdin line instead: "plain I" or "spec I" (prompt I,
 // from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
-int speculative_bench(const tandem::Model& model, const std::string& draft_path, bool lookup,
+int speculative_bench(const tandem::Model& model, const std::string& draft_path, bool lookup, int draft_vocab,
                       const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
                       bool json, bool serve, const std::string& backend_kind, const std::string& kv_type) {
     std::vector<std::vector<int>> encoded;
@@ -235,6 +235,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         params.chunk = chunk;
         params.sampler.temperature = 0;
         params.speculative.lookup = speculative && lookup;
+        params.speculative.draft_vocab = draft_vocab;
         tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
         return gen.generate(prompt, params, [](std::string_view) { return true; });
     };
@@ -377,6 +378,14 @@ int main(int argc, char** argv) {
     size_t bandwidth_mib = 1024;
     app.add_option("--draft", draft_path, "speculative mode: draft model to compare against plain decoding");
     app.add_flag("--lookup", lookup, "speculative mode with prompt-lookup drafting");
+    int logits_vocab = 0;
+    app.add_option("--logits-vocab", logits_vocab,
+                   "pp/tg: logits for the first N ids only, as a speculative draft computes them (0: all)")
+        ->check(CLI::NonNegativeNumber);
+    int draft_vocab = tandem::SpeculativeParams{}.draft_vocab;
+    app.add_option("--draft-vocab", draft_vocab,
+                   "speculative mode: the draft computes logits for ids below this and those of the context only (0: all)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_option("--prompts", prompts_path, "speculative mode: prompts, one per line (default: three built in)");
     app.add_flag("--unescape", unescape, "the --prompts lines use the escapes \\n, \\t and \\\\ (multi-line prompts)");
     app.add_flag("--json", json, "print JSON lines instead of Markdown tables");
@@ -425,6 +434,8 @@ int main(int argc, char** argv) {
         std::unique_ptr<tandem::Backend> backend_ptr =
             make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type);
         tandem::Backend& backend = *backend_ptr;
+        if (logits_vocab > 0 && !backend.restrict_logits(logits_vocab, {}))
+            throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");
         auto cache = backend.new_cache(n_ctx);
         std::vector<float> logits(static_cast<size_t>(c.n_vocab));
         const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen) + 64, c.n_vocab);  // + --verify's sizes
@@ -458,7 +469,7 @@ int main(int argc, char** argv) {
                 for (std::string line; std::getline(in, line);)
                     if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
-            return speculative_bench(*model, draft_path, lookup, prompts, n_gen, reps, threads, chunk, json, serve,
+            return speculative_bench(*model, draft_path, lookup, draft_vocab, prompts, n_gen, reps, threads, chunk, json, serve,
                                      backend_kind, kv_type);
         }
         if (serve) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define TANDEM_ATTENTION_SIMD 1
@@ -32,6 +34,7 @@ CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
 CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack)
     : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
     const ModelConfig& c = model.config;
+    logit_first_ = c.n_vocab;
     const size_t B = static_cast<size_t>(max_batch_);
     x_.resize(B * c.dim);
     xb_.resize(B * c.dim);
@@ -281,8 +284,46 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         for (int i = first; i < n; ++i)
             rms_norm(&xb_[static_cast<size_t>(i - first) * dim], &x_[static_cast<size_t>(i) * dim], out_norm, dim,
                      c.rms_eps);
-        matmul(w.output, xb_.data(), n_logits, logits);
+        if (logit_first_ >= c.n_vocab)
+            matmul(w.output, xb_.data(), n_logits, logits);
+        else
+            restricted_logits(xb_.data(), n_logits, logits);
     }
+}
+
+bool CpuBackend::restrict_logits(int n_first, std::span<const int> extra) {
+    const int n_vocab = model_.config.n_vocab;
+    const WeightView& W = model_.weights.output;
+    logit_first_ = std::clamp(n_first, 0, n_vocab);
+    logit_extra_ids_.clear();
+    for (int id : extra)
+        if (id >= logit_first_ && id < n_vocab) logit_extra_ids_.push_back(id);
+    std::sort(logit_extra_ids_.begin(), logit_extra_ids_.end());
+    logit_extra_ids_.erase(std::unique(logit_extra_ids_.begin(), logit_extra_ids_.end()), logit_extra_ids_.end());
+    const size_t row_bytes = W.row_bytes();
+    logit_extra_rows_.resize(logit_extra_ids_.size() * row_bytes);
+    for (size_t j = 0; j < logit_extra_ids_.size(); ++j)
+        std::memcpy(&logit_extra_rows_[j * row_bytes], W.row(logit_extra_ids_[j]), row_bytes);
+    return true;
+}
+
+void CpuBackend::restricted_logits(const float* x, int n, float* logits) {
+    const WeightView& W = model_.weights.output;
+    const int64_t V = model_.config.n_vocab;
+    if (const cpu::RepackedMatrix* R = repacked_ ? repacked_->find(W.data) : nullptr)
+        cpu::matmul_first_rows(*R, logit_first_, x, n, logits, V, pool_);
+    else
+        cpu::matmul_first_rows(W.type, W.data, W.cols, logit_first_, x, n, logits, V, pool_, activations_);
+    for (int t = 0; t < n; ++t)
+        std::fill(logits + t * V + logit_first_, logits + (t + 1) * V, -std::numeric_limits<float>::infinity());
+    const int64_t n_extra = static_cast<int64_t>(logit_extra_ids_.size());
+    if (n_extra == 0) return;
+    logit_extra_out_.resize(static_cast<size_t>(n * n_extra));
+    // The file's layout, whatever serves the rest: the same bits (repack.h).
+    cpu::matmul(W.type, logit_extra_rows_.data(), W.cols, n_extra, x, n, logit_extra_out_.data(), pool_, activations_);
+    for (int t = 0; t < n; ++t)
+        for (int64_t j = 0; j < n_extra; ++j)
+            logits[t * V + logit_extra_ids_[static_cast<size_t>(j)]] = logit_extra_out_[static_cast<size_t>(t * n_extra + j)];
 }
 
 // Causal grouped-query attention of the step's n tokens over the cache (which already holds their own keys and

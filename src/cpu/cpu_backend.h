@@ -49,6 +49,7 @@ public:
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
+    bool restrict_logits(int n_first, std::span<const int> extra) override;
     int n_threads() const { return pool_.size(); }
     // Bytes of weights repacked, or being repacked in the background (0 when nothing is: another type, a CPU
     // without the kernels, Float activations, or TANDEM_NO_REPACK=1). Results are the same bits before and after.
@@ -62,6 +63,8 @@ private:
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
+    // The logits of n normed rows x under restrict_logits.
+    void restricted_logits(const float* x, int n, float* logits);
 
     const Model& model_;
     cpu::ThreadPool pool_;
@@ -82,6 +85,12 @@ private:
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
     std::unique_ptr<cpu::RepackedWeights> repacked_;  // null: nothing repacked
+    // restrict_logits: ids below logit_first_ (n_vocab: no restriction), and the extra ids, whose output rows are
+    // copied together (the file's layout) so that one matmul computes them.
+    int logit_first_;
+    std::vector<int> logit_extra_ids_;
+    std::vector<uint8_t> logit_extra_rows_;
+    std::vector<float> logit_extra_out_;  // [tokens][extra ids]
 };
 
 }  // namespace tandem

@@ -61,12 +61,19 @@ const uint8_t* quantized_activations(ActFormat f, const float* x, int64_t cols, 
 }  // namespace
 
 void matmul(const RepackedMatrix& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool) {
-    if (W.rows() == 0 || n_tokens <= 0) return;
-    const bool serial = pool.size() == 1 || W.rows() * W.cols() * n_tokens < kMinParallelMacs;
+    matmul_first_rows(W, W.rows(), x, n_tokens, y, W.rows(), pool);
+}
+
+void matmul_first_rows(const RepackedMatrix& W, int64_t n_rows, const float* x, int64_t n_tokens, float* y,
+                       int64_t y_stride, ThreadPool& pool) {
+    if (n_rows <= 0 || n_tokens <= 0) return;
+    if (n_rows > W.rows()) throw Error("matmul_first_rows: " + std::to_string(n_rows) + " rows of " + std::to_string(W.rows()));
+    const int64_t n_groups = (n_rows + RepackedMatrix::kGroupRows - 1) / RepackedMatrix::kGroupRows;
+    const bool serial = pool.size() == 1 || n_rows * W.cols() * n_tokens < kMinParallelMacs;
     const size_t xs = act_row_bytes(ActFormat::Q8_K, W.cols());
     const uint8_t* xq = quantized_activations(ActFormat::Q8_K, x, W.cols(), n_tokens, pool, serial);
-    auto groups = [&](int64_t begin, int64_t end, int) { W.dot_groups(begin, end, xq, xs, n_tokens, y, W.rows()); };
-    serial ? groups(0, W.n_groups(), 0) : pool.parallel_for(W.n_groups(), groups);
+    auto groups = [&](int64_t begin, int64_t end, int) { W.dot_groups(begin, end, xq, xs, n_tokens, y, y_stride); };
+    serial ? groups(0, n_groups, 0) : pool.parallel_for(n_groups, groups);
 }
 
 bool uses_int8(GgmlType type, Activations act) { return integer_kernels(type, act) != nullptr; }
@@ -90,23 +97,28 @@ void matmul_rows(GgmlType type, const void* W, int64_t cols, int64_t rows, const
 
 void matmul(GgmlType type, const void* W, int64_t cols, int64_t rows, const float* x, int64_t n_tokens, float* y,
             ThreadPool& pool, Activations act) {
-    const TypeKernels& k = checked_kernels(type, cols, rows, n_tokens);
-    if (rows == 0 || n_tokens == 0) return;
+    matmul_first_rows(type, W, cols, rows, x, n_tokens, y, rows, pool, act);
+}
+
+void matmul_first_rows(GgmlType type, const void* W, int64_t cols, int64_t n_rows, const float* x, int64_t n_tokens,
+                       float* y, int64_t y_stride, ThreadPool& pool, Activations act) {
+    const TypeKernels& k = checked_kernels(type, cols, n_rows, n_tokens);
+    if (n_rows == 0 || n_tokens == 0) return;
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-    const bool serial = pool.size() == 1 || rows * cols * n_tokens < kMinParallelMacs;
+    const bool serial = pool.size() == 1 || n_rows * cols * n_tokens < kMinParallelMacs;
     if (const Q8TypeKernels* q = integer_kernels(type, act)) {
         const size_t xs = act_row_bytes(q->act, cols);
         const uint8_t* xq = quantized_activations(q->act, x, cols, n_tokens, pool, serial);
         auto rows_kernel = [&](int64_t begin, int64_t end, int) {
-            q->dot_rows(W, row_bytes, cols, begin, end, xq, xs, n_tokens, y, rows);
+            q->dot_rows(W, row_bytes, cols, begin, end, xq, xs, n_tokens, y, y_stride);
         };
-        serial ? rows_kernel(0, rows, 0) : pool.parallel_for(rows, rows_kernel);
+        serial ? rows_kernel(0, n_rows, 0) : pool.parallel_for(n_rows, rows_kernel);
         return;
     }
     auto rows_kernel = [&](int64_t begin, int64_t end, int) {
-        k.dot_rows(W, row_bytes, cols, begin, end, x, cols, n_tokens, y, rows);
+        k.dot_rows(W, row_bytes, cols, begin, end, x, cols, n_tokens, y, y_stride);
     };
-    serial ? rows_kernel(0, rows, 0) : pool.parallel_for(rows, rows_kernel);
+    serial ? rows_kernel(0, n_rows, 0) : pool.parallel_for(n_rows, rows_kernel);
 }
 
 }  // namespace tandem::cpu

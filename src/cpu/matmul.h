@@ -36,6 +36,15 @@ void matmul_rows(GgmlType type, const void* W, int64_t cols, int64_t rows, const
 // matmul on the original with Activations::Int8 (batch invariance included). Threads split row groups.
 void matmul(const RepackedMatrix& W, const float* x, int64_t n_tokens, float* y, ThreadPool& pool);
 
+// matmul restricted to the first n_rows rows of W (n_rows <= rows), writing y[t * y_stride + r]: each result is
+// bitwise matmul's. For logits of a vocabulary's first ids only (a draft model's proposals, Backend::restrict_logits).
+// The repacked form computes whole row groups: it may also write the rows of the last group past n_rows (still below
+// W.rows() and y_stride).
+void matmul_first_rows(GgmlType type, const void* W, int64_t cols, int64_t n_rows, const float* x, int64_t n_tokens,
+                       float* y, int64_t y_stride, ThreadPool& pool, Activations act = Activations::Int8);
+void matmul_first_rows(const RepackedMatrix& W, int64_t n_rows, const float* x, int64_t n_tokens, float* y,
+                       int64_t y_stride, ThreadPool& pool);
+
 // True when matmul with `act` runs the integer kernels for this weight type.
 bool uses_int8(GgmlType type, Activations act);
 

@@ -1,16 +1,21 @@
 // Forward-pass tests on stories260K against llama2.c's outputs (an independent implementation): logits at
-// positions 4..7 of "Once upon a time", greedy continuations of every reference prompt, and batch invariance.
+// positions 4..7 of "Once upon a time", greedy continuations of every reference prompt, and batch invariance; logits
+// restricted to part of the vocabulary (Backend::restrict_logits).
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <unistd.h>
 
 #include "cpu/cpu_backend.h"
 #include "generator.h"
 #include "model.h"
 #include "reference_files.h"
+#include "synthetic_model.h"
 
 using namespace tandem;
 
@@ -166,4 +171,47 @@ TEST_CASE("generator: stop strings are cut and held back across pieces") {
     s += g.flush();
     CHECK(s == "xxab");
     CHECK_FALSE(g.stopped());
+}
+
+// Restricted logits (a draft model's): ids below n_first and the extra ids bitwise the unrestricted ones, every other
+// -inf, whether the output matrix is used in the file's layout (stories260K, f32) or repacked (a synthetic model
+// in Q6_K, where this CPU has the repacked kernels); several tokens at once; the restriction lifted again.
+TEST_CASE("model: restricted logits are the unrestricted ones on the kept ids and -inf elsewhere") {
+    const std::string synth = (std::filesystem::temp_directory_path() /
+                               ("tandem-restrict-" + std::to_string(::getpid()) + ".gguf")).string();
+    write_synthetic_model(synth, *synthetic_preset("tiny"), GgmlType::Q6_K, 7);
+    for (const std::string& path : {kData + "/stories260K.gguf", synth}) {
+        CAPTURE(path);
+        auto model = Model::load(path);
+        const int V = model->config.n_vocab;
+        CpuBackend full(*model, 2, 16), restricted(*model, 2, 16);
+        full.wait_for_repacking();
+        restricted.wait_for_repacking();
+        const int n_first = 100;
+        const std::vector<int> extra = {V - 1, 300, 5, 300, 177};  // unsorted, a repeat, one below n_first
+        REQUIRE(restricted.restrict_logits(n_first, extra));
+        const std::vector<int> tokens = {1, 403, 407, 261, 378, 432};
+        auto cache_a = full.new_cache(32), cache_b = restricted.new_cache(32);
+        const std::vector<float> a = run_logits(full, *cache_a, tokens, 3, V);
+        const std::vector<float> b = run_logits(restricted, *cache_b, tokens, 3, V);
+        int kept = 0;
+        for (size_t t = 0; t < tokens.size(); ++t)
+            for (int id = 0; id < V; ++id) {
+                const bool keep = id < n_first || id == V - 1 || id == 300 || id == 177;
+                const float got = b[t * V + id], want = a[t * V + id];
+                if (keep) {
+                    kept += std::memcmp(&got, &want, sizeof got) == 0;
+                } else if (got != -std::numeric_limits<float>::infinity()) {
+                    FAIL_CHECK("id " << id << " of token " << t << " is " << got << ", not -inf");
+                }
+            }
+        CHECK(kept == static_cast<int>(tokens.size()) * (n_first + 3));
+        // Lifted: the next positions are bitwise the unrestricted backend's again.
+        REQUIRE(restricted.restrict_logits(V, {}));
+        const std::vector<int> more = {286, 300};
+        const std::vector<float> c = run_logits(full, *cache_a, more, 2, V);
+        const std::vector<float> d = run_logits(restricted, *cache_b, more, 2, V);
+        CHECK(std::memcmp(c.data(), d.data(), c.size() * sizeof(float)) == 0);
+    }
+    std::filesystem::remove(synth);
 }

@@ -3,6 +3,7 @@
 // controller, and losslessness at temperature > 0 by an exact chi-square test.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -162,6 +163,36 @@ TEST_CASE("speculative: a draft identical to the target is always accepted") {
     CHECK(spec.tokens == plain.tokens);
     CHECK(spec.stats.spec.drafted > 100);
     CHECK(spec.stats.spec.accepted == spec.stats.spec.drafted);
+}
+
+TEST_CASE("speculative: a draft restricted to part of the vocabulary keeps the output and never proposes other ids") {
+    // The target itself as the draft: with every logit it would always be accepted; restricted to ids below 200 and
+    // those of the context, it must miss exactly where the target picks an id it cannot see, and the output stays
+    // the target's.
+    auto target = Model::load(kData + "/stories260K.gguf");
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    const Run plain = generate(*target, "", prompt, greedy_params(150));
+    GenerationParams p = greedy_params(150);
+    p.speculative.draft_min = 5;
+    p.speculative.draft_max = 5;
+    p.speculative.p_min = 0;
+    p.speculative.draft_vocab = 200;
+    const Run spec = generate(*target, kData + "/stories260K.gguf", prompt, p);
+    CHECK(spec.tokens == plain.tokens);
+    CHECK(spec.stats.spec.drafted > 50);
+    // A generated id >= 200 that is new to the context cannot have been proposed: count the rounds that must miss.
+    std::vector<int> context = prompt;
+    int unseeable = 0;
+    for (int id : plain.tokens) {
+        if (id >= 200 && std::find(context.begin(), context.end(), id) == context.end()) ++unseeable;
+        context.push_back(id);
+    }
+    CHECK(unseeable > 0);  // the test would show nothing otherwise
+    CHECK(spec.stats.spec.accepted < spec.stats.spec.drafted);
+    p.speculative.draft_vocab = 0;
+    const Run unrestricted = generate(*target, kData + "/stories260K.gguf", prompt, p);
+    CHECK(unrestricted.tokens == plain.tokens);
+    CHECK(unrestricted.stats.spec.accepted == unrestricted.stats.spec.drafted);
 }
 
 TEST_CASE("speculative: after a rejection the KV cache equals a fresh prefill of the same tokens") {
@@ -423,7 +454,7 @@ TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-squar
     }
 
     int64_t drafted = 0, accepted = 0;
-    auto sample_runs = [&](const std::string& draft, bool lookup, int n_runs) {
+    auto sample_runs = [&](const std::string& draft, bool lookup, int n_runs, int draft_vocab = 0) {
         std::array<std::map<int, int>, 3> counts;
         for (int seed = 0; seed < n_runs; ++seed) {
             GenerationParams p;
@@ -434,6 +465,7 @@ TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-squar
             p.speculative.draft_max = 2;
             p.speculative.p_min = 0;
             p.speculative.lookup = lookup;
+            p.speculative.draft_vocab = draft_vocab;
             const Run r = generate(*target, draft, prompt, p);
             for (size_t i = 0; i < 3 && i < r.tokens.size(); ++i) ++counts[i][r.tokens[i]];
             drafted += r.stats.spec.drafted;
@@ -455,6 +487,10 @@ TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-squar
     CHECK(s1 < c1);
     CHECK(s2 < c2);
     CHECK(s3 < c3);
+    // A draft restricted to part of the vocabulary (q is then its distribution over the kept ids) is lossless too.
+    const auto restricted = sample_runs(drafts().sharp, false, n_runs, 256);
+    CHECK(chi_square(restricted[1], m2, n_runs).first < chi_square(restricted[1], m2, n_runs).second);
+    CHECK(chi_square(restricted[2], m3, n_runs).first < chi_square(restricted[2], m3, n_runs).second);
     // Prompt lookup (one-hot proposals) must be lossless too.
     const auto look = sample_runs("", true, n_runs);
     CHECK(chi_square(look[1], m2, n_runs).first < chi_square(look[1], m2, n_runs).second);
