@@ -80,6 +80,10 @@ public:
         return false;
     }
 
+    // Blocks until work the backend does in the background after loading (the CPU backend's repacked weights) is
+    // done, so that later calls run at their steady-state speed. The results are the same bits either way.
+    virtual void wait_for_repacking() const {}
+
     // Sampler's greedy pick of one row (see forward_argmax): a NaN never compares greater, a tie keeps the first.
     static int argmax_row(const float* row, size_t n) {
         int best = -1;

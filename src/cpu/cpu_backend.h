@@ -54,8 +54,9 @@ public:
     // Bytes of weights repacked, or being repacked in the background (0 when nothing is: another type, a CPU
     // without the kernels, Float activations, or TANDEM_NO_REPACK=1). Results are the same bits before and after.
     size_t repacked_bytes() const;
-    // Blocks until the background repacking is done (benchmarks measure the steady state).
-    void wait_for_repacking() const;
+    // Blocks until the background repacking is done (benchmarks measure the steady state; speculative decoding
+    // before its first verification).
+    void wait_for_repacking() const override;
 
 private:
     void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);

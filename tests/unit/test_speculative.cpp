@@ -195,6 +195,68 @@ TEST_CASE("speculative: a draft restricted to part of the vocabulary keeps the o
     CHECK(unrestricted.stats.spec.accepted == unrestricted.stats.spec.drafted);
 }
 
+namespace {
+// Delegates to a CPU backend and logs its calls: "w" for wait_for_repacking, the token count of each forward.
+class LoggingBackend : public Backend {
+public:
+    LoggingBackend(CpuBackend& inner, std::vector<std::string>& log) : inner_(inner), log_(log) {}
+    std::string name() const override { return inner_.name(); }
+    std::unique_ptr<KvCache> new_cache(int n_ctx) override { return inner_.new_cache(n_ctx); }
+    void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override {
+        log_.push_back(std::to_string(tokens.size()));
+        inner_.forward(tokens, cache, n_logits, logits);
+    }
+    bool restrict_logits(int n_first, std::span<const int> extra) override { return inner_.restrict_logits(n_first, extra); }
+    void wait_for_repacking() const override {
+        log_.push_back("w");
+        inner_.wait_for_repacking();
+    }
+
+private:
+    CpuBackend& inner_;
+    std::vector<std::string>& log_;
+};
+}  // namespace
+
+TEST_CASE("speculative: the first drafting round waits for repacked weights, plain decoding never does") {
+    // Verification and the draft's catch-up are compute-bound, where the CPU backend's repacked copies pay; decode
+    // is not, and the background copies make no progress while it keeps the cores busy (generator.cpp).
+    auto target = Model::load(kData + "/stories260K.gguf");
+    auto draft = Model::load(drafts().q8_0);
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    for (bool drafting : {false, true}) {
+        CpuBackend target_cpu(*target, 1, 64), draft_cpu(*draft, 1, 64);
+        std::vector<std::string> target_log, draft_log;
+        LoggingBackend target_backend(target_cpu, target_log), draft_backend(draft_cpu, draft_log);
+        auto cache = target_backend.new_cache(128);
+        auto draft_cache = draft_backend.new_cache(128);
+        GenerationParams p = greedy_params(40);
+        p.speculative.draft_min = drafting ? 2 : 0;
+        p.speculative.draft_max = drafting ? 2 : 0;
+        p.speculative.p_min = 0;
+        Generator gen(*target, target_backend, *cache, {draft.get(), &draft_backend, draft_cache.get()});
+        const GenerationStats stats = gen.generate(prompt, p, [](std::string_view) { return true; });
+        INFO("drafting " << drafting);
+        const auto waits = [](const std::vector<std::string>& log) { return std::count(log.begin(), log.end(), "w"); };
+        if (!drafting) {
+            CHECK(stats.spec.drafted == 0);
+            CHECK(waits(target_log) == 0);
+            CHECK(waits(draft_log) == 0);
+            continue;
+        }
+        REQUIRE(stats.spec.drafted > 0);
+        CHECK(waits(target_log) == 1);
+        CHECK(waits(draft_log) == 1);
+        // The target: the prompt's prefill, then plain steps, then the wait, before the first verification of
+        // several tokens. The draft: the wait before anything at all.
+        const auto wait_at = std::find(target_log.begin(), target_log.end(), "w");
+        const auto first_verify = std::find_if(target_log.begin() + 1, target_log.end(),
+                                               [](const std::string& e) { return e != "w" && e != "1"; });
+        CHECK(wait_at < first_verify);
+        CHECK(draft_log.front() == "w");
+    }
+}
+
 TEST_CASE("speculative: after a rejection the KV cache equals a fresh prefill of the same tokens") {
     auto model = Model::load(kData + "/stories260K.gguf");
     const ModelConfig& c = model->config;
