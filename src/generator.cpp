@@ -215,6 +215,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     const size_t V = static_cast<size_t>(n_vocab);
     SpeculativeStats& st = out.stats().spec;
 
+    const int draft_vocab = draft_.model ? draft_.model->config.n_vocab : 0;
+    // The draft's logits restricted to the first sp.draft_vocab ids and the ids of the context (see below).
+    const bool restrict_draft = draft_.model && sp.draft_vocab > 0 && sp.draft_vocab < draft_vocab;
     DraftLengthController controller(sp.draft_min, sp.draft_max);
     controller.set_free_drafts(draft_.model == nullptr);
     if (draft_.model) {
@@ -222,10 +225,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         // a prompt long enough for the per-token part to dominate), the draft's own prefill of the prompt (the
         // same work at the weight-bytes ratio) and the tokens still wanted.
         double draft_bytes = static_cast<double>(draft_.model->weights.bytes_per_token());
-        const int draft_n_vocab = draft_.model->config.n_vocab;
-        if (sp.draft_vocab > 0 && sp.draft_vocab < draft_n_vocab)  // the output rows it will not read
+        if (restrict_draft)  // the output rows it will not read
             draft_bytes -= static_cast<double>(draft_.model->weights.output.n_bytes()) *
-                           (1.0 - static_cast<double>(sp.draft_vocab) / draft_n_vocab);
+                           (1.0 - static_cast<double>(sp.draft_vocab) / draft_vocab);
         const double ratio = draft_bytes / static_cast<double>(std::max<uint64_t>(1, model_.weights.bytes_per_token()));
         const int n_prompt = out.stats().n_prompt;
         controller.set_cost_prior(ratio, n_prompt >= 32 ? out.stats().prefill_s / n_prompt : 0.0,
@@ -236,7 +238,6 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // The draft's sampler applies the same transforms with its own random stream.
     SamplerParams draft_sampler_params = params.sampler;
     draft_sampler_params.seed = params.sampler.seed ^ 0x9e3779b97f4a7c15ull;
-    const int draft_vocab = draft_.model ? draft_.model->config.n_vocab : 0;
     Sampler draft_sampler(draft_sampler_params, std::max(1, draft_vocab));
     std::vector<float> draft_logits(static_cast<size_t>(std::max(1, draft_vocab)));
     std::vector<float> target_logits((static_cast<size_t>(k_cap) + 1) * V);
@@ -270,13 +271,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // Token at absolute position p, for the draft's catch-up.
     auto token_at = [&](int p) { return p < base ? held[static_cast<size_t>(p)] : out.history[static_cast<size_t>(p - base)]; };
     // The draft's logits restricted to the first sp.draft_vocab ids and the ids of the context (held, prompt and
-    // what was generated): code that the answer repeats from the prompt stays draftable. Updated before drafting
-    // whenever the context brought new ids.
-    const bool restrict_draft = draft_.model && sp.draft_vocab > 0 && sp.draft_vocab < draft_vocab;
+    // what was generated): code that the answer repeats from the prompt stays draftable. Set here (or an earlier
+    // call's lifted), then widened before drafting whenever the context brought new ids.
+    if (draft_.model) draft_.backend->restrict_logits(restrict_draft ? sp.draft_vocab : draft_vocab, {});
     std::vector<int> draft_extra_ids;
     std::vector<char> draft_extra_seen(restrict_draft ? static_cast<size_t>(draft_vocab - sp.draft_vocab) : 0);
     int draft_vocab_scanned = 0;  // absolute positions looked at
-    bool draft_vocab_set = false;
     auto update_draft_vocab = [&] {
         if (!restrict_draft) return;
         const int end = base + static_cast<int>(out.history.size());
@@ -290,10 +290,8 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             draft_extra_ids.push_back(id);
             added = true;
         }
-        if (added || !draft_vocab_set) draft_.backend->restrict_logits(sp.draft_vocab, draft_extra_ids);
-        draft_vocab_set = true;
+        if (added) draft_.backend->restrict_logits(sp.draft_vocab, draft_extra_ids);
     };
-    if (draft_.model && !restrict_draft) draft_.backend->restrict_logits(draft_vocab, {});  // an earlier call's, lifted
     std::vector<int> pending;
     bool layouts_settled = false;
 
