@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 
 #include "backend.h"
 #include "cpu/vec_math.h"
@@ -294,6 +296,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     };
     std::vector<int> pending;
     bool layouts_settled = false;
+    // TANDEM_SPEC_TRACE=1: one stderr line per round (the controller's k, what was drafted and accepted, the draft's,
+    // the verification's and the round's milliseconds; catch=1 when the draft read a long catch-up), for diagnosis.
+    static const bool trace = [] {
+        const char* v = std::getenv("TANDEM_SPEC_TRACE");
+        return v && v[0] == '1';
+    }();
 
     for (;;) {
         const int committed = cache_.n_committed();
@@ -311,9 +319,14 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             // copies, at idle priority, make no progress while decoding keeps both cores busy. So the first
             // drafting round waits for them, outside every timing the controller learns from. (1.5B + 0.5B draft,
             // 128 tokens, 5 runs: 31.6 tokens/s median against 26.1 without the wait; it lasted 0-0.9 s.)
+            const Clock::time_point tw = Clock::now();
             backend_.wait_for_repacking();
+            const double target_wait = since(tw);
             if (draft_.backend) draft_.backend->wait_for_repacking();
             layouts_settled = true;
+            if (trace)
+                std::fprintf(stderr, "speculative: waited %.1f ms for repacked weights (target %.1f ms)\n", since(tw) * 1e3,
+                             target_wait * 1e3);
         }
         const Clock::time_point t_round = Clock::now();
         bool round_caught_up = false;  // the draft read many tokens this round: not a typical round's cost
@@ -441,6 +454,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             draft_fed = draft_.cache->n_committed();
         }
         if (!round_caught_up) controller.record_throughput(n_drafted > 0, verdict.n_accepted + 1, since(t_round));
+        if (trace)
+            std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f\n",
+                         k, n_drafted, from_lookup ? 1 : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,
+                         since(t_round) * 1e3, round_caught_up ? 1 : 0, controller.acceptance());
         for (int i = 0; i < verdict.n_accepted; ++i)
             if (!out.push(drafted[static_cast<size_t>(i)])) return;
         cur = verdict.next_token;

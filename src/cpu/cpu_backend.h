@@ -1,7 +1,7 @@
 // The CPU backend: the whole llama forward pass over weights used in place from the mapping (fp32 activations
 // between operations, quantized to 8 bits inside the quantized matmuls), multithreaded through one ThreadPool per
 // backend instance. The one exception to "in place": matrices of a type with a row-lane kernel on this CPU (Q4_K,
-// Q6_K with AVX-512 VNNI) are repacked on a background thread at idle priority (cpu/repack.h) and their file pages
+// Q6_K, Q4_0, Q5_0, Q8_0 with AVX-512 VNNI) are repacked on a background thread at idle priority (cpu/repack.h) and their file pages
 // released; until a matrix's copy is ready, forward passes read the file's layout.
 #pragma once
 #include <memory>

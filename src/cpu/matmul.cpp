@@ -70,8 +70,9 @@ void matmul_first_rows(const RepackedMatrix& W, int64_t n_rows, const float* x, 
     if (n_rows > W.rows()) throw Error("matmul_first_rows: " + std::to_string(n_rows) + " rows of " + std::to_string(W.rows()));
     const int64_t n_groups = (n_rows + RepackedMatrix::kGroupRows - 1) / RepackedMatrix::kGroupRows;
     const bool serial = pool.size() == 1 || n_rows * W.cols() * n_tokens < kMinParallelMacs;
-    const size_t xs = act_row_bytes(ActFormat::Q8_K, W.cols());
-    const uint8_t* xq = quantized_activations(ActFormat::Q8_K, x, W.cols(), n_tokens, pool, serial);
+    const ActFormat act = find_q8_kernels(W.type())->act;
+    const size_t xs = act_row_bytes(act, W.cols());
+    const uint8_t* xq = quantized_activations(act, x, W.cols(), n_tokens, pool, serial);
     auto groups = [&](int64_t begin, int64_t end, int) { W.dot_groups(begin, end, xq, xs, n_tokens, y, y_stride); };
     serial ? groups(0, n_groups, 0) : pool.parallel_for(n_groups, groups);
 }

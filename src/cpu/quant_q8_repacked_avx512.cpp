@@ -54,6 +54,8 @@ namespace {
 
 constexpr size_t kXd = offsetof(BlockQ8_K, d), kXqs = offsetof(BlockQ8_K, qs), kXbsums = offsetof(BlockQ8_K, bsums);
 constexpr size_t kXBytes = sizeof(BlockQ8_K);
+// The legacy types' unit is a pair of 32-element blocks, against two Q8_0 activation blocks (68 bytes).
+constexpr size_t kX0d = offsetof(BlockQ8_0, d), kX0qs = offsetof(BlockQ8_0, qs), kX0Bytes = sizeof(BlockQ8_0);
 
 // Tokens per tile: 16 nibble vectors + 2 scale vectors + the tile's sumi + two sub-block sums in flight fit the 32
 // zmm registers.
@@ -88,7 +90,7 @@ TR_INLINE __m256i load256(const uint8_t* p) { return _mm256_load_si256(reinterpr
 
 // ---- Q4_K ------------------------------------------------------------------------------------------------------
 struct Q4K {
-    static constexpr size_t kRecord = q4k16::kBytes;
+    static constexpr size_t kRecord = q4k16::kBytes, kActBytes = kXBytes;
     // Per (token, super-block): the 32-element bsums as int16 pairs, dword p = (bsum32[2p], bsum32[2p + 1]) with
     // bsum32[j] = bsums[2j] + bsums[2j + 1] (|bsum32| <= 32 * 127).
     static constexpr int kAux = 4;
@@ -182,7 +184,7 @@ void Q4K::tile(const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t x
 // float(sumi), acc). Bounds: |S_j| <= 16 * 63 * 127 + 32 * 16 * 127, |sc_j| <= 128, |sumi| < 2^31 (the scalar
 // kernel's bound).
 struct Q6K {
-    static constexpr size_t kRecord = q6k16::kBytes;
+    static constexpr size_t kRecord = q6k16::kBytes, kActBytes = kXBytes;
     // Per (token, super-block): the initial values -32 * bsum_j of the 16 sub-block sums.
     static constexpr int kAux = 16;
     static void prepare(const uint8_t* xb, int32_t* out) {
@@ -251,6 +253,89 @@ struct Q6K {
 };
 
 // ---- the driver (both types) -------------------------------------------------------------------------------------
+
+// ---- Q4_0, Q5_0, Q8_0 ------------------------------------------------------------------------------------------
+// Per unit (two 32-element blocks) and token (read repack.h for the records): block h's code vectors are 16 rows'
+// unsigned codes u = q + offset; vpdpbusd of vector k with the token's activation dword k adds 4 products into each
+// row's lane, the accumulator starting at -offset * sum(q_x) of the block (prepare), so after the block lane r holds
+// row r's exact sumi. Then the float step of quant_q8_legacy.cpp's kernels, per (row, token, block) in block order:
+// acc = fma(float(sumi), d_w * d_x, acc). Bounds: |sumi| <= 32 * 255 * 128.
+template <GgmlType kType>
+struct Legacy {
+    static constexpr bool kQ8 = kType == GgmlType::Q8_0, kQ5 = kType == GgmlType::Q5_0;
+    static constexpr size_t kRecord = kQ8 ? legacy16::kQ8_0Bytes : kQ5 ? legacy16::kQ5_0Bytes : legacy16::kQ4_0Bytes;
+    static constexpr size_t kCodeBytes = kQ8 ? 512 : 256;  // per block
+    static constexpr size_t kBlockBytes = kQ5 ? kCodeBytes + 64 : kCodeBytes;  // Q5_0: + the high-bit masks
+    static constexpr size_t kD = 2 * kBlockBytes;  // d of rows 0..15 (fp16) of block 0, then of block 1
+    static constexpr size_t kActBytes = 2 * kX0Bytes;
+    static constexpr int32_t kOffset = kQ8 ? 128 : kQ5 ? 16 : 8;
+    // Per (token, unit): the accumulator starts -offset * sum(q_x) of blocks 0 and 1, then d_x of both as floats.
+    static constexpr int kAux = 4;
+    static void prepare(const uint8_t* xb, int32_t* out) {
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t* blk = xb + h * kX0Bytes;
+            int32_t sum = 0;
+            for (int i = 0; i < 32; ++i) sum += static_cast<int8_t>(blk[kX0qs + i]);
+            out[h] = -kOffset * sum;
+            uint16_t d;
+            __builtin_memcpy(&d, blk + kX0d, sizeof d);
+            const float dx = _cvtsh_ss(d);
+            __builtin_memcpy(&out[2 + h], &dx, sizeof dx);
+        }
+    }
+    template <int T>
+    static void tile(const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
+                     const int32_t* aux, float* out) {
+        __m512 acc[T];
+        unroll<T>([&](auto t) TR_LAMBDA { acc[t.value] = _mm512_setzero_ps(); });
+        const __m512i nib = _mm512_set1_epi8(0x0F), b16 = _mm512_set1_epi8(0x10);
+        for (int64_t b = 0; b < n_blocks; ++b) {
+            const uint8_t* rec = grp + b * kRecord;
+            const uint8_t* xb = xq + b * block_stride;
+            unroll<2>([&](auto hh) TR_LAMBDA {
+                constexpr int h = decltype(hh)::value;
+                const uint8_t* codes = rec + h * kBlockBytes;
+                // u[k] pairs with activation dword k of the block.
+                __m512i u[8];
+                if constexpr (kQ8) {
+                    unroll<8>([&](auto kk) TR_LAMBDA { u[kk.value] = load512(codes + 64 * kk.value); });
+                } else {
+                    unroll<4>([&](auto kk) TR_LAMBDA {
+                        constexpr int k = decltype(kk)::value;
+                        const __m512i v = load512(codes + 64 * k);
+                        u[k] = _mm512_and_si512(v, nib);
+                        u[4 + k] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                        if constexpr (kQ5) {
+                            uint64_t lo, hi;
+                            __builtin_memcpy(&lo, codes + kCodeBytes + 16 * k, sizeof lo);
+                            __builtin_memcpy(&hi, codes + kCodeBytes + 16 * k + 8, sizeof hi);
+                            u[k] = _mm512_mask_add_epi8(u[k], _cvtu64_mask64(lo), u[k], b16);
+                            u[4 + k] = _mm512_mask_add_epi8(u[4 + k], _cvtu64_mask64(hi), u[4 + k], b16);
+                        }
+                    });
+                }
+                const __m512 dw = _mm512_cvtph_ps(load256(rec + kD + 32 * h));
+                unroll<T>([&](auto tt) TR_LAMBDA {
+                    constexpr int t = decltype(tt)::value;
+                    const uint8_t* x = xb + t * xq_stride + h * kX0Bytes + kX0qs;
+                    const int32_t* a = aux + (static_cast<int64_t>(t) * n_blocks + b) * kAux;
+                    __m512i s0 = _mm512_set1_epi32(a[h]), s1 = _mm512_setzero_si512();
+                    unroll<4>([&](auto ii) TR_LAMBDA {
+                        constexpr int i = 2 * decltype(ii)::value;
+                        s0 = _mm512_dpbusd_epi32(s0, u[i], _mm512_set1_epi32(load_i32(x + 4 * i)));
+                        s1 = _mm512_dpbusd_epi32(s1, u[i + 1], _mm512_set1_epi32(load_i32(x + 4 * (i + 1))));
+                    });
+                    float dx;
+                    __builtin_memcpy(&dx, &a[2 + h], sizeof dx);
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+                                             _mm512_mul_ps(dw, _mm512_set1_ps(dx)), acc[t]);
+                });
+            });
+        }
+        unroll<T>([&](auto t) TR_LAMBDA { _mm512_storeu_ps(out + 16 * t.value, acc[t.value]); });
+    }
+};
+
 template <class Ty, int T>
 void tile_upto(int n, const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
                const int32_t* aux, float* out) {
@@ -266,11 +351,11 @@ void dot_groups(const uint8_t* data, size_t group_bytes, int64_t n_blocks, int64
                 int64_t y_stride) {
     if (n_tokens <= 0 || group_end <= group_begin) return;
     // Scratch: the aux values of every (token, super-block), then the activations of each tile of kTile tokens
-    // repacked super-block-major (block b of the tile's token t at (b * n + t) * kXBytes), so that a tile reads one
+    // repacked super-block-major (block b of the tile's token t at (b * n + t) * Ty::kActBytes), so that a tile reads one
     // stream rather than n streams a row apart: with the weights streaming from L3, n separate streams of a wide
     // matrix (8960 columns: 10 KB a token) measured at half the speed from 3 tokens on.
     const size_t aux_bytes = static_cast<size_t>(n_tokens * n_blocks) * Ty::kAux * sizeof(int32_t);
-    const size_t tile_bytes = static_cast<size_t>(n_blocks) * kTile * kXBytes;
+    const size_t tile_bytes = static_cast<size_t>(n_blocks) * kTile * Ty::kActBytes;
     // Tiles of as equal a size as possible (9 tokens: 5 + 4, not 8 + 1): a tile of one token is latency-bound
     // (few independent vpdpbusd chains), and every tile reads the group's weights once whatever its size.
     const int64_t n_tiles = (n_tokens + kTile - 1) / kTile;
@@ -279,15 +364,15 @@ void dot_groups(const uint8_t* data, size_t group_bytes, int64_t n_blocks, int64
     int32_t* aux = reinterpret_cast<int32_t*>(scratch);
     for (int64_t t = 0; t < n_tokens; ++t)
         for (int64_t b = 0; b < n_blocks; ++b)
-            Ty::prepare(xq + t * xq_stride + b * kXBytes, aux + (t * n_blocks + b) * Ty::kAux);
+            Ty::prepare(xq + t * xq_stride + b * Ty::kActBytes, aux + (t * n_blocks + b) * Ty::kAux);
     uint8_t* packed = scratch + aux_bytes;
     for (int64_t i = 0; i < n_tiles; ++i) {
         const int64_t t0 = tile_begin(i), n = tile_begin(i + 1) - t0;
         if (n == 1) continue;  // one token: the activation row itself is already in that layout
         for (int64_t b = 0; b < n_blocks; ++b)
             for (int64_t t = 0; t < n; ++t)
-                __builtin_memcpy(packed + i * tile_bytes + (b * n + t) * kXBytes, xq + (t0 + t) * xq_stride + b * kXBytes,
-                                 kXBytes);
+                __builtin_memcpy(packed + i * tile_bytes + (b * n + t) * Ty::kActBytes, xq + (t0 + t) * xq_stride + b * Ty::kActBytes,
+                                 Ty::kActBytes);
     }
     alignas(64) float out[kTile * 16];
     for (int64_t g = group_begin; g < group_end; ++g) {
@@ -299,7 +384,7 @@ void dot_groups(const uint8_t* data, size_t group_bytes, int64_t n_blocks, int64
             const int64_t t0 = tile_begin(i);
             const int n = static_cast<int>(tile_begin(i + 1) - t0);
             const uint8_t* acts = n == 1 ? xq + t0 * xq_stride : packed + i * tile_bytes;
-            tile_upto<Ty, kTile>(n, grp, n_blocks, acts, kXBytes, static_cast<size_t>(n) * kXBytes,
+            tile_upto<Ty, kTile>(n, grp, n_blocks, acts, Ty::kActBytes, static_cast<size_t>(n) * Ty::kActBytes,
                                  aux + t0 * n_blocks * Ty::kAux, out);
             for (int t = 0; t < n; ++t)
                 _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + r0, mask, _mm512_load_ps(out + 16 * t));
@@ -423,12 +508,60 @@ void repack_group_q6_k(const uint8_t* rows, size_t row_bytes, int valid_rows, in
     }
 }
 
+
+// Legacy types: one record per pair of 32-element blocks (repack.h), built with dword copies (the background thread
+// repacks a 0.5B model's ~340 MB of legacy matrices; byte loops made the first drafting round wait ~1 s for them).
+template <GgmlType kType>
+void repack_group_legacy(const uint8_t* rows, size_t row_bytes, int valid_rows, int64_t n_units, uint8_t* out) {
+    using L = Legacy<kType>;
+    constexpr size_t kBlock = kType == GgmlType::Q8_0 ? sizeof(BlockQ8_0)
+                              : kType == GgmlType::Q5_0 ? sizeof(BlockQ5_0) : sizeof(BlockQ4_0);
+    constexpr size_t kQs = kType == GgmlType::Q8_0 ? offsetof(BlockQ8_0, qs)
+                           : kType == GgmlType::Q5_0 ? offsetof(BlockQ5_0, qs) : offsetof(BlockQ4_0, qs);
+    constexpr int kVectors = L::kQ8 ? 8 : 4;
+    for (int64_t u = 0; u < n_units; ++u) {
+        uint8_t* rec = out + u * L::kRecord;
+        if (valid_rows < 16) __builtin_memset(rec, 0, L::kRecord);  // missing rows: zero codes and scales
+        for (int h = 0; h < 2; ++h) {
+            uint8_t* codes = rec + h * L::kBlockBytes;
+            uint64_t lo_mask[4] = {}, hi_mask[4] = {};
+            for (int r = 0; r < valid_rows; ++r) {
+                const uint8_t* blk = rows + r * row_bytes + static_cast<size_t>(2 * u + h) * kBlock;
+                __builtin_memcpy(rec + L::kD + 32 * h + 2 * r, blk, 2);  // d
+                for (int k = 0; k < kVectors; ++k) {
+                    uint32_t w;
+                    __builtin_memcpy(&w, blk + kQs + 4 * k, sizeof w);
+                    if constexpr (L::kQ8) w ^= 0x80808080u;
+                    __builtin_memcpy(codes + 64 * k + 4 * r, &w, sizeof w);
+                }
+                if constexpr (L::kQ5) {
+                    uint32_t qh;
+                    __builtin_memcpy(&qh, blk + offsetof(BlockQ5_0, qh), sizeof qh);
+                    // Mask k: bit 4r + j is row r's fifth bit of element 4k + j (lo) or 16 + 4k + j (hi).
+                    for (int k = 0; k < 4; ++k) {
+                        lo_mask[k] |= static_cast<uint64_t>((qh >> (4 * k)) & 0xFu) << (4 * r);
+                        hi_mask[k] |= static_cast<uint64_t>((qh >> (16 + 4 * k)) & 0xFu) << (4 * r);
+                    }
+                }
+            }
+            if constexpr (L::kQ5)
+                for (int k = 0; k < 4; ++k) {
+                    __builtin_memcpy(codes + L::kCodeBytes + 16 * k, &lo_mask[k], 8);
+                    __builtin_memcpy(codes + L::kCodeBytes + 16 * k + 8, &hi_mask[k], 8);
+                }
+        }
+    }
+}
+
 }  // namespace
 
 RepackGroupFn repack_avx512(GgmlType type) {
     switch (type) {
         case GgmlType::Q4_K: return &repack_group_q4_k;
         case GgmlType::Q6_K: return &repack_group_q6_k;
+        case GgmlType::Q4_0: return &repack_group_legacy<GgmlType::Q4_0>;
+        case GgmlType::Q5_0: return &repack_group_legacy<GgmlType::Q5_0>;
+        case GgmlType::Q8_0: return &repack_group_legacy<GgmlType::Q8_0>;
         default: return nullptr;
     }
 }
@@ -437,6 +570,9 @@ RepackedDotFn repacked_avx512_kernel(GgmlType type) {
     switch (type) {
         case GgmlType::Q4_K: return &dot_groups<Q4K>;
         case GgmlType::Q6_K: return &dot_groups<Q6K>;
+        case GgmlType::Q4_0: return &dot_groups<Legacy<GgmlType::Q4_0>>;
+        case GgmlType::Q5_0: return &dot_groups<Legacy<GgmlType::Q5_0>>;
+        case GgmlType::Q8_0: return &dot_groups<Legacy<GgmlType::Q8_0>>;
         default: return nullptr;
     }
 }

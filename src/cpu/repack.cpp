@@ -29,6 +29,9 @@ size_t record_bytes_of(GgmlType type) {
     switch (type) {
         case GgmlType::Q4_K: return q8_detail::q4k16::kBytes;
         case GgmlType::Q6_K: return q8_detail::q6k16::kBytes;
+        case GgmlType::Q4_0: return q8_detail::legacy16::kQ4_0Bytes;
+        case GgmlType::Q5_0: return q8_detail::legacy16::kQ5_0Bytes;
+        case GgmlType::Q8_0: return q8_detail::legacy16::kQ8_0Bytes;
         default: return 0;
     }
 }
@@ -43,9 +46,17 @@ bool RepackedMatrix::available(GgmlType type) {
     return !off && kernel_for(type) != nullptr;
 }
 
+bool RepackedMatrix::available(GgmlType type, int64_t cols) {
+    return available(type) && cols > 0 && cols % record_elements(type) == 0;
+}
+
+int64_t RepackedMatrix::record_elements(GgmlType type) {
+    return type == GgmlType::Q4_K || type == GgmlType::Q6_K ? kQK_K : 64;
+}
+
 size_t RepackedMatrix::storage_bytes(GgmlType type, int64_t cols, int64_t rows) {
     const size_t groups = static_cast<size_t>((rows + kGroupRows - 1) / kGroupRows);
-    return groups * static_cast<size_t>(cols / kQK_K) * record_bytes_of(type);  // records are 64-byte multiples
+    return groups * static_cast<size_t>(cols / record_elements(type)) * record_bytes_of(type);  // 64-byte multiples
 }
 
 RepackedMatrix::RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
@@ -54,9 +65,9 @@ RepackedMatrix::RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64
     if (record_bytes_ == 0 || !kernel_for(type) || !q8_detail::repack_avx512(type))
         throw Error(std::string("RepackedMatrix: no repacked layout or kernel for ") + ggml_type_name(type) +
                     " on this CPU");
-    if (cols <= 0 || cols % kQK_K != 0 || rows <= 0)
+    if (cols <= 0 || cols % record_elements(type) != 0 || rows <= 0)
         throw Error("RepackedMatrix: bad shape " + std::to_string(cols) + " x " + std::to_string(rows));
-    const int64_t n_blocks = cols / kQK_K;
+    const int64_t n_blocks = cols / record_elements(type);
     const size_t group_bytes = static_cast<size_t>(n_blocks) * record_bytes_;
     bytes_ = storage_bytes(type, cols, rows);
     if (storage) {
@@ -93,7 +104,7 @@ RepackedMatrix::~RepackedMatrix() {
 
 void RepackedMatrix::dot_groups(int64_t group_begin, int64_t group_end, const uint8_t* xq, size_t xq_stride,
                                 int64_t n_tokens, float* y, int64_t y_stride) const {
-    const int64_t n_blocks = cols_ / kQK_K;
+    const int64_t n_blocks = cols_ / record_elements(type_);
     kernel_for(type_)(data_, static_cast<size_t>(n_blocks) * record_bytes_, n_blocks, rows_, group_begin, group_end,
                       xq, xq_stride, n_tokens, y, y_stride);
 }
@@ -118,7 +129,7 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
     : release_(std::move(release)) {
     std::vector<const WeightView*> todo;
     for (const WeightView* v : views)
-        if (v->data && RepackedMatrix::available(v->type) &&
+        if (v->data && RepackedMatrix::available(v->type, v->cols) &&
             std::find_if(todo.begin(), todo.end(), [&](const WeightView* t) { return t->data == v->data; }) ==
                 todo.end())
             todo.push_back(v);
@@ -148,35 +159,60 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
 void RepackedWeights::run() {
     // Idle priority: the copies are made with cycles nobody else wants (the rest of start-up, a chat waiting for
     // input, the gaps of a forward), so a forward that goes ahead with the file's layout is never slowed by them.
-    // A forward that needs them waits (CpuBackend::forward), and then this thread has a core to itself.
+    // A caller that needs them waits (wait()), and repacks beside this thread meanwhile.
     sched_param idle{};
     ::sched_setscheduler(0, SCHED_IDLE, &idle);  // this thread only (Linux); failure just leaves normal priority
     ThreadPool one(1);  // this thread only: the backend's pool belongs to its forward passes (and the rest of
                         // start-up runs on the other core meanwhile)
-    for (auto& e : entries_) {
-        if (stop_.load(std::memory_order_relaxed)) break;
-        try {
-            const WeightView& v = *e->view;
-            e->matrix = std::make_unique<RepackedMatrix>(v.type, v.data, v.cols, v.rows, one, e->storage,
-                                                         [this] { return proceed(); });
-        } catch (...) {
-            break;  // cancelled, or out of memory: the remaining matrices keep the file's layout
-        }
+    while (repack_next(one)) {
+    }
+}
+
+bool RepackedWeights::repack_next(ThreadPool& pool) {
+    Entry* e = nullptr;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (next_ >= entries_.size() || gave_up_ || stop_.load(std::memory_order_relaxed)) return false;
+        e = entries_[next_++].get();
+        ++busy_;
+    }
+    bool ok = true;
+    try {
+        const WeightView& v = *e->view;
+        e->matrix = std::make_unique<RepackedMatrix>(v.type, v.data, v.cols, v.rows, pool, e->storage,
+                                                     [this] { return proceed(); });
+    } catch (...) {
+        ok = false;  // cancelled, or out of memory: this and the matrices not started keep the file's layout
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (ok) {
         e->ready.store(e->matrix.get(), std::memory_order_release);
         // Released at once (the pages are the file's, nothing is lost), and once more after a forward pass that
         // was running: it may have faulted some back in, reading the file's layout before the copy was published.
-        std::lock_guard<std::mutex> lock(mutex_);
         release_(*e->view);
         if (in_forward_) pending_release_.push_back(e->view);
+    } else {
+        gave_up_ = true;
     }
-    std::lock_guard<std::mutex> lock(mutex_);
-    done_ = true;
-    done_flag_.store(true, std::memory_order_release);
-    done_cv_.notify_all();
+    --busy_;
+    if (busy_ == 0 && (next_ >= entries_.size() || gave_up_ || stop_.load(std::memory_order_relaxed))) {
+        done_ = true;
+        done_flag_.store(true, std::memory_order_release);
+        done_cv_.notify_all();
+    }
+    return ok;
 }
 
 void RepackedWeights::wait() const {
     if (!worker_.joinable() || done_flag_.load(std::memory_order_acquire)) return;
+    // The caller has nothing else to do: it takes matrices too, at its own (normal) priority, so the wait ends
+    // about twice as soon on two cores (the background thread keeps the other).
+    {
+        ThreadPool one(1);
+        auto* self = const_cast<RepackedWeights*>(this);  // the copies are the object's cache, not its value
+        while (self->repack_next(one)) {
+        }
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [this] { return done_; });
 }

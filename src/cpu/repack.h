@@ -26,6 +26,16 @@
 //                                    bytes 4n..4n+3 of row r's qh
 //                      [3072, 3328)  scales: sub-block j's 16 row scales (int8) at 3072 + 16 j
 //                      [3328, 3360)  d of rows 0..15 (fp16);  [3360, 3392) zero (records stay 64-byte aligned)
+//   Q4_0, Q5_0, Q8_0: one record per pair of 32-element blocks (cols a multiple of 64), block h = 0, 1 after each
+//   other, then the scales:
+//     Q4_0 (576 bytes)   block h at 256 h: code vector k (k < 4) at 64 k, its dword r the bytes 4k..4k+3 of row r's qs
+//                        (low nibbles elements 4k..4k+3, high nibbles 16 + 4k..)
+//     Q5_0 (704 bytes)   block h at 320 h: the 4 code vectors as Q4_0's, then at 256 + 16 k the fifth bits as two
+//                        64-bit byte masks, bit 4r + j set when element 4k + j (first mask) or 16 + 4k + j (second)
+//                        of row r has it: a masked byte add of 16 applies them
+//     Q8_0 (1088 bytes)  block h at 512 h: code vector k (k < 8) at 64 k, its dword r the bytes 4k..4k+3 of row r's
+//                        qs, each xor 0x80 (unsigned, as the kernel multiplies them)
+//                        then at 2 * (block bytes) + 32 h: d of rows 0..15 of block h (fp16)
 // The records of a group are consecutive (super-block order), and the groups follow each other.
 #pragma once
 #include <atomic>
@@ -52,9 +62,13 @@ class RepackedMatrix {
 public:
     static constexpr int kGroupRows = 16;
 
-    // True when this build and CPU have a row-lane kernel for `type` (Q4_K and Q6_K, where avx512_kernels_enabled()
-    // of quant_q8.h) and the environment does not turn repacking off (TANDEM_NO_REPACK=1).
+    // True when this build and CPU have a row-lane kernel for `type` (Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0, where
+    // avx512_kernels_enabled() of quant_q8.h) and the environment does not turn repacking off (TANDEM_NO_REPACK=1).
     static bool available(GgmlType type);
+    // available(type), and rows of `cols` elements are whole records (the legacy types' pairs of blocks).
+    static bool available(GgmlType type, int64_t cols);
+    // Elements of a row per record: 256 (a K-quant super-block) or 64 (a pair of legacy blocks).
+    static int64_t record_elements(GgmlType type);
 
     // Bytes the repacked copy of a [cols, rows] matrix of `type` takes (a multiple of 64).
     static size_t storage_bytes(GgmlType type, int64_t cols, int64_t rows);
@@ -78,8 +92,8 @@ public:
     size_t bytes() const { return bytes_; }
 
     // y[t * y_stride + r] = dot(row r, quantized activation row t) for the rows of groups [group_begin, group_end)
-    // (rows past rows() are not written) and tokens [0, n_tokens); activation row t (Q8_K blocks, as
-    // quantize_activations makes them) starts at xq + t * xq_stride. Single-threaded; bitwise equal to
+    // (rows past rows() are not written) and tokens [0, n_tokens); activation row t (in the type's activation
+    // format, find_q8_kernels(type)->act: Q8_K or Q8_0 blocks, as quantize_activations makes them) starts at xq + t * xq_stride. Single-threaded; bitwise equal to
     // find_q8_kernels(type())->dot_rows_scalar for every (row, token).
     void dot_groups(int64_t group_begin, int64_t group_end, const uint8_t* xq, size_t xq_stride, int64_t n_tokens,
                     float* y, int64_t y_stride) const;
@@ -114,7 +128,8 @@ public:
 
     // The repacked copy of the tensor at `data` once it is ready, else nullptr.
     const RepackedMatrix* find(const void* data) const;
-    // Blocks until the background thread is done (every copy ready, or it gave up); cheap once it is.
+    // Blocks until every copy is ready (or the repacking gave up), repacking the matrices not yet started on the
+    // calling thread beside the background one; cheap once done.
     void wait() const;
     // Bracket a forward pass that may read the file's layout of matrices find() did not return yet: the pages of
     // those published meanwhile are released once more after it ends. While a `prefill` pass runs (the time to
@@ -132,13 +147,18 @@ private:
         std::atomic<const RepackedMatrix*> ready{nullptr};
     };
     void run();
+    // Claims the next matrix not started and repacks it on `pool`; false when none is left (or after a failure).
+    bool repack_next(ThreadPool& pool);
     std::vector<std::unique_ptr<Entry>> entries_;  // largest first
     std::unordered_map<const void*, const Entry*> by_data_;
     std::function<void(const WeightView&)> release_;
     void* arena_ = nullptr;
     size_t bytes_ = 0;
     std::atomic<bool> stop_{false};
-    mutable std::mutex mutex_;  // guards done_, in_forward_, pending_release_
+    mutable std::mutex mutex_;  // guards next_, busy_, gave_up_, done_, in_forward_, pending_release_
+    size_t next_ = 0;           // entries_[next_] is the next matrix to repack
+    int busy_ = 0;              // matrices being repacked now (background thread, a waiting caller)
+    bool gave_up_ = false;
     bool in_forward_ = false;
     bool proceed() const;  // between row groups: false once stopping; blocks while a prefill pass runs
     std::vector<const WeightView*> pending_release_;  // published during the forward pass in flight
@@ -169,6 +189,9 @@ constexpr size_t kQs = 0, kScales = 2048, kMinPairs = 2176, kD = 2304, kDmin = 2
 }
 namespace q6k16 {
 constexpr size_t kCodes = 0, kScales = 3072, kD = 3328, kBytes = 3392;
+}
+namespace legacy16 {  // records of a pair of 32-element blocks
+constexpr size_t kQ4_0Bytes = 576, kQ5_0Bytes = 704, kQ8_0Bytes = 1088;
 }
 
 }  // namespace q8_detail

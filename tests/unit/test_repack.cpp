@@ -30,7 +30,7 @@ using namespace tandem::test;
 
 namespace {
 
-const GgmlType kRepackTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K};
+const GgmlType kRepackTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0};
 
 using Problem = Q8Problem;
 
@@ -60,7 +60,10 @@ TEST_CASE("repack: row-lane kernels are bitwise the scalar kernel, any shape, to
             continue;
         }
         ++checked;
-        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 256}, {1, 512}, {37, 768}, {64, 1536}, {19, 256}}) {
+        // Legacy types also at 896 columns (the Qwen2.5 0.5B's width: 14 pairs of blocks, not whole super-blocks).
+        const bool legacy = RepackedMatrix::record_elements(type) == 64;
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{16, 256}, {1, 512}, {37, 768}, {64, 1536}, {19, 256},
+                                  {legacy ? 23 : 16, legacy ? 896 : 256}, {legacy ? 17 : 16, legacy ? 64 : 256}}) {
             for (int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{19}}) {
                 CAPTURE(rows);
                 CAPTURE(cols);
@@ -89,8 +92,9 @@ TEST_CASE("repack: extreme codes and activations stay exact") {
         if (!RepackedMatrix::available(type)) continue;
         const int64_t rows = 21, cols = 1024, tokens = 9;
         Problem p = make_q8_problem(type, rows, cols, tokens, rng);
-        // Every code at its largest (Q4_K: nibbles 15, 6-bit scales and mins 63; Q6_K: codes 63, int8 scales -128),
-        // the fp16 scales left as they are, activations +-127: the bounds of the integer sums.
+        // Every code at its largest (Q4_K: nibbles 15, 6-bit scales and mins 63; Q6_K: codes 63, int8 scales -128;
+        // Q4_0, Q5_0 nibbles and fifth bits all set; Q8_0: 127, unsigned 255), the fp16 scales left as they are, activations +-127:
+        // the bounds of the integer sums.
         const size_t block = ggml_type_info(type).type_size;
         const std::vector<size_t> keep = scale_offsets(type);
         for (size_t b = 0; b < p.w.size() / block; ++b)
@@ -100,7 +104,7 @@ TEST_CASE("repack: extreme codes and activations stay exact") {
                 if (is_scale) continue;
                 const bool q6_scale = type == GgmlType::Q6_K && i >= offsetof(BlockQ6_K, scales) &&
                                       i < offsetof(BlockQ6_K, scales) + 16;
-                p.w[b * block + i] = q6_scale ? 0x80 : 0xFF;
+                p.w[b * block + i] = q6_scale ? 0x80 : type == GgmlType::Q8_0 ? 0x7F : 0xFF;
             }
         std::vector<float> x(static_cast<size_t>(cols));
         for (int64_t t = 0; t < tokens; ++t) {
@@ -112,10 +116,13 @@ TEST_CASE("repack: extreme codes and activations stay exact") {
     }
 }
 
-TEST_CASE("repack: a type without a layout is an error") {
+TEST_CASE("repack: a type without a layout, or a row that is not whole records, is an error") {
     ThreadPool pool(1);
-    std::vector<uint8_t> w(1024);
-    CHECK_THROWS_AS(RepackedMatrix(GgmlType::Q8_0, w.data(), 256, 2, pool), Error);
+    std::vector<uint8_t> w(4096);
+    CHECK_THROWS_AS(RepackedMatrix(GgmlType::Q3_K, w.data(), 256, 2, pool), Error);
+    CHECK_FALSE(RepackedMatrix::available(GgmlType::Q3_K, 256));
+    CHECK_FALSE(RepackedMatrix::available(GgmlType::Q4_0, 96));  // three blocks: not whole pairs
+    if (RepackedMatrix::available(GgmlType::Q4_0)) CHECK_THROWS_AS(RepackedMatrix(GgmlType::Q4_0, w.data(), 96, 2, pool), Error);
 }
 
 // RepackedWeights' background thread (cpu/repack.h): it pauses while a prefill pass runs anywhere in the process
