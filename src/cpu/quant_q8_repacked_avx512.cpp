@@ -252,8 +252,6 @@ struct Q6K {
     }
 };
 
-// ---- the driver (both types) -------------------------------------------------------------------------------------
-
 // ---- Q4_0, Q5_0, Q8_0 ------------------------------------------------------------------------------------------
 // Per unit (two 32-element blocks) and token (read repack.h for the records): block h's code vectors are 16 rows'
 // unsigned codes u = q + offset; vpdpbusd of vector k with the token's activation dword k adds 4 products into each
@@ -336,6 +334,7 @@ struct Legacy {
     }
 };
 
+// ---- the driver (every type) ------------------------------------------------------------------------------------
 template <class Ty, int T>
 void tile_upto(int n, const uint8_t* grp, int64_t n_blocks, const uint8_t* xq, size_t xq_stride, size_t block_stride,
                const int32_t* aux, float* out) {
@@ -508,9 +507,9 @@ void repack_group_q6_k(const uint8_t* rows, size_t row_bytes, int valid_rows, in
     }
 }
 
-
-// Legacy types: one record per pair of 32-element blocks (repack.h), built with dword copies (the background thread
-// repacks a 0.5B model's ~340 MB of legacy matrices; byte loops made the first drafting round wait ~1 s for them).
+// Legacy types: one record per pair of 32-element blocks (repack.h), built with dword copies: the 0.5B draft has
+// ~340 MB of legacy matrices, and with a byte-per-byte version (and the background thread alone) the first
+// drafting round waited 0.88-0.92 s for the copies (with this and RepackedWeights::wait() helping: 0.08-0.18 s).
 template <GgmlType kType>
 void repack_group_legacy(const uint8_t* rows, size_t row_bytes, int valid_rows, int64_t n_units, uint8_t* out) {
     using L = Legacy<kType>;

@@ -205,8 +205,8 @@ bool RepackedWeights::repack_next(ThreadPool& pool) {
 
 void RepackedWeights::wait() const {
     if (!worker_.joinable() || done_flag_.load(std::memory_order_acquire)) return;
-    // The caller has nothing else to do: it takes matrices too, at its own (normal) priority, so the wait ends
-    // about twice as soon on two cores (the background thread keeps the other).
+    // The caller has nothing else to do: it repacks matrices too, at its own (normal) priority, so two threads work
+    // on the copies instead of the one at idle priority.
     {
         ThreadPool one(1);
         auto* self = const_cast<RepackedWeights*>(this);  // the copies are the object's cache, not its value

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -174,4 +175,50 @@ TEST_CASE("repack: background repacking pauses during a prefill pass and release
         CHECK(n <= 2);
     }
     CHECK(static_cast<int>(released.size()) <= kMatrices + after + 1);
+}
+
+// RepackedWeights::wait() right after construction: the caller claims matrices beside the background thread; every
+// matrix, of every repacked type, is published exactly once and released exactly once (no forward pass ran), and a
+// published copy computes the same bits as the file's layout.
+TEST_CASE("repack: waiting repacks beside the background thread; each matrix published and released once") {
+    std::vector<GgmlType> types;
+    for (GgmlType t : kRepackTypes)
+        if (RepackedMatrix::available(t)) types.push_back(t);
+    if (types.empty()) {
+        MESSAGE("no repacked kernel on this build or CPU, not checked");
+        return;
+    }
+    std::mt19937 rng(6);
+    constexpr int kPerType = 6, kRows = 40, kCols = 1024;
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<WeightView> views;
+    for (GgmlType t : types)
+        for (int i = 0; i < kPerType; ++i) data.push_back(random_weight_rows(t, kRows, kCols, rng));
+    for (size_t i = 0; i < data.size(); ++i)
+        views.push_back(WeightView{data[i].data(), types[i / kPerType], kCols, kRows});
+    std::vector<const WeightView*> ptrs;
+    for (const WeightView& v : views) ptrs.push_back(&v);
+    std::mutex m;
+    std::vector<const void*> released;
+    RepackedWeights weights(ptrs, [&](const WeightView& v) {
+        std::lock_guard<std::mutex> lock(m);
+        released.push_back(v.data);
+    });
+    weights.wait();
+    ThreadPool pool(2);
+    std::vector<float> x(static_cast<size_t>(kCols) * 3);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i));
+    for (size_t i = 0; i < views.size(); ++i) {
+        const RepackedMatrix* R = weights.find(views[i].data);
+        REQUIRE(R != nullptr);
+        std::lock_guard<std::mutex> lock(m);
+        CHECK(std::count(released.begin(), released.end(), views[i].data) == 1);
+        if (i % kPerType != 0) continue;
+        CAPTURE(ggml_type_name(views[i].type));
+        std::vector<float> want(static_cast<size_t>(kRows) * 3), got(want.size());
+        matmul(views[i].type, views[i].data, kCols, kRows, x.data(), 3, want.data(), pool, Activations::Int8);
+        matmul(*R, x.data(), 3, got.data(), pool);
+        CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    }
+    CHECK(released.size() == views.size());
 }
