@@ -330,6 +330,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         }
         const Clock::time_point t_round = Clock::now();
         bool round_caught_up = false;  // the draft read many tokens this round: not a typical round's cost
+        double catch_up_seconds = 0;
 
         // ---- propose ----
         std::vector<int> drafted;
@@ -356,7 +357,8 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             const bool long_catch_up = n_pending > 2;
             round_caught_up = long_catch_up;
             if (long_catch_up) {
-                st.draft_s += since(t0);
+                catch_up_seconds = since(t0);
+                st.draft_s += catch_up_seconds;
                 t0 = Clock::now();
             }
             context = out.history;
@@ -453,7 +455,13 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             draft_.cache->truncate(keep);
             draft_fed = draft_.cache->n_committed();
         }
-        if (!round_caught_up) controller.record_throughput(n_drafted > 0, verdict.n_accepted + 1, since(t_round));
+        // A round that began with a long catch-up (the first drafting round, a probe after plain rounds) counts as
+        // the round it would have been without: less the catch-up, plus the one draft step that it stood in for.
+        // Left out, the rounds after a stretch of plain decoding could never outweigh the drafting rounds before it.
+        double round_seconds = since(t_round);
+        if (round_caught_up) round_seconds += controller.draft_step_seconds() - catch_up_seconds;
+        if (!round_caught_up || controller.draft_step_seconds() > 0)
+            controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds);
         if (trace)
             std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f\n",
                          k, n_drafted, from_lookup ? 1 : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,

@@ -72,11 +72,25 @@ bool DraftLengthController::drafting_may_pay() const {
     return false;
 }
 
+double DraftLengthController::round_cost(int k) const {
+    if (k == 0) return plain_s_per_token_ > 0 ? plain_s_per_token_ : verify_cost(1);
+    const double step = free_drafts_ ? 0.0 : std::max(0.0, draft_step_s_);
+    return cost_scale() * (k * step + verify_cost(k + 1));
+}
+
+double DraftLengthController::cost_scale() const {
+    if (n_cost_ratios_ < kCalibrationRounds) return 1.0;
+    const size_t n = std::min(cost_ratios_.size(), static_cast<size_t>(n_cost_ratios_));
+    std::array<double, std::tuple_size_v<decltype(cost_ratios_)>> sorted = cost_ratios_;
+    std::sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(n));
+    return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+}
+
 bool DraftLengthController::better_acceptance_could_pay(int kmax) const {
     const double a = std::max(kOptimisticAcceptance, std::min(alpha_, 0.999));
-    const double plain_rate = 1.0 / verify_cost(1);
+    const double plain_rate = 1.0 / round_cost(0);
     for (int k = 1; k <= kmax; ++k)
-        if (expected_tokens(a, k) / (k * draft_step_s_ + verify_cost(k + 1)) > plain_rate) return true;
+        if (expected_tokens(a, k) / round_cost(k) > plain_rate) return true;
     return false;
 }
 
@@ -92,19 +106,15 @@ int DraftLengthController::choose(int k_limit) {
         if (kmin == 0 && !drafting_may_pay()) return 0;
         return std::max(kmin, std::min(kmax, 4));
     }
-    const double step = free_drafts_ ? 0.0 : draft_step_s_;
     const double a = std::min(alpha_, 0.999);
     int best_k = kmin;
     double best_rate = -1;
     for (int k = kmin; k <= kmax; ++k) {
-        // Cost: k draft steps plus one target forward of k + 1 tokens.
-        const double rate = expected_tokens(a, k) / (k * step + verify_cost(k + 1));
+        // Cost: k draft steps plus one target forward of k + 1 tokens, as drafting rounds really cost them (k = 0: a
+        // plain round's realised cost; see record_throughput).
+        const double rate = expected_tokens(a, k) / round_cost(k);
         if (rate > best_rate) best_rate = rate, best_k = k;
     }
-    // The realised rates overrule the model (see record_throughput).
-    if (best_k > 0 && kmin == 0 && drafting_s_per_token_ > 0 && plain_s_per_token_ > 0 &&
-        drafting_s_per_token_ > plain_s_per_token_)
-        best_k = 0;
     if (best_k == 0 && kmax > 0) {
         // Plain decoding wins on current estimates; re-measure acceptance now and then, as it drifts with content.
         // A draft model must first catch up on every token since it last ran, so each losing probe doubles the
@@ -137,11 +147,18 @@ void DraftLengthController::record_round(int drafted, int accepted, double draft
     }
 }
 
-void DraftLengthController::record_throughput(bool drafted, int tokens, double seconds) {
+void DraftLengthController::record_throughput(int n_drafted, int tokens, double seconds) {
     if (tokens <= 0 || seconds <= 0) return;
-    double& v = drafted ? drafting_s_per_token_ : plain_s_per_token_;
+    if (n_drafted > 0) {
+        if (!free_drafts_ && draft_step_s_ <= 0) return;  // nothing to compare with yet
+        const double step = free_drafts_ ? 0.0 : draft_step_s_;
+        const double predicted = n_drafted * step + verify_cost(n_drafted + 1);
+        cost_ratios_[static_cast<size_t>(n_cost_ratios_) % cost_ratios_.size()] = seconds / predicted;
+        ++n_cost_ratios_;
+        return;
+    }
     const double per_token = seconds / tokens;
-    v = v < 0 ? per_token : 0.8 * v + 0.2 * per_token;
+    plain_s_per_token_ = plain_s_per_token_ < 0 ? per_token : 0.8 * plain_s_per_token_ + 0.2 * per_token;
 }
 
 void DraftLengthController::record_verify(int n_tokens, double seconds) {

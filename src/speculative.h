@@ -63,12 +63,17 @@ public:
         catch_up_s_ = catch_up_s;
         tokens_wanted_ = tokens_wanted;
     }
-    // Whole-round wall time (proposing, verifying, sampling) and tokens emitted, for rounds with drafting and
-    // plain ones. choose() stops drafting when the realised seconds per token of drafting rounds exceed those of
-    // plain rounds, whatever the cost model predicts: the model leaves out per-round costs, and the guarantee that
-    // drafting never runs much below plain decoding must not rest on it.
-    void record_throughput(bool drafted, int tokens, double seconds);
+    // Whole-round wall time (proposing, verifying, sampling) of a round that drafted `n_drafted` tokens (0: a plain
+    // round) and emitted `tokens`. What the model leaves out (sampling, the draft's softmax, the machine being busier
+    // than when a cost was measured) must not carry the guarantee that drafting never runs much below plain
+    // decoding, so choose() weighs realised costs: plain rounds' seconds per token for k = 0, and for k > 0 the
+    // model's round cost scaled by what drafting rounds really took over what the model predicted for them (the
+    // median over the last rounds, applied once four are in: one round slowed by the machine must not stop
+    // drafting, as then only rare probes would draft again). The scale is of cost only, acceptance being alpha's:
+    // an answer's first, unpredictable rounds lower alpha, and do not also count against every later round's cost.
+    void record_throughput(int n_drafted, int tokens, double seconds);
     double acceptance() const { return alpha_; }
+    double draft_step_seconds() const { return draft_step_s_; }  // running seconds per draft forward (-1: unknown)
 
 private:
     double verify_cost(int n_tokens) const;  // estimated seconds for a target forward of n tokens
@@ -84,7 +89,13 @@ private:
     bool better_acceptance_could_pay(int kmax) const;
     double draft_cost_ratio_ = 0, prefill_token_s_ = 0, catch_up_s_ = 0, tokens_wanted_ = 1e9;
     int rounds_since_probe_ = 0;
-    double plain_s_per_token_ = -1, drafting_s_per_token_ = -1;  // running averages (-1: not measured)
+    double plain_s_per_token_ = -1;  // running average over plain rounds (-1: not measured)
+    // Realised over predicted seconds of the last drafting rounds (a ring), and how many rounds were recorded.
+    std::array<double, 7> cost_ratios_{};
+    int n_cost_ratios_ = 0;
+    static constexpr int kCalibrationRounds = 4;  // rounds in before the scale applies
+    double cost_scale() const;  // median of cost_ratios_ (1 until kCalibrationRounds are in)
+    double round_cost(int k) const;  // the model's seconds for a round drafting k tokens (k = 0: a plain step)
     int probe_interval_ = 32;  // rounds of plain decoding between probes; doubles while probes keep losing
     // The first plain steps, whose minimum starts verify_s_[1]: the first steps after a prefill are slower (seen:
     // 35-41 ms against 31 ms later for the 1.5B here), and a plain step looking slower than it is would make

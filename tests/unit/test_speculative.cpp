@@ -362,13 +362,46 @@ TEST_CASE("speculative: realised throughput overrules the cost model") {
     for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.010);
     c.record_round(4, 4, 4 * 0.001);
     CHECK(c.choose(8) > 0);
-    // ... but whole drafting rounds deliver a token every 12 ms where plain rounds take 10 ms.
-    c.record_throughput(false, 1, 0.010);
-    c.record_throughput(true, 5, 0.060);
+    // ... but whole drafting rounds take 60 ms where the model predicts 14 (4 draft steps and a verification), a
+    // token every 12 ms where plain rounds take 10 ms. Three such rounds are not evidence enough (an answer's first
+    // rounds are its least predictable); a fourth is.
+    c.record_throughput(0, 1, 0.010);
+    for (int i = 0; i < 3; ++i) {
+        c.record_throughput(4, 5, 0.060);
+        CHECK(c.choose(8) > 0);
+    }
+    c.record_throughput(4, 5, 0.060);
     CHECK(c.choose(8) == 0);
-    // When drafting rounds do better, the model decides again.
-    for (int i = 0; i < 20; ++i) c.record_throughput(true, 5, 0.030);
+    // When drafting rounds (probes, the rounds after them) cost less, the model decides again: the scale follows
+    // them, and no number of costly rounds before outweighs cheap ones for ever.
+    int rounds_to_recover = 0;
+    while (c.choose(8) == 0 && rounds_to_recover < 20) {
+        c.record_throughput(4, 5, 0.030);
+        ++rounds_to_recover;
+    }
     CHECK(c.choose(8) > 0);
+    CHECK(rounds_to_recover <= 4);  // the median of the last 7 rounds turns once 4 of them are cheap
+}
+
+TEST_CASE("speculative: one bad first round does not stop drafting that then wins") {
+    // The case seen with the 1.5B + 0.5B on a rewrite prompt: the first drafting round accepts 1 of 4 and, with the
+    // machine busy, takes twice the model's cost; the rounds after it accept everything, at the model's cost.
+    // Low acceptance lowers alpha; it must not also make every later round look costly.
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.030);
+    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.030 + 0.006 * (n - 1));
+    c.record_throughput(0, 1, 0.030);
+    c.record_round(4, 1, 4 * 0.010);
+    c.record_throughput(4, 2, 2 * (4 * 0.010 + 0.054));
+    int drafting = 0;
+    for (int round = 0; round < 40; ++round) {
+        const int k = c.choose(8);
+        if (k == 0) continue;
+        ++drafting;
+        c.record_round(k, k, k * 0.010);
+        c.record_throughput(k, k + 1, k * 0.010 + 0.030 + 0.006 * k);
+    }
+    CHECK(drafting >= 35);
 }
 
 TEST_CASE("speculative: probes of a losing draft become rarer") {
