@@ -127,6 +127,9 @@ bool cpu_can_quantize(GgmlType type);
 // Throws tandem::Error for a type it cannot produce.
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n);
 
+// quantize_row's Q4_0 encoding without SIMD, the definition its AVX2 version must match byte for byte (tests).
+void quantize_row_q4_0_scalar(const float* src, void* dst, int64_t n);
+
 // Decodes n elements of `type` to floats. Throws tandem::Error for an unsupported type.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 

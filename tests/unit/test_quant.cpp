@@ -274,6 +274,48 @@ TEST_CASE("quant reference quantizers: known answers") {
     }
 }
 
+TEST_CASE("quant Q4_0: quantize_row is the scalar reference byte for byte") {
+    // Random blocks at scales from 1e-4 to 1e4, and the cases the SIMD version must get right the scalar way: the
+    // first of several elements of largest magnitude keeps its sign (+a before -a and the reverse), all zeros and
+    // negative zeros (d = -0), a single non-zero, and elements on the rounding boundaries x/d + 8.5 = k.
+    std::mt19937 rng(43);
+    const int64_t n = 32 * 600;
+    std::vector<float> x = random_floats(n, rng);
+    for (int64_t b = 0; b < 300; ++b)
+        for (int j = 0; j < 32; ++j) x[b * 32 + j] *= std::pow(10.0f, static_cast<float>(b % 9) - 4.0f);
+    std::uniform_int_distribution<int> pos(0, 31);
+    for (int64_t b = 300; b < 600; ++b) {
+        float* blk = &x[b * 32];
+        switch (b % 6) {
+            case 0: {  // ties of |x|, both signs, the first decides
+                const float a = 3.0f + static_cast<float>(b);
+                const int i = pos(rng), k = pos(rng);
+                blk[i] = (b % 12 == 0) ? a : -a;
+                blk[k] = -blk[i];
+                break;
+            }
+            case 1: std::fill(blk, blk + 32, 0.0f); break;
+            case 2: std::fill(blk, blk + 32, -0.0f); break;
+            case 3: std::fill(blk, blk + 32, 0.0f), blk[pos(rng)] = -1e-3f; break;
+            case 4:  // multiples of d/2 with d = -1 (max -8): x/d + 8.5 on and next to integers
+                for (int j = 0; j < 32; ++j) blk[j] = 0.5f * static_cast<float>((j * 7) % 33 - 16);
+                blk[pos(rng)] = -8.0f;
+                break;
+            default:
+                for (int j = 0; j < 32; ++j) blk[j] = std::nextafter(blk[j], 0.0f);
+        }
+    }
+    std::vector<BlockQ4_0> got(static_cast<size_t>(n / 32)), want(static_cast<size_t>(n / 32));
+    quantize_row(GgmlType::Q4_0, x.data(), got.data(), n);
+    quantize_row_q4_0_scalar(x.data(), want.data(), n);
+    int differing = 0;
+    for (size_t b = 0; b < got.size(); ++b) {
+        if (std::memcmp(&got[b], &want[b], sizeof(BlockQ4_0)) == 0) continue;
+        if (++differing <= 3) FAIL_CHECK("block " << b << " differs (d " << got[b].d << " vs " << want[b].d << ")");
+    }
+    CHECK(differing == 0);
+}
+
 TEST_CASE("quant Q8_0 and Q4_0: random rows decode within the quantization step") {
     std::mt19937 rng(42);
     const int64_t n = 32 * 257;
