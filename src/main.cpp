@@ -40,6 +40,7 @@ struct Options {
     std::string system_prompt;
     std::string chat_template;
     std::string draft_backend = "auto";
+    std::string draft_requant = "q4_0";
     std::string kv_type = "f16";
     bool kv_type_given = false;
     int n_predict = -1;
@@ -112,8 +113,10 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 }
 
 // `which` is "--backend" or "--draft-backend", for the notes.
+// `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
-                                              int chunk, int n_ctx, const Options& opt, const char* which) {
+                                              int chunk, int n_ctx, const Options& opt, const char* which,
+                                              std::optional<tandem::GgmlType> requantize_to = std::nullopt) {
     const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
     if (kind == "cuda") {
@@ -135,7 +138,8 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
     if (verbose && opt.kv_type_given)
         std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an fp32 KV cache\n",
                      opt.kv_type.c_str(), which);
-    return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk));
+    return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk), tandem::cpu::Activations::Int8,
+                                                true, requantize_to);
 }
 
 int run(const Options& opt) {
@@ -236,7 +240,11 @@ int run(const Options& opt) {
             }
         }();
         if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
-        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend");
+        const std::optional<tandem::GgmlType> requant =
+            opt.draft_requant == "none" ? std::nullopt : tandem::ggml_type_from_name(opt.draft_requant);
+        if (opt.verbose && requant && draft_kind == "cuda")
+            std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
+        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend", requant);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)
@@ -346,6 +354,11 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu, cuda")
         ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option("--draft-requant", opt.draft_requant,
+                   "a draft on the CPU reads its weights requantized to this type where that makes them smaller "
+                   "(q4_0: the 0.5B draft's Q5_0/Q8_0/Q6_K matrices, 25% fewer bytes per step), or none; the output "
+                   "is the target's either way")
+        ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
     app.add_option("--draft-max", opt.gen.speculative.draft_max, "most tokens drafted per round")
         ->capture_default_str()->check(CLI::Range(1, 64));
     app.add_option("--draft-min", opt.gen.speculative.draft_min,

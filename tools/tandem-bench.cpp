@@ -179,7 +179,8 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
 
 // The backend a measurement runs on: "cpu" (whose weights are repacked before any timing starts) or "cuda".
 std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
-                                                    int chunk, int n_ctx, const std::string& kv_type) {
+                                                    int chunk, int n_ctx, const std::string& kv_type,
+                                                    std::optional<tandem::GgmlType> requantize_to = std::nullopt) {
     if (kind == "cuda") {
 #ifdef TANDEM_HAS_CUDA
         tandem::CudaOptions options;
@@ -194,7 +195,8 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
 #endif
     }
-    auto cpu = std::make_unique<tandem::CpuBackend>(model, threads, chunk);
+    auto cpu = std::make_unique<tandem::CpuBackend>(model, threads, chunk, tandem::cpu::Activations::Int8, true,
+                                                    requantize_to);
     cpu->wait_for_repacking();  // timings are of the steady state
     return cpu;
 }
@@ -202,7 +204,8 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 // Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
 // With `serve`, after loading it answers one generation per stdin line instead: "plain I" or "spec I" (prompt I,
 // from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
-int speculative_bench(const tandem::Model& model, const std::string& draft_path, bool lookup, int draft_vocab,
+int speculative_bench(const tandem::Model& model, const std::string& draft_path,
+                      std::optional<tandem::GgmlType> draft_requant, bool lookup, int draft_vocab,
                       const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
                       bool json, bool serve, const std::string& backend_kind, const std::string& kv_type) {
     std::vector<std::vector<int>> encoded;
@@ -216,7 +219,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
     if (!draft_path.empty()) {
         draft_model = tandem::Model::load(draft_path);
         tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
-        draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type);
+        draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant);
     }
     std::unique_ptr<tandem::Backend> backend_ptr = make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
     tandem::Backend& backend = *backend_ptr;
@@ -386,6 +389,14 @@ int main(int argc, char** argv) {
     app.add_option("--draft-vocab", draft_vocab,
                    "speculative mode: the draft computes logits for ids below this and those of the context only (0: all)")
         ->capture_default_str()->check(CLI::NonNegativeNumber);
+    std::string requant_name = "none";
+    app.add_option("--requant", requant_name,
+                   "pp/tg: the weights' copies requantized to this type where smaller, as a draft's are (--draft-requant)")
+        ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
+    std::string draft_requant = "q4_0";
+    app.add_option("--draft-requant", draft_requant,
+                   "speculative mode: the draft's weights requantized to this type where smaller (as tandem's flag), or none")
+        ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
     app.add_option("--prompts", prompts_path, "speculative mode: prompts, one per line (default: three built in)");
     app.add_flag("--unescape", unescape, "the --prompts lines use the escapes \\n, \\t and \\\\ (multi-line prompts)");
     app.add_flag("--json", json, "print JSON lines instead of Markdown tables");
@@ -431,8 +442,10 @@ int main(int argc, char** argv) {
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
         const int n_ctx = n_prompt + std::max(n_gen, 64) + 1;
+        const std::optional<tandem::GgmlType> requant =
+            requant_name == "none" ? std::nullopt : tandem::ggml_type_from_name(requant_name);
         std::unique_ptr<tandem::Backend> backend_ptr =
-            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type);
+            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, requant);
         tandem::Backend& backend = *backend_ptr;
         if (logits_vocab > 0 && !backend.restrict_logits(logits_vocab, {}))
             throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");
@@ -469,7 +482,10 @@ int main(int argc, char** argv) {
                 for (std::string line; std::getline(in, line);)
                     if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
-            return speculative_bench(*model, draft_path, lookup, draft_vocab, prompts, n_gen, reps, threads, chunk, json, serve,
+            const std::optional<tandem::GgmlType> requant =
+                draft_requant == "none" ? std::nullopt : tandem::ggml_type_from_name(draft_requant);
+            return speculative_bench(*model, draft_path, requant, lookup, draft_vocab, prompts, n_gen, reps, threads, chunk,
+                                     json, serve,
                                      backend_kind, kv_type);
         }
         if (serve) {

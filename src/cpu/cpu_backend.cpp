@@ -31,8 +31,10 @@ CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
       k_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]),
       v_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]) {}
 
-CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack)
-    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
+CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack,
+                       std::optional<GgmlType> requantize_to)
+    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations),
+      requantize_to_(requantize_to) {
     const ModelConfig& c = model.config;
     logit_first_ = c.n_vocab;
     const size_t B = static_cast<size_t>(max_batch_);
@@ -64,9 +66,8 @@ void CpuBackend::repack_weights() {
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) views.push_back(v);
     views.push_back(&w.output);
     const GgufFile* file = model_.file.get();
-    repacked_ = std::make_unique<cpu::RepackedWeights>(views, [file](const WeightView& v) {
-        if (file) file->release_pages(v.data, v.n_bytes());
-    });
+    repacked_ = std::make_unique<cpu::RepackedWeights>(
+        views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to_);
 }
 
 size_t CpuBackend::repacked_bytes() const { return repacked_ ? repacked_->bytes() : 0; }
@@ -300,10 +301,20 @@ bool CpuBackend::restrict_logits(int n_first, std::span<const int> extra) {
         if (id >= logit_first_ && id < n_vocab) logit_extra_ids_.push_back(id);
     std::sort(logit_extra_ids_.begin(), logit_extra_ids_.end());
     logit_extra_ids_.erase(std::unique(logit_extra_ids_.begin(), logit_extra_ids_.end()), logit_extra_ids_.end());
-    const size_t row_bytes = W.row_bytes();
+    // A requantized output's extra rows are requantized alike, so that every id's logit comes from the same weights.
+    logit_extra_type_ = repacked_ && requantize_to_ ? cpu::RepackedMatrix::requantized_type(W.type, W.cols, *requantize_to_)
+                                                    : W.type;
+    const size_t row_bytes = ggml_row_bytes(logit_extra_type_, static_cast<uint64_t>(W.cols));
     logit_extra_rows_.resize(logit_extra_ids_.size() * row_bytes);
-    for (size_t j = 0; j < logit_extra_ids_.size(); ++j)
-        std::memcpy(&logit_extra_rows_[j * row_bytes], W.row(logit_extra_ids_[j]), row_bytes);
+    std::vector<float> decoded(logit_extra_type_ != W.type ? static_cast<size_t>(W.cols) : 0);
+    for (size_t j = 0; j < logit_extra_ids_.size(); ++j) {
+        if (logit_extra_type_ == W.type) {
+            std::memcpy(&logit_extra_rows_[j * row_bytes], W.row(logit_extra_ids_[j]), row_bytes);
+            continue;
+        }
+        cpu::dequantize_row(W.type, W.row(logit_extra_ids_[j]), decoded.data(), W.cols);
+        cpu::quantize_row(logit_extra_type_, decoded.data(), &logit_extra_rows_[j * row_bytes], W.cols);
+    }
     return true;
 }
 
@@ -319,8 +330,9 @@ void CpuBackend::restricted_logits(const float* x, int n, float* logits) {
     const int64_t n_extra = static_cast<int64_t>(logit_extra_ids_.size());
     if (n_extra == 0) return;
     logit_extra_out_.resize(static_cast<size_t>(n * n_extra));
-    // The file's layout, whatever serves the rest: the same bits (repack.h).
-    cpu::matmul(W.type, logit_extra_rows_.data(), W.cols, n_extra, x, n, logit_extra_out_.data(), pool_, activations_);
+    // The file's layout, whatever serves the rest: the same bits as the copy's (repack.h).
+    cpu::matmul(logit_extra_type_, logit_extra_rows_.data(), W.cols, n_extra, x, n, logit_extra_out_.data(), pool_,
+                activations_);
     for (int t = 0; t < n; ++t)
         for (int64_t j = 0; j < n_extra; ++j)
             logits[t * V + logit_extra_ids_[static_cast<size_t>(j)]] = logit_extra_out_[static_cast<size_t>(t * n_extra + j)];

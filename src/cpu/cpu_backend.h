@@ -5,6 +5,7 @@
 // released; until a matrix's copy is ready, forward passes read the file's layout.
 #pragma once
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend.h"
@@ -44,15 +45,21 @@ public:
     // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
     // `activations`: how quantized weights meet the activations (see cpu/matmul.h); Int8 is the fast default.
     // `repack`: repack the matrices that have a row-lane kernel (Int8 only; the results are the same bits either way).
+    // `requantize_to`: a speculative draft's copies are requantized to this type where that makes them smaller
+    // (RepackedMatrix::requantized_type): fewer bytes per draft step, and lossy, so never for a model whose output
+    // is shown. The logits differ from the file's once the copies are in use (the Generator waits for them before
+    // the draft's first round, so drafting always sees the requantized weights).
     CpuBackend(const Model& model, int n_threads, int max_batch,
-               cpu::Activations activations = cpu::Activations::Int8, bool repack = true);
+               cpu::Activations activations = cpu::Activations::Int8, bool repack = true,
+               std::optional<GgmlType> requantize_to = std::nullopt);
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
     bool restrict_logits(int n_first, std::span<const int> extra) override;
     int n_threads() const { return pool_.size(); }
     // Bytes of weights repacked, or being repacked in the background (0 when nothing is: another type, a CPU
-    // without the kernels, Float activations, or TANDEM_NO_REPACK=1). Results are the same bits before and after.
+    // without the kernels, Float activations, or TANDEM_NO_REPACK=1). Results are the same bits before and after,
+    // unless requantize_to was given.
     size_t repacked_bytes() const;
     // Blocks until the background repacking is done (benchmarks measure the steady state; speculative decoding
     // before its first verification).
@@ -86,10 +93,12 @@ private:
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
     std::unique_ptr<cpu::RepackedWeights> repacked_;  // null: nothing repacked
+    std::optional<GgmlType> requantize_to_;           // a draft's copies (see the constructor)
     // restrict_logits: ids below logit_first_ (n_vocab: no restriction), and the extra ids, whose output rows are
-    // copied together (the file's layout) so that one matmul computes them.
+    // copied together (the file's layout, in the type of the output's copy) so that one matmul computes them.
     int logit_first_;
     std::vector<int> logit_extra_ids_;
+    GgmlType logit_extra_type_ = GgmlType::F32;
     std::vector<uint8_t> logit_extra_rows_;
     std::vector<float> logit_extra_out_;  // [tokens][extra ids]
 };

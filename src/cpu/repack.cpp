@@ -12,6 +12,7 @@
 #include <new>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "cpu/quant.h"
 #include "cpu/quant_q8.h"
@@ -54,17 +55,32 @@ int64_t RepackedMatrix::record_elements(GgmlType type) {
     return type == GgmlType::Q4_K || type == GgmlType::Q6_K ? kQK_K : 64;
 }
 
+GgmlType RepackedMatrix::requantized_type(GgmlType type, int64_t cols, GgmlType target) {
+    if (type == target || !available(target, cols) || !cpu_supports(type)) return type;
+    const GgmlTypeInfo from = ggml_type_info(type), to = ggml_type_info(target);
+    // More bytes per element: from.type_size / from.block_size > to.type_size / to.block_size.
+    return static_cast<uint64_t>(from.type_size) * to.block_size > static_cast<uint64_t>(to.type_size) * from.block_size
+               ? target
+               : type;
+}
+
 size_t RepackedMatrix::storage_bytes(GgmlType type, int64_t cols, int64_t rows) {
     const size_t groups = static_cast<size_t>((rows + kGroupRows - 1) / kGroupRows);
     return groups * static_cast<size_t>(cols / record_elements(type)) * record_bytes_of(type);  // 64-byte multiples
 }
 
-RepackedMatrix::RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
-                               uint8_t* storage, const std::function<bool()>& proceed)
-    : type_(type), rows_(rows), cols_(cols), record_bytes_(record_bytes_of(type)) {
+RepackedMatrix::RepackedMatrix(GgmlType source_type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
+                               uint8_t* storage, const std::function<bool()>& proceed,
+                               std::optional<GgmlType> requantize_to)
+    : type_(requantize_to.value_or(source_type)), rows_(rows), cols_(cols), record_bytes_(record_bytes_of(type_)) {
+    const GgmlType type = type_;
     if (record_bytes_ == 0 || !kernel_for(type) || !q8_detail::repack_avx512(type))
         throw Error(std::string("RepackedMatrix: no repacked layout or kernel for ") + ggml_type_name(type) +
                     " on this CPU");
+    const bool requantize = type != source_type;
+    if (requantize && (!cpu_supports(source_type) || !cpu_can_quantize(type)))
+        throw Error(std::string("RepackedMatrix: cannot requantize ") + ggml_type_name(source_type) + " to " +
+                    ggml_type_name(type));
     if (cols <= 0 || cols % record_elements(type) != 0 || rows <= 0)
         throw Error("RepackedMatrix: bad shape " + std::to_string(cols) + " x " + std::to_string(rows));
     const int64_t n_blocks = cols / record_elements(type);
@@ -78,17 +94,29 @@ RepackedMatrix::RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64
         owns_ = true;
     }
     const uint8_t* w = static_cast<const uint8_t*>(W);
+    const size_t source_row_bytes = ggml_row_bytes(source_type, static_cast<uint64_t>(cols));
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
     const q8_detail::RepackGroupFn repack = q8_detail::repack_avx512(type);
     std::atomic<bool> cancelled{false};
     pool.parallel_for(n_groups(), [&](int64_t g0, int64_t g1, int) {
+        // Requantizing: a group's rows are decoded and encoded in `type` here, then repacked from there.
+        std::vector<float> decoded(requantize ? static_cast<size_t>(cols) : 0);
+        std::vector<uint8_t> encoded(requantize ? kGroupRows * row_bytes : 0);
         for (int64_t g = g0; g < g1; ++g) {
             if (proceed && !proceed()) {
                 cancelled.store(true, std::memory_order_relaxed);
                 return;
             }
             const int valid = static_cast<int>(std::min<int64_t>(kGroupRows, rows - g * kGroupRows));
-            repack(w + g * kGroupRows * row_bytes, row_bytes, valid, n_blocks, data_ + g * group_bytes);
+            const uint8_t* group = w + g * kGroupRows * source_row_bytes;
+            if (requantize) {
+                for (int r = 0; r < valid; ++r) {
+                    dequantize_row(source_type, group + r * source_row_bytes, decoded.data(), cols);
+                    quantize_row(type, decoded.data(), encoded.data() + r * row_bytes, cols);
+                }
+                group = encoded.data();
+            }
+            repack(group, row_bytes, valid, n_blocks, data_ + g * group_bytes);
         }
     });
     if (cancelled.load(std::memory_order_relaxed)) {
@@ -125,11 +153,15 @@ int g_prefills = 0;
 }  // namespace
 
 RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
-                                 std::function<void(const WeightView&)> release)
+                                 std::function<void(const WeightView&)> release,
+                                 std::optional<GgmlType> requantize_to)
     : release_(std::move(release)) {
+    auto copy_type = [&](const WeightView* v) {
+        return requantize_to ? RepackedMatrix::requantized_type(v->type, v->cols, *requantize_to) : v->type;
+    };
     std::vector<const WeightView*> todo;
     for (const WeightView* v : views)
-        if (v->data && RepackedMatrix::available(v->type, v->cols) &&
+        if (v->data && RepackedMatrix::available(copy_type(v), v->cols) &&
             std::find_if(todo.begin(), todo.end(), [&](const WeightView* t) { return t->data == v->data; }) ==
                 todo.end())
             todo.push_back(v);
@@ -138,7 +170,7 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
     std::stable_sort(todo.begin(), todo.end(),
                      [](const WeightView* a, const WeightView* b) { return a->n_bytes() > b->n_bytes(); });
     size_t total = 0;
-    for (const WeightView* v : todo) total += RepackedMatrix::storage_bytes(v->type, v->cols, v->rows);
+    for (const WeightView* v : todo) total += RepackedMatrix::storage_bytes(copy_type(v), v->cols, v->rows);
     void* arena = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) return;  // no memory for the copies: the file's layout serves
     ::madvise(arena, total, MADV_HUGEPAGE);  // a hint; without transparent huge pages nothing changes
@@ -148,8 +180,9 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
     for (const WeightView* v : todo) {
         auto e = std::make_unique<Entry>();
         e->view = v;
+        e->copy_type = copy_type(v);
         e->storage = cursor;
-        cursor += RepackedMatrix::storage_bytes(v->type, v->cols, v->rows);
+        cursor += RepackedMatrix::storage_bytes(e->copy_type, v->cols, v->rows);
         by_data_.emplace(v->data, e.get());
         entries_.push_back(std::move(e));
     }
@@ -180,7 +213,8 @@ bool RepackedWeights::repack_next(ThreadPool& pool) {
     try {
         const WeightView& v = *e->view;
         e->matrix = std::make_unique<RepackedMatrix>(v.type, v.data, v.cols, v.rows, pool, e->storage,
-                                                     [this] { return proceed(); });
+                                                     [this] { return proceed(); },
+                                                     e->copy_type != v.type ? std::optional(e->copy_type) : std::nullopt);
     } catch (...) {
         ok = false;  // cancelled, or out of memory: this and the matrices not started keep the file's layout
     }

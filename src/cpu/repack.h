@@ -13,6 +13,8 @@
 // Results are bitwise those of the other kernels of the type (find_q8_kernels(type)->dot_rows_scalar): the integer
 // sums per super-block are exact however they are formed, and the float steps per (row, token, super-block) are the
 // same operations in the same order. So batch invariance, and every fidelity figure, carry over unchanged.
+// The one exception is asked for by name: a speculative draft's copies may be requantized (requantized_type), which
+// changes its logits (never the output, which the target verifies) for fewer bytes per draft step.
 //
 // Layout, per group of 16 rows (a last partial group is padded with zero rows) and per super-block, one record:
 //   Q4_K (2368 bytes)  [0, 2048)     qs: vector k (k < 32) at 64 k, its dword r the bytes 4k..4k+3 of row r's qs
@@ -44,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <memory>
 #include <unordered_map>
@@ -70,6 +73,11 @@ public:
     // Elements of a row per record: 256 (a K-quant super-block) or 64 (a pair of legacy blocks).
     static int64_t record_elements(GgmlType type);
 
+    // The type a matrix of `type` is copied as when copies are requantized to `target`: `target` where its repacked
+    // layout fits the rows and the matrix has more bytes per element than `target` (the copy is smaller, so
+    // reading it is faster), else `type` itself.
+    static GgmlType requantized_type(GgmlType type, int64_t cols, GgmlType target);
+
     // Bytes the repacked copy of a [cols, rows] matrix of `type` takes (a multiple of 64).
     static size_t storage_bytes(GgmlType type, int64_t cols, int64_t rows);
 
@@ -79,13 +87,17 @@ public:
     // cols is not a whole number of super-blocks.
     // `proceed`, when given, is called between row groups (it may block: the background repacking pauses there);
     // once it returns false the constructor throws RepackCancelled and the copy is unusable.
+    // With `requantize_to` (a type with a repacked layout), the copy holds the matrix requantized to that type
+    // instead: each row decoded to floats and encoded again (quantize_row), then repacked. Lossy: only for a
+    // speculative draft, whose proposals the target verifies (see requantized_type).
     RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
-                   uint8_t* storage = nullptr, const std::function<bool()>& proceed = {});
+                   uint8_t* storage = nullptr, const std::function<bool()>& proceed = {},
+                   std::optional<GgmlType> requantize_to = std::nullopt);
     ~RepackedMatrix();
     RepackedMatrix(const RepackedMatrix&) = delete;
     RepackedMatrix& operator=(const RepackedMatrix&) = delete;
 
-    GgmlType type() const { return type_; }
+    GgmlType type() const { return type_; }  // of the copy (the requantized type, if any)
     int64_t rows() const { return rows_; }
     int64_t cols() const { return cols_; }
     int64_t n_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
@@ -108,7 +120,8 @@ private:
 };
 
 // The repacked matrices of one backend, made on a background thread at idle priority that starts with the backend.
-// Results are bitwise the same with or without a repacked copy, so each matrix switches to its copy as soon as it is
+// Results are bitwise the same with or without a repacked copy (unless requantized, for a draft, which waits for
+// every copy before it drafts), so each matrix switches to its copy as soon as it is
 // published (an atomic pointer), and forward passes do not wait for the rest (CpuBackend::forward waits only in a
 // step long enough for the copies to pay for the wait). Memory stays near the file's size: a matrix's file pages are
 // released as soon as its copy is published, and again when a forward pass that was running then (and may have
@@ -121,7 +134,9 @@ public:
     // release(view) from the background thread once a copy is in use (the backend drops the file pages: the
     // resident size then stays near the file's). With nothing to repack, or no memory for the copies, nothing
     // is repacked and the backend keeps the file's layout.
-    RepackedWeights(const std::vector<const WeightView*>& views, std::function<void(const WeightView&)> release);
+    // With `requantize_to`, the copies are requantized where RepackedMatrix::requantized_type says so (a draft's).
+    RepackedWeights(const std::vector<const WeightView*>& views, std::function<void(const WeightView&)> release,
+                    std::optional<GgmlType> requantize_to = std::nullopt);
     ~RepackedWeights();  // stops the background thread after the matrix in progress
     RepackedWeights(const RepackedWeights&) = delete;
     RepackedWeights& operator=(const RepackedWeights&) = delete;
@@ -142,6 +157,7 @@ public:
 private:
     struct Entry {
         const WeightView* view;
+        GgmlType copy_type;  // view->type, or the type it is requantized to
         uint8_t* storage;
         std::unique_ptr<RepackedMatrix> matrix;  // set by the worker before `ready`
         std::atomic<const RepackedMatrix*> ready{nullptr};

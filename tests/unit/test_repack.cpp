@@ -117,6 +117,51 @@ TEST_CASE("repack: extreme codes and activations stay exact") {
     }
 }
 
+TEST_CASE("repack: a requantized copy is the Q4_0 kernel on the rows decoded and encoded again") {
+    if (!RepackedMatrix::available(GgmlType::Q4_0)) {
+        MESSAGE("Q4_0: no repacked kernel on this build or CPU, not checked");
+        return;
+    }
+    // Which types a draft's copies are requantized to Q4_0 from: those with more bytes per element, at widths
+    // that are whole pairs of blocks.
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q5_0, 896, GgmlType::Q4_0) == GgmlType::Q4_0);
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q8_0, 896, GgmlType::Q4_0) == GgmlType::Q4_0);
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q6_K, 4864, GgmlType::Q4_0) == GgmlType::Q4_0);
+    CHECK(RepackedMatrix::requantized_type(GgmlType::F16, 64, GgmlType::Q4_0) == GgmlType::Q4_0);
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q4_K, 1536, GgmlType::Q4_0) == GgmlType::Q4_K);  // as small
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q3_K, 1536, GgmlType::Q4_0) == GgmlType::Q3_K);  // smaller
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q8_0, 96, GgmlType::Q4_0) == GgmlType::Q8_0);    // 3 blocks
+    CHECK(RepackedMatrix::requantized_type(GgmlType::Q4_0, 896, GgmlType::Q4_0) == GgmlType::Q4_0);
+
+    std::mt19937 rng(79);
+    ThreadPool pool(2);
+    for (GgmlType from : {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q6_K, GgmlType::F16, GgmlType::F32}) {
+        // The 0.5B's width (896) where the type allows it; Q6_K rows are whole super-blocks.
+        const int64_t wide = from == GgmlType::Q6_K ? 768 : 896;
+        for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 256}, {16, wide}}) {
+            CAPTURE(ggml_type_name(from));
+            CAPTURE(rows);
+            CAPTURE(cols);
+            const std::vector<uint8_t> w = random_weight_rows(from, static_cast<int>(rows), static_cast<int>(cols), rng);
+            const RepackedMatrix m(from, w.data(), cols, rows, pool, nullptr, {}, GgmlType::Q4_0);
+            CHECK(m.type() == GgmlType::Q4_0);
+            CHECK(m.bytes() == RepackedMatrix::storage_bytes(GgmlType::Q4_0, cols, rows));
+            // The expected copy: every row decoded to floats and encoded as Q4_0 by the reference quantizer.
+            Problem p = make_q8_problem(GgmlType::Q4_0, rows, cols, 7, rng);
+            std::vector<float> decoded(static_cast<size_t>(cols));
+            const size_t from_row = ggml_row_bytes(from, static_cast<uint64_t>(cols));
+            for (int64_t r = 0; r < rows; ++r) {
+                dequantize_row(from, w.data() + r * from_row, decoded.data(), cols);
+                quantize_row(GgmlType::Q4_0, decoded.data(), p.w.data() + r * p.row_bytes, cols);
+            }
+            check_bitwise(repacked_result(p, m, {0, m.n_groups()}, {0, p.tokens}), scalar_q8_result(p), p);
+        }
+    }
+    // A type the CPU cannot decode is an error, not a wrong copy.
+    std::vector<uint8_t> w(4096);
+    CHECK_THROWS_AS(RepackedMatrix(GgmlType::IQ2_XXS, w.data(), 256, 2, pool, nullptr, {}, GgmlType::Q4_0), Error);
+}
+
 TEST_CASE("repack: a type without a layout, or a row that is not whole records, is an error") {
     ThreadPool pool(1);
     std::vector<uint8_t> w(4096);

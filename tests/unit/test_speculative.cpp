@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <unistd.h>
 
 #include "cpu/cpu_backend.h"
@@ -81,7 +82,7 @@ struct Run {
 
 // Generates with `target` (and `draft_path` if given) and returns the generated ids (EOS excluded).
 Run generate(const Model& target, const std::string& draft_path, const std::vector<int>& prompt,
-             GenerationParams params) {
+             GenerationParams params, std::optional<GgmlType> draft_requant = std::nullopt) {
     CpuBackend backend(target, 1, 64);
     auto cache = backend.new_cache(256);
     std::unique_ptr<Model> draft_model;
@@ -90,7 +91,7 @@ Run generate(const Model& target, const std::string& draft_path, const std::vect
     DraftModel draft;
     if (!draft_path.empty()) {
         draft_model = Model::load(draft_path);
-        draft_backend = std::make_unique<CpuBackend>(*draft_model, 1, 64);
+        draft_backend = std::make_unique<CpuBackend>(*draft_model, 1, 64, cpu::Activations::Int8, true, draft_requant);
         draft_cache = draft_backend->new_cache(256);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
     }
@@ -139,6 +140,64 @@ TEST_CASE("speculative: greedy output with a draft equals plain decoding for eve
         const Run lookup_only = generate(*target, "", c.prompt_ids, p);
         CHECK(lookup_only.tokens == plain.tokens);
     }
+}
+
+TEST_CASE("speculative: a draft requantized at load keeps the output, and really differs from its file") {
+    if (!cpu::RepackedMatrix::available(GgmlType::Q4_0)) {
+        MESSAGE("Q4_0: no repacked kernel on this build or CPU, drafts are not requantized, not checked");
+        return;
+    }
+    auto target = Model::load(kData + "/stories260K.gguf");
+    // The f32 model's copies as Q4_0 (the matrices 64 wide; the FFN's down projection, 172 wide, stays f32): an
+    // eighth of the bytes.
+    CpuBackend as_file(*target, 1, 64), requantized(*target, 1, 64, cpu::Activations::Int8, true, GgmlType::Q4_0);
+    as_file.wait_for_repacking();
+    requantized.wait_for_repacking();
+    CHECK(requantized.repacked_bytes() > 0);
+    CHECK(requantized.repacked_bytes() * 4 < target->weights.bytes_per_token());
+    // Restricted logits: the extra ids' rows are requantized like the rest, so each allowed id's logit is the one
+    // the unrestricted requantized model gives it.
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    const int V = target->config.n_vocab;
+    std::vector<float> full(static_cast<size_t>(V)), restricted(static_cast<size_t>(V)), file_logits(static_cast<size_t>(V));
+    {
+        auto c1 = requantized.new_cache(64), c2 = requantized.new_cache(64), c3 = as_file.new_cache(64);
+        requantized.forward(prompt, *c1, 1, full.data());
+        const std::vector<int> extra = {300, 411, 499};
+        requantized.restrict_logits(200, extra);
+        requantized.forward(prompt, *c2, 1, restricted.data());
+        requantized.restrict_logits(V, {});
+        as_file.forward(prompt, *c3, 1, file_logits.data());
+        for (int id = 0; id < V; ++id) {
+            const bool allowed = id < 200 || std::find(extra.begin(), extra.end(), id) != extra.end();
+            if (allowed) CHECK(restricted[static_cast<size_t>(id)] == full[static_cast<size_t>(id)]);
+            else CHECK(std::isinf(restricted[static_cast<size_t>(id)]));
+        }
+        CHECK(full != file_logits);  // the requantized weights are not the file's
+    }
+    // Greedy output with the requantized draft is the target's, for every reference prompt; and the draft, the
+    // target itself but requantized, is rejected now and then (the same draft unrequantized never is: see "a draft
+    // identical to the target is always accepted").
+    const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
+    for (const auto& c : cases) {
+        const int n = static_cast<int>(c.generated_ids.size()) - (c.generated_ids.back() == 1 ? 1 : 0);
+        std::vector<int> golden = c.generated_ids;
+        if (golden.back() == 1) golden.pop_back();
+        GenerationParams p = greedy_params(n);
+        p.speculative.draft_min = 1;
+        const Run spec = generate(*target, kData + "/stories260K.gguf", c.prompt_ids, p, GgmlType::Q4_0);
+        INFO("prompt '" << c.prompt << "'");
+        CHECK(spec.tokens == golden);
+        CHECK(spec.stats.spec.drafted > 0);
+    }
+    GenerationParams p = greedy_params(150);
+    p.speculative.draft_min = 5;
+    p.speculative.draft_max = 5;
+    p.speculative.p_min = 0;
+    const Run spec = generate(*target, kData + "/stories260K.gguf", prompt, p, GgmlType::Q4_0);
+    CHECK(spec.tokens == generate(*target, "", prompt, greedy_params(150)).tokens);
+    CHECK(spec.stats.spec.accepted < spec.stats.spec.drafted);
+    CHECK(spec.stats.spec.accepted > spec.stats.spec.drafted / 2);
 }
 
 TEST_CASE("speculative: the int8 draft really disagrees, and rejections happen") {
