@@ -458,9 +458,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         // A round that began with a long catch-up (the first drafting round, a probe after plain rounds) counts as
         // the round it would have been without: less the catch-up, plus the one draft step that it stood in for.
         // Left out, the rounds after a stretch of plain decoding could never outweigh the drafting rounds before it.
+        // A lookup round beside a draft model took no draft steps: it says nothing of what the draft's rounds cost.
         double round_seconds = since(t_round);
         if (round_caught_up) round_seconds += controller.draft_step_seconds() - catch_up_seconds;
-        if (!round_caught_up || controller.draft_step_seconds() > 0)
+        if ((!round_caught_up || controller.draft_step_seconds() > 0) && !(from_lookup && draft_.model))
             controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds);
         if (trace)
             std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f\n",
