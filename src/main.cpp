@@ -240,8 +240,7 @@ int run(const Options& opt) {
             }
         }();
         if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
-        const std::optional<tandem::GgmlType> requant =
-            opt.draft_requant == "none" ? std::nullopt : tandem::ggml_type_from_name(opt.draft_requant);
+        const std::optional<tandem::GgmlType> requant = tandem::parse_requant(opt.draft_requant);
         if (opt.verbose && requant && draft_kind == "cuda")
             std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
         draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend", requant);
@@ -356,7 +355,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--draft-requant", opt.draft_requant,
                    "a draft on the CPU reads its weights requantized to this type where that makes them smaller "
-                   "(q4_0: the 0.5B draft's Q5_0/Q8_0/Q6_K matrices, 25% fewer bytes per step), or none; the output "
+                   "(q4_0: the 0.5B draft's Q5_0/Q8_0/Q6_K matrices, 279 MB of copies instead of 393 MB), or none; the output "
                    "is the target's either way")
         ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
     app.add_option("--draft-max", opt.gen.speculative.draft_max, "most tokens drafted per round")

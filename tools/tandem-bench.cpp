@@ -439,13 +439,26 @@ int main(int argc, char** argv) {
         if (model_path.empty()) throw tandem::Error("give -m MODEL.gguf (or --make-synthetic NAME -o FILE)");
 
         auto model = tandem::Model::load(model_path);
+        // Speculative mode builds its own backends (the target's and the draft's): before the pp/tg one, which it
+        // would only repack for nothing.
+        if (verify_sizes.empty() && (!draft_path.empty() || lookup)) {
+            std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom went to the park",
+                                                "The little dog was sad because"};
+            if (!prompts_path.empty()) {
+                std::ifstream in(prompts_path);
+                if (!in) throw tandem::Error(prompts_path + ": cannot open");
+                prompts.clear();
+                for (std::string line; std::getline(in, line);)
+                    if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
+            }
+            return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts,
+                                     n_gen, reps, threads, chunk, json, serve, backend_kind, kv_type);
+        }
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
         const int n_ctx = n_prompt + std::max(n_gen, 64) + 1;
-        const std::optional<tandem::GgmlType> requant =
-            requant_name == "none" ? std::nullopt : tandem::ggml_type_from_name(requant_name);
         std::unique_ptr<tandem::Backend> backend_ptr =
-            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, requant);
+            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, tandem::parse_requant(requant_name));
         tandem::Backend& backend = *backend_ptr;
         if (logits_vocab > 0 && !backend.restrict_logits(logits_vocab, {}))
             throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");
@@ -472,22 +485,6 @@ int main(int argc, char** argv) {
 
         if (!verify_sizes.empty()) return verify_bench(backend, *cache, prompt, n_prompt, chunk, verify_sizes, reps,
                                                       c.n_vocab, json);
-        if (!draft_path.empty() || lookup) {
-            std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom went to the park",
-                                                "The little dog was sad because"};
-            if (!prompts_path.empty()) {
-                std::ifstream in(prompts_path);
-                if (!in) throw tandem::Error(prompts_path + ": cannot open");
-                prompts.clear();
-                for (std::string line; std::getline(in, line);)
-                    if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
-            }
-            const std::optional<tandem::GgmlType> requant =
-                draft_requant == "none" ? std::nullopt : tandem::ggml_type_from_name(draft_requant);
-            return speculative_bench(*model, draft_path, requant, lookup, draft_vocab, prompts, n_gen, reps, threads, chunk,
-                                     json, serve,
-                                     backend_kind, kv_type);
-        }
         if (serve) {
             // The caller (scripts/compare-llamacpp) interleaves these runs with another engine's; the model load
             // and the warm-up stay out of every timing.

@@ -31,10 +31,16 @@ CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
       k_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]),
       v_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]) {}
 
+std::optional<GgmlType> parse_requant(const std::string& name) {
+    if (name == "none") return std::nullopt;
+    const std::optional<GgmlType> type = ggml_type_from_name(name);
+    if (!type) throw Error("unknown requantization type '" + name + "' (q4_0, none)");
+    return type;
+}
+
 CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack,
                        std::optional<GgmlType> requantize_to)
-    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations),
-      requantize_to_(requantize_to) {
+    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
     const ModelConfig& c = model.config;
     logit_first_ = c.n_vocab;
     const size_t B = static_cast<size_t>(max_batch_);
@@ -53,13 +59,13 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Ac
         rope_inv_freq_.push_back(
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(c.rope_dim));
-    if (repack && activations_ == cpu::Activations::Int8) repack_weights();
+    if (repack && activations_ == cpu::Activations::Int8) repack_weights(requantize_to);
 }
 
 // Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked
 // on a background thread at idle priority; each matrix's file pages are released once its copy is in use. (A tied
 // output is the token embedding too: the rows the embedding lookup reads come back from the page cache.)
-void CpuBackend::repack_weights() {
+void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to) {
     const Weights& w = model_.weights;
     std::vector<const WeightView*> views;
     for (const LayerWeights& L : w.layers)
@@ -67,7 +73,7 @@ void CpuBackend::repack_weights() {
     views.push_back(&w.output);
     const GgufFile* file = model_.file.get();
     repacked_ = std::make_unique<cpu::RepackedWeights>(
-        views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to_);
+        views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to);
 }
 
 size_t CpuBackend::repacked_bytes() const { return repacked_ ? repacked_->bytes() : 0; }
@@ -302,18 +308,16 @@ bool CpuBackend::restrict_logits(int n_first, std::span<const int> extra) {
     std::sort(logit_extra_ids_.begin(), logit_extra_ids_.end());
     logit_extra_ids_.erase(std::unique(logit_extra_ids_.begin(), logit_extra_ids_.end()), logit_extra_ids_.end());
     // A requantized output's extra rows are requantized alike, so that every id's logit comes from the same weights.
-    logit_extra_type_ = repacked_ && requantize_to_ ? cpu::RepackedMatrix::requantized_type(W.type, W.cols, *requantize_to_)
-                                                    : W.type;
+    logit_extra_type_ = repacked_ ? repacked_->copy_type(W.data).value_or(W.type) : W.type;
     const size_t row_bytes = ggml_row_bytes(logit_extra_type_, static_cast<uint64_t>(W.cols));
     logit_extra_rows_.resize(logit_extra_ids_.size() * row_bytes);
     std::vector<float> decoded(logit_extra_type_ != W.type ? static_cast<size_t>(W.cols) : 0);
     for (size_t j = 0; j < logit_extra_ids_.size(); ++j) {
-        if (logit_extra_type_ == W.type) {
-            std::memcpy(&logit_extra_rows_[j * row_bytes], W.row(logit_extra_ids_[j]), row_bytes);
-            continue;
-        }
-        cpu::dequantize_row(W.type, W.row(logit_extra_ids_[j]), decoded.data(), W.cols);
-        cpu::quantize_row(logit_extra_type_, decoded.data(), &logit_extra_rows_[j * row_bytes], W.cols);
+        uint8_t* dst = &logit_extra_rows_[j * row_bytes];
+        if (logit_extra_type_ == W.type)
+            std::memcpy(dst, W.row(logit_extra_ids_[j]), row_bytes);
+        else
+            cpu::requantize_row(W.type, W.row(logit_extra_ids_[j]), logit_extra_type_, dst, W.cols, decoded.data());
     }
     return true;
 }

@@ -6,6 +6,7 @@
 #pragma once
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "backend.h"
@@ -40,6 +41,10 @@ private:
     std::unique_ptr<float[]> k_, v_;
 };
 
+// The value of --draft-requant (tandem-bench: also --requant): "none", or the type a draft's copies are
+// requantized to (see CpuBackend's requantize_to). nullopt for "none".
+std::optional<GgmlType> parse_requant(const std::string& name);
+
 class CpuBackend : public Backend {
 public:
     // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
@@ -67,7 +72,7 @@ public:
 
 private:
     void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
-    void repack_weights();
+    void repack_weights(std::optional<GgmlType> requantize_to);
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
@@ -93,7 +98,6 @@ private:
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
     std::unique_ptr<cpu::RepackedWeights> repacked_;  // null: nothing repacked
-    std::optional<GgmlType> requantize_to_;           // a draft's copies (see the constructor)
     // restrict_logits: ids below logit_first_ (n_vocab: no restriction), and the extra ids, whose output rows are
     // copied together (the file's layout, in the type of the output's copy) so that one matmul computes them.
     int logit_first_;

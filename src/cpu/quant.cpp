@@ -1195,6 +1195,11 @@ bool cpu_can_quantize(GgmlType type) {
     return k && k->quantize;
 }
 
+void requantize_row(GgmlType from, const void* src, GgmlType to, void* dst, int64_t n, float* scratch) {
+    dequantize_row(from, src, scratch, n);
+    quantize_row(to, scratch, dst, n);
+}
+
 void quantize_row(GgmlType type, const float* src, void* dst, int64_t n) {
     const TypeKernels& k = require_kernels(type, n, "quantize_row");
     if (!k.quantize)

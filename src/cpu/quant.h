@@ -133,6 +133,9 @@ void quantize_row_q4_0_scalar(const float* src, void* dst, int64_t n);
 // Decodes n elements of `type` to floats. Throws tandem::Error for an unsupported type.
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n);
 
+// Re-encodes a row of n elements of `from` as `to` (decoded to floats in `scratch`, n floats, then quantize_row).
+void requantize_row(GgmlType from, const void* src, GgmlType to, void* dst, int64_t n, float* scratch);
+
 // Dot product of one weight row (n elements of `type`) with n fp32 values. The row is decoded block by block in
 // registers, never expanded in memory. Bitwise equal to what matmul computes for the same row and vector.
 float vec_dot(GgmlType type, int64_t n, const void* row, const float* x);

@@ -110,10 +110,9 @@ RepackedMatrix::RepackedMatrix(GgmlType source_type, const void* W, int64_t cols
             const int valid = static_cast<int>(std::min<int64_t>(kGroupRows, rows - g * kGroupRows));
             const uint8_t* group = w + g * kGroupRows * source_row_bytes;
             if (requantize) {
-                for (int r = 0; r < valid; ++r) {
-                    dequantize_row(source_type, group + r * source_row_bytes, decoded.data(), cols);
-                    quantize_row(type, decoded.data(), encoded.data() + r * row_bytes, cols);
-                }
+                for (int r = 0; r < valid; ++r)
+                    requantize_row(source_type, group + r * source_row_bytes, type, encoded.data() + r * row_bytes, cols,
+                                   decoded.data());
                 group = encoded.data();
             }
             repack(group, row_bytes, valid, n_blocks, data_ + g * group_bytes);
@@ -287,6 +286,11 @@ RepackedWeights::~RepackedWeights() {
     if (worker_.joinable()) worker_.join();
     entries_.clear();
     if (arena_) ::munmap(arena_, bytes_);
+}
+
+std::optional<GgmlType> RepackedWeights::copy_type(const void* data) const {
+    const auto it = by_data_.find(data);
+    return it == by_data_.end() ? std::nullopt : std::optional(it->second->copy_type);
 }
 
 const RepackedMatrix* RepackedWeights::find(const void* data) const {

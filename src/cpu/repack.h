@@ -143,6 +143,9 @@ public:
 
     // The repacked copy of the tensor at `data` once it is ready, else nullptr.
     const RepackedMatrix* find(const void* data) const;
+    // The type the tensor at `data` is (being) copied as: its own, or the requantized one; nullopt when it has no
+    // copy planned (then its file's layout serves for good).
+    std::optional<GgmlType> copy_type(const void* data) const;
     // Blocks until every copy is ready (or the repacking gave up), repacking the matrices not yet started on the
     // calling thread beside the background one; cheap once done.
     void wait() const;
