@@ -114,8 +114,10 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 
 // `which` is "--backend" or "--draft-backend", for the notes.
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
+// `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackend).
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
                                               int chunk, int n_ctx, const Options& opt, const char* which,
+                                              bool huge_pages,
                                               std::optional<tandem::GgmlType> requantize_to = std::nullopt) {
     const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
@@ -139,7 +141,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an fp32 KV cache\n",
                      opt.kv_type.c_str(), which);
     return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk), tandem::cpu::Activations::Int8,
-                                                true, requantize_to);
+                                                true, requantize_to, huge_pages);
 }
 
 int run(const Options& opt) {
@@ -220,7 +222,7 @@ int run(const Options& opt) {
                             std::to_string(c.context_length) + ")");
 
     std::unique_ptr<tandem::Backend> backend_ptr =
-        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend");
+        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend", /*huge_pages=*/chat);
     tandem::Backend& backend = *backend_ptr;
     auto cache = backend.new_cache(n_ctx);
 
@@ -243,7 +245,8 @@ int run(const Options& opt) {
         const std::optional<tandem::GgmlType> requant = tandem::parse_requant(opt.draft_requant);
         if (opt.verbose && requant && draft_kind == "cuda")
             std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
-        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend", requant);
+        draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend",
+                                     /*huge_pages=*/true, requant);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)

@@ -177,7 +177,8 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
     return 0;
 }
 
-// The backend a measurement runs on: "cpu" (whose weights are repacked before any timing starts) or "cuda".
+// The backend a measurement runs on: "cpu" (whose weights are repacked, on huge pages as in the chat REPL, before
+// any timing starts) or "cuda".
 std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
                                                     int chunk, int n_ctx, const std::string& kv_type,
                                                     std::optional<tandem::GgmlType> requantize_to = std::nullopt) {
@@ -196,7 +197,7 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 #endif
     }
     auto cpu = std::make_unique<tandem::CpuBackend>(model, threads, chunk, tandem::cpu::Activations::Int8, true,
-                                                    requantize_to);
+                                                    requantize_to, /*huge_pages=*/true);
     cpu->wait_for_repacking();  // timings are of the steady state
     return cpu;
 }

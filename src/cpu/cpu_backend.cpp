@@ -39,7 +39,7 @@ std::optional<GgmlType> parse_requant(const std::string& name) {
 }
 
 CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack,
-                       std::optional<GgmlType> requantize_to)
+                       std::optional<GgmlType> requantize_to, bool huge_pages)
     : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
     const ModelConfig& c = model.config;
     logit_first_ = c.n_vocab;
@@ -59,13 +59,13 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Ac
         rope_inv_freq_.push_back(
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(c.rope_dim));
-    if (repack && activations_ == cpu::Activations::Int8) repack_weights(requantize_to);
+    if (repack && activations_ == cpu::Activations::Int8) repack_weights(requantize_to, huge_pages);
 }
 
 // Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked
 // on a background thread at idle priority; each matrix's file pages are released once its copy is in use. (A tied
 // output is the token embedding too: the rows the embedding lookup reads come back from the page cache.)
-void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to) {
+void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages) {
     const Weights& w = model_.weights;
     std::vector<const WeightView*> views;
     for (const LayerWeights& L : w.layers)
@@ -73,7 +73,8 @@ void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to) {
     views.push_back(&w.output);
     const GgufFile* file = model_.file.get();
     repacked_ = std::make_unique<cpu::RepackedWeights>(
-        views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to);
+        views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to,
+        huge_pages);
 }
 
 size_t CpuBackend::repacked_bytes() const { return repacked_ ? repacked_->bytes() : 0; }

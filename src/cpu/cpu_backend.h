@@ -54,9 +54,15 @@ public:
     // (RepackedMatrix::requantized_type): fewer bytes per draft step, and lossy, so never for a model whose output
     // is shown. The logits differ from the file's once the copies are in use (the Generator waits for them before
     // the draft's first round, so drafting always sees the requantized weights).
+    // `huge_pages`: the copies on transparent huge pages. A step that reads them is faster (interleaved tg runs
+    // here: the 0.5B's draft step 5 of 5 pairs faster, median +10%; the 1.5B's decode +3%), but fresh huge pages
+    // can be slow to fault in: on this project's VM (Firecracker, whose host takes freed guest memory back) 1 GB
+    // costs ~2.2 s against ~0.4 s on small pages, which held a one-shot run's first draft round up 1.5 s. So ask
+    // for them where the copies are read long enough to repay that: a draft's (read k times per target step) and
+    // a long-lived process's (the chat REPL, the benchmarks), not a one-shot run's target.
     CpuBackend(const Model& model, int n_threads, int max_batch,
                cpu::Activations activations = cpu::Activations::Int8, bool repack = true,
-               std::optional<GgmlType> requantize_to = std::nullopt);
+               std::optional<GgmlType> requantize_to = std::nullopt, bool huge_pages = false);
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
@@ -72,7 +78,7 @@ public:
 
 private:
     void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
-    void repack_weights(std::optional<GgmlType> requantize_to);
+    void repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages);
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);

@@ -153,7 +153,7 @@ int g_prefills = 0;
 
 RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
                                  std::function<void(const WeightView&)> release,
-                                 std::optional<GgmlType> requantize_to)
+                                 std::optional<GgmlType> requantize_to, bool huge_pages)
     : release_(std::move(release)) {
     auto copy_type = [&](const WeightView* v) {
         return requantize_to ? RepackedMatrix::requantized_type(v->type, v->cols, *requantize_to) : v->type;
@@ -172,7 +172,9 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
     for (const WeightView* v : todo) total += RepackedMatrix::storage_bytes(copy_type(v), v->cols, v->rows);
     void* arena = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (arena == MAP_FAILED) return;  // no memory for the copies: the file's layout serves
-    ::madvise(arena, total, MADV_HUGEPAGE);  // a hint; without transparent huge pages nothing changes
+    // A hint; without transparent huge pages nothing changes. Left to the kernel's default (small pages where THP
+    // is "madvise", as usual) when the caller does not ask.
+    if (huge_pages) ::madvise(arena, total, MADV_HUGEPAGE);
     arena_ = arena;
     bytes_ = total;
     uint8_t* cursor = static_cast<uint8_t*>(arena_);

@@ -125,9 +125,11 @@ private:
 // published (an atomic pointer), and forward passes do not wait for the rest (CpuBackend::forward waits only in a
 // step long enough for the copies to pay for the wait). Memory stays near the file's size: a matrix's file pages are
 // released as soon as its copy is published, and again when a forward pass that was running then (and may have
-// read them back) ends, so every weight is resident about once, from the file or from a copy. The copies share one anonymous mapping
-// with a transparent-huge-page hint: 953 MB (the 1.5B) took 0.65 s in 4 KiB pages, half of it in page faults, and
-// 0.31 s typically with huge pages (the kernel may compact memory first: seen up to 1.8 s on a loaded machine).
+// read them back) ends, so every weight is resident about once, from the file or from a copy. The copies share one
+// anonymous mapping, on transparent huge pages when asked. How long the copies take to make depends mostly on how
+// fast fresh pages fault in: the 1.5B's 953 MB took 0.18-0.31 s on huge pages with memory freed moments before, but
+// 1.4 s on huge pages and 0.3 s on small ones once this Firecracker VM's host had taken the freed memory back
+// (a test program: 1 GB first touched in 2.2 s on huge pages, 0.41 s on small).
 class RepackedWeights {
 public:
     // Plans a copy of every view whose type is available() and starts repacking them, largest first, calling
@@ -135,8 +137,9 @@ public:
     // resident size then stays near the file's). With nothing to repack, or no memory for the copies, nothing
     // is repacked and the backend keeps the file's layout.
     // With `requantize_to`, the copies are requantized where RepackedMatrix::requantized_type says so (a draft's).
+    // `huge_pages`: ask for transparent huge pages for the copies (see CpuBackend's huge_pages).
     RepackedWeights(const std::vector<const WeightView*>& views, std::function<void(const WeightView&)> release,
-                    std::optional<GgmlType> requantize_to = std::nullopt);
+                    std::optional<GgmlType> requantize_to = std::nullopt, bool huge_pages = false);
     ~RepackedWeights();  // stops the background thread after the matrix in progress
     RepackedWeights(const RepackedWeights&) = delete;
     RepackedWeights& operator=(const RepackedWeights&) = delete;
