@@ -335,6 +335,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         // ---- propose ----
         std::vector<int> drafted;
         double draft_seconds = 0;
+        int draft_steps = 0;  // draft forwards behind the proposal (see DraftLengthController::record_round)
         if (k > 0 && sp.lookup) drafted = lookup.propose(out.history, k);
         const bool from_lookup = !drafted.empty();
         if (k > 0 && !from_lookup && draft_.model) {
@@ -354,6 +355,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                                         last ? draft_logits.data() : nullptr);
             }
             draft_fed = draft_.cache->n_committed();
+            draft_steps = 1;  // the forward of cur (or the catch-up standing in for it) gave drafted[0]'s logits
             const bool long_catch_up = n_pending > 2;
             round_caught_up = long_catch_up;
             if (long_catch_up) {
@@ -384,7 +386,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 if (!greedy) d = draft_sampler.draw(&q_rows[static_cast<size_t>(i) * V], draft_vocab);
                 drafted.push_back(d);
                 context.push_back(d);
-                if (i + 1 < k) draft_.backend->forward(std::span<const int>(&d, 1), *draft_.cache, 1, draft_logits.data());
+                if (i + 1 < k) {
+                    draft_.backend->forward(std::span<const int>(&d, 1), *draft_.cache, 1, draft_logits.data());
+                    ++draft_steps;
+                }
             }
             draft_seconds = since(t0);
             st.draft_s += draft_seconds;
@@ -444,7 +449,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             st.drafted += n_drafted;
             st.accepted += verdict.n_accepted;
             ++st.accepted_hist[static_cast<size_t>(std::min(verdict.n_accepted, 64))];
-            controller.record_round(n_drafted, verdict.n_accepted, from_lookup ? 0.0 : draft_seconds);
+            controller.record_round(n_drafted, verdict.n_accepted, from_lookup ? 0.0 : draft_seconds, draft_steps);
         }
 
         // ---- roll back what was not accepted, then emit ----
@@ -462,7 +467,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         double round_seconds = since(t_round);
         if (round_caught_up) round_seconds += controller.draft_step_seconds() - catch_up_seconds;
         if ((!round_caught_up || controller.draft_step_seconds() > 0) && !(from_lookup && draft_.model))
-            controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds);
+            controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds, draft_steps);
         if (trace)
             std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f\n",
                          k, n_drafted, from_lookup ? 1 : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,

@@ -27,7 +27,7 @@ std::vector<int> LookupProposer::propose(std::span<const int> ctx, int k) const 
 
 DraftLengthController::DraftLengthController(int draft_min, int draft_max)
     : draft_min_(std::max(0, draft_min)), draft_max_(std::max(draft_min, draft_max)),
-      verify_s_(static_cast<size_t>(std::max(draft_min, draft_max)) + 2, -1.0) {}
+      verify_s_(static_cast<size_t>(std::max(draft_min, draft_max)) + 2, -1.0), verify_recent_(verify_s_.size()) {}
 
 double DraftLengthController::verify_cost(int n) const {
     if (verify_s_[static_cast<size_t>(n)] > 0) return verify_s_[static_cast<size_t>(n)];
@@ -79,11 +79,7 @@ double DraftLengthController::round_cost(int k) const {
 }
 
 double DraftLengthController::cost_scale() const {
-    if (n_cost_ratios_ < kCalibrationRounds) return 1.0;
-    const size_t n = std::min(cost_ratios_.size(), static_cast<size_t>(n_cost_ratios_));
-    std::array<double, std::tuple_size_v<decltype(cost_ratios_)>> sorted = cost_ratios_;
-    std::sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(n));
-    return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    return cost_ratios_.count() < kCalibrationRounds ? 1.0 : cost_ratios_.median();
 }
 
 bool DraftLengthController::better_acceptance_could_pay(int kmax) const {
@@ -116,6 +112,7 @@ int DraftLengthController::choose(int k_limit) {
         if (rate > best_rate) best_rate = rate, best_k = k;
     }
     if (best_k == 0 && kmax > 0) {
+        if (!free_drafts_) relax_acceptance();
         // Plain decoding wins on current estimates; re-measure acceptance now and then, as it drifts with content.
         // A draft model must first catch up on every token since it last ran, so each losing probe doubles the
         // interval before the next (up to 512 rounds). A probe only measures acceptance: when the measured costs
@@ -133,7 +130,7 @@ int DraftLengthController::choose(int k_limit) {
     return best_k;
 }
 
-void DraftLengthController::record_round(int drafted, int accepted, double draft_seconds) {
+void DraftLengthController::record_round(int drafted, int accepted, double draft_seconds, int draft_steps) {
     if (drafted <= 0) return;
     // Decayed success / trial counts: a rejection after `accepted` tokens is one failed trial.
     constexpr double kDecay = 0.9;
@@ -141,20 +138,32 @@ void DraftLengthController::record_round(int drafted, int accepted, double draft
     succ_ = succ_ * kDecay + accepted;
     trials_ = trials_ * kDecay + trials;
     alpha_ = (succ_ + 0.7) / (trials_ + 1.0);  // one pseudo-trial at the prior keeps it off 0 and 1
+    constexpr double kLongDecay = 0.99;
+    succ_long_ = succ_long_ * kLongDecay + accepted;
+    trials_long_ = trials_long_ * kLongDecay + trials;
     if (!free_drafts_ && draft_seconds > 0) {
-        const double per_step = draft_seconds / drafted;
-        draft_step_s_ = draft_step_s_ < 0 ? per_step : 0.8 * draft_step_s_ + 0.2 * per_step;
+        draft_steps_.add(draft_seconds / (draft_steps > 0 ? draft_steps : drafted));
+        draft_step_s_ = draft_steps_.median();
     }
 }
 
-void DraftLengthController::record_throughput(int n_drafted, int tokens, double seconds) {
+// A plain round decays the local evidence as a drafting round would and adds one pseudo-trial at the long-run
+// rate: after a hard patch alpha_ recovers within ~10-20 plain rounds where the long run is good (instead of waiting
+// for a probe, 32 rounds and then doubling), and stays low where the draft is poor all along.
+void DraftLengthController::relax_acceptance() {
+    constexpr double kDecay = 0.9;
+    succ_ = succ_ * kDecay + long_run_acceptance();
+    trials_ = trials_ * kDecay + 1.0;
+    alpha_ = (succ_ + 0.7) / (trials_ + 1.0);
+}
+
+void DraftLengthController::record_throughput(int n_drafted, int tokens, double seconds, int draft_steps) {
     if (tokens <= 0 || seconds <= 0) return;
     if (n_drafted > 0) {
         if (!free_drafts_ && draft_step_s_ <= 0) return;  // nothing to compare with yet
         const double step = free_drafts_ ? 0.0 : draft_step_s_;
-        const double predicted = n_drafted * step + verify_cost(n_drafted + 1);
-        cost_ratios_[static_cast<size_t>(n_cost_ratios_) % cost_ratios_.size()] = seconds / predicted;
-        ++n_cost_ratios_;
+        const double predicted = (draft_steps >= 0 ? draft_steps : n_drafted) * step + verify_cost(n_drafted + 1);
+        cost_ratios_.add(seconds / predicted);
         return;
     }
     const double per_token = seconds / tokens;
@@ -163,15 +172,17 @@ void DraftLengthController::record_throughput(int n_drafted, int tokens, double 
 
 void DraftLengthController::record_verify(int n_tokens, double seconds) {
     if (n_tokens < 1 || static_cast<size_t>(n_tokens) >= verify_s_.size() || seconds <= 0) return;
-    double& v = verify_s_[static_cast<size_t>(n_tokens)];
+    RecentMedian<5>& recent = verify_recent_[static_cast<size_t>(n_tokens)];
     if (n_tokens == 1 && first_plain_s_.size() < kPlainSamples) {
         first_plain_s_.push_back(seconds);
         if (first_plain_s_.size() == kPlainSamples) {
-            v = *std::min_element(first_plain_s_.begin(), first_plain_s_.end());
+            recent.add(*std::min_element(first_plain_s_.begin(), first_plain_s_.end()));
+            verify_s_[1] = recent.median();
         }
         return;
     }
-    v = v < 0 ? seconds : 0.8 * v + 0.2 * seconds;
+    recent.add(seconds);
+    verify_s_[static_cast<size_t>(n_tokens)] = recent.median();
 }
 
 Verdict verify_proposal(std::span<const int> drafted, const float* target_probs, const float* draft_probs, int n_vocab,

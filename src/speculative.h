@@ -8,7 +8,9 @@
 //     output distribution is exactly the target's.
 //   - SpeculativeStats: what --stats reports.
 #pragma once
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -41,13 +43,38 @@ private:
     SpeculativeParams params_;
 };
 
+// The median of the last N samples of a cost (fewer while fewer are in). On this shared host a round now and then
+// takes 1.5-2x its usual time; a running average let two such rounds raise the 1.5B's 3-token verification cost
+// 33 -> 42 ms, and as the controller then decoded plainly, no drafting round came to correct it (30 plain rounds
+// at 96% acceptance). A median ignores a minority of such rounds and follows a lasting change within N / 2 + 1.
+template <size_t N>
+class RecentMedian {
+public:
+    void add(double x) { samples_[static_cast<size_t>(count_++) % N] = x; }
+    int count() const { return count_; }  // samples ever added
+    double median() const {               // 0 when empty
+        const size_t n = std::min(N, static_cast<size_t>(count_));
+        if (n == 0) return 0.0;
+        std::array<double, N> sorted = samples_;
+        std::sort(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(n));
+        return n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+    }
+
+private:
+    std::array<double, N> samples_{};
+    int count_ = 0;
+};
+
 class DraftLengthController {
 public:
     DraftLengthController(int draft_min, int draft_max);
     // The k for the next round; `k_limit` caps it (context room, tokens still wanted).
     int choose(int k_limit);
-    // Feedback after a round: tokens drafted and accepted, seconds spent drafting them (per draft forward).
-    void record_round(int drafted, int accepted, double draft_seconds);
+    // Feedback after a round: tokens drafted and accepted, seconds spent drafting them, and the draft forwards
+    // those seconds paid for (-1: one per drafted token). A draft that stops at p_min has run one forward more than
+    // it drafted (the one whose top probability was too low): counted per drafted token, a round that stopped
+    // after 1 token read as a draft step of twice its cost (on a code prompt such rounds are common).
+    void record_round(int drafted, int accepted, double draft_seconds, int draft_steps = -1);
     // A target forward of `n_tokens` took `seconds` (n = 1 for plain decode, k + 1 for verification).
     void record_verify(int n_tokens, double seconds);
     // Turns off the cost model: the draft is free (prompt lookup), only acceptance matters.
@@ -71,18 +98,28 @@ public:
     // median over the last rounds, applied once four are in: one round slowed by the machine must not stop
     // drafting, as then only rare probes would draft again). The scale is of cost only, acceptance being alpha's:
     // an answer's first, unpredictable rounds lower alpha, and do not also count against every later round's cost.
-    void record_throughput(int n_drafted, int tokens, double seconds);
+    // `draft_steps` as in record_round: the model's prediction for the round is that many draft steps.
+    void record_throughput(int n_drafted, int tokens, double seconds, int draft_steps = -1);
     double acceptance() const { return alpha_; }
-    double draft_step_seconds() const { return draft_step_s_; }  // running seconds per draft forward (-1: unknown)
+    double draft_step_seconds() const { return draft_step_s_; }  // recent seconds per draft forward (-1: unknown)
 
 private:
     double verify_cost(int n_tokens) const;  // estimated seconds for a target forward of n tokens
     int draft_min_, draft_max_;
     bool free_drafts_ = false;
     double alpha_ = 0.7;          // running per-token acceptance estimate (prior: a typical draft's rate)
-    double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_
-    double draft_step_s_ = -1;    // running seconds per draft forward (-1: not measured yet)
-    std::vector<double> verify_s_;  // running seconds per target forward, by n_tokens (-1: not measured)
+    double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_ (per drafting round: x 0.9)
+    // The same over a long horizon (x 0.99 per drafting round): what alpha_ returns to during plain rounds. Drafts
+    // fail in patches: on a code prompt the 0.5B missed 4 of 6 positions early in the answer and then agreed for
+    // long stretches, but alpha_, measured in the patch, stayed there while the controller decoded plainly, and a
+    // probe landing in the next hard spot left the rest of the answer plain (88 of ~120 rounds).
+    double succ_long_ = 0, trials_long_ = 0;
+    double long_run_acceptance() const { return (succ_long_ + 0.7) / (trials_long_ + 1.0); }
+    void relax_acceptance();  // one plain round: alpha_ one step toward long_run_acceptance()
+    double draft_step_s_ = -1;    // recent median seconds per draft forward (-1: not measured yet)
+    RecentMedian<5> draft_steps_;
+    std::vector<double> verify_s_;  // recent median seconds per target forward, by n_tokens (-1: not measured)
+    std::vector<RecentMedian<5>> verify_recent_;
     bool drafting_may_pay() const;  // the prior at an optimistic acceptance (see set_cost_prior)
     // With the measured draft and verification costs, whether some k up to kmax beats plain decoding at an
     // optimistic acceptance (or the current estimate, if higher).
@@ -90,9 +127,8 @@ private:
     double draft_cost_ratio_ = 0, prefill_token_s_ = 0, catch_up_s_ = 0, tokens_wanted_ = 1e9;
     int rounds_since_probe_ = 0;
     double plain_s_per_token_ = -1;  // running average over plain rounds (-1: not measured)
-    // Realised over predicted seconds of the last drafting rounds (a ring), and how many rounds were recorded.
-    std::array<double, 7> cost_ratios_{};
-    int n_cost_ratios_ = 0;
+    // Realised over predicted seconds of the last drafting rounds.
+    RecentMedian<7> cost_ratios_;
     static constexpr int kCalibrationRounds = 4;  // rounds in before the scale applies
     double cost_scale() const;  // median of cost_ratios_ (1 until kCalibrationRounds are in)
     double round_cost(int k) const;  // the model's seconds for a round drafting k tokens (k = 0: a plain step)

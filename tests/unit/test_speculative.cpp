@@ -463,6 +463,88 @@ TEST_CASE("speculative: one bad first round does not stop drafting that then win
     CHECK(drafting >= 35);
 }
 
+TEST_CASE("speculative: a few slow rounds do not stop drafting that wins") {
+    // As traced (TANDEM_SPEC_TRACE=1) with the 1.5B + 0.5B on this shared host: k = 2 rounds accepting everything
+    // at ~50 ms for 3 tokens against 21 ms plain steps, now and then one whose draft stopped at p_min after 1 token
+    // (2 draft forwards, 44 ms for 2 tokens), then three rounds the machine slowed. Running averages took those
+    // into the draft step, the verification estimates and the calibration at once, and the controller decoded the
+    // next 30 rounds plainly at 96% acceptance.
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.021);
+    c.record_throughput(0, 1, 0.021);
+    // k drafted tokens from `steps` draft forwards, all accepted.
+    auto round = [&](int k, int steps, double draft_s, double verify_s, double round_s) {
+        c.record_verify(k + 1, verify_s);
+        c.record_round(k, k, draft_s, steps);
+        c.record_throughput(k, k + 1, round_s, steps);
+    };
+    for (int i = 0; i < 12; ++i) {
+        if (i % 4 == 3)
+            round(1, 2, 0.0169, 0.0274, 0.0443);
+        else
+            round(2, 2, 0.0167, 0.0330, 0.0500);
+    }
+    REQUIRE(c.choose(8) > 0);
+    round(2, 2, 0.0187, 0.0523, 0.0709);
+    round(1, 1, 0.0152, 0.0432, 0.0585);
+    round(2, 2, 0.0211, 0.0600, 0.0811);
+    // Rounds as before the slow ones (verification 21 ms + 6 ms per drafted token, 8.4 ms draft steps), scaled
+    // by `slow`.
+    auto round_as_chosen = [&](double slow) {
+        const int k = c.choose(8);
+        if (k == 0) return false;
+        round(k, k, slow * k * 0.0084, slow * (0.021 + 0.006 * k), slow * (0.022 + 0.0144 * k));
+        return true;
+    };
+    for (int i = 0; i < 5; ++i) REQUIRE(round_as_chosen(1.0));
+    // A lasting change still counts: with every drafting round at 3x its cost, plain decoding wins within 5.
+    int drafting = 0;
+    while (drafting < 5 && round_as_chosen(3.0)) ++drafting;
+    CHECK(c.choose(8) == 0);
+}
+
+TEST_CASE("speculative: a draft stopped by p_min is not taken for a slow draft") {
+    // Rounds of k = 4 whose draft stops after 1 token: 2 forwards of 10 ms each. The step is 10 ms, not 20.
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.030);
+    for (int i = 0; i < 6; ++i) c.record_round(1, 1, 0.020, 2);
+    CHECK(c.draft_step_seconds() == doctest::Approx(0.010));
+}
+
+TEST_CASE("speculative: a hard patch in the answer does not leave the rest plain") {
+    // Drafting wins at high acceptance (k = 2: 61 ms for up to 3 tokens against 25 ms plain steps) and the draft
+    // agreed all along, until eight rejections in a row. Plain decoding must resume drafting well before the
+    // first probe (32 rounds) would, once the long-run acceptance says the patch is likely over.
+    DraftLengthController c(0, 8);
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.025);
+    c.record_throughput(0, 1, 0.025);
+    for (int n = 2; n <= 9; ++n) c.record_verify(n, 0.025 + 0.010 * (n - 1));
+    for (int i = 0; i < 30; ++i) {
+        c.record_round(2, 2, 2 * 0.008);
+        c.record_throughput(2, 3, 2 * 0.008 + 0.045);
+    }
+    for (int i = 0; i < 8; ++i) {
+        c.record_round(2, 0, 2 * 0.008);
+        c.record_throughput(2, 1, 2 * 0.008 + 0.045);
+    }
+    REQUIRE(c.choose(8) == 0);
+    int plain = 1;
+    while (plain < 100 && c.choose(8) == 0) ++plain;
+    CHECK(plain < 20);
+    // A draft that was poor all along gets no such second chances: only the probes, ever rarer.
+    DraftLengthController poor(0, 8);
+    for (int i = 0; i < 5; ++i) poor.record_verify(1, 0.025);
+    poor.record_throughput(0, 1, 0.025);
+    for (int n = 2; n <= 9; ++n) poor.record_verify(n, 0.025 + 0.010 * (n - 1));
+    for (int i = 0; i < 30; ++i) {
+        poor.record_round(2, i % 3 == 0 ? 1 : 0, 2 * 0.008);
+        poor.record_throughput(2, 1, 2 * 0.008 + 0.045);
+    }
+    int drafting = 0;
+    for (int round = 0; round < 100; ++round) drafting += poor.choose(8) > 0;
+    CHECK(drafting <= 2);
+}
+
 TEST_CASE("speculative: probes of a losing draft become rarer") {
     // A cheap draft with flat verification, losing only through its acceptance (a better one would win).
     DraftLengthController c(0, 8);
