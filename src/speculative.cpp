@@ -133,12 +133,10 @@ int DraftLengthController::choose(int k_limit) {
 void DraftLengthController::record_round(int drafted, int accepted, double draft_seconds, int draft_steps) {
     if (drafted <= 0) return;
     // Decayed success / trial counts: a rejection after `accepted` tokens is one failed trial.
-    constexpr double kDecay = 0.9;
     const double trials = accepted + (accepted < drafted ? 1 : 0);
     succ_ = succ_ * kDecay + accepted;
     trials_ = trials_ * kDecay + trials;
-    alpha_ = (succ_ + 0.7) / (trials_ + 1.0);  // one pseudo-trial at the prior keeps it off 0 and 1
-    constexpr double kLongDecay = 0.99;
+    alpha_ = acceptance(succ_, trials_);
     succ_long_ = succ_long_ * kLongDecay + accepted;
     trials_long_ = trials_long_ * kLongDecay + trials;
     if (!free_drafts_ && draft_seconds > 0) {
@@ -151,10 +149,9 @@ void DraftLengthController::record_round(int drafted, int accepted, double draft
 // rate: after a hard patch alpha_ recovers within ~10-20 plain rounds where the long run is good (instead of waiting
 // for a probe, 32 rounds and then doubling), and stays low where the draft is poor all along.
 void DraftLengthController::relax_acceptance() {
-    constexpr double kDecay = 0.9;
     succ_ = succ_ * kDecay + long_run_acceptance();
     trials_ = trials_ * kDecay + 1.0;
-    alpha_ = (succ_ + 0.7) / (trials_ + 1.0);
+    alpha_ = acceptance(succ_, trials_);
 }
 
 void DraftLengthController::record_throughput(int n_drafted, int tokens, double seconds, int draft_steps) {

@@ -69,6 +69,8 @@ class DraftLengthController {
 public:
     DraftLengthController(int draft_min, int draft_max);
     // The k for the next round; `k_limit` caps it (context room, tokens still wanted).
+    // A plain choice (k = 0 while drafting could resume) also counts as a plain round for the acceptance
+    // estimate (relax_acceptance): call it once per round.
     int choose(int k_limit);
     // Feedback after a round: tokens drafted and accepted, seconds spent drafting them, and the draft forwards
     // those seconds paid for (-1: one per drafted token). A draft that stops at p_min has run one forward more than
@@ -108,13 +110,17 @@ private:
     int draft_min_, draft_max_;
     bool free_drafts_ = false;
     double alpha_ = 0.7;          // running per-token acceptance estimate (prior: a typical draft's rate)
-    double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_ (per drafting round: x 0.9)
+    double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_ (per round: x kDecay)
+    static constexpr double kDecay = 0.9;
+    // Acceptance from decayed counts; one pseudo-trial at the prior keeps it off 0 and 1.
+    static double acceptance(double succ, double trials) { return (succ + 0.7) / (trials + 1.0); }
     // The same over a long horizon (x 0.99 per drafting round): what alpha_ returns to during plain rounds. Drafts
     // fail in patches: on a code prompt the 0.5B missed 4 of 6 positions early in the answer and then agreed for
     // long stretches, but alpha_, measured in the patch, stayed there while the controller decoded plainly, and a
     // probe landing in the next hard spot left the rest of the answer plain (88 of ~120 rounds).
     double succ_long_ = 0, trials_long_ = 0;
-    double long_run_acceptance() const { return (succ_long_ + 0.7) / (trials_long_ + 1.0); }
+    static constexpr double kLongDecay = 0.99;
+    double long_run_acceptance() const { return acceptance(succ_long_, trials_long_); }
     void relax_acceptance();  // one plain round: alpha_ one step toward long_run_acceptance()
     double draft_step_s_ = -1;    // recent median seconds per draft forward (-1: not measured yet)
     RecentMedian<5> draft_steps_;
