@@ -222,18 +222,22 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     const bool restrict_draft = draft_.model && sp.draft_vocab > 0 && sp.draft_vocab < draft_vocab;
     DraftLengthController controller(sp.draft_min, sp.draft_max);
     controller.set_free_drafts(draft_.model == nullptr);
-    if (draft_.model) {
-        // The prior: the draft's share of the target's weight bytes, the prompt prefill's cost per token (only from
-        // a prompt long enough for the per-token part to dominate), the draft's own prefill of the prompt (the
-        // same work at the weight-bytes ratio) and the tokens still wanted.
+    // The prompt prefill's cost per token, only from a prompt long enough for the per-token part to dominate: what
+    // each further verified token adds to a target forward, beyond the first few (DraftLengthController::verify_cost).
+    const int n_prompt = out.stats().n_prompt;
+    const double prefill_token_s = n_prompt >= 32 ? out.stats().prefill_s / n_prompt : 0.0;
+    if (!draft_.model) {
+        controller.set_cost_prior(0.0, prefill_token_s, 0.0, static_cast<double>(out.remaining()));
+    } else {
+        // The prior: the draft's share of the target's weight bytes, the prefill's cost per token, the draft's own
+        // prefill of the prompt (the same work at the weight-bytes ratio) and the tokens still wanted.
         double draft_bytes = static_cast<double>(draft_.model->weights.bytes_per_token());
         if (restrict_draft)  // the output rows it will not read
             draft_bytes -= static_cast<double>(draft_.model->weights.output.n_bytes()) *
                            (1.0 - static_cast<double>(sp.draft_vocab) / draft_vocab);
         const double ratio = draft_bytes / static_cast<double>(std::max<uint64_t>(1, model_.weights.bytes_per_token()));
-        const int n_prompt = out.stats().n_prompt;
-        controller.set_cost_prior(ratio, n_prompt >= 32 ? out.stats().prefill_s / n_prompt : 0.0,
-                                  ratio * out.stats().prefill_s, static_cast<double>(out.remaining()));
+        controller.set_cost_prior(ratio, prefill_token_s, ratio * out.stats().prefill_s,
+                                  static_cast<double>(out.remaining()));
     }
     LookupProposer lookup(sp);
     const int k_cap = std::max(0, sp.draft_max);
@@ -296,8 +300,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     };
     std::vector<int> pending;
     bool layouts_settled = false;
-    // TANDEM_SPEC_TRACE=1: one stderr line per round (the controller's k, what was drafted and accepted, the draft's,
-    // the verification's and the round's milliseconds; catch=1 when the draft read a long catch-up), for diagnosis.
+    // TANDEM_SPEC_TRACE=1: one stderr line per round (the controller's k, what was drafted and accepted, the length of
+    // the lookup match proposed (0: not a lookup round), the draft's, the verification's and the round's
+    // milliseconds; catch=1 when the draft read a long catch-up), for diagnosis.
     static const bool trace = [] {
         const char* v = std::getenv("TANDEM_SPEC_TRACE");
         return v && v[0] == '1';
@@ -311,7 +316,15 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         }
         // Room in the cache for cur + k, and no point drafting past the tokens still wanted.
         const int k_limit = std::min({k_cap, cache_.capacity() - committed - 1, out.remaining() - 1});
-        const int k = controller.choose(k_limit);
+        // Prompt lookup first, where its match promises more than plain decoding (or the draft); else the draft.
+        LookupProposal looked;
+        int k = 0;
+        if (sp.lookup) {
+            looked = lookup.propose(out.history, k_limit);
+            k = controller.choose_lookup(looked.match_len, static_cast<int>(looked.tokens.size()), k_limit);
+        }
+        const bool from_lookup = k > 0;
+        if (!from_lookup && draft_.model) k = controller.choose(k_limit);
         if (k > 0 && !layouts_settled) {
             // Verifying several tokens, and the draft's catch-up on the prompt, are compute-bound and cheaper on
             // the CPU backend's repacked weights (the 1.5B verifying 4 tokens: 1.4x a plain step against 1.7x in the
@@ -336,8 +349,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         std::vector<int> drafted;
         double draft_seconds = 0;
         int draft_steps = 0;  // draft forwards behind the proposal (see DraftLengthController::record_round)
-        if (k > 0 && sp.lookup) drafted = lookup.propose(out.history, k);
-        const bool from_lookup = !drafted.empty();
+        if (from_lookup) drafted.assign(looked.tokens.begin(), looked.tokens.begin() + k);
         if (k > 0 && !from_lookup && draft_.model) {
             Clock::time_point t0 = Clock::now();
             update_draft_vocab();
@@ -449,7 +461,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             st.drafted += n_drafted;
             st.accepted += verdict.n_accepted;
             ++st.accepted_hist[static_cast<size_t>(std::min(verdict.n_accepted, 64))];
-            controller.record_round(n_drafted, verdict.n_accepted, from_lookup ? 0.0 : draft_seconds, draft_steps);
+            if (from_lookup) {
+                controller.record_lookup(looked.match_len, n_drafted, verdict.n_accepted);
+                lookup.follow(looked, verdict.n_accepted);
+            } else {
+                controller.record_round(n_drafted, verdict.n_accepted, draft_seconds, draft_steps);
+            }
         }
 
         // ---- roll back what was not accepted, then emit ----
@@ -470,7 +487,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds, draft_steps);
         if (trace)
             std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f\n",
-                         k, n_drafted, from_lookup ? 1 : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,
+                         k, n_drafted, from_lookup ? looked.match_len : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,
                          since(t_round) * 1e3, round_caught_up ? 1 : 0, controller.acceptance());
         for (int i = 0; i < verdict.n_accepted; ++i)
             if (!out.push(drafted[static_cast<size_t>(i)])) return;

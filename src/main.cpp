@@ -374,7 +374,7 @@ int main(int argc, char** argv) {
                    "the context (0: every id); the output is the target's either way")
         ->capture_default_str()->check(CLI::NonNegativeNumber);
     app.add_flag("--lookup", opt.gen.speculative.lookup,
-                 "prompt-lookup drafting: propose continuations of n-grams already in the context");
+                 "prompt-lookup drafting: propose what followed the longest earlier match of the context's last tokens");
     app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");
     try {
         app.parse(argc, argv);

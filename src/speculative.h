@@ -1,5 +1,5 @@
 // Speculative decoding: the pieces the Generator's speculative loop is made of.
-//   - LookupProposer: prompt-lookup drafting (the continuation of the longest recent n-gram match in the context).
+//   - LookupProposer: prompt-lookup drafting (the continuation of the longest earlier match of the context's end).
 //   - DraftLengthController: picks the draft length k each round from the running acceptance rate and the
 //     measured costs (a draft step, and a target verification of n tokens), falling back to plain decoding
 //     (k = 0) when drafting cannot win on this hardware.
@@ -28,19 +28,38 @@ struct SpeculativeParams {
     // Backend::restrict_logits). Proposals outside are never made; the output stays the target's exactly.
     int draft_vocab = 32768;
     bool lookup = false;    // prompt-lookup drafting (with or without a draft model)
-    int lookup_ngram_max = 4;  // longest n-gram matched against the context
-    int lookup_ngram_min = 2;  // shortest n-gram accepted as a match
+    // Matches of the context's last n tokens, n from lookup_ngram_min up to lookup_ngram_max (longer matches are
+    // measured up to that length: how long a match is tells how far its continuation will be accepted). Even a
+    // one-token match is worth a proposal where verifying one more token costs little (the 1.5B here: 2 tokens 32 ms
+    // against 30 for one, and a one-token match's next token is accepted 23% of the time); the controller decides
+    // that from the measured costs (DraftLengthController::choose_lookup).
+    int lookup_ngram_max = 16;
+    int lookup_ngram_min = 1;
+};
+
+// A prompt-lookup proposal: the tokens that followed an earlier occurrence of the context's last `match_len` tokens.
+struct LookupProposal {
+    std::vector<int> tokens;
+    int match_len = 0;  // 0: nothing matched
+    int source = -1;    // the context index of tokens[0]
 };
 
 class LookupProposer {
 public:
     explicit LookupProposer(const SpeculativeParams& params) : params_(params) {}
-    // Up to `k` tokens continuing `context` by its most recent earlier occurrence of the longest suffix n-gram
-    // (n from lookup_ngram_max down to lookup_ngram_min); empty when nothing matches.
-    std::vector<int> propose(std::span<const int> context, int k) const;
+    // Up to `k` tokens continuing `context` from the longest earlier occurrence of its end (lookup_ngram_min ..
+    // lookup_ngram_max tokens). Among equally long ones, the first that continues at or after the cursor, where
+    // the last accepted proposal ended: a rewrite walks through its source in order, and the most recent occurrence
+    // of a short match is often a later line of that source (the rewrite task of compare-llamacpp: "    lines"
+    // followed by " = []" early in the source and by ".append(" twice after it). Without a cursor, or none after
+    // it, the most recent. Empty when nothing matches.
+    LookupProposal propose(std::span<const int> context, int k) const;
+    // After verification: the first `accepted` tokens of `proposal` were accepted (the cursor moves past them).
+    void follow(const LookupProposal& proposal, int accepted);
 
 private:
     SpeculativeParams params_;
+    int cursor_ = -1;
 };
 
 // The median of the last N samples of a cost (fewer while fewer are in). On this shared host a round now and then
@@ -81,6 +100,17 @@ public:
     void record_verify(int n_tokens, double seconds);
     // Turns off the cost model: the draft is free (prompt lookup), only acceptance matters.
     void set_free_drafts(bool free) { free_drafts_ = free; }
+    // Prompt lookup. Its proposals do not fail like a draft model's, token by token at a steady rate: a copy either
+    // goes on or ends, and how likely its next token is accepted grows with how long the match behind it already
+    // is (measured below, lookup_acceptance). So the length is chosen per proposal: the k (at most `available`,
+    // the proposal's length) that maximises the round's expected tokens per second, given the chance of each
+    // further token at match length match_len + i and the measured verification costs; 0 when plain decoding (or,
+    // beside a draft model, its best round at the current estimates) is expected to do better.
+    int choose_lookup(int match_len, int available, int k_limit) const;
+    // Feedback: a proposal behind a match of `match_len` tokens had `drafted` tokens, `accepted` of them accepted.
+    void record_lookup(int match_len, int drafted, int accepted);
+    // The estimated chance that a proposed token whose match so far is `match_len` tokens long is accepted.
+    double lookup_acceptance(int match_len) const;
     // Costs known before the draft has run, so that a draft that cannot pay on this machine is never started:
     // `draft_cost_ratio`, a draft step's cost as a fraction of a plain target step (decode reads every weight once,
     // so the ratio of the weight bytes); `prefill_token_s`, the target's seconds per token in a large prefill
@@ -131,6 +161,14 @@ private:
     // optimistic acceptance (or the current estimate, if higher).
     bool better_acceptance_could_pay(int kmax) const;
     double draft_cost_ratio_ = 0, prefill_token_s_ = 0, catch_up_s_ = 0, tokens_wanted_ = 1e9;
+    // The best drafting round's expected tokens per second at the current estimates; its k in *k_out.
+    double best_drafting_rate(int kmin, int kmax, int* k_out) const;
+    // Prompt lookup's acceptance by match length (1 .. kLookupBuckets, the last also every longer match): counts
+    // started at a prior (lookup_prior) worth kLookupPriorTrials trials, then every proposed token verified.
+    static constexpr int kLookupBuckets = 16;
+    static constexpr double kLookupPriorTrials = 8.0;
+    static double lookup_prior(int match_len);
+    std::array<double, kLookupBuckets + 1> lookup_succ_{}, lookup_trials_{};
     int rounds_since_probe_ = 0;
     double plain_s_per_token_ = -1;  // running average over plain rounds (-1: not measured)
     // Realised over predicted seconds of the last drafting rounds.

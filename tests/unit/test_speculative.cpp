@@ -139,6 +139,11 @@ TEST_CASE("speculative: greedy output with a draft equals plain decoding for eve
         p.speculative.lookup = true;
         const Run lookup_only = generate(*target, "", c.prompt_ids, p);
         CHECK(lookup_only.tokens == plain.tokens);
+        p.speculative.draft_min = 1;  // propose whenever something matches
+        const Run lookup_always = generate(*target, "", c.prompt_ids, p);
+        CHECK(lookup_always.tokens == plain.tokens);
+        CHECK(lookup_always.stats.spec.drafted > 0);
+        CHECK(lookup_always.stats.spec.accepted > 0);  // stories repeat themselves
     }
 }
 
@@ -348,15 +353,148 @@ TEST_CASE("speculative: after a rejection the KV cache equals a fresh prefill of
     CHECK(std::memcmp(la.data(), lb.data(), la.size() * sizeof(float)) == 0);
 }
 
-TEST_CASE("speculative: prompt lookup proposes the continuation of the longest recent n-gram") {
+TEST_CASE("speculative: prompt lookup proposes the continuation of the longest match of the context's end") {
     SpeculativeParams sp;
     LookupProposer lookup(sp);
     const std::vector<int> ctx = {5, 6, 7, 8, 9, 1, 2, 5, 6, 7, 3, 4, 5, 6, 7};
-    // Suffix 5 6 7: most recent earlier match at index 7 → continues 3 4 5.
-    CHECK(lookup.propose(ctx, 3) == std::vector<int>{3, 4, 5});
-    CHECK(lookup.propose(ctx, 10) == std::vector<int>{3, 4, 5, 6, 7});
-    CHECK(lookup.propose(std::vector<int>{1, 2, 3, 4}, 4).empty());
-    CHECK(lookup.propose(ctx, 0).empty());
+    // The end 5 6 7 occurs at 0 and 7 (as long, and no longer anywhere): the most recent, at 7, continues 3 4 5.
+    LookupProposal p = lookup.propose(ctx, 3);
+    CHECK(p.tokens == std::vector<int>{3, 4, 5});
+    CHECK(p.match_len == 3);
+    CHECK(p.source == 10);
+    CHECK(lookup.propose(ctx, 10).tokens == std::vector<int>{3, 4, 5, 6, 7});
+    CHECK(lookup.propose(std::vector<int>{1, 2, 3, 4}, 4).tokens.empty());
+    CHECK(lookup.propose(std::vector<int>{1, 2, 3, 4}, 4).match_len == 0);
+    CHECK(lookup.propose(ctx, 0).tokens.empty());
+
+    // A longer match wins over a more recent shorter one: the end 1 2 3 4 occurs at 0 (continued by 9), its last
+    // two tokens 3 4 more recently at 6 (continued by 8).
+    const std::vector<int> longer = {1, 2, 3, 4, 9, 0, 3, 4, 8, 1, 2, 3, 4};
+    p = lookup.propose(longer, 2);
+    CHECK(p.match_len == 4);
+    CHECK(p.tokens == std::vector<int>{9, 0});
+
+    // Lengths are measured up to lookup_ngram_max, and matches below lookup_ngram_min are none.
+    sp.lookup_ngram_max = 3;
+    sp.lookup_ngram_min = 3;
+    LookupProposer capped(sp);
+    p = capped.propose(longer, 2);
+    CHECK(p.match_len == 3);
+    CHECK(p.tokens == std::vector<int>{9, 0});
+    CHECK(capped.propose(std::vector<int>{7, 3, 4, 8, 2, 3, 4}, 2).tokens.empty());  // 3 4 matches, 2 3 4 does not
+}
+
+TEST_CASE("speculative: prompt lookup follows its source in order among equally long matches") {
+    // A source whose "a b" is followed by c early and by d twice later (the rewrite prompt's "    lines" followed
+    // by " = []" and by ".append("): the answer copies the source's first line, then reaches "a b".
+    SpeculativeParams sp;
+    LookupProposer lookup(sp);
+    //                        0  1  2  3  4  5  6  7  8  9 10 11 12 13 14 15 16
+    std::vector<int> ctx = {40, 41, 20, 21, 22, 30, 31, 32, 20, 21, 23, 30, 31, 33, 30, 31, 33};
+    // Without a cursor: the most recent "30 31" (at 14) continues 33.
+    CHECK(lookup.propose(std::span<const int>(ctx.data(), 16), 1).tokens == std::vector<int>{33});
+    // The answer copied 40 41 from the source (accepted: the cursor is at 2) and writes 30 31 itself.
+    std::vector<int> answer = ctx;
+    answer.insert(answer.end(), {40, 41});
+    LookupProposal p = lookup.propose(answer, 1);
+    CHECK(p.source == 2);  // the copy goes on where it was
+    lookup.follow(p, 1);   // 20 accepted: the cursor moves to 3
+    answer.insert(answer.end(), {20, 77, 30, 31});
+    p = lookup.propose(answer, 2);
+    CHECK(p.match_len == 2);
+    CHECK(p.tokens == std::vector<int>{32, 20});  // the first "30 31" after the cursor, not the most recent
+    // Nothing rejected moves the cursor; an accepted token past the last occurrence leaves only the most recent.
+    lookup.follow(p, 0);
+    CHECK(lookup.propose(answer, 1).tokens == std::vector<int>{32});
+    LookupProposer late(sp);
+    late.follow(LookupProposal{{1}, 2, 16}, 1);  // cursor at 17: after every occurrence
+    CHECK(late.propose(answer, 1).tokens == std::vector<int>{33});
+}
+
+// Verification costs of the 1.5B on this project's 2-core CPU (tandem-bench --verify: 30, 32, 35, 50, 84, 137 ms for
+// 1, 2, 3, 5, 9, 17 tokens), as a line: 30 ms plus 7 ms per further token.
+static void record_verify_costs(DraftLengthController& c, double per_token = 0.007) {
+    for (int i = 0; i < 5; ++i)
+        for (int n = 1; n <= 17; ++n) c.record_verify(n, 0.030 + per_token * (n - 1));
+}
+
+TEST_CASE("speculative: prompt lookup's length follows the length of its match") {
+    DraftLengthController c(0, 16);
+    c.set_free_drafts(true);
+    CHECK(c.choose_lookup(16, 16, 16) == 0);  // plain decoding is measured first
+    record_verify_costs(c);
+    // A long match is a copy under way: a long proposal (each further token, accepted with 0.93 if all before it
+    // were, costs 7 ms; at 0.93 per token the best round is 8 tokens, ~6.9 tokens for 86 ms).
+    const int k16 = c.choose_lookup(16, 16, 16);
+    CHECK(k16 >= 8);
+    CHECK(c.choose_lookup(16, 5, 16) == 5);   // no more than the source holds
+    CHECK(c.choose_lookup(16, 16, 3) == 3);   // nor than the limit
+    // A short match is often chance: a few tokens only; a single token (acceptance 0.23) is not worth 7 ms.
+    const int k2 = c.choose_lookup(2, 16, 16);
+    CHECK(k2 >= 1);
+    CHECK(k2 <= 4);
+    CHECK(c.choose_lookup(1, 16, 16) == 0);
+    CHECK(c.choose_lookup(0, 0, 16) == 0);
+    // Where verification costs as much per token as a plain step, no lookup pays.
+    DraftLengthController costly(0, 16);
+    costly.set_free_drafts(true);
+    record_verify_costs(costly, 0.030);
+    CHECK(costly.choose_lookup(16, 16, 16) == 0);
+    // --draft-min 1 asks for a proposal whenever something matches, at any cost.
+    DraftLengthController always(1, 16);
+    always.set_free_drafts(true);
+    CHECK(always.choose_lookup(1, 16, 16) == 1);
+    record_verify_costs(always, 0.030);
+    CHECK(always.choose_lookup(1, 16, 16) == 1);
+    CHECK(always.choose_lookup(0, 0, 16) == 0);  // nothing to propose
+}
+
+TEST_CASE("speculative: verification costs never extrapolate below the prefill's cost per token") {
+    // A cold one-shot run (traced): plain steps 42-70 ms while the weights were being repacked, then 46 ms for
+    // 3 tokens. A line through those two points is flat or falling, and 17 tokens looked as cheap as one: a
+    // 16-token lookup at a 5-token match was verified for nothing (148 ms).
+    DraftLengthController c(0, 16);
+    c.set_free_drafts(true);
+    c.set_cost_prior(0.0, 0.0085, 0.0, 1e9);  // the prompt's prefill: 8.5 ms per token
+    for (int i = 0; i < 5; ++i) c.record_verify(1, 0.050);
+    c.record_verify(3, 0.046);
+    const int k = c.choose_lookup(5, 16, 16);
+    CHECK(k >= 1);
+    CHECK(k <= 4);
+}
+
+TEST_CASE("speculative: prompt lookup learns how far its matches are accepted") {
+    DraftLengthController c(0, 16);
+    c.set_free_drafts(true);
+    record_verify_costs(c);
+    const double prior3 = c.lookup_acceptance(3);
+    CHECK(c.choose_lookup(3, 16, 16) > 0);
+    // Matches of 3 tokens whose continuations are always rejected (a paraphrase, not a copy).
+    for (int i = 0; i < 20; ++i) c.record_lookup(3, 4, 0);
+    CHECK(c.lookup_acceptance(3) < 0.3 * prior3);
+    CHECK(c.choose_lookup(3, 16, 16) == 0);
+    // A proposal accepted in full counts a success at each length it went through (3, 4, 5), a partial one a failure
+    // where it stopped.
+    const double before4 = c.lookup_acceptance(4), before6 = c.lookup_acceptance(6);
+    c.record_lookup(3, 3, 3);
+    CHECK(c.lookup_acceptance(4) > before4);
+    CHECK(c.lookup_acceptance(6) == before6);  // the bonus token is the target's, not a lookup trial
+    c.record_lookup(5, 4, 1);
+    CHECK(c.lookup_acceptance(6) < before6);
+}
+
+TEST_CASE("speculative: beside a draft model, a weak lookup match leaves the round to the draft") {
+    DraftLengthController c(0, 16);
+    record_verify_costs(c);
+    // A draft at ~83% acceptance whose step costs 3 ms: ~3.5 tokens for 70 ms beats a 2-token match's lookup (at
+    // best ~1.8 tokens for 44 ms).
+    for (int i = 0; i < 10; ++i) {
+        c.record_round(8, 5, 8 * 0.003);
+        c.record_throughput(8, 6, 8 * 0.003 + 0.030 + 0.007 * 8);
+    }
+    CHECK(c.choose(16) > 0);
+    CHECK(c.choose_lookup(2, 16, 16) == 0);
+    CHECK(c.choose_lookup(16, 16, 16) >= 8);  // a copy under way beats it: ~6.9 tokens for 86 ms, no draft steps
 }
 
 TEST_CASE("speculative: the controller falls back to plain decoding when verification is expensive") {
