@@ -57,6 +57,10 @@ rc=$?
 check "compare-llamacpp: missing model exits 1" [ $rc -eq 1 ]
 check "compare-llamacpp: the error names fetch-models" grep -q "scripts/fetch-models" "$tmp/err"
 check "compare-llamacpp: nothing on stdout" [ ! -s "$tmp/out" ]
+TANDEM_MODELS_DIR="$tmp/none" python3 "$root/scripts/compare-llamacpp" --spec-only --drafting both-and-more >"$tmp/out" 2>"$tmp/err"
+rc=$?
+check "compare-llamacpp: an unknown --drafting exits 2" [ $rc -eq 2 ]
+check "compare-llamacpp: the error names the choices" grep -q "choose from 'both', 'draft', 'lookup'" "$tmp/err"
 
 echo "bench: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
