@@ -115,10 +115,12 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 // `which` is "--backend" or "--draft-backend", for the notes.
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
 // `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackend).
+// `head_rows`: only the output's first rows copied (a draft's, under --draft-vocab: see CpuBackend).
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
                                               int chunk, int n_ctx, const Options& opt, const char* which,
                                               bool huge_pages,
-                                              std::optional<tandem::GgmlType> requantize_to = std::nullopt) {
+                                              std::optional<tandem::GgmlType> requantize_to = std::nullopt,
+                                              int64_t head_rows = 0) {
     const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
     if (kind == "cuda") {
@@ -141,7 +143,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an fp32 KV cache\n",
                      opt.kv_type.c_str(), which);
     return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk), tandem::cpu::Activations::Int8,
-                                                true, requantize_to, huge_pages);
+                                                true, requantize_to, huge_pages, head_rows);
 }
 
 int run(const Options& opt) {
@@ -245,8 +247,11 @@ int run(const Options& opt) {
         const std::optional<tandem::GgmlType> requant = tandem::parse_requant(opt.draft_requant);
         if (opt.verbose && requant && draft_kind == "cuda")
             std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
+        // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied.
+        const int draft_vocab = opt.gen.speculative.draft_vocab;
+        const int64_t head_rows = draft_vocab > 0 && draft_vocab < draft_model->config.n_vocab ? draft_vocab : 0;
         draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend",
-                                     /*huge_pages=*/true, requant);
+                                     /*huge_pages=*/true, requant, head_rows);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)

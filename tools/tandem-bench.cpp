@@ -178,10 +178,11 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
 }
 
 // The backend a measurement runs on: "cpu" (whose weights are repacked, on huge pages as in the chat REPL, before
-// any timing starts) or "cuda".
+// any timing starts) or "cuda". `head_rows`: only the output's first rows copied, as a draft's (see CpuBackend).
 std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
                                                     int chunk, int n_ctx, const std::string& kv_type,
-                                                    std::optional<tandem::GgmlType> requantize_to = std::nullopt) {
+                                                    std::optional<tandem::GgmlType> requantize_to = std::nullopt,
+                                                    int64_t head_rows = 0) {
     if (kind == "cuda") {
 #ifdef TANDEM_HAS_CUDA
         tandem::CudaOptions options;
@@ -197,7 +198,7 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 #endif
     }
     auto cpu = std::make_unique<tandem::CpuBackend>(model, threads, chunk, tandem::cpu::Activations::Int8, true,
-                                                    requantize_to, /*huge_pages=*/true);
+                                                    requantize_to, /*huge_pages=*/true, head_rows);
     cpu->wait_for_repacking();  // timings are of the steady state
     return cpu;
 }
@@ -220,7 +221,9 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
     if (!draft_path.empty()) {
         draft_model = tandem::Model::load(draft_path);
         tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
-        draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant);
+        const int64_t head_rows = draft_vocab > 0 && draft_vocab < draft_model->config.n_vocab ? draft_vocab : 0;
+        draft_backend =
+            make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant, head_rows);
     }
     std::unique_ptr<tandem::Backend> backend_ptr = make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
     tandem::Backend& backend = *backend_ptr;
@@ -459,7 +462,8 @@ int main(int argc, char** argv) {
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
         const int n_ctx = n_prompt + std::max(n_gen, 64) + 1;
         std::unique_ptr<tandem::Backend> backend_ptr =
-            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, tandem::parse_requant(requant_name));
+            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, tandem::parse_requant(requant_name),
+                               logits_vocab > 0 && logits_vocab < c.n_vocab ? logits_vocab : 0);
         tandem::Backend& backend = *backend_ptr;
         if (logits_vocab > 0 && !backend.restrict_logits(logits_vocab, {}))
             throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");

@@ -39,7 +39,7 @@ std::optional<GgmlType> parse_requant(const std::string& name) {
 }
 
 CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack,
-                       std::optional<GgmlType> requantize_to, bool huge_pages)
+                       std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows)
     : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
     const ModelConfig& c = model.config;
     logit_first_ = c.n_vocab;
@@ -59,18 +59,22 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Ac
         rope_inv_freq_.push_back(
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(c.rope_dim));
-    if (repack && activations_ == cpu::Activations::Int8) repack_weights(requantize_to, huge_pages);
+    if (repack && activations_ == cpu::Activations::Int8) repack_weights(requantize_to, huge_pages, head_rows);
 }
 
 // Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked
 // on a background thread at idle priority; each matrix's file pages are released once its copy is in use. (A tied
 // output is the token embedding too: the rows the embedding lookup reads come back from the page cache.)
-void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages) {
+void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows) {
     const Weights& w = model_.weights;
     std::vector<const WeightView*> views;
     for (const LayerWeights& L : w.layers)
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) views.push_back(v);
-    views.push_back(&w.output);
+    // Rows are stored one after another, so the first head_rows rows are a view of the same data, fewer rows: its
+    // copy is found under the same address, and only its pages are released.
+    output_copied_ = w.output;
+    if (head_rows > 0 && head_rows < w.output.rows) output_copied_.rows = head_rows;
+    views.push_back(&output_copied_);
     const GgufFile* file = model_.file.get();
     repacked_ = std::make_unique<cpu::RepackedWeights>(
         views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to,
@@ -84,7 +88,8 @@ void CpuBackend::wait_for_repacking() const {
 }
 
 void CpuBackend::matmul(const WeightView& W, const float* x, int n, float* y) {
-    if (const cpu::RepackedMatrix* R = repacked_ ? repacked_->find(W.data) : nullptr)
+    const cpu::RepackedMatrix* R = repacked_ ? repacked_->find(W.data) : nullptr;
+    if (R && R->rows() == W.rows)  // (a copy of the output's first rows only serves restricted_logits)
         cpu::matmul(*R, x, n, y, pool_);
     else
         cpu::matmul(W.type, W.data, W.cols, W.rows, x, n, y, pool_, activations_);
@@ -326,7 +331,8 @@ bool CpuBackend::restrict_logits(int n_first, std::span<const int> extra) {
 void CpuBackend::restricted_logits(const float* x, int n, float* logits) {
     const WeightView& W = model_.weights.output;
     const int64_t V = model_.config.n_vocab;
-    if (const cpu::RepackedMatrix* R = repacked_ ? repacked_->find(W.data) : nullptr)
+    const cpu::RepackedMatrix* R = repacked_ ? repacked_->find(W.data) : nullptr;
+    if (R && R->rows() >= logit_first_)
         cpu::matmul_first_rows(*R, logit_first_, x, n, logits, V, pool_);
     else
         cpu::matmul_first_rows(W.type, W.data, W.cols, logit_first_, x, n, logits, V, pool_, activations_);
