@@ -247,11 +247,10 @@ int run(const Options& opt) {
         const std::optional<tandem::GgmlType> requant = tandem::parse_requant(opt.draft_requant);
         if (opt.verbose && requant && draft_kind == "cuda")
             std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
-        // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied.
-        const int draft_vocab = opt.gen.speculative.draft_vocab;
-        const int64_t head_rows = draft_vocab > 0 && draft_vocab < draft_model->config.n_vocab ? draft_vocab : 0;
+        // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied
+        // (the backend copies every row when the value is 0 or covers the whole vocabulary).
         draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend",
-                                     /*huge_pages=*/true, requant, head_rows);
+                                     /*huge_pages=*/true, requant, opt.gen.speculative.draft_vocab);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)

@@ -221,9 +221,8 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
     if (!draft_path.empty()) {
         draft_model = tandem::Model::load(draft_path);
         tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
-        const int64_t head_rows = draft_vocab > 0 && draft_vocab < draft_model->config.n_vocab ? draft_vocab : 0;
         draft_backend =
-            make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant, head_rows);
+            make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant, draft_vocab);
     }
     std::unique_ptr<tandem::Backend> backend_ptr = make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
     tandem::Backend& backend = *backend_ptr;
@@ -463,7 +462,7 @@ int main(int argc, char** argv) {
         const int n_ctx = n_prompt + std::max(n_gen, 64) + 1;
         std::unique_ptr<tandem::Backend> backend_ptr =
             make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, tandem::parse_requant(requant_name),
-                               logits_vocab > 0 && logits_vocab < c.n_vocab ? logits_vocab : 0);
+                               logits_vocab);
         tandem::Backend& backend = *backend_ptr;
         if (logits_vocab > 0 && !backend.restrict_logits(logits_vocab, {}))
             throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");
