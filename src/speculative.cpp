@@ -51,13 +51,15 @@ DraftLengthController::DraftLengthController(int draft_min, int draft_max)
 
 double DraftLengthController::verify_cost(int n) const {
     if (verify_s_[static_cast<size_t>(n)] > 0) return verify_s_[static_cast<size_t>(n)];
-    // Linear fit through the measured points (a forward of n tokens costs a fixed part, reading the weights,
-    // plus a part per token, the arithmetic). The per-token part is at least the prompt prefill's cost per token
-    // where that is known: beyond ~4 tokens verifying is that arithmetic in a smaller batch (the 1.5B here: 6.6-8.5
-    // ms per further token from 5 tokens on, 6.9 ms in pp512), and a fit through two noisy points can come out flat
-    // or falling - seen in a cold one-shot run, plain steps 42-70 ms while the weights were being repacked, then 46
-    // ms for 3 tokens: 17 tokens looked as cheap as one, and a 16-token lookup was verified for nothing. With one
-    // point and no prefill figure, the per-token part is taken as 10% of it.
+    // A forward of n tokens reads every weight once (the cost of one token) and does n tokens' arithmetic; with the
+    // kernels' prefetch the two overlap, so a small batch costs little more than one token (the 1.5B here: 34.6,
+    // 38.4, 41.1, 42.1, 45.3, 47.9 ms for 1-6 tokens) until the arithmetic dominates (69.9 ms for 9, 126.5 for 17,
+    // where the prompt's prefill costs 6.9 ms a token). So: a line through the measured points, never falling,
+    // and never below n times the prefill's cost per token where that is known. That floor also guards against a
+    // line through two noisy points - seen in a cold one-shot run, plain steps 42-70 ms while the weights were
+    // being repacked, then 46 ms for 3 tokens: 17 tokens looked as cheap as one, and a 16-token lookup was verified
+    // for nothing. With one point, each further token is taken as 10% of it (the 1.5B: 41.5 ms for 3 tokens, 48.4
+    // for 5, as measured).
     double sn = 0, st = 0, snn = 0, snt = 0;
     int m = 0;
     for (size_t i = 1; i < verify_s_.size(); ++i) {
@@ -67,14 +69,15 @@ double DraftLengthController::verify_cost(int n) const {
         ++m;
     }
     if (m == 0) return 1.0;  // nothing measured: only ratios matter
-    if (m == 1 && prefill_token_s_ <= 0) {
+    double line;
+    if (m == 1) {
         const double x0 = sn, t0 = st;
-        return t0 * (1.0 + 0.1 * (n - 1)) / (1.0 + 0.1 * (x0 - 1));
+        line = t0 * (1.0 + 0.1 * (n - 1)) / (1.0 + 0.1 * (x0 - 1));
+    } else {
+        const double slope = std::max(0.0, (m * snt - sn * st) / (m * snn - sn * sn));
+        line = (st - slope * sn) / m + slope * n;
     }
-    const double fitted = m > 1 ? (m * snt - sn * st) / (m * snn - sn * sn) : 0.0;
-    const double slope = std::max({0.0, fitted, prefill_token_s_});
-    const double icept = (st - slope * sn) / m;
-    return std::max(1e-9, icept + slope * n);
+    return std::max({1e-9, line, n * prefill_token_s_});
 }
 
 // Expected tokens per round with k drafted tokens each accepted with probability a: (1 - a^(k+1)) / (1 - a).
@@ -85,13 +88,14 @@ static constexpr double kOptimisticAcceptance = 0.9;
 
 bool DraftLengthController::drafting_may_pay() const {
     if (free_drafts_ || draft_cost_ratio_ <= 0 || prefill_token_s_ <= 0 || verify_s_[1] <= 0) return true;
-    // Optimistic on every count: 90% acceptance, a draft step at the weight-bytes ratio of a target step, each
-    // extra verified token at the target's large-batch prefill cost (small batches cost more per token). Against
-    // that, the draft must first read the prompt (catch_up_s_), a cost the tokens still wanted must repay.
+    // Optimistic on every count: 90% acceptance, a draft step at the weight-bytes ratio of a target step, a
+    // verification of k + 1 tokens at the larger of a plain step and k + 1 tokens at the target's large-batch
+    // prefill cost (reading the weights and the arithmetic fully overlapped). Against that, the draft must first
+    // read the prompt (catch_up_s_), a cost the tokens still wanted must repay.
     const double t1 = verify_s_[1], step = draft_cost_ratio_ * t1;
     const double plain_s = tokens_wanted_ * t1;
     for (int k = std::max(1, draft_min_); k <= draft_max_; ++k) {
-        const double round_s = k * step + t1 + k * prefill_token_s_;
+        const double round_s = k * step + std::max(t1, (k + 1) * prefill_token_s_);
         const double drafting_s = catch_up_s_ + tokens_wanted_ * round_s / expected_tokens(kOptimisticAcceptance, k);
         if (drafting_s < plain_s) return true;
     }

@@ -114,8 +114,9 @@ public:
     // Costs known before the draft has run, so that a draft that cannot pay on this machine is never started:
     // `draft_cost_ratio`, a draft step's cost as a fraction of a plain target step (decode reads every weight once,
     // so the ratio of the weight bytes); `prefill_token_s`, the target's seconds per token in a large prefill
-    // chunk, a lower bound on what each extra verified token costs; `catch_up_s`, what the draft's first reading of
-    // the prompt will cost; `tokens_wanted`, the tokens left to generate, which must repay it. 0 means unknown.
+    // chunk (n times it is a lower bound on what verifying n tokens costs); `catch_up_s`, what the draft's first
+    // reading of the prompt will cost; `tokens_wanted`, the tokens left to generate, which must repay it. 0 means
+    // unknown.
     void set_cost_prior(double draft_cost_ratio, double prefill_token_s, double catch_up_s, double tokens_wanted) {
         draft_cost_ratio_ = draft_cost_ratio;
         prefill_token_s_ = prefill_token_s;
