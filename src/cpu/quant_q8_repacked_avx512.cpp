@@ -90,12 +90,13 @@ TR_INLINE __m256i load256(const uint8_t* p) { return _mm256_load_si256(reinterpr
 
 // Software prefetch, to L2, of the record kPrefetchAhead bytes further along the stream, issued as each record is
 // started. A tile of several tokens computes for longer per record than the hardware prefetchers look ahead, so
-// without it every record began with a stall on DRAM: a tile of 8 tokens over a 113 MB Q4_K matrix took 16.7-18.5 ms
-// on one thread against 9.8 ms with the matrix in L3 (tandem-kernel-bench --rows 131072 --cols 1536); with it
-// 11.1-12.3 ms. The 1.5B's forward of 5 tokens went from 1.79x a plain step to 1.31x. A distance of 2-3 Q4_K records (4.7-12 KB) measured alike,
-// one record (2.4 KB) too short. One token is bound by bandwidth and the prefetches only cost it (q8_0: 8 -> 11 ms),
-// so a single token's tile never issues them; and only a group's first tile does, the others find the group in L1/L2.
-// Those that run past the end of the copy are harmless: a prefetch never faults.
+// without it every record began with a stall on DRAM: a tile of 8 tokens over a 113 MB Q4_K matrix took 16.7-18.6
+// ms on one thread against 9.8 ms with the matrix in L3 (tandem-kernel-bench --rows 131072 --cols 1536); with it
+// 11.1-12.3 ms. The 1.5B's forward of 5 tokens went from 1.79x a plain step to 1.31x. A distance of 2-3 Q4_K
+// records (4.7-12 KB) measured alike, one record (2.4 KB) too short. One token is bound by bandwidth and the
+// prefetches only cost it (q8_0: 8 -> 11 ms), so a single token's tile never issues them; and only a group's first
+// tile does, the others find the group in L1/L2. Those that run past the end of the copy are harmless: a prefetch
+// never faults.
 constexpr size_t kPrefetchAhead = 8192;
 constexpr int kPrefetchMinTokens = 2;
 
