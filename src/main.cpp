@@ -20,6 +20,7 @@
 #include "model.h"
 #include "model_registry.h"
 #include "repl.h"
+#include "stream_write.h"
 #include "vocab_check.h"
 #ifdef TANDEM_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -67,13 +68,6 @@ std::string read_stdin() {
     std::ostringstream ss;
     ss << std::cin.rdbuf();
     return ss.str();
-}
-
-// Writes to stdout unbuffered-by-line so tokens appear as they are made; false once the reader is gone.
-bool write_stdout(std::string_view text) {
-    if (text.empty()) return true;
-    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) return false;
-    return std::fflush(stdout) == 0;
 }
 
 // The context to allocate: the user's --ctx, else the model's, capped so the KV cache takes at most a quarter
@@ -271,12 +265,12 @@ int run(const Options& opt) {
         return tandem::run_repl(*model, generator, *cache, draft, rc);
     }
 
-    if (opt.echo && !write_stdout(prompt)) return 0;
+    if (opt.echo && !tandem::write_stdout(prompt)) return 0;
     tandem::GenerationParams params = opt.gen;
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
     params.stop_tokens = stop_tokens;
-    const tandem::GenerationStats st = generator.generate(tokens, params, write_stdout);
+    const tandem::GenerationStats st = generator.generate(tokens, params, tandem::write_stdout);
     if (st.stop == tandem::StopReason::OutputClosed) return 0;  // the reader went away: end quietly
     if (st.stop == tandem::StopReason::ContextFull)
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);

@@ -17,6 +17,7 @@
 #include "line_editor.h"
 #include "model.h"
 #include "repl_session.h"
+#include "stream_write.h"
 
 namespace tandem {
 namespace {
@@ -28,22 +29,16 @@ static_assert(std::atomic<bool>::is_always_lock_free);
 
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
-bool write_out(std::string_view text) {
-    if (text.empty()) return true;
-    if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) return false;
-    return std::fflush(stdout) == 0;
-}
-
-// Messages for the user on stderr, dimmed when stderr is a terminal so they stand apart from the answers.
+// Messages for the user on stderr, dimmed when stderr is a terminal so they stand apart from the answers. Written
+// with write_all: the "[... interrupted]" line is the one most likely to meet a second Ctrl-C.
 class Notes {
 public:
     Notes() : dim_(isatty(STDERR_FILENO)) {}
     void dim(const std::string& text) const {
-        if (dim_) std::fprintf(stderr, "\x1b[2m%s\x1b[0m\n", text.c_str());
-        else std::fprintf(stderr, "%s\n", text.c_str());
+        write_all(STDERR_FILENO, dim_ ? "\x1b[2m" + text + "\x1b[0m\n" : text + "\n");
     }
-    void say(const std::string& text) const { std::fprintf(stderr, "%s\n", text.c_str()); }
-    void error(const std::string& text) const { std::fprintf(stderr, "tandem: error: %s\n", text.c_str()); }
+    void say(const std::string& text) const { write_all(STDERR_FILENO, text + "\n"); }
+    void error(const std::string& text) const { write_all(STDERR_FILENO, "tandem: error: " + text + "\n"); }
 
 private:
     bool dim_;
@@ -185,7 +180,8 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
             config.history_path.empty() ? LineEditor::default_history_path() : config.history_path;
         // Prompts go to the terminal: stdout when it is one, else stderr so a redirected stdout gets only answers.
         editor = std::make_unique<LineEditor>(hist, isatty(STDOUT_FILENO) ? stdout : stderr);
-        // No SA_RESTART: a Ctrl-C during a blocking call should interrupt it rather than wait.
+        // No SA_RESTART: a Ctrl-C during a blocking read should interrupt it rather than wait. Writes of answers
+        // and notes go through write_all, which finishes a write that the signal interrupted.
         struct sigaction sa {};
         sa.sa_handler = on_sigint;
         sigemptyset(&sa.sa_mask);
@@ -204,7 +200,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
         g_interrupted.store(false);
         auto emit = [&](std::string_view text) {
             if (g_interrupted.load()) return false;
-            if (!write_out(text)) {
+            if (!write_stdout(text)) {
                 output_closed = true;
                 return false;
             }
@@ -219,7 +215,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
         }
         if (output_closed) return false;
         // Every answer ends with a newline: one answer per line in --chat, and the prompt starts a fresh line.
-        if (!write_out("\n")) return false;
+        if (!write_stdout("\n")) return false;
         notes.dim(summary(last));
         return true;
     };
@@ -243,7 +239,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
         if (!word.empty() && word[0] == '/' && (is_command(word) || editor)) {
             if (word == "/quit" || word == "/exit" || word == "/bye") break;
             if (word == "/help" || word == "/?") {
-                std::fputs(kHelp, stderr);
+                write_all(STDERR_FILENO, kHelp);
             } else if (word == "/reset" || word == "/clear") {
                 session.reset();
                 notes.dim("tandem: the conversation is cleared");
@@ -263,7 +259,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
                 else
                     notes.error("nothing to undo");
             } else if (word == "/stats") {
-                if (have_last) std::fputs(stats_block(last, cache).c_str(), stderr);
+                if (have_last) write_all(STDERR_FILENO, stats_block(last, cache));
                 else notes.say("no answer yet");
             } else if (word == "/save") {
                 if (arg.empty()) {

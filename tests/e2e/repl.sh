@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of the interactive chat REPL, driving the real binary in a tmux terminal: turns with KV
 # reuse (via /stats), Ctrl-C during an answer and at the prompt, history (up arrow, kept across runs), multi-line
-# input, /undo /regen /reset, /save + /load, Ctrl-D exit status 0 and the terminal settings restored.
+# input, /undo /regen /reset, /save + /load, Ctrl-D exit status 0 and the terminal settings restored; and Ctrl-C
+# while writing the answer to a slow reader is blocked.
 # Usage: repl.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -176,6 +177,56 @@ check "/quit exits" wait_file "$tmp/s2.exit"
 check "/quit exit status 0" grep -q '^EXIT=0$' "$tmp/s2.exit"
 sleep 0.3
 check "terminal restored after interruptions" cmp -s "$tmp/s2.stty_before" "$tmp/s2.stty_after"
+
+# ---- session 3: Ctrl-C while an answer's write is blocked ----------------------------------------------------
+# A reader slower than the model (in CI: tmux drawing a busy terminal) leaves the REPL blocked in write(2) when
+# Ctrl-C comes. The interrupted write must be finished, not taken for a closed stdout (which ended the program
+# quietly). Driven from Python: a pty for the terminal on stdin, a 4 KB pipe nobody reads yet for stdout.
+check "Ctrl-C during a blocked write stops the answer and the REPL stays" \
+  python3 - "$tandem" "$model" "$tmp/s3.err" <<'EOF'
+import fcntl, os, pty, signal, subprocess, sys, time
+tandem, model, err_path = sys.argv[1:4]
+master, slave = pty.openpty()
+r, w = os.pipe()
+fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ
+with open(err_path, "w") as err:
+    p = subprocess.Popen([tandem, "-m", model, "-n", "1000000", "--ctx", "60000", "--temp", "0"],
+                         stdin=slave, stdout=w, stderr=err, start_new_session=True)
+os.close(w)
+def fail(why):
+    p.kill()
+    sys.exit("repl s3: " + why + "; stderr: " + open(err_path).read()[-400:])
+def in_write():  # /proc/PID/syscall starts with the number of the blocking call: 1 is write on x86-64
+    try: return open("/proc/%d/syscall" % p.pid).read().split()[0] == "1"
+    except OSError: return False
+end = time.time() + 20
+while "Ctrl-D" not in open(err_path).read():
+    if time.time() > end: fail("no banner")
+    time.sleep(0.05)
+os.write(master, b"Once upon a time\r")
+end = time.time() + 20
+while not in_write():
+    if time.time() > end or p.poll() is not None: fail("never blocked writing the answer")
+    time.sleep(0.05)
+p.send_signal(signal.SIGINT)
+time.sleep(0.3)
+out = b""
+fcntl.fcntl(r, fcntl.F_SETFL, os.O_NONBLOCK)
+end = time.time() + 20
+while "interrupted]" not in open(err_path).read():
+    if time.time() > end or p.poll() is not None: fail("the answer did not end as interrupted")
+    try: out += os.read(r, 65536)
+    except BlockingIOError: time.sleep(0.05)
+os.write(master, b"/quit\r")
+try: code = p.wait(timeout=20)
+except subprocess.TimeoutExpired: fail("/quit did not end it")
+while True:
+    d = os.read(r, 65536)
+    if not d: break
+    out += d
+if code != 0: fail("exit status %d" % code)
+if not out.startswith(b", there was") or not out.endswith(b"\n"): fail("the answer was cut: %r" % out[-60:])
+EOF
 
 echo "repl: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
