@@ -1,4 +1,5 @@
-// Small elementwise kernels of the forward pass that no other family owns: the Q/K/V bias add (qwen2).
+// Small elementwise kernels of the forward pass that no other family owns: the Q/K/V bias add (qwen2) and the
+// column fill that writes -inf over the logits a restricted output leaves out.
 #include "common.cuh"
 
 namespace tandem::cuda {
@@ -14,6 +15,14 @@ __global__ void __launch_bounds__(kThreads) add_bias_kernel(float* __restrict__ 
         rows[i] += bias[i % width];
 }
 
+// One grid-stride loop over n_rows × (end - begin) elements.
+__global__ void __launch_bounds__(kThreads) fill_columns_kernel(float* __restrict__ rows, size_t stride, int begin,
+                                                                int width, int64_t n, float value) {
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
+        rows[static_cast<size_t>(i / width) * stride + begin + i % width] = value;
+}
+
 }  // namespace
 
 void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream) {
@@ -21,6 +30,16 @@ void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stre
     const int64_t n = static_cast<int64_t>(n_rows) * width, blocks = (n + kThreads - 1) / kThreads;
     detail::launch_kernel("add_bias_kernel", add_bias_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
                           dim3(kThreads), 0, stream, rows, bias, n, width);
+}
+
+void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, float value, Stream stream) {
+    detail::require(n_rows >= 0 && begin >= 0 && begin <= end && static_cast<size_t>(end) <= stride,
+                    "fill_columns: columns outside the rows");
+    if (n_rows == 0 || begin == end) return;
+    const int64_t n = static_cast<int64_t>(n_rows) * (end - begin), blocks = (n + kThreads - 1) / kThreads;
+    detail::launch_kernel("fill_columns_kernel", fill_columns_kernel,
+                          dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)), dim3(kThreads), 0, stream, rows,
+                          stride, begin, end - begin, n, value);
 }
 
 }  // namespace tandem::cuda

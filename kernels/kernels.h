@@ -28,17 +28,26 @@ void add_rms_norm(float* x, const float* residual, const float* weight, float* o
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
 void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream);
 
-// ---- bias add (elementwise.cu) -----------------------------------------------------------------------------------
+// ---- bias add, column fill (elementwise.cu) -------------------------------------------------------------------------
 // rows[r][j] += bias[j] for r < n_rows, j < width (the Q/K/V biases of qwen2).
 void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream);
+// rows[r][j] = value for r < n_rows, begin <= j < end, rows `stride` floats apart (-inf for the logits that
+// restricted logits leave out).
+void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, float value, Stream stream);
 
 // ---- quantized matrix-vector products (matvec.cu) --------------------------------------------------------------
 constexpr int kMatvecMaxTokens = 16;
 bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
 // y[t][r] = dot(row r of W, x[t]) for t < n_tokens (<= kMatvecMaxTokens), r < rows. x is [n_tokens][cols] and must
-// be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart).
+// be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart). y's rows are y_stride floats apart (0: rows),
+// so the first rows of a matrix can write into rows as wide as the whole (restricted logits).
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
-            Stream stream);
+            Stream stream, size_t y_stride = 0);
+// The rows of W named by row_ids (device memory, n_ids >= 1 ids below W's rows, not checked on the device):
+// y[t][row_ids[i]] = dot(row row_ids[i] of W, x[t]), y's rows y_stride floats apart; nothing else is written. Each
+// is bitwise the value matvec computes for that row (the same kernel and sum).
+void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
+                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream);
 
 // ---- prefill GEMM (gemm.cu) ----------------------------------------------------------------------------------------
 // y[t][r] = dot(row r of W, x[t]) for any n_tokens >= 1 (a prefill chunk) and every matvec type: a tiled SIMT

@@ -388,14 +388,23 @@ struct DotQ6_K {
     }
 };
 
+// Where a launch's products go: y[t][row] for t < n_tok, rows y_stride floats apart. Warp i of the grid computes
+// row i of W, or row row_ids[i] when row_ids is set (a picked subset: the same sum as when every row runs).
+struct MatvecOut {
+    float* y;
+    size_t y_stride;
+    const int* row_ids;  // device memory; null: rows 0..rows-1
+};
+
 // A warp whose row is past the end returns as a whole, so the shuffles below always have all 32 lanes.
 template <class Dot, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols, const float* __restrict__ x,
-                  int n_tok, float* __restrict__ y) {
+                  int n_tok, MatvecOut out) {
+    const int warp = blockIdx.x * kWarps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    const int row = blockIdx.x * kWarps + threadIdx.x / 32;
-    if (row >= rows) return;
+    if (warp >= rows) return;
+    const int row = out.row_ids ? out.row_ids[warp] : warp;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
@@ -404,13 +413,14 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int t = 0; t < NT; ++t) {
         if (t >= n_tok) break;
         const float s = detail::warp_sum(acc[t]);
-        if (lane == 0) y[static_cast<size_t>(t) * rows + row] = s;
+        if (lane == 0) out.y[static_cast<size_t>(t) * out.y_stride + row] = s;
     }
 }
 
+// `rows`: warps launched (W's rows, or the number of row_ids).
 template <class Dot>
 void launch_type(const char* name, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tok,
-                 float* y, Stream stream) {
+                 MatvecOut out, Stream stream) {
     const dim3 grid((rows + kWarps - 1) / kWarps), block(kWarps * 32);
     const uint8_t* w = static_cast<const uint8_t*>(W);
     // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
@@ -418,13 +428,59 @@ void launch_type(const char* name, const void* W, size_t row_bytes, int rows, in
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
         const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
         const float* xt = x + static_cast<size_t>(t0) * cols;
-        float* yt = y + static_cast<size_t>(t0) * rows;
+        MatvecOut ot = out;
+        ot.y += static_cast<size_t>(t0) * out.y_stride;
         if (n == 1)
-            detail::launch_kernel(name, matvec_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, yt);
+            detail::launch_kernel(name, matvec_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, ot);
         else if (n <= 4)
-            detail::launch_kernel(name, matvec_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, yt);
+            detail::launch_kernel(name, matvec_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, ot);
         else
-            detail::launch_kernel(name, matvec_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, yt);
+            detail::launch_kernel(name, matvec_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, ot);
+    }
+}
+
+// Checks the shape for `type` and launches its kernel over `rows` warps.
+void dispatch(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens,
+              MatvecOut out, Stream stream) {
+    detail::require(rows > 0 && cols > 0, "matvec: empty shape");
+    detail::require(n_tokens >= 1 && n_tokens <= kMatvecMaxTokens, "matvec: n_tokens must be 1..16");
+    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0,
+                    "matvec: W and x must be 16-byte aligned");
+    switch (type) {
+        case GgmlType::F32: return launch_type<DotF32>("matvec_kernel<F32>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::F16: return launch_type<DotF16>("matvec_kernel<F16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q8_0:
+            detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
+            return launch_type<DotQ8_0>("matvec_kernel<Q8_0>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q4_0:
+            detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
+            return launch_type<DotQ4_0>("matvec_kernel<Q4_0>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::BF16: return launch_type<DotBF16>("matvec_kernel<BF16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q4_1:
+            detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
+            return launch_type<DotQ4_1>("matvec_kernel<Q4_1>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q5_0:
+            detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
+            return launch_type<DotQ5_0>("matvec_kernel<Q5_0>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q5_1:
+            detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
+            return launch_type<DotQ5_1>("matvec_kernel<Q5_1>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q2_K:
+            detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
+            return launch_type<DotQ2_K>("matvec_kernel<Q2_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q3_K:
+            detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
+            return launch_type<DotQ3_K>("matvec_kernel<Q3_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q5_K:
+            detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
+            return launch_type<DotQ5_K>("matvec_kernel<Q5_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q4_K:
+            detail::require(cols % 256 == 0 && row_bytes % 4 == 0, "matvec: Q4_K rows are whole blocks of 256");
+            return launch_type<DotQ4_K>("matvec_kernel<Q4_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::Q6_K:
+            detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
+            return launch_type<DotQ6_K>("matvec_kernel<Q6_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        default: detail::require(false, "matvec: unsupported weight type");
     }
 }
 
@@ -450,47 +506,16 @@ bool matvec_supports(GgmlType type) {
 }
 
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
-            Stream stream) {
-    detail::require(rows > 0 && cols > 0, "matvec: empty shape");
-    detail::require(n_tokens >= 1 && n_tokens <= kMatvecMaxTokens, "matvec: n_tokens must be 1..16");
-    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0,
-                    "matvec: W and x must be 16-byte aligned");
-    switch (type) {
-        case GgmlType::F32: return launch_type<DotF32>("matvec_kernel<F32>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::F16: return launch_type<DotF16>("matvec_kernel<F16>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q8_0:
-            detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
-            return launch_type<DotQ8_0>("matvec_kernel<Q8_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q4_0:
-            detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
-            return launch_type<DotQ4_0>("matvec_kernel<Q4_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::BF16: return launch_type<DotBF16>("matvec_kernel<BF16>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q4_1:
-            detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
-            return launch_type<DotQ4_1>("matvec_kernel<Q4_1>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q5_0:
-            detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
-            return launch_type<DotQ5_0>("matvec_kernel<Q5_0>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q5_1:
-            detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
-            return launch_type<DotQ5_1>("matvec_kernel<Q5_1>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q2_K:
-            detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
-            return launch_type<DotQ2_K>("matvec_kernel<Q2_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q3_K:
-            detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
-            return launch_type<DotQ3_K>("matvec_kernel<Q3_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q5_K:
-            detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
-            return launch_type<DotQ5_K>("matvec_kernel<Q5_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q4_K:
-            detail::require(cols % 256 == 0 && row_bytes % 4 == 0, "matvec: Q4_K rows are whole blocks of 256");
-            return launch_type<DotQ4_K>("matvec_kernel<Q4_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        case GgmlType::Q6_K:
-            detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
-            return launch_type<DotQ6_K>("matvec_kernel<Q6_K>", W, row_bytes, rows, cols, x, n_tokens, y, stream);
-        default: detail::require(false, "matvec: unsupported weight type");
-    }
+            Stream stream, size_t y_stride) {
+    detail::require(y_stride == 0 || y_stride >= static_cast<size_t>(rows), "matvec: y_stride is less than rows");
+    dispatch(type, W, row_bytes, rows, cols, x, n_tokens, {y, y_stride ? y_stride : static_cast<size_t>(rows), nullptr},
+             stream);
+}
+
+void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
+                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream) {
+    detail::require(row_ids != nullptr && y_stride > 0, "matvec_rows: row_ids and y_stride are required");
+    dispatch(type, W, row_bytes, n_ids, cols, x, n_tokens, {y, y_stride, row_ids}, stream);
 }
 
 }  // namespace tandem::cuda

@@ -71,13 +71,14 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // The chunk scratch: sizes (in 4-byte words) of its pieces, in order. Activations hold one prefill chunk (or one
 // step when that is longer); logits only kStepTokens rows, the output projection running 16 rows at a time (a
 // chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). step_in is the start position and
-// the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace. x16 and w_tile
-// (fp16) exist only on the cuBLAS route.
+// the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
+// extra logit ids of restrict_logits (at most n_vocab). x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
-    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, x16, w_tile;
+    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids, x16, w_tile;
     size_t total() const {
         size_t t = 0;
-        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, x16, w_tile})
+        for (size_t words :
+             {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -104,6 +105,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             B * c.kv_dim(),   B * c.q_dim(),    B * c.dim,       B * c.hidden_dim,
             B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), 1 + B,
             S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
+            static_cast<size_t>(c.n_vocab),
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -252,6 +254,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         step_host_.resize(s.step_in);
         ids_ = reinterpret_cast<int*>(take(s.ids));
         sampling_ws_ = take(s.sampling);
+        logit_extra_ids_ = reinterpret_cast<int*>(take(s.extra_ids));
+        logit_first_ = c.n_vocab;
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -429,10 +433,40 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     }
 }
 
+bool CudaBackend::restrict_logits(int n_first, std::span<const int> extra) {
+    const int n_vocab = model_.config.n_vocab;
+    const int first = std::clamp(n_first, 0, n_vocab);
+    std::vector<int> ids;
+    for (int id : extra)
+        if (id >= first && id < n_vocab) ids.push_back(id);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    // The ids go to the device in stream order, so a step queued earlier still reads the old ones. Like the step
+    // inputs, the copy from pageable memory is staged before it returns: `ids` may go. A graph reads the ids through
+    // a pointer; only the two counts are launch arguments, so only a change of them means capturing again.
+    if (!ids.empty()) cuda::copy_to_device(logit_extra_ids_, ids.data(), ids.size() * sizeof(int), stream_);
+    const int n_extra = static_cast<int>(ids.size());
+    if (first != logit_first_ || n_extra != n_extra_logits_) ++restriction_version_;
+    logit_first_ = first;
+    n_extra_logits_ = n_extra;
+    return true;
+}
+
 void CudaBackend::enqueue_output(int row0, int rows, bool argmax) {
-    cuda::matvec(output_.type, output_.data, output_.row_bytes, output_.rows, output_.cols,
-                 xb_ + static_cast<size_t>(row0) * model_.config.dim, rows, logits_, stream_);
-    if (argmax) cuda::argmax(logits_, rows, model_.config.n_vocab, ids_, sampling_ws_, stream_);
+    const int n_vocab = model_.config.n_vocab;
+    const float* x = xb_ + static_cast<size_t>(row0) * model_.config.dim;
+    const DeviceMatrix& W = output_;
+    if (logit_first_ >= n_vocab) {
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_);
+    } else {
+        if (logit_first_ > 0)
+            cuda::matvec(W.type, W.data, W.row_bytes, logit_first_, W.cols, x, rows, logits_, stream_, n_vocab);
+        cuda::fill_columns(logits_, rows, n_vocab, logit_first_, n_vocab, -INFINITY, stream_);
+        if (n_extra_logits_ > 0)
+            cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
+                              n_vocab, stream_);
+    }
+    if (argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
 }
 
 int CudaBackend::graph_splits(int n_keys, int capacity) const {
@@ -451,7 +485,8 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
     StepGraph& g = graphs_[{n, n_logits, argmax}];
     const void *k = cache.key(0), *v = cache.value(0);
     const float* ws = workspace_buf_.as<float>();
-    if (!g.graph || g.k_cache != k || g.v_cache != v || g.workspace != ws || g.splits != splits) {
+    if (!g.graph || g.k_cache != k || g.v_cache != v || g.workspace != ws || g.splits != splits ||
+        g.restriction != restriction_version_) {
         // The grid bound: the largest start position whose keys still fit in `splits` splits (>= start_pos).
         const int bound = splits * options_.attention_split - n;
         assert(bound >= start_pos);
@@ -469,7 +504,7 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
         const bool updated = cuda::end_capture(stream_, g.graph);
         ++graph_stats_.captures;
         ++(updated ? graph_stats_.updates : graph_stats_.instantiations);
-        g.k_cache = k, g.v_cache = v, g.workspace = ws, g.splits = splits;
+        g.k_cache = k, g.v_cache = v, g.workspace = ws, g.splits = splits, g.restriction = restriction_version_;
     }
     g.graph.launch(stream_);
     ++graph_stats_.replays;

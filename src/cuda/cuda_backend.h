@@ -130,6 +130,10 @@ public:
     // graph): only n_rows ints are copied back; `scratch` is not touched.
     void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
                         std::span<float> scratch) override;
+    // The output projection reads only rows [0, n_first) and the extra ids' rows of the output matrix (matvec over
+    // the first rows, matvec_rows over the extras, -inf over the rest): the same bits for the ids computed. A step's
+    // graph is captured again when the restriction changes (the counts are launch arguments).
+    bool restrict_logits(int n_first, std::span<const int> extra) override;
 
     const CudaOptions& options() const { return options_; }
     const CudaGraphStats& graph_stats() const { return graph_stats_; }
@@ -163,6 +167,7 @@ private:
         const void *k_cache = nullptr, *v_cache = nullptr;
         const float* workspace = nullptr;
         int splits = 0;  // attention grid
+        uint64_t restriction = 0;  // restriction_version_ at capture
     };
 
     // A whole call: the output of its last n_out tokens is their logits (ids null) or their argmax ids.
@@ -202,6 +207,11 @@ private:
     int *step_in_ = nullptr, *tokens_ = nullptr;
     std::vector<int> step_host_;
     int* ids_ = nullptr;                 // kStepTokens argmax ids
+    // restrict_logits: ids below logit_first_ (n_vocab: no restriction) and n_extra_logits_ extra ids (sorted,
+    // unique, >= logit_first_) in logit_extra_ids_ (device, room for n_vocab). The version counts changes.
+    int logit_first_ = 0, n_extra_logits_ = 0;
+    int* logit_extra_ids_ = nullptr;
+    uint64_t restriction_version_ = 0;
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;

@@ -3,7 +3,8 @@
 // every position through chunked prefill, decode steps, a cache truncate (speculative rollback) and more steps;
 // long calls through the prefill path (GEMM + flash attention), whose chunking must not matter; CUDA graphs (bitwise
 // the logits of direct launches, and captured / updated / replayed exactly when the design says); the q8_0 KV cache
-// (within tolerance of the f16 one, in the memory plan). Plus the memory plan's refusal when the device is too small.
+// (within tolerance of the f16 one, in the memory plan); logits restricted to part of the vocabulary (bitwise the
+// unrestricted ones where computed; a restricted draft on the device keeps the output). Plus the memory plan's refusal when the device is too small.
 // The emulated device is the CPU, so these run in CI. The same file also builds into tandem_cuda_device_tests
 // (TANDEM_TEST_REAL_DEVICE, nvcc builds only) against the real kernels: scripts/gpu-check runs it on a GPU, where
 // the emulation's knobs (thread orders, a pretended memory size) are replaced by what a real device offers.
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <span>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,7 @@
 #include "emu/cuda_emu.h"
 #endif
 #include "error.h"
+#include "generator.h"
 #include "gguf.h"
 #include "model.h"
 #include "model_registry.h"
@@ -432,6 +435,111 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
     MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
             g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
             g.back().stats.nodes, "-node graphs");
+}
+
+TEST_CASE("cuda backend: restricted logits are the unrestricted ones on the kept ids and -inf elsewhere") {
+    // A draft's output projection under restrict_logits (see the CPU backend's test in test_model.cpp): the first
+    // n_first rows and the extra ids are computed, bitwise as without the restriction; the greedy picks on the device
+    // choose among them; lifting it gives the unrestricted logits again. With graphs, which must be captured again
+    // when the restriction changes, and without.
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const int V = model->config.n_vocab, n_first = 100;
+    const std::vector<int> extra = {V - 1, 300, 5, 300, 177};  // unsorted, a repeat, one below n_first
+    auto kept = [&](int id) { return id < n_first || id == V - 1 || id == 300 || id == 177; };
+    for (const bool graphs : {true, false}) {
+        CAPTURE(graphs);
+        CudaOptions options;
+        options.graphs = graphs;
+        CudaBackend full(*model, 64, {}, options), restricted(*model, 64, {}, options);
+        auto cache_a = full.new_cache(64), cache_b = restricted.new_cache(64);
+        // Graphs of the two step shapes used below (2 tokens, 1 token) captured unrestricted first, so that the
+        // restriction has something to invalidate.
+        for (const std::vector<int>& warm : std::vector<std::vector<int>>{{1, 403}, {407}}) {
+            const int n = static_cast<int>(warm.size());
+            std::vector<float> a(static_cast<size_t>(n) * V), b(a.size());
+            full.forward(warm, *cache_a, n, a.data());
+            restricted.forward(warm, *cache_b, n, b.data());
+            REQUIRE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+        }
+        const int captures_before = restricted.graph_stats().captures;
+
+        REQUIRE(restricted.restrict_logits(n_first, extra));
+        int same = 0, minus_inf = 0, rows = 0;
+        for (const std::vector<int>& step : std::vector<std::vector<int>>{{261, 378}, {432}, {286}}) {
+            const int n = static_cast<int>(step.size());
+            std::vector<float> want(static_cast<size_t>(n) * V), got(want.size(), std::nanf(""));
+            full.forward(step, *cache_a, n, want.data());
+            restricted.forward(step, *cache_b, n, got.data());
+            for (size_t i = 0; i < got.size(); ++i) {
+                if (kept(static_cast<int>(i % V))) same += std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
+                else minus_inf += got[i] == -std::numeric_limits<float>::infinity();
+            }
+            rows += n;
+        }
+        CHECK(same == rows * (n_first + 3));
+        CHECK(minus_inf == rows * (V - n_first - 3));
+        // Each shape captured again once (the restriction's counts are launch arguments), then replayed.
+        if (graphs) CHECK(restricted.graph_stats().captures == captures_before + 2);
+
+        // Greedy picks on the device, under the restriction: the best kept id of the host's logits.
+        const std::vector<int> probe = {300, 5};
+        std::vector<float> logits(2 * static_cast<size_t>(V));
+        auto cache_c = restricted.new_cache(64);
+        restricted.forward(probe, *cache_c, 2, logits.data());
+        cache_c->truncate(0);
+        int ids[2] = {-7, -7};
+        std::vector<float> scratch;
+        restricted.forward_argmax(probe, *cache_c, 2, ids, scratch);
+        for (int r = 0; r < 2; ++r) {
+            CHECK(kept(ids[r]));
+            CHECK(ids[r] == Backend::argmax_row(&logits[static_cast<size_t>(r) * V], static_cast<size_t>(V)));
+        }
+
+        // Lifted: bitwise the unrestricted backend's again.
+        REQUIRE(restricted.restrict_logits(V, {}));
+        const std::vector<int> more = {286, 300};
+        std::vector<float> c(2 * static_cast<size_t>(V)), d(c.size());
+        full.forward(more, *cache_a, 2, c.data());
+        restricted.forward(more, *cache_b, 2, d.data());
+        CHECK(std::memcmp(c.data(), d.data(), c.size() * sizeof(float)) == 0);
+    }
+}
+
+TEST_CASE("cuda backend: a draft on the device restricted to part of the vocabulary keeps the output") {
+    // The generator's use of restrict_logits (--draft-vocab) with the draft on the device: the target itself as the
+    // draft, so that unrestricted every proposal is accepted, and restricted to ids below 200 and the context's it
+    // must miss where the target picks an id it cannot see. (The target runs on the CPU, as the emulation is slow;
+    // on these 12 tokens the two backends' greedy picks agree.)
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    auto run = [&](bool speculative, int draft_vocab) {
+        CpuBackend target(*model, 1, 64);
+        CudaBackend draft(*model, 64);
+        auto cache = target.new_cache(64), draft_cache = draft.new_cache(64);
+        GenerationParams p;
+        p.n_predict = 12;
+        p.sampler.temperature = 0;
+        p.speculative.draft_min = p.speculative.draft_max = 4;
+        p.speculative.p_min = 0;
+        p.speculative.draft_vocab = draft_vocab;
+        Generator gen(*model, target, *cache,
+                      speculative ? DraftModel{model.get(), &draft, draft_cache.get()} : DraftModel{});
+        return gen.generate(prompt, p, [](std::string_view) { return true; });
+    };
+    const GenerationStats plain = run(false, 0);
+    const GenerationStats restricted = run(true, 200), unrestricted = run(true, 0);
+    std::vector<int> context = prompt;
+    int unseeable = 0;  // generated ids >= 200 new to the context: the draft cannot have proposed them
+    for (int id : plain.generated) {
+        if (id >= 200 && std::find(context.begin(), context.end(), id) == context.end()) ++unseeable;
+        context.push_back(id);
+    }
+    REQUIRE(unseeable > 0);  // the test would show nothing otherwise
+    CHECK(restricted.generated == plain.generated);
+    CHECK(unrestricted.generated == plain.generated);
+    CHECK(restricted.spec.drafted > 0);
+    CHECK(restricted.spec.accepted < restricted.spec.drafted);
+    CHECK(unrestricted.spec.accepted == unrestricted.spec.drafted);
 }
 
 TEST_CASE("cuda backend: TANDEM_CUDA_GRAPHS=0 turns the graphs off") {

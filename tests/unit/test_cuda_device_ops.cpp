@@ -1,9 +1,10 @@
-// The op table through device memory: matvec, the prefill GEMM, the fp16 route (cuBLAS in the nvcc build) and the
-// embedding gather for every weight type, with inputs uploaded, outputs poisoned on the device and downloaded, each
-// compared with a double-precision reference over the CPU's dequantized rows. Written only against kernels/device.h
-// so that one source runs both ways: in tandem_tests on the emulation (small shapes, CI) and in
-// tandem_cuda_device_tests on a real GPU (scripts/gpu-check), where the shapes are those of real models, odd row
-// counts included, and cuBLAS takes the fp16 route.
+// The op table through device memory: matvec, the prefill GEMM, the fp16 route (cuBLAS in the nvcc build), the
+// embedding gather and restricted logits' matvecs (first rows into wider rows, rows by id) for every weight type,
+// with inputs uploaded, outputs poisoned on the device and downloaded, each compared with a double-precision
+// reference over the CPU's dequantized rows (or, for the restricted matvecs, bitwise with the whole matvec). Written
+// only against kernels/device.h so that one source runs both ways: in tandem_tests on the emulation (small shapes,
+// CI) and in tandem_cuda_device_tests on a real GPU (scripts/gpu-check), where the shapes are those of real models,
+// odd row counts included, and cuBLAS takes the fp16 route.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -227,4 +228,59 @@ TEST_CASE("cuda ops through device memory: embedding rows of every type are the 
             CHECK(bad == 0);
         }
     }
+}
+
+// Restricted logits (CudaBackend::restrict_logits): the first rows of the output matrix written into rows as wide
+// as the vocabulary, the extra ids' rows picked by id, -inf over the rest. Every value computed must be the bit
+// pattern of the whole matvec's, and nothing else written.
+TEST_CASE("cuda ops through device memory: matvec into wider rows, matvec_rows and the column fill") {
+    std::mt19937 rng(107);
+    for (GgmlType type : kAllTypes) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        const int rows = cuda::device_is_emulated() ? 37 : 32003, cols = cuda::device_is_emulated() ? 256 : 2048;
+        const int first = rows / 3;
+        const size_t stride = static_cast<size_t>(rows) + 5;  // past the matrix's rows: must stay untouched too
+        const std::vector<int> picked = {rows - 1, first, rows - 2, first + 3};  // unsorted, as any order works
+        const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+        const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
+        const cuda::DeviceBuffer dW = upload(W), dpicked = upload(picked);
+        for (int n : {1, 5, 13}) {
+            CAPTURE(n);
+            const cuda::DeviceBuffer dx = upload(test::random_floats(static_cast<int64_t>(n) * cols, rng));
+            cuda::DeviceBuffer dwhole = poisoned_floats(static_cast<size_t>(n) * rows);
+            cuda::matvec(type, dW.get(), row_bytes, rows, cols, dx.as<float>(), n, dwhole.as<float>(), nullptr);
+            cuda::DeviceBuffer dy = poisoned_floats(static_cast<size_t>(n) * stride);
+            cuda::matvec(type, dW.get(), row_bytes, first, cols, dx.as<float>(), n, dy.as<float>(), nullptr, stride);
+            cuda::matvec_rows(type, dW.get(), row_bytes, cols, dpicked.as<int>(), static_cast<int>(picked.size()),
+                              dx.as<float>(), n, dy.as<float>(), stride, nullptr);
+            const std::vector<float> whole = download(dwhole), y = download(dy);
+            int same = 0, untouched = 0;
+            for (int t = 0; t < n; ++t)
+                for (size_t r = 0; r < stride; ++r) {
+                    const float got = y[t * stride + r];
+                    if (r < static_cast<size_t>(first) || std::count(picked.begin(), picked.end(), r) > 0)
+                        same += std::memcmp(&got, &whole[static_cast<size_t>(t) * rows + r], sizeof got) == 0;
+                    else
+                        untouched += std::isnan(got);
+                }
+            CHECK(same == n * (first + static_cast<int>(picked.size())));
+            CHECK(untouched == n * (static_cast<int>(stride) - first - static_cast<int>(picked.size())));
+        }
+    }
+    // The fill: columns [begin, end) of every row, nothing else.
+    const int n_rows = 3, begin = 5, end = 41;
+    const size_t stride = 48;
+    cuda::DeviceBuffer d = poisoned_floats(n_rows * stride);
+    cuda::fill_columns(d.as<float>(), n_rows, stride, begin, end, -INFINITY, nullptr);
+    const std::vector<float> got = download(d);
+    int filled = 0, untouched = 0;
+    for (int r = 0; r < n_rows; ++r)
+        for (size_t j = 0; j < stride; ++j) {
+            const float v = got[r * stride + j];
+            if (j >= static_cast<size_t>(begin) && j < static_cast<size_t>(end)) filled += v == -INFINITY;
+            else untouched += std::isnan(v);
+        }
+    CHECK(filled == n_rows * (end - begin));
+    CHECK(untouched == n_rows * (static_cast<int>(stride) - (end - begin)));
+    CHECK_THROWS_AS(cuda::fill_columns(d.as<float>(), 1, 8, 2, 9, 0.0f, nullptr), std::invalid_argument);
 }

@@ -195,6 +195,8 @@ TEST_CASE("cuda kernels: matvec rejects what it cannot do") {
                     std::invalid_argument);
     CHECK_THROWS_AS(cuda::matvec(GgmlType::Q8_0, w.data(), 34, 2, 40, x.data(), 1, y.data(), nullptr),
                     std::invalid_argument);
+    CHECK_THROWS_AS(cuda::matvec(GgmlType::F32, w.data(), 256, 2, 64, x.data(), 1, y.data(), nullptr, 1),
+                    std::invalid_argument);  // output rows narrower than the matrix's
 }
 
 namespace {
