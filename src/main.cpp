@@ -106,6 +106,14 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 #endif
 }
 
+#ifdef TANDEM_HAS_CUDA
+tandem::CudaOptions cuda_options(const Options& opt) {
+    tandem::CudaOptions options;
+    options.kv_type = *tandem::parse_kv_type(opt.kv_type);  // CLI11 admitted only the known names
+    return options;
+}
+#endif
+
 // `which` is "--backend" or "--draft-backend", for the notes.
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
 // `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackend).
@@ -118,8 +126,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
     const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
     if (kind == "cuda") {
-        tandem::CudaOptions options;
-        options.kv_type = *tandem::parse_kv_type(opt.kv_type);  // CLI11 admitted only the known names
+        const tandem::CudaOptions options = cuda_options(opt);
         if (verbose) {
             const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx, {}, options);
             std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
@@ -217,18 +224,12 @@ int run(const Options& opt) {
                             std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                             std::to_string(c.context_length) + ")");
 
-    std::unique_ptr<tandem::Backend> backend_ptr =
-        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend", /*huge_pages=*/chat);
-    tandem::Backend& backend = *backend_ptr;
-    auto cache = backend.new_cache(n_ctx);
-
-    // The draft model: its own backend (--draft-backend), cache and thread pool, and a vocabulary checked up front.
+    // The draft model is loaded and its vocabulary checked before either backend is made, and a pair on one GPU
+    // is planned as a whole: what cannot run is refused before the target's weights are uploaded.
     std::unique_ptr<tandem::Model> draft_model;
-    std::unique_ptr<tandem::Backend> draft_backend;
-    std::unique_ptr<tandem::KvCache> draft_cache;
-    tandem::DraftModel draft;
+    std::string draft_kind;
     if (!draft_path.empty()) {
-        const std::string draft_kind = resolve_backend(opt.draft_backend, "--draft-backend", opt.verbose);
+        draft_kind = resolve_backend(opt.draft_backend, "--draft-backend", opt.verbose);
         draft_model = tandem::Model::load(draft_path);
         const tandem::VocabCheck vc = [&] {
             try {
@@ -238,6 +239,23 @@ int run(const Options& opt) {
             }
         }();
         if (!vc.note.empty()) std::fprintf(stderr, "tandem: note: %s\n", vc.note.c_str());
+    }
+#ifdef TANDEM_HAS_CUDA
+    if (draft_model && backend_kind == "cuda" && draft_kind == "cuda")
+        tandem::CudaBackend::check_pair_fits(tandem::CudaBackend::plan(*model, n_ctx, {}, cuda_options(opt)),
+                                             tandem::CudaBackend::plan(*draft_model, n_ctx, {}, cuda_options(opt)));
+#endif
+
+    std::unique_ptr<tandem::Backend> backend_ptr =
+        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend", /*huge_pages=*/chat);
+    tandem::Backend& backend = *backend_ptr;
+    auto cache = backend.new_cache(n_ctx);
+
+    // The draft's own backend (--draft-backend), cache and thread pool.
+    std::unique_ptr<tandem::Backend> draft_backend;
+    std::unique_ptr<tandem::KvCache> draft_cache;
+    tandem::DraftModel draft;
+    if (draft_model) {
         const std::optional<tandem::GgmlType> requant = tandem::parse_requant(opt.draft_requant);
         if (opt.verbose && requant && draft_kind == "cuda")
             std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");

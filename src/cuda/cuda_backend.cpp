@@ -172,6 +172,11 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
     return p;
 }
 
+void CudaBackend::check_pair_fits(const CudaMemoryPlan& target, const CudaMemoryPlan& draft) {
+    check_fits("the model with its draft", target.total() + draft.total(),
+               " (model " + target.describe() + "; draft " + draft.describe() + ")");
+}
+
 CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options)
     : model_(model), prefill_(prefill), options_(options) {
     if (prefill.chunk_tokens < 1 || prefill.matvec_max_call < 0)

@@ -120,6 +120,10 @@ public:
     ~CudaBackend() override;
     static CudaMemoryPlan plan(const Model& model, int n_ctx, CudaPrefillOptions prefill = {},
                                CudaOptions options = {});
+    // For a target and its draft on the same device: throws tandem::Error naming each plan and their sum when
+    // together they do not fit in the device's free memory. Checked before either backend allocates anything, so
+    // the pair is refused whole instead of the draft failing after the target's upload.
+    static void check_pair_fits(const CudaMemoryPlan& target, const CudaMemoryPlan& draft);
     // True when the prefill GEMM runs on cuBLAS: the nvcc build, unless env TANDEM_CUDA_GEMM=simt.
     static bool use_blas();
 

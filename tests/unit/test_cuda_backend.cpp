@@ -292,6 +292,34 @@ TEST_CASE("cuda backend: the memory plan refuses a device that is too small, nam
     CHECK(backend.new_cache(256) != nullptr);
 }
 
+TEST_CASE("cuda backend: a target and draft that do not fit together are refused before either is made") {
+    auto target = Model::load(kData + "/stories260K.gguf");
+    auto draft = Model::load(requantized(GgmlType::Q8_0));
+    const CudaMemoryPlan t = CudaBackend::plan(*target, 256), d = CudaBackend::plan(*draft, 256);
+    if (!cuda::device_is_emulated()) {
+        CudaBackend::check_pair_fits(t, d);  // two tiny models fit on any real device
+        return;
+    }
+    struct Restore {
+        ~Restore() { cuda::set_emulated_device_memory(0); }
+    } restore;
+    // Each alone fits; the two together do not, and the message names the sum and both plans.
+    cuda::set_emulated_device_memory(t.total() + d.total() - 1);
+    try {
+        CudaBackend::check_pair_fits(t, d);
+        FAIL("a pair larger than the device was accepted");
+    } catch (const Error& e) {
+        const std::string msg = e.what();
+        CHECK(msg.find("the model with its draft needs") != std::string::npos);
+        CHECK(msg.find("draft " + d.describe()) != std::string::npos);
+        CHECK(msg.find("model " + t.describe()) != std::string::npos);
+        CHECK(msg.find("free") != std::string::npos);
+    }
+    cuda::set_emulated_device_memory(t.total() + d.total());
+    CudaBackend::check_pair_fits(t, d);
+    CudaBackend a(*target, 256), b(*draft, 256);  // and the plans are what the backends check themselves
+}
+
 TEST_CASE("cuda backend: out-of-range token ids are an error, not a NaN row") {
     auto model = Model::load(kData + "/stories260K.gguf");
     CudaBackend backend(*model, 8);
