@@ -160,7 +160,10 @@ void attention_prefill(const AttentionArgs& a, Stream stream);
 // NaN counts as -inf, equal logits rank by lower id. `workspace` is sampling_workspace_bytes(n_rows, n_vocab) of
 // device memory (8-byte aligned), enough for any of these calls on that shape; it is scratch between the kernels
 // of one call.
-constexpr int kTopKMax = 64;
+// The most candidates top_k returns per row: a sampler's top-k plus the distinct ids of a repeat penalty's window
+// (40 + 64 with the defaults; Backend::forward_candidates). At most the kernels' block size (256): the final ranking
+// gives each candidate a thread.
+constexpr int kTopKMax = 256;
 size_t sampling_workspace_bytes(int n_rows, int n_vocab);
 // out_ids[r] = the id of row r's largest logit, the lowest on ties (Sampler's greedy pick); -1 when every logit of
 // the row is -inf or NaN (where Sampler throws).
@@ -177,6 +180,9 @@ void top_k(const float* logits, int n_rows, int n_vocab, int k, float* out_logit
            Stream stream);
 // out[r] = rows[r][ids[r]] (NaN for an id outside 0..n_vocab-1): p(x_i) and q(x_i) of drafted tokens.
 void gather_rows(const float* rows, int n_rows, int n_vocab, const int* ids, float* out, Stream stream);
+// out[r][j] = rows[r][ids[j]] for j < n_ids (NaN for an id outside 0..n_vocab-1; nothing for n_ids = 0): the raw
+// logits of given tokens in every row, e.g. a repeat penalty's window beside the top_k candidates.
+void gather_columns(const float* rows, int n_rows, int n_vocab, const int* ids, int n_ids, float* out, Stream stream);
 // out[i] = max(0, p[i] - q[i]): the residual distribution of a rejected draft, unnormalised, as verify_proposal.
 void residual(const float* p, const float* q, float* out, int n, Stream stream);
 

@@ -1,5 +1,6 @@
 // Sampling helpers on the device (declared at the end of kernels.h): greedy argmax, softmax with temperature, top-k,
-// and the two gathers speculative verification needs (p(x) of given tokens, the residual max(0, p - q)). They
+// the logits of given columns (a repeat penalty's window, beside the top-k candidates), and the two gathers
+// speculative verification needs (p(x) of given tokens, the residual max(0, p - q)). They
 // follow src/sampler.cpp: a NaN logit is -inf, ties go to the lower token id, the softmax subtracts the max,
 // short-cuts the max to exp(0) = 1, sums in double and multiplies by the double reciprocal.
 //
@@ -20,6 +21,7 @@ constexpr int kArgChunk = 2048;  // logits per block for argmax / softmax: 8 per
 constexpr int kArgMaxSplits = 128;
 constexpr int kTopKChunk = 4096;  // top-k splits are fewer and larger: every split hands k candidates on
 constexpr int kTopKMaxSplits = 64;
+static_assert(kTopKMax <= kThreads, "block_top_k ranks each selected key in its own thread");
 
 int splits_for(int n_vocab, int chunk, int max_splits) {
     const int s = (n_vocab + chunk - 1) / chunk;
@@ -288,6 +290,16 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const float* __restric
     out[r] = id >= 0 && id < n_vocab ? rows[static_cast<size_t>(r) * n_vocab + id] : NAN;
 }
 
+// out[r][j] = rows[r][ids[j]]: one thread per (column, row).
+__global__ void __launch_bounds__(kThreads) gather_columns_kernel(const float* __restrict__ rows, int n_vocab,
+                                                                  const int* __restrict__ ids, int n_ids,
+                                                                  float* __restrict__ out) {
+    const int j = blockIdx.x * kThreads + threadIdx.x, r = blockIdx.y;
+    if (j >= n_ids) return;
+    const int id = ids[j];
+    out[static_cast<size_t>(r) * n_ids + j] = id >= 0 && id < n_vocab ? rows[static_cast<size_t>(r) * n_vocab + id] : NAN;
+}
+
 __global__ void __launch_bounds__(kThreads) residual_kernel(const float* __restrict__ p, const float* __restrict__ q,
                                                             float* __restrict__ out, int n) {
     const int i = blockIdx.x * kThreads + threadIdx.x;
@@ -351,6 +363,14 @@ void gather_rows(const float* rows, int n_rows, int n_vocab, const int* ids, flo
     check_rows("gather_rows: bad shape", n_rows, n_vocab);
     detail::launch_kernel("gather_kernel", gather_kernel, dim3((n_rows + kThreads - 1) / kThreads), dim3(kThreads), 0,
                           stream, rows, n_rows, n_vocab, ids, out);
+}
+
+void gather_columns(const float* rows, int n_rows, int n_vocab, const int* ids, int n_ids, float* out, Stream stream) {
+    check_rows("gather_columns: bad shape", n_rows, n_vocab);
+    detail::require(n_ids >= 0, "gather_columns: negative id count");
+    if (n_ids == 0) return;
+    detail::launch_kernel("gather_columns_kernel", gather_columns_kernel, dim3((n_ids + kThreads - 1) / kThreads, n_rows),
+                          dim3(kThreads), 0, stream, rows, n_vocab, ids, n_ids, out);
 }
 
 void residual(const float* p, const float* q, float* out, int n, Stream stream) {

@@ -10,6 +10,8 @@
 #include <span>
 #include <string>
 
+#include "candidates.h"
+
 namespace tandem {
 
 class KvCache {
@@ -67,6 +69,33 @@ public:
         const size_t n_vocab = scratch.size() / static_cast<size_t>(n_rows);
         for (int r = 0; r < n_rows; ++r) ids[r] = argmax_row(scratch.data() + r * n_vocab, n_vocab);
     }
+
+    // Candidates instead of rows (candidates.h): runs `tokens` as forward does and writes, for each of the last n_rows
+    // tokens, its k best logits by Sampler's order (NaN as -inf) and their ids to top_logits / top_ids ([n_rows][k],
+    // best first), and the logits of the `extra` ids to extra_logits ([n_rows][extra.size()]). For a sampler that
+    // reads nothing else (plan_candidates): a GPU backend then copies a few hundred numbers back per row instead of
+    // n_vocab. 1 <= k <= min(max_candidates(), n_vocab). `scratch` is n_rows × n_vocab floats: this default runs
+    // forward into it and selects on the host; a backend that selects on the device (CudaBackend) leaves it alone.
+    virtual void forward_candidates(std::span<const int> tokens, KvCache& cache, int n_rows, int k,
+                                    std::span<const int> extra, float* top_logits, int* top_ids, float* extra_logits,
+                                    std::span<float> scratch) {
+        assert(n_rows >= 0 && static_cast<size_t>(n_rows) <= tokens.size());
+        forward(tokens, cache, n_rows, scratch.data());
+        if (n_rows == 0) return;
+        const size_t n_vocab = scratch.size() / static_cast<size_t>(n_rows);
+        assert(k >= 1 && static_cast<size_t>(k) <= n_vocab);
+        for (int r = 0; r < n_rows; ++r) {
+            const float* row = scratch.data() + r * n_vocab;
+            select_top_candidates(row, n_vocab, k, top_logits + static_cast<size_t>(r) * k,
+                                  top_ids + static_cast<size_t>(r) * k);
+            for (size_t j = 0; j < extra.size(); ++j)  // NaN for an id outside the vocabulary, as on the device
+                extra_logits[r * extra.size() + j] = extra[j] >= 0 && static_cast<size_t>(extra[j]) < n_vocab
+                                                         ? row[static_cast<size_t>(extra[j])]
+                                                         : std::numeric_limits<float>::quiet_NaN();
+        }
+    }
+    // The most best logits forward_candidates selects per row; 0 when a backend would rather hand out whole rows.
+    virtual int max_candidates() const { return kMaxCandidates; }
 
     // Restricts the logits of later forward calls to ids [0, n_first) and the ids in `extra` (any order, repeats and
     // ids below n_first allowed); every other logit is written as -inf. Those computed are bitwise the unrestricted

@@ -132,6 +132,49 @@ namespace {
 // int per row back instead of the row).
 bool argmax_is_enough(const SamplerParams& p) { return p.temperature == 0.0f && p.repeat_penalty == 1.0f; }
 
+// Target rows as candidates (Backend::forward_candidates) where the sampler reads nothing else of them
+// (plan_candidates): a GPU backend then copies back a few hundred numbers per row instead of the row, and the
+// sampler's work per row no longer grows with the vocabulary. The picks are the whole rows' picks, bit for bit.
+class CandidateRows {
+public:
+    // For rows sampled with `params` whose penalty windows lie within `window`; false where whole rows are needed.
+    bool plan(const SamplerParams& params, int n_vocab, const Backend& backend, std::span<const int> window) {
+        k_ = plan_candidates(params, n_vocab, window, extra_);
+        if (k_ > backend.max_candidates()) k_ = 0;
+        return k_ > 0;
+    }
+    // Runs `tokens` and keeps the candidates of the last n_rows (`scratch`: n_rows whole rows, for the default).
+    void forward(Backend& backend, std::span<const int> tokens, KvCache& cache, int n_rows, std::span<float> scratch) {
+        const size_t rows = static_cast<size_t>(n_rows);
+        top_logits_.resize(rows * static_cast<size_t>(k_));
+        top_ids_.resize(top_logits_.size());
+        extra_logits_.resize(rows * extra_.size());
+        backend.forward_candidates(tokens, cache, n_rows, k_, extra_, top_logits_.data(), top_ids_.data(),
+                                   extra_logits_.data(), scratch);
+    }
+    CandidateRow row(int r) const {
+        const size_t k = static_cast<size_t>(k_), e = extra_.size(), i = static_cast<size_t>(r);
+        return {std::span<const float>(top_logits_).subspan(i * k, k), std::span<const int>(top_ids_).subspan(i * k, k),
+                extra_, std::span<const float>(extra_logits_).subspan(i * e, e)};
+    }
+
+private:
+    int k_ = 0;
+    std::vector<int> extra_, top_ids_;
+    std::vector<float> top_logits_, extra_logits_;
+};
+
+// The tokens a repeat penalty can see from a row whose history is `history` followed by `drafted` (any prefix of
+// them): the history's last repeat_last_n and the drafts.
+std::span<const int> penalty_window(const SamplerParams& p, const std::vector<int>& history,
+                                    std::span<const int> drafted, std::vector<int>& buffer) {
+    const size_t n = std::min(history.size(), static_cast<size_t>(std::max(0, p.repeat_last_n)));
+    if (drafted.empty()) return std::span<const int>(history).last(n);
+    buffer.assign(history.end() - static_cast<std::ptrdiff_t>(n), history.end());
+    buffer.insert(buffer.end(), drafted.begin(), drafted.end());
+    return buffer;
+}
+
 // A greedy id from forward_argmax; -1 is the row where Sampler would have thrown.
 int greedy_pick(int id) {
     if (id < 0) throw Error("sampler: every logit is -inf or NaN");
@@ -184,6 +227,8 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
 
 void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams& params) {
     const bool ids_only = argmax_is_enough(params.sampler);
+    CandidateRows candidates;
+    std::vector<int> window_buffer;
     int tok = sampler.sample(logits_.data(), out.history);  // the prefill's logits
     for (;;) {
         if (!out.push(tok)) return;
@@ -195,6 +240,10 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
         if (ids_only) {
             backend_.forward_argmax(std::span<const int>(&cur, 1), cache_, 1, &tok, logits_);
             tok = greedy_pick(tok);
+        } else if (candidates.plan(params.sampler, model_.config.n_vocab, backend_,
+                                   penalty_window(params.sampler, out.history, {}, window_buffer))) {
+            candidates.forward(backend_, std::span<const int>(&cur, 1), cache_, 1, logits_);
+            tok = sampler.sample(candidates.row(0), out.history);
         } else {
             backend_.forward(std::span<const int>(&cur, 1), cache_, 1, logits_.data());
             tok = sampler.sample(logits_.data(), out.history);
@@ -250,6 +299,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // Pure greedy verification needs only the target's argmax at each position: ids, not rows of logits.
     const bool ids_only = greedy && argmax_is_enough(params.sampler);
     std::vector<int> target_ids(static_cast<size_t>(k_cap) + 1);
+    // Otherwise, where the sampler reads only their candidates, the target's rows come back as those.
+    CandidateRows target_candidates;
+    std::vector<int> window_buffer;
     // Rows of probabilities for rejection sampling (greedy verification compares tokens and needs none).
     std::vector<float> p_rows(greedy ? 0 : (static_cast<size_t>(k_cap) + 1) * V);
     std::vector<float> q_rows(greedy ? 0 : static_cast<size_t>(std::max(1, k_cap)) * V);
@@ -419,11 +471,21 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         batch.assign(1, cur);
         batch.insert(batch.end(), drafted.begin(), drafted.end());
         const Clock::time_point t_verify = Clock::now();
+        const std::span<float> target_rows(target_logits.data(), static_cast<size_t>(n_drafted + 1) * V);
+        const bool as_candidates =
+            !ids_only && target_candidates.plan(params.sampler, n_vocab, backend_,
+                                                penalty_window(params.sampler, out.history, drafted, window_buffer));
         if (ids_only)
-            backend_.forward_argmax(batch, cache_, n_drafted + 1, target_ids.data(),
-                                    std::span<float>(target_logits.data(), static_cast<size_t>(n_drafted + 1) * V));
+            backend_.forward_argmax(batch, cache_, n_drafted + 1, target_ids.data(), target_rows);
+        else if (as_candidates)
+            target_candidates.forward(backend_, batch, cache_, n_drafted + 1, target_rows);
         else
             backend_.forward(batch, cache_, n_drafted + 1, target_logits.data());
+        // Row i of the target's verification, for the sampler.
+        auto target_sample = [&](int i, std::span<const int> history) {
+            return as_candidates ? sampler.sample(target_candidates.row(i), history)
+                                 : sampler.sample(&target_logits[static_cast<size_t>(i) * V], history);
+        };
         const double verify_seconds = since(t_verify);
         st.verify_s += verify_seconds;
         controller.record_verify(n_drafted + 1, verify_seconds);
@@ -434,14 +496,13 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if (n_drafted == 0) {
             ++st.plain_steps;
             verdict.next_token = ids_only ? greedy_pick(target_ids[0])  // exactly the plain step
-                                          : sampler.sample(target_logits.data(), out.history);
+                                          : target_sample(0, out.history);
         } else if (greedy) {
             // The target's greedy choice at each position (penalties see the drafts before it), accepted while the
             // draft agrees: verify_proposal's greedy rule without building one-hot rows.
             context = out.history;
             for (int i = 0; i <= n_drafted; ++i) {
-                const int choice = ids_only ? greedy_pick(target_ids[static_cast<size_t>(i)])
-                                            : sampler.sample(&target_logits[static_cast<size_t>(i) * V], context);
+                const int choice = ids_only ? greedy_pick(target_ids[static_cast<size_t>(i)]) : target_sample(i, context);
                 if (i == n_drafted || choice != drafted[static_cast<size_t>(i)]) {
                     verdict.next_token = choice;
                     break;
@@ -452,7 +513,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         } else {
             context = out.history;
             for (int i = 0; i <= n_drafted; ++i) {
-                sampler.distribution(&target_logits[static_cast<size_t>(i) * V], context, &p_rows[static_cast<size_t>(i) * V]);
+                float* p = &p_rows[static_cast<size_t>(i) * V];
+                if (as_candidates)
+                    sampler.distribution(target_candidates.row(i), context, p);
+                else
+                    sampler.distribution(&target_logits[static_cast<size_t>(i) * V], context, p);
                 if (i < n_drafted) context.push_back(drafted[static_cast<size_t>(i)]);
             }
             verdict = verify_proposal(drafted, p_rows.data(), q_rows.data(), n_vocab, greedy, sampler, scratch.data());

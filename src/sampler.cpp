@@ -351,20 +351,114 @@ void Sampler::prepare(const float* logits, std::span<const int> history) {
         return;
     }
     top_k();
+    transform();
+}
+
+int Sampler::load_candidates(const CandidateRow& row, std::span<const int> history) {
+    if (row.top_logits.size() != row.top_ids.size() || row.extra_logits.size() != row.extra_ids.size())
+        throw Error("sampler: candidate ids and logits differ in number");
+    int n = 0;
+    uint8_t* seen = seen_.data();
+    // Marks: 1 = a candidate, 2 = a candidate already penalised. Cleared on every exit, a throw included.
+    struct ClearMarks {
+        uint8_t* seen;
+        const int* ids;
+        const int& n;
+        ~ClearMarks() {
+            for (int j = 0; j < n; ++j) seen[ids[j]] = 0;
+        }
+    } clear{seen, ids_.data(), n};
+    auto add = [&](int id, float v) {
+        if (id < 0 || id >= n_vocab_)
+            throw Error("sampler: candidate id " + std::to_string(id) + " is outside the vocabulary (" +
+                        std::to_string(n_vocab_) + " tokens)");
+        if (seen[id]) return;
+        seen[id] = 1;
+        logit_[static_cast<size_t>(id)] = std::isnan(v) ? kNegInf : v;
+        ids_[static_cast<size_t>(n++)] = id;
+    };
+    for (size_t j = 0; j < row.top_ids.size(); ++j) add(row.top_ids[j], row.top_logits[j]);
+    for (size_t j = 0; j < row.extra_ids.size(); ++j) add(row.extra_ids[j], row.extra_logits[j]);
+
+    const float penalty = params_.repeat_penalty;
+    if (penalty == 1.0f || params_.repeat_last_n == 0 || history.empty()) return n;
+    const auto window = history.last(std::min(history.size(), static_cast<size_t>(params_.repeat_last_n)));
+    for (int t : window) {  // as load_logits: each distinct token once
+        if (t < 0 || t >= n_vocab_)
+            throw Error("sampler: token id " + std::to_string(t) + " in the history is outside the vocabulary (" +
+                        std::to_string(n_vocab_) + " tokens)");
+        if (!seen[t])
+            throw Error("sampler: the candidates lack token " + std::to_string(t) + " of the repeat penalty's window");
+        if (seen[t] == 2) continue;
+        seen[t] = 2;
+        float& l = logit_[static_cast<size_t>(t)];
+        l = l > 0.0f ? l / penalty : l * penalty;
+    }
+    return n;
+}
+
+void Sampler::prepare(const CandidateRow& row, std::span<const int> history) {
+    const int n = load_candidates(row, history);
+    int* ids = ids_.data();
+    const float* l = logit_.data();
+    if (params_.temperature == 0.0f) {
+        // argmax(): the largest logit, the lowest id holding it. Every id outside the candidates is beaten by one
+        // inside (plan_candidates), so this is the whole row's pick.
+        if (n == 0) throw Error("sampler: no candidates");
+        int best = ids[0];
+        for (int j = 1; j < n; ++j)
+            if (l[ids[j]] > l[best] || (l[ids[j]] == l[best] && ids[j] < best)) best = ids[j];
+        if (l[best] == kNegInf) throw Error("sampler: every logit is -inf or NaN");
+        ids[0] = best;
+        prob_[static_cast<size_t>(best)] = 1.0f;
+        n_kept_ = 1;
+        order_ = Order::ByLogit;
+        return;
+    }
+    const int k = params_.top_k;
+    if (!(k > 0 && k < n_vocab_) || n < k)
+        throw Error("sampler: candidates serve a top-k below the vocabulary size, with at least k of them (k = " +
+                    std::to_string(k) + ", " + std::to_string(n) + " candidates)");
+    // top_k()'s cut among the candidates: the same total order, so the same k ids in the same order.
+    select_sorted(ids, ids + k, ids + n, ByLogit{l});
+    n_kept_ = k;
+    order_ = Order::ByLogit;
+    transform();
+}
+
+void Sampler::transform() {
     softmax();
     if (params_.top_p < 1.0f) top_p();
     if (params_.min_p > 0.0f) min_p();
     renormalise();
 }
 
-void Sampler::distribution(const float* logits, std::span<const int> history, float* probs) {
-    prepare(logits, history);
+void Sampler::write_kept(float* probs) const {
     std::fill(probs, probs + n_vocab_, 0.0f);
     for (int j = 0; j < n_kept_; ++j) probs[ids_[j]] = prob_[ids_[j]];
 }
 
+void Sampler::distribution(const float* logits, std::span<const int> history, float* probs) {
+    prepare(logits, history);
+    write_kept(probs);
+}
+
+void Sampler::distribution(const CandidateRow& row, std::span<const int> history, float* probs) {
+    prepare(row, history);
+    write_kept(probs);
+}
+
 int Sampler::sample(const float* logits, std::span<const int> history) {
     prepare(logits, history);
+    return pick();
+}
+
+int Sampler::sample(const CandidateRow& row, std::span<const int> history) {
+    prepare(row, history);
+    return pick();
+}
+
+int Sampler::pick() {
     if (params_.temperature == 0.0f) return ids_[0];
     const double u = rng_.uniform_double();
     // Draw in id order, the order draw() walks a dense row in, so that sample() == draw(distribution()) exactly.

@@ -6,6 +6,8 @@
 #include <span>
 #include <vector>
 
+#include "candidates.h"
+
 namespace tandem {
 
 struct SamplerParams {
@@ -51,6 +53,12 @@ public:
     // greedy). Does not touch the RNG.
     void distribution(const float* logits, std::span<const int> history, float* probs);
 
+    // The same two from a row given by its candidates (candidates.h; plan_candidates says what they must hold for
+    // these params and this history): the same token for the same RNG state, the same probabilities, bit for bit.
+    // Throws tandem::Error where the candidates lack an id of the penalty window or hold fewer than top-k ids.
+    int sample(const CandidateRow& row, std::span<const int> history);
+    void distribution(const CandidateRow& row, std::span<const int> history, float* probs);
+
     // Draws from a dense, not necessarily normalised distribution of n non-negative weights with this sampler's RNG
     // by inverse CDF in id order (for speculative rejection sampling). Throws tandem::Error if no weight is > 0.
     int draw(const float* probs, int n);
@@ -64,7 +72,14 @@ private:
     // Runs the transform chain on `logits`; leaves the kept ids in ids_[0, n_kept_) and their final (renormalised)
     // probabilities in prob_[id]. Greedy leaves just the argmax, with probability 1.
     void prepare(const float* logits, std::span<const int> history);
+    void prepare(const CandidateRow& row, std::span<const int> history);
     void load_logits(const float* logits, std::span<const int> history);
+    // Candidates into logit_ by id and ids_[0, returned count), the penalty applied to the window's ids.
+    int load_candidates(const CandidateRow& row, std::span<const int> history);
+    // After the top-k cut or the greedy pick: softmax, top-p, min-p, renormalisation (none for greedy).
+    void transform();
+    int pick();                   // sample()'s draw from the prepared distribution
+    void write_kept(float* probs) const;  // distribution()'s dense row
     int argmax() const;
     void top_k();
     void softmax();
@@ -80,7 +95,8 @@ private:
     std::vector<float> logit_;    // by id: logits after NaN clean-up and penalty
     std::vector<float> prob_;     // by id: probability, valid only for the ids in ids_[0, n_kept_)
     std::vector<int> ids_;        // candidate ids; a prefix [0, n_kept_) is the kept set
-    std::vector<uint8_t> seen_;   // by id: marks for the penalty's distinct-token pass, all zero between calls
+    std::vector<uint8_t> seen_;   // by id: marks for the penalty's distinct-token pass and the candidates' dedup,
+                                  // all zero between calls
     std::vector<float> dense_;    // by id: the dense distribution when sample() draws from a large kept set
     int n_kept_ = 0;
     // How ids_[0, n_kept_) is ordered: ascending id (no sort was needed), by (logit desc, id asc) (top-k), or

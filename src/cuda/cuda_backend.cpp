@@ -74,11 +74,12 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
 // extra logit ids of restrict_logits (at most n_vocab). x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
-    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids, x16, w_tile;
+    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids, cand_logits,
+        cand_ids, cand_extra_ids, cand_extra_logits, x16, w_tile;
     size_t total() const {
         size_t t = 0;
-        for (size_t words :
-             {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids, x16, w_tile})
+        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids,
+                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -106,6 +107,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), 1 + B,
             S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
+            S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -261,6 +263,10 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         sampling_ws_ = take(s.sampling);
         logit_extra_ids_ = reinterpret_cast<int*>(take(s.extra_ids));
         logit_first_ = c.n_vocab;
+        cand_logits_ = take(s.cand_logits);
+        cand_ids_ = reinterpret_cast<int*>(take(s.cand_ids));
+        cand_extra_ids_ = reinterpret_cast<int*>(take(s.cand_extra_ids));
+        cand_extra_logits_ = take(s.cand_extra_logits);
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -306,16 +312,48 @@ std::unique_ptr<KvCache> CudaBackend::new_cache(int n_ctx) {
     return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
 }
 
+CudaBackend::CallOutput CudaBackend::CallOutput::advanced(size_t rows, int n_vocab) const {
+    CallOutput o = *this;
+    if (logits) o.logits += rows * static_cast<size_t>(n_vocab);
+    if (ids) o.ids += rows;
+    if (top_logits) o.top_logits += rows * static_cast<size_t>(k);
+    if (top_ids) o.top_ids += rows * static_cast<size_t>(k);
+    if (extra_logits) o.extra_logits += rows * static_cast<size_t>(n_extra);
+    return o;
+}
+
 void CudaBackend::forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) {
-    run_call(tokens, cache, n_logits, logits, nullptr);
+    CallOutput out;
+    out.logits = logits;
+    run_call(tokens, cache, n_logits, out);
 }
 
 void CudaBackend::forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
                                  std::span<float>) {
-    run_call(tokens, cache, n_rows, nullptr, ids);
+    CallOutput out;
+    out.ids = ids;
+    run_call(tokens, cache, n_rows, out);
 }
 
-void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits, int* ids) {
+void CudaBackend::forward_candidates(std::span<const int> tokens, KvCache& cache, int n_rows, int k,
+                                     std::span<const int> extra, float* top_logits, int* top_ids, float* extra_logits,
+                                     std::span<float>) {
+    const int n_vocab = model_.config.n_vocab;
+    if (k < 1 || k > std::min(cuda::kTopKMax, n_vocab))
+        throw Error("candidates: k = " + std::to_string(k) + " is outside 1.." +
+                    std::to_string(std::min(cuda::kTopKMax, n_vocab)));
+    if (extra.size() > static_cast<size_t>(cuda::kTopKMax))
+        throw Error("candidates: more than " + std::to_string(cuda::kTopKMax) + " extra ids");
+    CallOutput out;
+    out.k = k;
+    out.n_extra = static_cast<int>(extra.size());
+    out.top_logits = top_logits, out.top_ids = top_ids, out.extra_logits = extra_logits;
+    // Pageable host memory: staged before the copy returns, like the step's tokens.
+    if (!extra.empty()) cuda::copy_to_device(cand_extra_ids_, extra.data(), extra.size() * sizeof(int), stream_);
+    run_call(tokens, cache, n_rows, out);
+}
+
+void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int n_logits, const CallOutput& out) {
     auto& cache = static_cast<CudaKvCache&>(cache_base);
     assert(n_logits >= 0 && static_cast<size_t>(n_logits) <= tokens.size());
     assert(cache.n_committed() + static_cast<int>(tokens.size()) <= cache.capacity());
@@ -330,8 +368,7 @@ void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int
         const int first_logit_token = n_total - n_logits;
         const int step_logits = std::max(0, begin + n - std::max(begin, first_logit_token));
         const size_t done = static_cast<size_t>(std::max(0, begin - first_logit_token));  // rows of earlier steps
-        forward_step(tokens.subspan(begin, n), cache, step_logits, logits ? logits + done * n_vocab : nullptr,
-                     ids ? ids + done : nullptr, prefill);
+        forward_step(tokens.subspan(begin, n), cache, step_logits, out.advanced(done, n_vocab), prefill);
     }
     cuda::stream_synchronize(stream_);
 }
@@ -350,8 +387,9 @@ void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y,
                            w_tile_halves_, stream_);
 }
 
-void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, float* logits,
-                               int* ids, bool prefill) {
+void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, const CallOutput& out,
+                               bool prefill) {
+    const bool argmax = out.ids != nullptr;
     const ModelConfig& c = model_.config;
     const int n = static_cast<int>(tokens.size());
     const int start_pos = cache.n_committed();
@@ -368,10 +406,10 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
         ++graph_stats_.direct_steps;
     } else if (options_.graphs) {
-        replay_step(cache, n, start_pos, n_logits, ids != nullptr);
+        replay_step(cache, n, start_pos, n_logits, argmax);
     } else {
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, false);
-        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, ids != nullptr);
+        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, argmax);
         ++graph_stats_.direct_steps;
     }
     cache.commit_appended(n);
@@ -379,15 +417,28 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     // The outputs: a short step's (<= kStepTokens rows) were computed above, inside the graph; a prefill chunk's
     // run kStepTokens rows at a time through matvec (logits_ holds that many). Queued on the stream like the
     // kernels: the next group's matvec cannot overwrite logits_ (or ids_) before the copy has read it, and
-    // run_call() synchronizes before the caller looks at the outputs. Greedy picks copy one int per row.
+    // run_call() synchronizes before the caller looks at the outputs. Greedy picks copy one int per row;
+    // candidates are selected from logits_ outside the graph (their k and extra count vary from call to call)
+    // and copy k + k + n_extra numbers per row.
     for (int g = 0; g < n_logits; g += kStepTokens) {
         const int rows = std::min(kStepTokens, n_logits - g);
-        if (prefill) enqueue_output(n - n_logits + g, rows, ids != nullptr);
-        if (ids)
-            cuda::copy_to_host(ids + g, ids_, static_cast<size_t>(rows) * sizeof(int), stream_);
-        else
-            cuda::copy_to_host(logits + static_cast<size_t>(g) * c.n_vocab, logits_,
-                               static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
+        const CallOutput o = out.advanced(static_cast<size_t>(g), c.n_vocab);
+        if (prefill) enqueue_output(n - n_logits + g, rows, argmax);
+        if (argmax) {
+            cuda::copy_to_host(o.ids, ids_, static_cast<size_t>(rows) * sizeof(int), stream_);
+        } else if (o.k > 0) {
+            const size_t top = static_cast<size_t>(rows) * static_cast<size_t>(o.k);
+            cuda::top_k(logits_, rows, c.n_vocab, o.k, cand_logits_, cand_ids_, sampling_ws_, stream_);
+            cuda::copy_to_host(o.top_logits, cand_logits_, top * sizeof(float), stream_);
+            cuda::copy_to_host(o.top_ids, cand_ids_, top * sizeof(int), stream_);
+            if (o.n_extra > 0) {
+                cuda::gather_columns(logits_, rows, c.n_vocab, cand_extra_ids_, o.n_extra, cand_extra_logits_, stream_);
+                cuda::copy_to_host(o.extra_logits, cand_extra_logits_,
+                                   static_cast<size_t>(rows) * static_cast<size_t>(o.n_extra) * sizeof(float), stream_);
+            }
+        } else {
+            cuda::copy_to_host(o.logits, logits_, static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
+        }
     }
 }
 

@@ -134,6 +134,11 @@ public:
     // graph): only n_rows ints are copied back; `scratch` is not touched.
     void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
                         std::span<float> scratch) override;
+    // The candidates selected on the device (kernels/sampling.cu's top_k and gather_columns, after the step's graph):
+    // only they are copied back; `scratch` is not touched.
+    void forward_candidates(std::span<const int> tokens, KvCache& cache, int n_rows, int k, std::span<const int> extra,
+                            float* top_logits, int* top_ids, float* extra_logits, std::span<float> scratch) override;
+    int max_candidates() const override { return cuda::kTopKMax; }
     // The output projection reads only rows [0, n_first) and the extra ids' rows of the output matrix (matvec over
     // the first rows, matvec_rows over the extras, -inf over the rest): the same bits for the ids computed. A step's
     // graph is captured again when the restriction changes (the counts are launch arguments).
@@ -174,12 +179,23 @@ private:
         uint64_t restriction = 0;  // restriction_version_ at capture
     };
 
-    // A whole call: the output of its last n_out tokens is their logits (ids null) or their argmax ids.
-    void run_call(std::span<const int> tokens, KvCache& cache, int n_out, float* logits, int* ids);
+    // Where the output rows of a call go, row r at index r of each: their logits, their argmax ids, or their
+    // candidates (k > 0: the k best logits with their ids, and the logits of the n_extra ids uploaded to
+    // cand_extra_ids_).
+    struct CallOutput {
+        float* logits = nullptr;
+        int* ids = nullptr;
+        int k = 0, n_extra = 0;
+        float* top_logits = nullptr;
+        int* top_ids = nullptr;
+        float* extra_logits = nullptr;
+        CallOutput advanced(size_t rows, int n_vocab) const;  // the same for the rows from `rows` on
+    };
+    // A whole call: the output of its last n_out tokens.
+    void run_call(std::span<const int> tokens, KvCache& cache, int n_out, const CallOutput& out);
     // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk, with the output of its last n_out
-    // tokens (logits, or argmax ids when `ids` is set).
-    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, float* logits, int* ids,
-                      bool prefill);
+    // tokens.
+    void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, const CallOutput& out, bool prefill);
     // Queues the embedding and every layer of a step of n tokens (their keys and values go into the cache).
     void enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill);
     // Queues the output projection of rows row0..row0 + rows - 1 (<= kStepTokens) of the step into logits_, and
@@ -211,6 +227,9 @@ private:
     int *step_in_ = nullptr, *tokens_ = nullptr;
     std::vector<int> step_host_;
     int* ids_ = nullptr;                 // kStepTokens argmax ids
+    // forward_candidates: kStepTokens rows of kTopKMax best logits / ids / extra logits, and the extra ids.
+    float *cand_logits_ = nullptr, *cand_extra_logits_ = nullptr;
+    int *cand_ids_ = nullptr, *cand_extra_ids_ = nullptr;
     // restrict_logits: ids below logit_first_ (n_vocab: no restriction) and n_extra_logits_ extra ids (sorted,
     // unique, >= logit_first_) in logit_extra_ids_ (device, room for n_vocab). The version counts changes.
     int logit_first_ = 0, n_extra_logits_ = 0;

@@ -252,6 +252,7 @@ TEST_CASE("cuda sampling: top_k gives the sampler's candidates in its order") {
         CAPTURE(s.n_vocab);
         std::vector<int> ks = {1, std::min(s.n_vocab, 5), std::min(s.n_vocab, 40)};
         if (s.n_vocab >= 64) ks.push_back(64);
+        if (s.n_vocab >= cuda::kTopKMax) ks.push_back(cuda::kTopKMax);
         for (int k : ks) {
             CAPTURE(k);
             const std::vector<float> logits = make_logits(s.n_rows, s.n_vocab, rng, k != 1);
@@ -312,11 +313,49 @@ TEST_CASE("cuda sampling: top_k with NaN, infinities and fewer finite logits tha
         CHECK(vals == std::vector<float>(k, 0.5f));
     }
 
-    std::vector<float> v(65);
-    std::vector<int> ids(65);
-    CHECK_THROWS_AS(cuda::top_k(row.data(), 1, n, 65, v.data(), ids.data(), ws.data(), nullptr), std::invalid_argument);
+    std::vector<float> v(cuda::kTopKMax + 1);
+    std::vector<int> ids(v.size());
+    std::vector<float> wide(cuda::kTopKMax + 10, 1.0f);
+    std::vector<uint64_t> ws_wide = workspace_for(1, static_cast<int>(wide.size()));
+    CHECK_THROWS_AS(cuda::top_k(wide.data(), 1, static_cast<int>(wide.size()), cuda::kTopKMax + 1, v.data(), ids.data(),
+                                ws_wide.data(), nullptr),
+                    std::invalid_argument);
     CHECK_THROWS_AS(cuda::top_k(row.data(), 1, 10, 11, v.data(), ids.data(), ws.data(), nullptr), std::invalid_argument);
     CHECK_THROWS_AS(cuda::top_k(row.data(), 1, n, 0, v.data(), ids.data(), ws.data(), nullptr), std::invalid_argument);
+}
+
+TEST_CASE("cuda sampling: gather_columns reads the same ids from every row") {
+    const int n_rows = 3, n_vocab = 700;
+    std::mt19937 rng(25);
+    std::uniform_real_distribution<float> unit(-5.0f, 5.0f);
+    std::vector<float> rows(static_cast<size_t>(n_rows) * n_vocab);
+    for (float& x : rows) x = unit(rng);
+    rows[5] = kNaN;
+    // More ids than a block's threads (two blocks per row), repeats, an id of NaN, and two out of range.
+    std::vector<int> ids;
+    for (int j = 0; j < 300; ++j) ids.push_back((j * 37) % n_vocab);
+    ids.push_back(5), ids.push_back(-1), ids.push_back(n_vocab), ids.push_back(0);
+    const int n_ids = static_cast<int>(ids.size());
+    for (const LaunchOptions& o : kTwoOrders) {
+        ScopedLaunchOptions scope(o);
+        std::vector<float> out(static_cast<size_t>(n_rows) * n_ids, -7.0f);
+        cuda::gather_columns(rows.data(), n_rows, n_vocab, ids.data(), n_ids, out.data(), nullptr);
+        for (int r = 0; r < n_rows; ++r)
+            for (int j = 0; j < n_ids; ++j) {
+                const float got = out[static_cast<size_t>(r) * n_ids + j];
+                const int id = ids[static_cast<size_t>(j)];
+                if (id < 0 || id >= n_vocab || (r == 0 && id == 5))
+                    REQUIRE(std::isnan(got));
+                else
+                    REQUIRE(got == rows[static_cast<size_t>(r) * n_vocab + id]);
+            }
+        std::vector<float> untouched(4, -7.0f);
+        cuda::gather_columns(rows.data(), n_rows, n_vocab, ids.data(), 0, untouched.data(), nullptr);
+        CHECK(untouched == std::vector<float>(4, -7.0f));
+    }
+    std::vector<float> out(4);
+    CHECK_THROWS_AS(cuda::gather_columns(rows.data(), n_rows, n_vocab, ids.data(), -1, out.data(), nullptr),
+                    std::invalid_argument);
 }
 
 TEST_CASE("cuda sampling: gathers for speculative verification") {

@@ -19,6 +19,7 @@
 #include "generator.h"
 #include "gguf.h"
 #include "model.h"
+#include "backend_doubles.h"
 #include "quantize_model.h"
 #include "sampler.h"
 
@@ -30,23 +31,8 @@ const std::string kData = TANDEM_TEST_DATA;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
 
-// A backend whose "logits" are fixed rows, to test the default forward_argmax.
-class RowsBackend : public Backend {
-public:
-    struct Cache : KvCache {
-        Cache() : KvCache(1 << 20) {}
-    };
-    RowsBackend(std::vector<std::vector<float>> rows) : rows_(std::move(rows)) {}
-    std::string name() const override { return "rows"; }
-    std::unique_ptr<KvCache> new_cache(int) override { return std::make_unique<Cache>(); }
-    void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override {
-        for (int r = 0; r < n_logits; ++r) std::copy(rows_[r].begin(), rows_[r].end(), logits + r * rows_[r].size());
-        cache.commit_appended(static_cast<int>(tokens.size()));
-    }
-
-private:
-    std::vector<std::vector<float>> rows_;
-};
+using test::CpuDraft;
+using test::RowsBackend;
 
 // Delegates to another backend and counts which entry point the Generator used.
 class Counting : public Backend {
@@ -98,14 +84,7 @@ Run generate(const Model& model, Backend& backend, const std::vector<int>& promp
              int repeat_last_n, const Model* draft = nullptr, int k = 0) {
     Counting counting(backend);
     auto cache = counting.new_cache(64);
-    std::unique_ptr<CpuBackend> draft_backend;
-    std::unique_ptr<KvCache> draft_cache;
-    DraftModel d;
-    if (draft) {
-        draft_backend = std::make_unique<CpuBackend>(*draft, 1, 64);
-        draft_cache = draft_backend->new_cache(64);
-        d = {draft, draft_backend.get(), draft_cache.get()};
-    }
+    CpuDraft d(draft, 64);
     GenerationParams p;
     p.n_predict = n;
     p.sampler.temperature = 0;
@@ -113,7 +92,7 @@ Run generate(const Model& model, Backend& backend, const std::vector<int>& promp
     p.sampler.repeat_last_n = repeat_last_n;
     p.speculative.draft_min = p.speculative.draft_max = k;
     p.speculative.p_min = 0;
-    Generator gen(model, counting, *cache, d);
+    Generator gen(model, counting, *cache, d.draft);
     Run run;
     run.stats = gen.generate(prompt, p, [](std::string_view) { return true; });
     run.tokens = run.stats.generated;
