@@ -350,6 +350,19 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         }
         if (added) draft_.backend->restrict_logits(sp.draft_vocab, draft_extra_ids);
     };
+    // The draft's row after `tokens` (the sampler will read it with `context`): as candidates where sampled
+    // drafting reads only those, else whole. (Greedy drafting also reads the whole row's softmax denominator, for
+    // its confidence.)
+    CandidateRows draft_candidates;
+    bool draft_as_candidates = false;
+    auto draft_forward = [&](std::span<const int> tokens) {
+        draft_as_candidates = !greedy && draft_candidates.plan(draft_sampler_params, draft_vocab, *draft_.backend,
+                                                               penalty_window(params.sampler, context, {}, window_buffer));
+        if (draft_as_candidates)
+            draft_candidates.forward(*draft_.backend, tokens, *draft_.cache, 1, draft_logits);
+        else
+            draft_.backend->forward(tokens, *draft_.cache, 1, draft_logits.data());
+    };
     std::vector<int> pending;
     bool layouts_settled = false;
     // TANDEM_SPEC_TRACE=1: one stderr line per round (the controller's k, what was drafted and accepted, the length of
@@ -412,11 +425,13 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             for (int p = draft_fed; p < base + static_cast<int>(out.history.size()); ++p) pending.push_back(token_at(p));
             const size_t n_pending = pending.size();
             const size_t chunk = static_cast<size_t>(std::max(1, params.chunk));
+            context = out.history;
             for (size_t b = 0; b < n_pending; b += chunk) {
                 const size_t n = std::min(n_pending - b, chunk);
-                const bool last = b + n == n_pending;
-                draft_.backend->forward(std::span<const int>(pending.data() + b, n), *draft_.cache, last ? 1 : 0,
-                                        last ? draft_logits.data() : nullptr);
+                if (b + n == n_pending)
+                    draft_forward(std::span<const int>(pending.data() + b, n));
+                else
+                    draft_.backend->forward(std::span<const int>(pending.data() + b, n), *draft_.cache, 0, nullptr);
             }
             draft_fed = draft_.cache->n_committed();
             draft_steps = 1;  // the forward of cur (or the catch-up standing in for it) gave drafted[0]'s logits
@@ -427,7 +442,6 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 st.draft_s += catch_up_seconds;
                 t0 = Clock::now();
             }
-            context = out.history;
             for (int i = 0; i < k; ++i) {
                 // Greedy verification never reads q (the target's argmax decides), so the greedy draft only needs
                 // its token and a confidence: its own top probability under a plain softmax, 1 / sum(exp(l - max)),
@@ -442,7 +456,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 } else {
                     float* q = &q_rows[static_cast<size_t>(i) * V];
                     std::fill(q, q + V, 0.0f);  // ids beyond a prefix draft vocabulary stay at probability 0
-                    draft_sampler.distribution(draft_logits.data(), context, q);
+                    if (draft_as_candidates)
+                        draft_sampler.distribution(draft_candidates.row(0), context, q);
+                    else
+                        draft_sampler.distribution(draft_logits.data(), context, q);
                     top = *std::max_element(q, q + draft_vocab);
                     d = -1;
                 }
@@ -451,7 +468,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 drafted.push_back(d);
                 context.push_back(d);
                 if (i + 1 < k) {
-                    draft_.backend->forward(std::span<const int>(&d, 1), *draft_.cache, 1, draft_logits.data());
+                    draft_forward(std::span<const int>(&d, 1));
                     ++draft_steps;
                 }
             }

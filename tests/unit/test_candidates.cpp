@@ -328,16 +328,21 @@ namespace {
 struct Run {
     std::vector<int> tokens;
     GenerationStats stats;
-    int candidate_calls = 0, candidate_rows = 0;
+    int candidate_calls = 0, candidate_rows = 0, draft_candidate_calls = 0;
 };
 
 // Sampled generation of n tokens (top-k 40, a penalty over the last 16 tokens) after `prompt`; with `draft`,
-// speculative with k drafts a round; the target's rows whole (`whole_rows`) or as candidates.
+// speculative with k drafts a round; the rows of target and draft whole (`whole_rows`) or as candidates.
 Run sampled(const Model& model, Backend& backend, bool whole_rows, const std::vector<int>& prompt, int n,
             const Model* draft = nullptr, int k = 0) {
     Delegating target(backend, whole_rows);
     auto cache = target.new_cache(96);
     CpuDraft d(draft, 96);
+    std::unique_ptr<Delegating> draft_rows;  // the draft's rows also whole or as candidates
+    if (draft) {
+        draft_rows = std::make_unique<Delegating>(*d.backend, whole_rows);
+        d.draft.backend = draft_rows.get();
+    }
     GenerationParams p;
     p.n_predict = n;
     p.sampler.temperature = 0.9f;
@@ -353,6 +358,7 @@ Run sampled(const Model& model, Backend& backend, bool whole_rows, const std::ve
     run.tokens = run.stats.generated;
     run.candidate_calls = target.candidate_calls;
     run.candidate_rows = target.candidate_rows;
+    if (draft_rows) run.draft_candidate_calls = draft_rows->candidate_calls;
     return run;
 }
 
@@ -369,6 +375,8 @@ void check_rows_and_candidates_agree(const Model& model, Backend& backend, const
         CHECK(cand.stats.spec.drafted > 0);
         CHECK(cand.stats.spec.accepted == whole.stats.spec.accepted);
         CHECK(cand.candidate_rows > cand.candidate_calls);
+        CHECK(whole.draft_candidate_calls == 0);
+        CHECK(cand.draft_candidate_calls >= cand.stats.spec.drafted);  // every draft row
     }
 }
 
