@@ -168,6 +168,10 @@ size_t sampling_workspace_bytes(int n_rows, int n_vocab);
 // out_ids[r] = the id of row r's largest logit, the lowest on ties (Sampler's greedy pick); -1 when every logit of
 // the row is -inf or NaN (where Sampler throws).
 void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream);
+// argmax, and out_top[r] = the largest probability of row r under a plain softmax (temperature 1):
+// 1 / sum(exp(l - max)), summed in double (NaN for a row without a logit above -inf). A greedy draft's confidence.
+void argmax_top_probability(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
+                            void* workspace, Stream stream);
 // probs[r] = softmax(logits[r] / temperature) in Sampler::softmax's operation order: m = max, e = (l == m ? 1 :
 // exp((l - m) / temperature)), summed in double, p = float(e * (1.0 / sum)). temperature 0 gives the greedy one-hot
 // row (Sampler::distribution's); a row whose logits are all -inf / NaN comes out NaN. No top-k / top-p / min-p /

@@ -114,6 +114,23 @@ __global__ void __launch_bounds__(32) argmax_final_kernel(const Key* __restrict_
     if (threadIdx.x == 0) out[row] = key_value(best) == -INFINITY ? -1 : key_id(best);
 }
 
+// Stage 3 of argmax_top_probability, one warp per row: the argmax id (-1 as above) and 1 / the sum of the splits'
+// softmax sums (added in split order by lane 0, so the result does not depend on the warp's reduction order), NaN
+// for a row without a logit above -inf.
+__global__ void __launch_bounds__(32) top_probability_final_kernel(const Key* __restrict__ keys,
+                                                                   const double* __restrict__ sums, int n_splits,
+                                                                   int* __restrict__ out_ids,
+                                                                   float* __restrict__ out_top) {
+    const int row = blockIdx.x;
+    const Key best = warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits);
+    if (threadIdx.x != 0) return;
+    const bool none = key_value(best) == -INFINITY;
+    double total = 0.0;
+    for (int s = 0; s < n_splits; ++s) total += sums[static_cast<size_t>(row) * n_splits + s];
+    out_ids[row] = none ? -1 : key_id(best);
+    out_top[row] = none ? NAN : static_cast<float>(1.0 / total);
+}
+
 // exp((l - mx) / temperature) as Sampler::softmax computes it: l == mx short-cuts exp(0), which also keeps a +inf
 // logit from giving inf - inf = NaN.
 __device__ __forceinline__ float softmax_term(float l, float mx, float temperature) {
@@ -327,6 +344,22 @@ void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* wo
                           n_vocab, chunk_for(n_vocab, splits), keys);
     detail::launch_kernel("argmax_final_kernel", argmax_final_kernel, dim3(n_rows), dim3(32), 0, stream,
                           static_cast<const Key*>(keys), splits, out_ids);
+}
+
+void argmax_top_probability(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
+                            void* workspace, Stream stream) {
+    check_rows("argmax_top_probability: bad shape", n_rows, n_vocab);
+    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits), chunk = chunk_for(n_vocab, splits);
+    Key* keys = static_cast<Key*>(workspace);
+    double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);
+    const dim3 grid(splits, n_rows);
+    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab, chunk,
+                          keys);
+    detail::launch_kernel("softmax_sum_kernel", softmax_sum_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab,
+                          chunk, static_cast<const Key*>(keys), 1.0f, sums);
+    detail::launch_kernel("top_probability_final_kernel", top_probability_final_kernel, dim3(n_rows), dim3(32), 0,
+                          stream, static_cast<const Key*>(keys), static_cast<const double*>(sums), splits, out_ids,
+                          out_top);
 }
 
 void softmax(const float* logits, int n_rows, int n_vocab, float temperature, float* probs, void* workspace,

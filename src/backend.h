@@ -70,6 +70,14 @@ public:
         for (int r = 0; r < n_rows; ++r) ids[r] = argmax_row(scratch.data() + r * n_vocab, n_vocab);
     }
 
+    // forward_argmax, and each row's largest probability under a plain softmax of the whole row (temperature 1):
+    // top_probs[r] = 1 / sum(exp(l - max)) (NaN where the id is -1). A greedy draft's confidence, which decides
+    // how far it drafts: on a GPU two numbers per row come back instead of the row. The default computes it on the
+    // host from forward's rows in `scratch` (backend.cpp); CudaBackend sums on the device, in double, so the two
+    // agree to rounding, not bitwise (only the draft length can depend on it, never the output).
+    virtual void forward_argmax_confidence(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                                           float* top_probs, std::span<float> scratch);
+
     // Candidates instead of rows (candidates.h): runs `tokens` as forward does and writes, for each of the last n_rows
     // tokens, its k best logits by Sampler's order (NaN as -inf) and their ids to top_logits / top_ids ([n_rows][k],
     // best first), and the logits of the `extra` ids to extra_logits ([n_rows][extra.size()]). For a sampler that

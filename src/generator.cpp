@@ -351,11 +351,19 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if (added) draft_.backend->restrict_logits(sp.draft_vocab, draft_extra_ids);
     };
     // The draft's row after `tokens` (the sampler will read it with `context`): as candidates where sampled
-    // drafting reads only those, else whole. (Greedy drafting also reads the whole row's softmax denominator, for
-    // its confidence.)
+    // drafting reads only those, as the greedy pick and its confidence where that is all greedy drafting reads,
+    // else whole (greedy under a penalty reads the penalised pick and the whole row's softmax).
+    // Pure greedy drafting needs only the row's argmax and its confidence: two numbers.
     CandidateRows draft_candidates;
     bool draft_as_candidates = false;
+    int draft_pick = -1;
+    float draft_confidence = 0.0f;
     auto draft_forward = [&](std::span<const int> tokens) {
+        if (ids_only) {
+            draft_.backend->forward_argmax_confidence(tokens, *draft_.cache, 1, &draft_pick, &draft_confidence,
+                                                      draft_logits);
+            return;
+        }
         draft_as_candidates = !greedy && draft_candidates.plan(draft_sampler_params, draft_vocab, *draft_.backend,
                                                                penalty_window(params.sampler, context, {}, window_buffer));
         if (draft_as_candidates)
@@ -448,7 +456,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 // in float SIMD. (Every O(vocab) pass here costs ~1% of a 0.5B draft step at 151,936 ids.)
                 int d;
                 float top;
-                if (greedy) {
+                if (ids_only) {
+                    d = greedy_pick(draft_pick);
+                    top = draft_confidence;
+                } else if (greedy) {
                     d = draft_sampler.sample(draft_logits.data(), context);
                     const float mx = *std::max_element(draft_logits.begin(), draft_logits.end());
                     std::copy(draft_logits.begin(), draft_logits.end(), scratch.begin());

@@ -74,11 +74,11 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
 // extra logit ids of restrict_logits (at most n_vocab). x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
-    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids, cand_logits,
+    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
         cand_ids, cand_extra_ids, cand_extra_logits, x16, w_tile;
     size_t total() const {
         size_t t = 0;
-        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, sampling, extra_ids,
+        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
                              cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, x16, w_tile})
             t += align_up(words * 4);
         return t;
@@ -105,7 +105,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
     return {B * c.dim,        B * c.dim,        B * c.q_dim(),   B * c.kv_dim(),
             B * c.kv_dim(),   B * c.q_dim(),    B * c.dim,       B * c.hidden_dim,
             B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), 1 + B,
-            S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
+            S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
@@ -260,6 +260,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         tokens_ = step_in_ + 1;
         step_host_.resize(s.step_in);
         ids_ = reinterpret_cast<int*>(take(s.ids));
+        top_probs_ = take(s.top_probs);
         sampling_ws_ = take(s.sampling);
         logit_extra_ids_ = reinterpret_cast<int*>(take(s.extra_ids));
         logit_first_ = c.n_vocab;
@@ -316,6 +317,7 @@ CudaBackend::CallOutput CudaBackend::CallOutput::advanced(size_t rows, int n_voc
     CallOutput o = *this;
     if (logits) o.logits += rows * static_cast<size_t>(n_vocab);
     if (ids) o.ids += rows;
+    if (top_probs) o.top_probs += rows;
     if (top_logits) o.top_logits += rows * static_cast<size_t>(k);
     if (top_ids) o.top_ids += rows * static_cast<size_t>(k);
     if (extra_logits) o.extra_logits += rows * static_cast<size_t>(n_extra);
@@ -332,6 +334,14 @@ void CudaBackend::forward_argmax(std::span<const int> tokens, KvCache& cache, in
                                  std::span<float>) {
     CallOutput out;
     out.ids = ids;
+    run_call(tokens, cache, n_rows, out);
+}
+
+void CudaBackend::forward_argmax_confidence(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                                            float* top_probs, std::span<float>) {
+    CallOutput out;
+    out.ids = ids;
+    out.top_probs = top_probs;
     run_call(tokens, cache, n_rows, out);
 }
 
@@ -389,7 +399,7 @@ void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y,
 
 void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_logits, const CallOutput& out,
                                bool prefill) {
-    const bool argmax = out.ids != nullptr;
+    const Picks picks = picks_of(out);
     const ModelConfig& c = model_.config;
     const int n = static_cast<int>(tokens.size());
     const int start_pos = cache.n_committed();
@@ -406,10 +416,10 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
         ++graph_stats_.direct_steps;
     } else if (options_.graphs) {
-        replay_step(cache, n, start_pos, n_logits, argmax);
+        replay_step(cache, n, start_pos, n_logits, picks);
     } else {
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, false);
-        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, argmax);
+        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, picks);
         ++graph_stats_.direct_steps;
     }
     cache.commit_appended(n);
@@ -423,9 +433,11 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     for (int g = 0; g < n_logits; g += kStepTokens) {
         const int rows = std::min(kStepTokens, n_logits - g);
         const CallOutput o = out.advanced(static_cast<size_t>(g), c.n_vocab);
-        if (prefill) enqueue_output(n - n_logits + g, rows, argmax);
-        if (argmax) {
+        if (prefill) enqueue_output(n - n_logits + g, rows, picks);
+        if (picks != Picks::None) {
             cuda::copy_to_host(o.ids, ids_, static_cast<size_t>(rows) * sizeof(int), stream_);
+            if (picks == Picks::ArgmaxConfidence)
+                cuda::copy_to_host(o.top_probs, top_probs_, static_cast<size_t>(rows) * sizeof(float), stream_);
         } else if (o.k > 0) {
             const size_t top = static_cast<size_t>(rows) * static_cast<size_t>(o.k);
             cuda::top_k(logits_, rows, c.n_vocab, o.k, cand_logits_, cand_ids_, sampling_ws_, stream_);
@@ -508,7 +520,7 @@ bool CudaBackend::restrict_logits(int n_first, std::span<const int> extra) {
     return true;
 }
 
-void CudaBackend::enqueue_output(int row0, int rows, bool argmax) {
+void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
     const int n_vocab = model_.config.n_vocab;
     const float* x = xb_ + static_cast<size_t>(row0) * model_.config.dim;
     const DeviceMatrix& W = output_;
@@ -522,7 +534,9 @@ void CudaBackend::enqueue_output(int row0, int rows, bool argmax) {
             cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
                               n_vocab, stream_);
     }
-    if (argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
+    if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
+    if (picks == Picks::ArgmaxConfidence)
+        cuda::argmax_top_probability(logits_, rows, n_vocab, ids_, top_probs_, sampling_ws_, stream_);
 }
 
 int CudaBackend::graph_splits(int n_keys, int capacity) const {
@@ -533,12 +547,12 @@ int CudaBackend::graph_splits(int n_keys, int capacity) const {
     return std::min(splits, most);  // needed <= most: n_keys never exceeds the capacity
 }
 
-void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_logits, bool argmax) {
+void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_logits, Picks picks) {
     // What the captured launches hold by value besides shapes fixed by the key: the cache and workspace addresses
     // and attention's grid. When one differs the step is captured again; end_capture then updates the graph in place
     // (the same kernels in the same order), which is far cheaper than a new instantiation.
     const int splits = graph_splits(start_pos + n, cache.capacity());
-    StepGraph& g = graphs_[{n, n_logits, argmax}];
+    StepGraph& g = graphs_[{n, n_logits, picks}];
     const void *k = cache.key(0), *v = cache.value(0);
     const float* ws = workspace_buf_.as<float>();
     if (!g.graph || g.k_cache != k || g.v_cache != v || g.workspace != ws || g.splits != splits ||
@@ -549,7 +563,7 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
         cuda::begin_capture(stream_);
         try {
             enqueue_layers(cache, n, {start_pos, step_in_, bound}, false);
-            if (n_logits > 0) enqueue_output(n - n_logits, n_logits, argmax);
+            if (n_logits > 0) enqueue_output(n - n_logits, n_logits, picks);
         } catch (...) {
             try {
                 (void)cuda::end_capture(stream_);  // leaves the stream usable; the launch's error is the one to report

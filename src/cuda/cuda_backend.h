@@ -134,6 +134,10 @@ public:
     // graph): only n_rows ints are copied back; `scratch` is not touched.
     void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
                         std::span<float> scratch) override;
+    // The greedy picks and their confidence on the device (argmax_top_probability inside the step's graph): two
+    // numbers per row are copied back; `scratch` is not touched.
+    void forward_argmax_confidence(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids, float* top_probs,
+                                   std::span<float> scratch) override;
     // The candidates selected on the device (kernels/sampling.cu's top_k and gather_columns, after the step's graph):
     // only they are copied back; `scratch` is not touched.
     void forward_candidates(std::span<const int> tokens, KvCache& cache, int n_rows, int k, std::span<const int> extra,
@@ -185,6 +189,7 @@ private:
     struct CallOutput {
         float* logits = nullptr;
         int* ids = nullptr;
+        float* top_probs = nullptr;  // with ids: each row's confidence (argmax_top_probability)
         int k = 0, n_extra = 0;
         float* top_logits = nullptr;
         int* top_ids = nullptr;
@@ -198,11 +203,16 @@ private:
     void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, const CallOutput& out, bool prefill);
     // Queues the embedding and every layer of a step of n tokens (their keys and values go into the cache).
     void enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill);
+    // What a step computes on the device from its output rows' logits (inside its graph).
+    enum class Picks { None, Argmax, ArgmaxConfidence };
+    static Picks picks_of(const CallOutput& out) {
+        return out.ids ? (out.top_probs ? Picks::ArgmaxConfidence : Picks::Argmax) : Picks::None;
+    }
     // Queues the output projection of rows row0..row0 + rows - 1 (<= kStepTokens) of the step into logits_, and
-    // with `argmax` their greedy ids into ids_.
-    void enqueue_output(int row0, int rows, bool argmax);
+    // with `picks` their greedy ids into ids_ (and confidences into top_probs_).
+    void enqueue_output(int row0, int rows, Picks picks);
     // Replays (capturing first when needed) the graph of a short step of n tokens at start_pos.
-    void replay_step(CudaKvCache& cache, int n, int start_pos, int n_out, bool argmax);
+    void replay_step(CudaKvCache& cache, int n, int start_pos, int n_out, Picks picks);
     // Split-K blocks per (token, head) a graph launches for steps whose keys end at `n_keys`.
     int graph_splits(int n_keys, int capacity) const;
     // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
@@ -227,6 +237,7 @@ private:
     int *step_in_ = nullptr, *tokens_ = nullptr;
     std::vector<int> step_host_;
     int* ids_ = nullptr;                 // kStepTokens argmax ids
+    float* top_probs_ = nullptr;         // and their confidences
     // forward_candidates: kStepTokens rows of kTopKMax best logits / ids / extra logits, and the extra ids.
     float *cand_logits_ = nullptr, *cand_extra_logits_ = nullptr;
     int *cand_ids_ = nullptr, *cand_extra_ids_ = nullptr;
@@ -240,7 +251,7 @@ private:
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
-    std::map<std::tuple<int, int, bool>, StepGraph> graphs_;  // by (tokens in the step, output rows, argmax)
+    std::map<std::tuple<int, int, Picks>, StepGraph> graphs_;  // by (tokens in the step, output rows, picks)
     CudaGraphStats graph_stats_;
 };
 

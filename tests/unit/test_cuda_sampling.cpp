@@ -152,6 +152,57 @@ TEST_CASE("cuda sampling: argmax picks the CPU sampler's greedy token") {
     }
 }
 
+TEST_CASE("cuda sampling: argmax_top_probability gives the argmax and 1 / sum(exp(l - max))") {
+    std::mt19937 rng(26);
+    for (const Shape& s : kShapes) {
+        CAPTURE(s.n_vocab);
+        for (bool specials : {false, true}) {
+            CAPTURE(specials);
+            std::vector<float> logits = make_logits(s.n_rows, s.n_vocab, rng, specials);
+            std::vector<int> want_ids(s.n_rows);
+            std::vector<double> want_top(s.n_rows);
+            for (int r = 0; r < s.n_rows; ++r) {
+                const float* row = &logits[static_cast<size_t>(r) * s.n_vocab];
+                want_ids[r] = ref_argmax(row, s.n_vocab);
+                double sum = 0.0;
+                if (want_ids[r] >= 0)
+                    for (int i = 0; i < s.n_vocab; ++i)
+                        if (!std::isnan(row[i]))
+                            sum += row[i] == row[want_ids[r]] ? 1.0 : std::exp(double(row[i]) - row[want_ids[r]]);
+                want_top[r] = 1.0 / sum;
+            }
+            std::vector<uint64_t> ws = workspace_for(s.n_rows, s.n_vocab);
+            for (const LaunchOptions& o : kTwoOrders) {
+                ScopedLaunchOptions scope(o);
+                std::vector<int> ids(s.n_rows, -7);
+                std::vector<float> top(s.n_rows, -7.0f);
+                cuda::argmax_top_probability(logits.data(), s.n_rows, s.n_vocab, ids.data(), top.data(), ws.data(),
+                                             nullptr);
+                CHECK(ids == want_ids);
+                for (int r = 0; r < s.n_rows; ++r) {
+                    CAPTURE(r);
+                    if (want_ids[r] < 0)
+                        CHECK(std::isnan(top[r]));
+                    else
+                        CHECK(std::abs(top[r] - want_top[r]) <= 1e-6 * want_top[r]);
+                }
+            }
+        }
+    }
+    // A row of NaN and -inf only: no id, no probability; a row of one +inf among finite logits: 1.
+    std::vector<float> rows(2 * 40, -kInf);
+    rows[3] = kNaN;
+    for (int i = 40; i < 80; ++i) rows[i] = 0.5f;
+    rows[57] = kInf;
+    std::vector<uint64_t> ws = workspace_for(2, 40);
+    std::vector<int> ids(2, -7);
+    std::vector<float> top(2, -7.0f);
+    cuda::argmax_top_probability(rows.data(), 2, 40, ids.data(), top.data(), ws.data(), nullptr);
+    CHECK(ids == std::vector<int>{-1, 17});
+    CHECK(std::isnan(top[0]));
+    CHECK(top[1] == 1.0f);
+}
+
 TEST_CASE("cuda sampling: argmax edge cases: ties, +inf, NaN and all -inf rows") {
     const int n = 300;
     std::vector<float> rows(6 * n, 1.0f);

@@ -81,7 +81,7 @@ struct Run {
 // Greedy generation of n tokens after `prompt` on `backend` (wrapped to count its calls); with `draft`, speculative
 // with exactly k drafts a round, so that every verification call scores k + 1 positions.
 Run generate(const Model& model, Backend& backend, const std::vector<int>& prompt, int n, float repeat_penalty,
-             int repeat_last_n, const Model* draft = nullptr, int k = 0) {
+             int repeat_last_n, const Model* draft = nullptr, int k = 0, float p_min = 0.0f) {
     Counting counting(backend);
     auto cache = counting.new_cache(64);
     CpuDraft d(draft, 64);
@@ -91,7 +91,7 @@ Run generate(const Model& model, Backend& backend, const std::vector<int>& promp
     p.sampler.repeat_penalty = repeat_penalty;
     p.sampler.repeat_last_n = repeat_last_n;
     p.speculative.draft_min = p.speculative.draft_max = k;
-    p.speculative.p_min = 0;
+    p.speculative.p_min = p_min;
     Generator gen(model, counting, *cache, d.draft);
     Run run;
     run.stats = gen.generate(prompt, p, [](std::string_view) { return true; });
@@ -106,9 +106,9 @@ Run generate(const Model& model, Backend& backend, const std::vector<int>& promp
 // (which changes nothing) keeps the logits + Sampler path. The two must give the same tokens; the counts show that
 // each run really took its path for every decode step / verification.
 void check_paths_agree(const Model& model, Backend& backend, const std::vector<int>& prompt, int n,
-                       const Model* draft, int k) {
-    const Run ids = generate(model, backend, prompt, n, 1.0f, 64, draft, k);
-    const Run logits = generate(model, backend, prompt, n, 1.3f, 0, draft, k);
+                       const Model* draft, int k, float p_min = 0.0f) {
+    const Run ids = generate(model, backend, prompt, n, 1.0f, 64, draft, k, p_min);
+    const Run logits = generate(model, backend, prompt, n, 1.3f, 0, draft, k, p_min);
     REQUIRE(ids.tokens.size() == static_cast<size_t>(n));
     CHECK(ids.tokens == logits.tokens);
     CHECK(logits.argmax_calls == 0);
@@ -122,6 +122,9 @@ void check_paths_agree(const Model& model, Backend& backend, const std::vector<i
         // Rounds of k drafts score k + 1 rows (the last rounds may be cut short by the tokens still wanted).
         CHECK(ids.argmax_rows > 2 * ids.argmax_calls);
         CHECK(ids.stats.spec.accepted == logits.stats.spec.accepted);
+        // The draft's confidence (forward_argmax_confidence on one path, the Sampler and a softmax of the whole row
+        // on the other) cut the proposals at the same places.
+        CHECK(ids.stats.spec.drafted == logits.stats.spec.drafted);
     } else {
         CHECK(ids.argmax_rows == ids.argmax_calls);
     }
@@ -161,6 +164,25 @@ TEST_CASE("backend: the default forward_argmax picks as Sampler's greedy rule do
     CHECK(cache->n_committed() == 16);
 }
 
+TEST_CASE("backend: the default forward_argmax_confidence adds 1 / sum(exp(l - max))") {
+    const std::vector<std::vector<float>> rows = {
+        {0.5f, 2.0f, -1.0f, 2.0f, 1.0f, 0.0f, -3.0f, 1.5f, 0.25f},  // more than one SIMD lane group, and a tie
+        {-kInf, 3.0f, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf},
+        {-kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf, -kInf},
+    };
+    RowsBackend backend(rows);
+    auto cache = backend.new_cache(16);
+    std::vector<int> tokens(3, 1), ids(3, -7);
+    std::vector<float> top(3, -7.0f), scratch(3 * 9, kNaN);
+    backend.forward_argmax_confidence(tokens, *cache, 3, ids.data(), top.data(), scratch);
+    CHECK(ids == std::vector<int>{1, 1, -1});
+    double sum = 0.0;
+    for (float l : rows[0]) sum += std::exp(static_cast<double>(l) - 2.0);
+    CHECK(std::abs(top[0] - 1.0 / sum) <= 1e-6 / sum);
+    CHECK(top[1] == 1.0f);
+    CHECK(std::isnan(top[2]));
+}
+
 TEST_CASE("generator: greedy output through forward_argmax equals logits + Sampler on the CPU backend") {
     auto model = Model::load(kData + "/stories260K.gguf");
     auto draft = Model::load(requantized_q8_0());
@@ -168,9 +190,14 @@ TEST_CASE("generator: greedy output through forward_argmax equals logits + Sampl
     const std::vector<int> prompt = {1, 403, 407, 261, 378};
     SUBCASE("plain decoding") { check_paths_agree(*model, backend, prompt, 40, nullptr, 0); }
     SUBCASE("speculative, 4 drafts a round") { check_paths_agree(*model, backend, prompt, 40, draft.get(), 4); }
+    SUBCASE("speculative, up to 6 drafts while the draft is confident") {
+        const Run run = generate(*model, backend, prompt, 40, 1.0f, 64, draft.get(), 6, 0.9f);
+        CHECK(run.stats.spec.drafted < 6 * (run.stats.spec.rounds - run.stats.spec.plain_steps));  // some were cut
+        check_paths_agree(*model, backend, prompt, 40, draft.get(), 6, 0.9f);
+    }
 }
 
-TEST_CASE("cuda backend: device argmax ids equal the host argmax of the backend's own logits") {
+TEST_CASE("cuda backend: device argmax ids (and confidences) equal the host's from the backend's own logits") {
     auto model = Model::load(kData + "/stories260K.gguf");
     const int n_vocab = model->config.n_vocab;
     std::vector<int> prompt = {1};
@@ -185,26 +212,40 @@ TEST_CASE("cuda backend: device argmax ids equal the host argmax of the backend'
         int picks = 0;
         // (tokens, rows): 6 tokens with every row; a decode; a 4-token verification; 20 tokens on the prefill path
         // with 18 rows (two groups of the output projection).
-        auto call = [&](std::span<const int> tokens, int rows) {
+        // With `confidence`, forward_argmax_confidence, whose probabilities are checked against a double softmax of
+        // the logits.
+        auto call = [&](std::span<const int> tokens, int rows, bool confidence) {
             std::vector<float> logits(static_cast<size_t>(rows) * n_vocab), scratch(logits.size(), kNaN);
             std::vector<int> ids(rows, -7);
+            std::vector<float> top(rows, -7.0f);
             gpu.forward(tokens, *with_logits, rows, logits.data());
-            gpu.forward_argmax(tokens, *with_ids, rows, ids.data(), scratch);
+            if (confidence)
+                gpu.forward_argmax_confidence(tokens, *with_ids, rows, ids.data(), top.data(), scratch);
+            else
+                gpu.forward_argmax(tokens, *with_ids, rows, ids.data(), scratch);
             CHECK(with_ids->n_committed() == with_logits->n_committed());
             for (int r = 0; r < rows; ++r) {
                 CAPTURE(r);
-                REQUIRE(ids[r] == Backend::argmax_row(&logits[static_cast<size_t>(r) * n_vocab], n_vocab));
+                const float* row = &logits[static_cast<size_t>(r) * n_vocab];
+                REQUIRE(ids[r] == Backend::argmax_row(row, n_vocab));
+                if (confidence) {
+                    double sum = 0.0;
+                    for (int i = 0; i < n_vocab; ++i) sum += std::exp(static_cast<double>(row[i]) - row[ids[r]]);
+                    CHECK(std::abs(top[r] - 1.0 / sum) <= 1e-6 / sum);
+                } else {
+                    CHECK(top[r] == -7.0f);
+                }
             }
             CHECK(std::all_of(scratch.begin(), scratch.end(), [](float x) { return std::isnan(x); }));  // untouched
             picks += rows;
             return ids.back();
         };
         const std::span<const int> p(prompt);
-        int next = call(p.subspan(0, 6), 6);
-        next = call(std::span<const int>(&next, 1), 1);
+        int next = call(p.subspan(0, 6), 6, false);
+        next = call(std::span<const int>(&next, 1), 1, true);
         const std::vector<int> verify = {next, 3, 300, 17};
-        call(verify, 4);
-        call(p.subspan(6, 20), 18);
+        call(verify, 4, false);
+        call(p.subspan(6, 20), 18, true);
         CHECK(picks == 29);
         if (graphs) CHECK(gpu.graph_stats().replays > 0);
     }

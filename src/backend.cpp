@@ -1,0 +1,25 @@
+// Backend's default implementations that need more than the interface header should carry.
+#include "backend.h"
+
+#include <limits>
+
+#include "cpu/vec_math.h"
+
+namespace tandem {
+
+void Backend::forward_argmax_confidence(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
+                                        float* top_probs, std::span<float> scratch) {
+    assert(n_rows >= 0 && static_cast<size_t>(n_rows) <= tokens.size());
+    forward(tokens, cache, n_rows, scratch.data());
+    if (n_rows == 0) return;
+    const size_t n_vocab = scratch.size() / static_cast<size_t>(n_rows);
+    for (int r = 0; r < n_rows; ++r) {
+        float* row = scratch.data() + r * n_vocab;
+        ids[r] = argmax_row(row, n_vocab);
+        // exp_shifted_sum overwrites the row with its terms: the id was read first.
+        top_probs[r] = ids[r] < 0 ? std::numeric_limits<float>::quiet_NaN()
+                                  : 1.0f / cpu::exp_shifted_sum(row, static_cast<int>(n_vocab), row[ids[r]]);
+    }
+}
+
+}  // namespace tandem
