@@ -509,14 +509,27 @@ bool CudaBackend::restrict_logits(int n_first, std::span<const int> extra) {
         if (id >= first && id < n_vocab) ids.push_back(id);
     std::sort(ids.begin(), ids.end());
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-    // The ids go to the device in stream order, so a step queued earlier still reads the old ones. Like the step
-    // inputs, the copy from pageable memory is staged before it returns: `ids` may go. A graph reads the ids through
-    // a pointer; only the two counts are launch arguments, so only a change of them means capturing again.
-    if (!ids.empty()) cuda::copy_to_device(logit_extra_ids_, ids.data(), ids.size() * sizeof(int), stream_);
+    // A graph reads the ids through a pointer; the first count and the number of ids matvec_rows launches for are
+    // launch arguments, and a change of them means capturing again. A draft's context brings new ids every few
+    // tokens, so the launch is for a capacity, the count rounded up to a power of two (at least 16), and the slots
+    // past the count compute rows that are written anyway: ids below n_first (already computed by the first
+    // matvec, now again with the same bits), else the last id repeated (the same bits to the same place). So the
+    // graphs are captured again only as the count passes each power of two, at the cost of at most twice the
+    // extra rows.
     const int n_extra = static_cast<int>(ids.size());
-    if (first != logit_first_ || n_extra != n_extra_logits_) ++restriction_version_;
+    int capacity = 0;
+    if (n_extra > 0) {
+        capacity = 16;
+        while (capacity < n_extra) capacity *= 2;
+        capacity = std::min(capacity, n_vocab - first);  // >= n_extra: the ids are distinct and >= first
+        for (int pad = 0; static_cast<int>(ids.size()) < capacity; ++pad) ids.push_back(pad < first ? pad : ids[0]);
+    }
+    // The ids go to the device in stream order, so a step queued earlier still reads the old ones. Like the step
+    // inputs, the copy from pageable memory is staged before it returns: `ids` may go.
+    if (!ids.empty()) cuda::copy_to_device(logit_extra_ids_, ids.data(), ids.size() * sizeof(int), stream_);
+    if (first != logit_first_ || capacity != n_extra_logits_) ++restriction_version_;
     logit_first_ = first;
-    n_extra_logits_ = n_extra;
+    n_extra_logits_ = capacity;
     return true;
 }
 

@@ -145,7 +145,7 @@ public:
     int max_candidates() const override { return cuda::kTopKMax; }
     // The output projection reads only rows [0, n_first) and the extra ids' rows of the output matrix (matvec over
     // the first rows, matvec_rows over the extras, -inf over the rest): the same bits for the ids computed. A step's
-    // graph is captured again when the restriction changes (the counts are launch arguments).
+    // graph is captured again when n_first changes or the extra ids outgrow a power of two (see the .cpp).
     bool restrict_logits(int n_first, std::span<const int> extra) override;
 
     const CudaOptions& options() const { return options_; }
@@ -241,8 +241,9 @@ private:
     // forward_candidates: kStepTokens rows of kTopKMax best logits / ids / extra logits, and the extra ids.
     float *cand_logits_ = nullptr, *cand_extra_logits_ = nullptr;
     int *cand_ids_ = nullptr, *cand_extra_ids_ = nullptr;
-    // restrict_logits: ids below logit_first_ (n_vocab: no restriction) and n_extra_logits_ extra ids (sorted,
-    // unique, >= logit_first_) in logit_extra_ids_ (device, room for n_vocab). The version counts changes.
+    // restrict_logits: ids below logit_first_ (n_vocab: no restriction) and the extra ids (>= logit_first_, then
+    // padding up to the launched capacity n_extra_logits_) in logit_extra_ids_ (device, room for n_vocab). The
+    // version counts changes of the two launch arguments.
     int logit_first_ = 0, n_extra_logits_ = 0;
     int* logit_extra_ids_ = nullptr;
     uint64_t restriction_version_ = 0;

@@ -469,7 +469,7 @@ TEST_CASE("cuda backend: restricted logits are the unrestricted ones on the kept
     // A draft's output projection under restrict_logits (see the CPU backend's test in test_model.cpp): the first
     // n_first rows and the extra ids are computed, bitwise as without the restriction; the greedy picks on the device
     // choose among them; lifting it gives the unrestricted logits again. With graphs, which must be captured again
-    // when the restriction changes, and without.
+    // when the restriction's launch changes (not for every new id), and without.
     auto model = Model::load(kData + "/stories260K.gguf");
     const int V = model->config.n_vocab, n_first = 100;
     const std::vector<int> extra = {V - 1, 300, 5, 300, 177};  // unsorted, a repeat, one below n_first
@@ -491,23 +491,42 @@ TEST_CASE("cuda backend: restricted logits are the unrestricted ones on the kept
         }
         const int captures_before = restricted.graph_stats().captures;
 
-        REQUIRE(restricted.restrict_logits(n_first, extra));
-        int same = 0, minus_inf = 0, rows = 0;
-        for (const std::vector<int>& step : std::vector<std::vector<int>>{{261, 378}, {432}, {286}}) {
-            const int n = static_cast<int>(step.size());
-            std::vector<float> want(static_cast<size_t>(n) * V), got(want.size(), std::nanf(""));
-            full.forward(step, *cache_a, n, want.data());
-            restricted.forward(step, *cache_b, n, got.data());
-            for (size_t i = 0; i < got.size(); ++i) {
-                if (kept(static_cast<int>(i % V))) same += std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
-                else minus_inf += got[i] == -std::numeric_limits<float>::infinity();
+        // Steps of both shapes on both backends: the kept ids bitwise, the others -inf.
+        auto check_steps = [&](auto&& is_kept, int n_kept) {
+            int same = 0, minus_inf = 0, rows = 0;
+            for (const std::vector<int>& step : std::vector<std::vector<int>>{{261, 378}, {432}}) {
+                const int n = static_cast<int>(step.size());
+                std::vector<float> want(static_cast<size_t>(n) * V), got(want.size(), std::nanf(""));
+                full.forward(step, *cache_a, n, want.data());
+                restricted.forward(step, *cache_b, n, got.data());
+                for (size_t i = 0; i < got.size(); ++i) {
+                    if (is_kept(static_cast<int>(i % V))) same += std::memcmp(&got[i], &want[i], sizeof(float)) == 0;
+                    else minus_inf += got[i] == -std::numeric_limits<float>::infinity();
+                }
+                rows += n;
             }
-            rows += n;
-        }
-        CHECK(same == rows * (n_first + 3));
-        CHECK(minus_inf == rows * (V - n_first - 3));
-        // Each shape captured again once (the restriction's counts are launch arguments), then replayed.
+            CHECK(same == rows * n_kept);
+            CHECK(minus_inf == rows * (V - n_kept));
+        };
+        REQUIRE(restricted.restrict_logits(n_first, extra));
+        check_steps(kept, n_first + 3);
+        // Each shape captured again once (the first count and the ids' launch capacity are launch arguments).
         if (graphs) CHECK(restricted.graph_stats().captures == captures_before + 2);
+        // More ids within the capacity (16): read through the pointer, no capture. Past it: once more per shape.
+        std::vector<int> wider = extra;
+        for (int id = 400; id < 413; ++id) wider.push_back(id);  // 16 extra ids
+        auto kept_wider = [&](int id) { return kept(id) || (id >= 400 && id < 413); };
+        REQUIRE(restricted.restrict_logits(n_first, wider));
+        check_steps(kept_wider, n_first + 16);
+        if (graphs) CHECK(restricted.graph_stats().captures == captures_before + 2);
+        wider.push_back(413);
+        REQUIRE(restricted.restrict_logits(n_first, wider));
+        check_steps([&](int id) { return kept_wider(id) || id == 413; }, n_first + 17);
+        if (graphs) CHECK(restricted.graph_stats().captures == captures_before + 4);
+        // A restriction of no first rows pads by repeating an id (the same bits written twice).
+        REQUIRE(restricted.restrict_logits(0, std::vector<int>{V - 1, 7}));
+        check_steps([&](int id) { return id == V - 1 || id == 7; }, 2);
+        REQUIRE(restricted.restrict_logits(n_first, extra));
 
         // Greedy picks on the device, under the restriction: the best kept id of the host's logits.
         const std::vector<int> probe = {300, 5};
