@@ -177,6 +177,21 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
     return 0;
 }
 
+#ifdef TANDEM_HAS_CUDA
+tandem::CudaOptions bench_cuda_options(const std::string& kv_type) {
+    tandem::CudaOptions options;
+    const auto kv = tandem::parse_kv_type(kv_type);
+    if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f16, q8_0)");
+    options.kv_type = *kv;
+    return options;
+}
+tandem::CudaPrefillOptions bench_cuda_prefill(int chunk) {
+    tandem::CudaPrefillOptions prefill;
+    prefill.chunk_tokens = chunk;
+    return prefill;
+}
+#endif
+
 // The backend a measurement runs on: "cpu" (whose weights are repacked, on huge pages as in the chat REPL, before
 // any timing starts) or "cuda". `head_rows`: only the output's first rows copied, as a draft's (see CpuBackend).
 std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
@@ -185,13 +200,7 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
                                                     int64_t head_rows = 0) {
     if (kind == "cuda") {
 #ifdef TANDEM_HAS_CUDA
-        tandem::CudaOptions options;
-        const auto kv = tandem::parse_kv_type(kv_type);
-        if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f16, q8_0)");
-        options.kv_type = *kv;
-        tandem::CudaPrefillOptions prefill;
-        prefill.chunk_tokens = chunk;
-        return std::make_unique<tandem::CudaBackend>(model, n_ctx, prefill, options);
+        return std::make_unique<tandem::CudaBackend>(model, n_ctx, bench_cuda_prefill(chunk), bench_cuda_options(kv_type));
 #else
         (void)kv_type;
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
@@ -221,6 +230,12 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
     if (!draft_path.empty()) {
         draft_model = tandem::Model::load(draft_path);
         tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
+#ifdef TANDEM_HAS_CUDA
+        if (backend_kind == "cuda")  // one GPU holds both: refused as a pair before either is uploaded (as the CLI)
+            tandem::CudaBackend::check_pair_fits(
+                tandem::CudaBackend::plan(model, n_ctx_max, bench_cuda_prefill(chunk), bench_cuda_options(kv_type)),
+                tandem::CudaBackend::plan(*draft_model, n_ctx_max, bench_cuda_prefill(chunk), bench_cuda_options(kv_type)));
+#endif
         draft_backend =
             make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant, draft_vocab);
     }
