@@ -302,9 +302,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // Otherwise, where the sampler reads only their candidates, the target's rows come back as those.
     CandidateRows target_candidates;
     std::vector<int> window_buffer;
-    // Rows of probabilities for rejection sampling (greedy verification compares tokens and needs none).
-    std::vector<float> p_rows(greedy ? 0 : (static_cast<size_t>(k_cap) + 1) * V);
-    std::vector<float> q_rows(greedy ? 0 : static_cast<size_t>(std::max(1, k_cap)) * V);
+    // The distributions of rejection sampling, sparse (greedy verification compares tokens and needs none).
+    std::vector<SparseDistribution> p_dists(static_cast<size_t>(k_cap) + 1);
+    std::vector<SparseDistribution> q_dists(static_cast<size_t>(std::max(1, k_cap)));
     std::vector<float> scratch(std::max(V, static_cast<size_t>(draft_vocab)));
     std::vector<int> batch, context;
     batch.reserve(static_cast<size_t>(k_cap) + 1);
@@ -465,17 +465,16 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                     std::copy(draft_logits.begin(), draft_logits.end(), scratch.begin());
                     top = 1.0f / cpu::exp_shifted_sum(scratch.data(), draft_vocab, mx);
                 } else {
-                    float* q = &q_rows[static_cast<size_t>(i) * V];
-                    std::fill(q, q + V, 0.0f);  // ids beyond a prefix draft vocabulary stay at probability 0
+                    SparseDistribution& q = q_dists[static_cast<size_t>(i)];
                     if (draft_as_candidates)
                         draft_sampler.distribution(draft_candidates.row(0), context, q);
                     else
                         draft_sampler.distribution(draft_logits.data(), context, q);
-                    top = *std::max_element(q, q + draft_vocab);
+                    top = q.probs.empty() ? 0.0f : *std::max_element(q.probs.begin(), q.probs.end());
                     d = -1;
                 }
                 if (top < sp.p_min && i > 0) break;
-                if (!greedy) d = draft_sampler.draw(&q_rows[static_cast<size_t>(i) * V], draft_vocab);
+                if (!greedy) d = draft_sampler.draw(q_dists[static_cast<size_t>(i)]);
                 drafted.push_back(d);
                 context.push_back(d);
                 if (i + 1 < k) {
@@ -487,11 +486,8 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             st.draft_s += draft_seconds;
             if (long_catch_up) draft_seconds = 0;  // this round's steps do not measure a draft step's cost
         } else if (from_lookup && !greedy) {
-            for (size_t i = 0; i < drafted.size(); ++i) {
-                float* q = &q_rows[i * V];
-                std::fill(q, q + V, 0.0f);
-                q[static_cast<size_t>(drafted[i])] = 1.0f;  // a deterministic proposal: q is one-hot
-            }
+            for (size_t i = 0; i < drafted.size(); ++i)
+                q_dists[i].assign_one(drafted[i]);  // a deterministic proposal: q is one-hot
         }
         const int n_drafted = static_cast<int>(drafted.size());
 
@@ -541,14 +537,15 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         } else {
             context = out.history;
             for (int i = 0; i <= n_drafted; ++i) {
-                float* p = &p_rows[static_cast<size_t>(i) * V];
+                SparseDistribution& p = p_dists[static_cast<size_t>(i)];
                 if (as_candidates)
                     sampler.distribution(target_candidates.row(i), context, p);
                 else
                     sampler.distribution(&target_logits[static_cast<size_t>(i) * V], context, p);
                 if (i < n_drafted) context.push_back(drafted[static_cast<size_t>(i)]);
             }
-            verdict = verify_proposal(drafted, p_rows.data(), q_rows.data(), n_vocab, greedy, sampler, scratch.data());
+            verdict = verify_proposal(drafted, std::span<const SparseDistribution>(p_dists).first(drafted.size() + 1),
+                                      std::span<const SparseDistribution>(q_dists).first(drafted.size()), greedy, sampler);
         }
         if (n_drafted > 0) {
             st.drafted += n_drafted;

@@ -438,6 +438,40 @@ void Sampler::write_kept(float* probs) const {
     for (int j = 0; j < n_kept_; ++j) probs[ids_[j]] = prob_[ids_[j]];
 }
 
+void Sampler::write_kept(SparseDistribution& out) {
+    out.ids.clear();
+    out.probs.clear();
+    if (order_ != Order::ById && n_kept_ <= kSortKeptMax) {
+        std::sort(ids_.begin(), ids_.begin() + n_kept_);
+        order_ = Order::ById;
+    }
+    if (order_ == Order::ById) {
+        for (int j = 0; j < n_kept_; ++j) {
+            out.ids.push_back(ids_[j]);
+            out.probs.push_back(prob_[ids_[j]]);
+        }
+        return;
+    }
+    // Too many to sort (no top-k): through a dense row, as sample() draws. Zero probabilities drop out.
+    std::fill(dense_.begin(), dense_.end(), 0.0f);
+    for (int j = 0; j < n_kept_; ++j) dense_[ids_[j]] = prob_[ids_[j]];
+    for (int i = 0; i < n_vocab_; ++i)
+        if (dense_[i] != 0.0f) {
+            out.ids.push_back(i);
+            out.probs.push_back(dense_[i]);
+        }
+}
+
+void Sampler::distribution(const float* logits, std::span<const int> history, SparseDistribution& out) {
+    prepare(logits, history);
+    write_kept(out);
+}
+
+void Sampler::distribution(const CandidateRow& row, std::span<const int> history, SparseDistribution& out) {
+    prepare(row, history);
+    write_kept(out);
+}
+
 void Sampler::distribution(const float* logits, std::span<const int> history, float* probs) {
     prepare(logits, history);
     write_kept(probs);
@@ -474,6 +508,19 @@ int Sampler::pick() {
     for (int j = 0; j < n_kept_; ++j) dense_[ids_[j]] = prob_[ids_[j]];
     return inverse_cdf(
         u, n_vocab_, [](int i) { return i; }, [&](int i) { return dense_[i]; });
+}
+
+int Sampler::draw(const SparseDistribution& d) {
+    const double u = rng_.uniform_double();
+    // The dense walk skips the zeros in between: the same additions in the same order.
+    return inverse_cdf(
+        u, static_cast<int>(d.ids.size()), [&](int j) { return d.ids[static_cast<size_t>(j)]; },
+        [&](int j) { return d.probs[static_cast<size_t>(j)]; });
+}
+
+float SparseDistribution::at(int id) const {
+    const auto it = std::lower_bound(ids.begin(), ids.end(), id);
+    return it != ids.end() && *it == id ? probs[static_cast<size_t>(it - ids.begin())] : 0.0f;
 }
 
 int Sampler::draw(const float* probs, int n) {

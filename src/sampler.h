@@ -20,6 +20,18 @@ struct SamplerParams {
     uint64_t seed = 0;
 };
 
+// A distribution over a few ids, as speculative verification reads it: (id, probability) pairs in ascending id
+// order; every other id has probability 0.
+struct SparseDistribution {
+    std::vector<int> ids;
+    std::vector<float> probs;
+    float at(int id) const;  // the probability of `id` (0 when absent)
+    void assign_one(int id) {  // certainty: a deterministic proposal (prompt lookup)
+        ids.assign(1, id);
+        probs.assign(1, 1.0f);
+    }
+};
+
 // xoshiro256** seeded through splitmix64 (Blackman & Vigna). Written out here rather than std::mt19937 plus a
 // std:: distribution because the distributions are implementation-defined: the same seed must give the same tokens
 // with libstdc++, libc++ and MSVC alike.
@@ -59,9 +71,17 @@ public:
     int sample(const CandidateRow& row, std::span<const int> history);
     void distribution(const CandidateRow& row, std::span<const int> history, float* probs);
 
+    // The same distributions as sparse ones: the kept ids with their probabilities, O(kept) beyond the transforms
+    // instead of a dense row's O(n_vocab) (the ids whose probability rounds to 0 may be left out).
+    void distribution(const float* logits, std::span<const int> history, SparseDistribution& out);
+    void distribution(const CandidateRow& row, std::span<const int> history, SparseDistribution& out);
+
     // Draws from a dense, not necessarily normalised distribution of n non-negative weights with this sampler's RNG
     // by inverse CDF in id order (for speculative rejection sampling). Throws tandem::Error if no weight is > 0.
     int draw(const float* probs, int n);
+
+    // draw() over a sparse distribution: the same token for the same RNG state as draw() over its dense row.
+    int draw(const SparseDistribution& d);
 
     float uniform();  // a uniform draw in [0,1) from the sampler's RNG
 
@@ -80,6 +100,7 @@ private:
     void transform();
     int pick();                   // sample()'s draw from the prepared distribution
     void write_kept(float* probs) const;  // distribution()'s dense row
+    void write_kept(SparseDistribution& out);  // and its sparse one (sorts the kept ids by id)
     int argmax() const;
     void top_k();
     void softmax();

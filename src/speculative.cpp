@@ -2,6 +2,7 @@
 #include "speculative.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdio>
 
@@ -269,43 +270,54 @@ void DraftLengthController::record_verify(int n_tokens, double seconds) {
     verify_s_[static_cast<size_t>(n_tokens)] = recent.median();
 }
 
-Verdict verify_proposal(std::span<const int> drafted, const float* target_probs, const float* draft_probs, int n_vocab,
-                        bool greedy, Sampler& sampler, float* scratch) {
+Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDistribution> target,
+                        std::span<const SparseDistribution> draft, bool greedy, Sampler& sampler) {
     Verdict v;
     const int k = static_cast<int>(drafted.size());
-    const size_t V = static_cast<size_t>(n_vocab);
+    assert(target.size() >= drafted.size() + 1 && (greedy || draft.size() >= drafted.size()));
+    // The first id of the largest probability (a dense row's max_element).
+    auto argmax = [](const SparseDistribution& p) {
+        int best = -1;
+        float best_p = 0.0f;
+        for (size_t j = 0; j < p.ids.size(); ++j)
+            if (best < 0 || p.probs[j] > best_p) best = p.ids[j], best_p = p.probs[j];
+        return best;
+    };
+    SparseDistribution residual;
     for (int i = 0; i < k; ++i) {
-        const float* p = target_probs + i * V;
-        const float* q = draft_probs + i * V;
-        const int x = drafted[i];
+        const SparseDistribution& p = target[static_cast<size_t>(i)];
+        const int x = drafted[static_cast<size_t>(i)];
         if (greedy) {
             // p is one-hot at the target's argmax.
-            if (p[x] >= 1.0f) {
+            if (p.at(x) >= 1.0f) {
                 ++v.n_accepted;
                 continue;
             }
-            v.next_token = static_cast<int>(std::max_element(p, p + V) - p);
+            v.next_token = argmax(p);
             return v;
         }
-        const float px = p[x], qx = q[x];
+        const SparseDistribution& q = draft[static_cast<size_t>(i)];
+        const float px = p.at(x), qx = q.at(x);
         // Accept with probability min(1, p(x) / q(x)); q(x) > 0 because x was drawn from q.
         if (qx > 0 && sampler.uniform() < std::min(1.0f, px / qx)) {
             ++v.n_accepted;
             continue;
         }
-        // Rejected: the correction comes from the residual max(p - q, 0), renormalised by draw().
+        // Rejected: the correction comes from the residual max(p - q, 0) (zero wherever p is), renormalised by draw().
+        residual.ids = p.ids;
+        residual.probs.resize(p.probs.size());
         bool any = false;
-        for (size_t t = 0; t < V; ++t) {
-            scratch[t] = std::max(0.0f, p[t] - q[t]);
-            any = any || scratch[t] > 0;
+        for (size_t j = 0; j < p.ids.size(); ++j) {
+            residual.probs[j] = std::max(0.0f, p.probs[j] - q.at(p.ids[j]));
+            any = any || residual.probs[j] > 0;
         }
         // p == q exactly leaves no residual; then rejection had probability 0 and cannot happen, except through
         // float rounding: fall back to p itself.
-        v.next_token = any ? sampler.draw(scratch, n_vocab) : sampler.draw(p, n_vocab);
+        v.next_token = any ? sampler.draw(residual) : sampler.draw(p);
         return v;
     }
-    const float* bonus = target_probs + static_cast<size_t>(k) * V;
-    v.next_token = greedy ? static_cast<int>(std::max_element(bonus, bonus + V) - bonus) : sampler.draw(bonus, n_vocab);
+    const SparseDistribution& bonus = target[static_cast<size_t>(k)];
+    v.next_token = greedy ? argmax(bonus) : sampler.draw(bonus);
     return v;
 }
 

@@ -19,6 +19,7 @@
 namespace tandem {
 
 class Sampler;
+struct SparseDistribution;
 
 struct SpeculativeParams {
     int draft_max = 16;     // k never exceeds this
@@ -197,14 +198,14 @@ struct Verdict {
     int next_token = -1; // the target's token after them (a correction on rejection, the bonus when all accepted)
 };
 
-// Verifies `drafted` (k tokens). `target_probs` holds k + 1 rows of target distributions (after the sampler's
-// transforms) for the positions of drafted[0..k-1] and the bonus position; `draft_probs` holds the k draft
-// distributions the tokens were drawn from (a one-hot row for deterministic proposals such as lookup or greedy).
-// Both have n_vocab columns. Greedy (temperature 0) accepts while the token is the target's argmax; sampling
-// accepts x with probability min(1, p(x)/q(x)) and on rejection draws from norm(max(p - q, 0)). Uses and advances
-// `sampler`'s RNG. `scratch` must hold n_vocab floats.
-Verdict verify_proposal(std::span<const int> drafted, const float* target_probs, const float* draft_probs, int n_vocab,
-                        bool greedy, Sampler& sampler, float* scratch);
+// Verifies `drafted` (k tokens). `target` holds k + 1 target distributions (after the sampler's transforms) for the
+// positions of drafted[0..k-1] and the bonus position; `draft` holds the k draft distributions the tokens were
+// drawn from (certainty for deterministic proposals such as lookup). Greedy (temperature 0) accepts while the token
+// is the target's argmax (its distribution one-hot); sampling accepts x with probability min(1, p(x)/q(x)) and on
+// rejection draws from norm(max(p - q, 0)), in id order as from a dense row. Uses and advances `sampler`'s RNG.
+// Sparse: the work is O(kept ids), not O(n_vocab), per position.
+Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDistribution> target,
+                        std::span<const SparseDistribution> draft, bool greedy, Sampler& sampler);
 
 struct SpeculativeStats {
     int rounds = 0;               // verification forwards

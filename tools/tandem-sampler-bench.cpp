@@ -1,7 +1,8 @@
 // tandem-sampler-bench: host time per sampled token for one row of logits, three ways, in alternation on the same
 // rows: the Sampler on the whole row (what a backend handing out rows costs), the host selection of the row's
 // candidates plus the Sampler on them (Backend's default forward_candidates, the CPU backend's path), and the
-// Sampler on candidates alone (what remains on the host when a GPU selects them). Prints medians of --reps:
+// Sampler on candidates alone (what remains on the host when a GPU selects them). Then the distribution that
+// speculative verification reads per row, from the candidates: dense (n_vocab floats written) against sparse. Prints medians of --reps:
 //   tandem-sampler-bench [--vocab 151936] [--top-k 40] [--repeat-penalty 1.0] [--repeat-last-n 64] [--reps 300]
 // Rows are normal logits (sigma 3) with a peaked head, redrawn every repetition; the history is random ids.
 #include <CLI/CLI.hpp>
@@ -51,7 +52,9 @@ int main(int argc, char** argv) {
         Sampler whole(params, vocab), selected(params, vocab), given(params, vocab);
         std::vector<float> row(static_cast<size_t>(vocab)), top(static_cast<size_t>(k)), extra_logits(extra.size());
         std::vector<int> top_ids(static_cast<size_t>(k));
-        std::vector<double> t_whole, t_selected, t_given;
+        std::vector<double> t_whole, t_selected, t_given, t_dense_dist, t_sparse_dist;
+        std::vector<float> dense_probs(static_cast<size_t>(vocab));
+        SparseDistribution sparse_probs;
         using Clock = std::chrono::steady_clock;
         auto us = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count() * 1e6; };
         long sink = 0;
@@ -67,6 +70,13 @@ int main(int argc, char** argv) {
             const Clock::time_point t2 = Clock::now();
             sink += given.sample(CandidateRow{top, top_ids, extra, extra_logits}, history);
             const Clock::time_point t3 = Clock::now();
+            given.distribution(CandidateRow{top, top_ids, extra, extra_logits}, history, dense_probs.data());
+            const Clock::time_point t4 = Clock::now();
+            given.distribution(CandidateRow{top, top_ids, extra, extra_logits}, history, sparse_probs);
+            const Clock::time_point t5 = Clock::now();
+            sink += static_cast<long>(sparse_probs.ids.size()) + (dense_probs[0] > 0.5f);
+            t_dense_dist.push_back(us(t3, t4));
+            t_sparse_dist.push_back(us(t4, t5));
             t_whole.push_back(us(t0, t1));
             t_selected.push_back(us(t1, t2));
             t_given.push_back(us(t2, t3));
@@ -76,6 +86,8 @@ int main(int argc, char** argv) {
         std::printf("whole row                  %8.1f us\n", median(t_whole));
         std::printf("host selection + sampler   %8.1f us\n", median(t_selected));
         std::printf("sampler on candidates      %8.1f us\n", median(t_given));
+        std::printf("dense distribution (cand)  %8.1f us\n", median(t_dense_dist));
+        std::printf("sparse distribution (cand) %8.1f us\n", median(t_sparse_dist));
         std::fprintf(stderr, "(checksum %ld)\n", sink);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "tandem-sampler-bench: %s\n", e.what());

@@ -202,6 +202,17 @@ TEST_CASE("sampler: picks and distributions from candidates are bitwise those fr
             }
             sparse.distribution(c.row(), history, got.data());
             REQUIRE(same_bits(want, got));
+            // The sparse forms (from the row and from candidates): the same probabilities at every id.
+            SparseDistribution from_row, from_candidates;
+            dense.distribution(row.data(), history, from_row);
+            sparse.distribution(c.row(), history, from_candidates);
+            std::vector<float> spread_row(want.size(), 0.0f), spread_candidates(want.size(), 0.0f);
+            for (size_t j = 0; j < from_row.ids.size(); ++j) spread_row[from_row.ids[j]] = from_row.probs[j];
+            for (size_t j = 0; j < from_candidates.ids.size(); ++j)
+                spread_candidates[from_candidates.ids[j]] = from_candidates.probs[j];
+            REQUIRE(std::is_sorted(from_candidates.ids.begin(), from_candidates.ids.end()));
+            REQUIRE(same_bits(want, spread_row));
+            REQUIRE(same_bits(want, spread_candidates));
             const int a = dense.sample(row.data(), history), b = sparse.sample(c.row(), history);
             REQUIRE(a == b);
             history.push_back(a);

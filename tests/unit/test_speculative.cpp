@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <random>
 #include <unistd.h>
 
 #include "cpu/cpu_backend.h"
@@ -938,4 +939,102 @@ TEST_CASE("speculative: a second generation on a non-empty cache (a chat turn) k
     cache->truncate(held);
     draft_cache->truncate(3);
     CHECK_THROWS_AS(spec.generate(turn2, p, ignore), Error);
+}
+
+namespace {
+
+// The rule of verify_proposal over dense rows (as it was written before the distributions became sparse), the
+// reference for the sparse one: the same RNG calls in the same order, so the same verdict.
+Verdict dense_verify(std::span<const int> drafted, const std::vector<std::vector<float>>& p_rows,
+                     const std::vector<std::vector<float>>& q_rows, Sampler& sampler) {
+    Verdict v;
+    const int n = static_cast<int>(p_rows[0].size());
+    for (size_t i = 0; i < drafted.size(); ++i) {
+        const std::vector<float>& p = p_rows[i];
+        const std::vector<float>& q = q_rows[i];
+        const int x = drafted[i];
+        if (q[x] > 0 && sampler.uniform() < std::min(1.0f, p[x] / q[x])) {
+            ++v.n_accepted;
+            continue;
+        }
+        std::vector<float> r(p.size());
+        bool any = false;
+        for (size_t t = 0; t < p.size(); ++t) {
+            r[t] = std::max(0.0f, p[t] - q[t]);
+            any = any || r[t] > 0;
+        }
+        v.next_token = any ? sampler.draw(r.data(), n) : sampler.draw(p.data(), n);
+        return v;
+    }
+    v.next_token = sampler.draw(p_rows[drafted.size()].data(), n);
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE("speculative: verify_proposal over sparse distributions gives the dense rule's verdicts") {
+    std::mt19937 rng(41);
+    const int n = 60;
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    // A distribution on a random support (sometimes the whole vocabulary, sometimes one id), normalised.
+    auto random_dist = [&](std::vector<float>& dense, SparseDistribution& sparse) {
+        dense.assign(n, 0.0f);
+        const int support = rng() % 4 == 0 ? n : 1 + static_cast<int>(rng() % 12);
+        float sum = 0;
+        for (int j = 0; j < support; ++j) {
+            const int id = support == n ? j : static_cast<int>(rng() % n);
+            dense[id] = unit(rng) + 1e-3f;
+        }
+        for (float x : dense) sum += x;
+        sparse.ids.clear();
+        sparse.probs.clear();
+        for (int id = 0; id < n; ++id) {
+            dense[id] /= sum;
+            if (dense[id] > 0) sparse.ids.push_back(id), sparse.probs.push_back(dense[id]);
+        }
+    };
+    int rejections = 0, all_accepted = 0;
+    for (int trial = 0; trial < 2000; ++trial) {
+        const int k = 1 + static_cast<int>(rng() % 5);
+        std::vector<std::vector<float>> p_rows(k + 1), q_rows(k);
+        std::vector<SparseDistribution> p_sparse(k + 1), q_sparse(k);
+        for (int i = 0; i <= k; ++i) random_dist(p_rows[i], p_sparse[i]);
+        std::vector<int> drafted;
+        for (int i = 0; i < k; ++i) {
+            if (trial % 3 == 0) {  // often the target itself: long acceptances
+                q_rows[i] = p_rows[i];
+                q_sparse[i] = p_sparse[i];
+            } else {
+                random_dist(q_rows[i], q_sparse[i]);
+            }
+            // A token of q's support (or, now and then, one q gives no mass: always rejected).
+            const SparseDistribution& q = q_sparse[i];
+            drafted.push_back(rng() % 10 == 0 ? static_cast<int>(rng() % n) : q.ids[rng() % q.ids.size()]);
+        }
+        SamplerParams sp;
+        sp.seed = rng();
+        Sampler a(sp, n), b(sp, n);
+        const Verdict want = dense_verify(drafted, p_rows, q_rows, a);
+        const Verdict got = verify_proposal(drafted, p_sparse, q_sparse, false, b);
+        CAPTURE(trial);
+        REQUIRE(got.n_accepted == want.n_accepted);
+        REQUIRE(got.next_token == want.next_token);
+        CHECK(a.uniform() == b.uniform());  // the RNGs moved alike
+        rejections += want.n_accepted < k;
+        all_accepted += want.n_accepted == k;
+    }
+    CHECK(rejections > 500);
+    CHECK(all_accepted > 100);
+
+    // Greedy: accepted while the token is the one-hot's id; else that id.
+    SparseDistribution one, two, three;
+    one.assign_one(4), two.assign_one(9), three.assign_one(2);
+    Sampler s(SamplerParams{}, n);
+    const std::vector<SparseDistribution> target = {one, two, three};
+    Verdict g = verify_proposal(std::vector<int>{4, 9}, target, {}, true, s);
+    CHECK(g.n_accepted == 2);
+    CHECK(g.next_token == 2);
+    g = verify_proposal(std::vector<int>{4, 5}, target, {}, true, s);
+    CHECK(g.n_accepted == 1);
+    CHECK(g.next_token == 9);
 }
