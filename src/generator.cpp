@@ -240,7 +240,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
         if (ids_only) {
             backend_.forward_argmax(std::span<const int>(&cur, 1), cache_, 1, &tok, logits_);
             tok = greedy_pick(tok);
-        } else if (candidates.plan(params.sampler, model_.config.n_vocab, backend_,
+        } else if (!params.whole_rows && candidates.plan(params.sampler, model_.config.n_vocab, backend_,
                                    penalty_window(params.sampler, out.history, {}, window_buffer))) {
             candidates.forward(backend_, std::span<const int>(&cur, 1), cache_, 1, logits_);
             tok = sampler.sample(candidates.row(0), out.history);
@@ -359,12 +359,13 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     int draft_pick = -1;
     float draft_confidence = 0.0f;
     auto draft_forward = [&](std::span<const int> tokens) {
-        if (ids_only) {
+        if (ids_only && !params.whole_rows) {
             draft_.backend->forward_argmax_confidence(tokens, *draft_.cache, 1, &draft_pick, &draft_confidence,
                                                       draft_logits);
             return;
         }
-        draft_as_candidates = !greedy && draft_candidates.plan(draft_sampler_params, draft_vocab, *draft_.backend,
+        draft_as_candidates = !greedy && !params.whole_rows &&
+                              draft_candidates.plan(draft_sampler_params, draft_vocab, *draft_.backend,
                                                                penalty_window(params.sampler, context, {}, window_buffer));
         if (draft_as_candidates)
             draft_candidates.forward(*draft_.backend, tokens, *draft_.cache, 1, draft_logits);
@@ -456,7 +457,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 // in float SIMD. (Every O(vocab) pass here costs ~1% of a 0.5B draft step at 151,936 ids.)
                 int d;
                 float top;
-                if (ids_only) {
+                if (ids_only && !params.whole_rows) {
                     d = greedy_pick(draft_pick);
                     top = draft_confidence;
                 } else if (greedy) {
@@ -497,7 +498,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         const Clock::time_point t_verify = Clock::now();
         const std::span<float> target_rows(target_logits.data(), static_cast<size_t>(n_drafted + 1) * V);
         const bool as_candidates =
-            !ids_only && target_candidates.plan(params.sampler, n_vocab, backend_,
+            !ids_only && !params.whole_rows && target_candidates.plan(params.sampler, n_vocab, backend_,
                                                 penalty_window(params.sampler, out.history, drafted, window_buffer));
         if (ids_only)
             backend_.forward_argmax(batch, cache_, n_drafted + 1, target_ids.data(), target_rows);

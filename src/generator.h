@@ -24,6 +24,9 @@ struct GenerationParams {
     std::vector<int> stop_tokens;     // tokens that end generation like EOS (e.g. a chat template's end of turn)
     SamplerParams sampler;
     SpeculativeParams speculative;    // used when the Generator has a draft model or speculative.lookup is set
+    // Every row of logits comes back whole: no candidates (Backend::forward_candidates), no device confidence
+    // (forward_argmax_confidence). The same tokens, slower on a GPU: for measuring what those save.
+    bool whole_rows = false;
 };
 
 enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };

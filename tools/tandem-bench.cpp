@@ -218,7 +218,8 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 int speculative_bench(const tandem::Model& model, const std::string& draft_path,
                       std::optional<tandem::GgmlType> draft_requant, bool lookup, int draft_vocab,
                       const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
-                      bool json, bool serve, const std::string& backend_kind, const std::string& kv_type) {
+                      bool json, bool serve, const std::string& backend_kind, const std::string& kv_type,
+                      float temperature, bool whole_rows) {
     std::vector<std::vector<int>> encoded;
     int n_ctx_max = 0;
     for (const std::string& text : prompts) {
@@ -254,7 +255,9 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         tandem::GenerationParams params;
         params.n_predict = n_gen;
         params.chunk = chunk;
-        params.sampler.temperature = 0;
+        params.sampler.temperature = temperature;  // > 0: the CLI's sampler defaults (top-k 40, ...), a fixed seed
+        params.sampler.seed = 1234;
+        params.whole_rows = whole_rows;
         params.speculative.lookup = speculative && lookup;
         params.speculative.draft_vocab = draft_vocab;
         tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
@@ -429,6 +432,14 @@ int main(int argc, char** argv) {
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--kv-type", kv_type, "KV-cache storage of the CUDA backend: f16 or q8_0")
         ->capture_default_str()->check(CLI::IsMember({"f16", "q8_0"}));
+    float temperature = 0.0f;
+    app.add_option("--temp", temperature,
+                   "speculative mode: sampling temperature (0: greedy; else the CLI's sampler defaults, seed 1234)")
+        ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    bool whole_rows = false;
+    app.add_flag("--whole-rows", whole_rows,
+                 "speculative mode: every row of logits comes back whole (no candidates, no device confidence): the "
+                 "same tokens, to measure what those save on a GPU");
     std::vector<int> verify_sizes;
     app.add_option("--verify", verify_sizes,
                    "speculative verification cost: after a prefill of -p tokens, forwards of each of these token "
@@ -470,7 +481,8 @@ int main(int argc, char** argv) {
                     if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
             return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts,
-                                     n_gen, reps, threads, chunk, json, serve, backend_kind, kv_type);
+                                     n_gen, reps, threads, chunk, json, serve, backend_kind, kv_type, temperature,
+                                     whole_rows);
         }
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());

@@ -43,6 +43,14 @@ check "--lookup --json: exit 0" [ $? -eq 0 ]
 check "--lookup --json: valid JSON lines" json_ok "$tmp/spec"
 check "--unescape: the newline reaches the prompt" grep -q 'Once upon a time\\u000athere was' "$tmp/spec"
 check "--unescape: other escapes stay, tabs become tabs" grep -q 'Sam said \\\\\\"hi\\\\\\" and\\u0009left' "$tmp/spec"
+# Sampled (--temp), through the sampler's candidates; and with every row whole (--whole-rows).
+"$bench" -m "$model" --lookup --temp 0.8 --prompts "$tmp/prompts" --unescape -n 16 -r 1 -t 1 --json >"$tmp/spec_t" 2>/dev/null
+check "--lookup --temp 0.8: exit 0" [ $? -eq 0 ]
+check "--lookup --temp 0.8: valid JSON lines" json_ok "$tmp/spec_t"
+"$bench" -m "$model" --lookup --temp 0.8 --whole-rows --prompts "$tmp/prompts" --unescape -n 16 -r 1 -t 1 --json \
+    >"$tmp/spec_w" 2>/dev/null
+check "--temp 0.8 --whole-rows: exit 0" [ $? -eq 0 ]
+check "--temp 0.8 --whole-rows: valid JSON lines" json_ok "$tmp/spec_w"
 
 printf 'plain 0\nspec 1\nspec 7\nquit\n' | "$bench" -m "$model" --lookup --prompts "$tmp/prompts" --unescape --serve \
   -n 16 -t 1 >"$tmp/specserve" 2>/dev/null

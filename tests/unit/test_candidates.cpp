@@ -345,7 +345,7 @@ struct Run {
 // Sampled generation of n tokens (top-k 40, a penalty over the last 16 tokens) after `prompt`; with `draft`,
 // speculative with k drafts a round; the rows of target and draft whole (`whole_rows`) or as candidates.
 Run sampled(const Model& model, Backend& backend, bool whole_rows, const std::vector<int>& prompt, int n,
-            const Model* draft = nullptr, int k = 0) {
+            const Model* draft = nullptr, int k = 0, bool whole_rows_param = false) {
     Delegating target(backend, whole_rows);
     auto cache = target.new_cache(96);
     CpuDraft d(draft, 96);
@@ -363,6 +363,7 @@ Run sampled(const Model& model, Backend& backend, bool whole_rows, const std::ve
     p.sampler.seed = 77;
     p.speculative.draft_min = p.speculative.draft_max = k;
     p.speculative.p_min = 0;
+    p.whole_rows = whole_rows_param;
     Generator gen(model, target, *cache, d.draft);
     Run run;
     run.stats = gen.generate(prompt, p, [](std::string_view) { return true; });
@@ -397,6 +398,14 @@ TEST_CASE("generator: sampled output through candidates equals whole rows on the
     auto model = Model::load(kData + "/stories260K.gguf");
     CpuBackend backend(*model, 1, 96);
     const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    SUBCASE("GenerationParams::whole_rows asks for no candidates, and changes no token") {
+        const Run cand = sampled(*model, backend, false, prompt, 30, model.get(), 4);
+        const Run param = sampled(*model, backend, false, prompt, 30, model.get(), 4, true);
+        CHECK(cand.candidate_calls > 0);
+        CHECK(param.candidate_calls == 0);
+        CHECK(param.draft_candidate_calls == 0);
+        CHECK(param.tokens == cand.tokens);
+    }
     SUBCASE("plain decoding") { check_rows_and_candidates_agree(*model, backend, prompt, 40, nullptr, 0); }
     SUBCASE("speculative, 4 drafts a round") {
         // The draft is the target itself on its own backend: its proposals are often accepted, so rows of
