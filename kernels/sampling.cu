@@ -327,6 +327,27 @@ void check_rows(const char* what, int n_rows, int n_vocab) {
     detail::require(n_rows > 0 && n_rows <= 65535 && n_vocab > 0, what);
 }
 
+// The first stages of argmax, softmax and argmax_top_probability: each (split, row)'s largest key into `keys`, and
+// with temperature > 0 its sum of softmax terms into `sums` (both in the workspace).
+struct SplitSums {
+    int splits, chunk;
+    Key* keys;
+    double* sums;
+};
+SplitSums enqueue_split_sums(const float* logits, int n_rows, int n_vocab, float temperature, void* workspace,
+                             Stream stream) {
+    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits), chunk = chunk_for(n_vocab, splits);
+    Key* keys = static_cast<Key*>(workspace);
+    double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);
+    const dim3 grid(splits, n_rows);
+    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab, chunk,
+                          keys);
+    if (temperature > 0.0f)  // greedy needs no sum
+        detail::launch_kernel("softmax_sum_kernel", softmax_sum_kernel, grid, dim3(kThreads), 0, stream, logits,
+                              n_vocab, chunk, static_cast<const Key*>(keys), temperature, sums);
+    return {splits, chunk, keys, sums};
+}
+
 }  // namespace
 
 size_t sampling_workspace_bytes(int n_rows, int n_vocab) {
@@ -338,46 +359,28 @@ size_t sampling_workspace_bytes(int n_rows, int n_vocab) {
 
 void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream) {
     check_rows("argmax: bad shape", n_rows, n_vocab);
-    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
-    Key* keys = static_cast<Key*>(workspace);
-    detail::launch_kernel("max_key_kernel", max_key_kernel, dim3(splits, n_rows), dim3(kThreads), 0, stream, logits,
-                          n_vocab, chunk_for(n_vocab, splits), keys);
+    const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, 0.0f, workspace, stream);  // the keys only
     detail::launch_kernel("argmax_final_kernel", argmax_final_kernel, dim3(n_rows), dim3(32), 0, stream,
-                          static_cast<const Key*>(keys), splits, out_ids);
+                          static_cast<const Key*>(s.keys), s.splits, out_ids);
 }
 
 void argmax_top_probability(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
                             void* workspace, Stream stream) {
     check_rows("argmax_top_probability: bad shape", n_rows, n_vocab);
-    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits), chunk = chunk_for(n_vocab, splits);
-    Key* keys = static_cast<Key*>(workspace);
-    double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);
-    const dim3 grid(splits, n_rows);
-    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab, chunk,
-                          keys);
-    detail::launch_kernel("softmax_sum_kernel", softmax_sum_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab,
-                          chunk, static_cast<const Key*>(keys), 1.0f, sums);
+    const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, 1.0f, workspace, stream);
     detail::launch_kernel("top_probability_final_kernel", top_probability_final_kernel, dim3(n_rows), dim3(32), 0,
-                          stream, static_cast<const Key*>(keys), static_cast<const double*>(sums), splits, out_ids,
-                          out_top);
+                          stream, static_cast<const Key*>(s.keys), static_cast<const double*>(s.sums), s.splits,
+                          out_ids, out_top);
 }
 
 void softmax(const float* logits, int n_rows, int n_vocab, float temperature, float* probs, void* workspace,
              Stream stream) {
     check_rows("softmax: bad shape", n_rows, n_vocab);
     detail::require(temperature >= 0.0f && std::isfinite(temperature), "softmax: temperature must be finite and >= 0");
-    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits), chunk = chunk_for(n_vocab, splits);
-    Key* keys = static_cast<Key*>(workspace);
-    double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);
-    const dim3 grid(splits, n_rows);
-    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab, chunk,
-                          keys);
-    if (temperature > 0.0f)  // greedy needs no sum
-        detail::launch_kernel("softmax_sum_kernel", softmax_sum_kernel, grid, dim3(kThreads), 0, stream, logits,
-                              n_vocab, chunk, static_cast<const Key*>(keys), temperature, sums);
-    detail::launch_kernel("softmax_write_kernel", softmax_write_kernel, grid, dim3(kThreads), 0, stream, logits,
-                          n_vocab, chunk, static_cast<const Key*>(keys), static_cast<const double*>(sums), temperature,
-                          probs);
+    const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, temperature, workspace, stream);
+    detail::launch_kernel("softmax_write_kernel", softmax_write_kernel, dim3(s.splits, n_rows), dim3(kThreads), 0,
+                          stream, logits, n_vocab, s.chunk, static_cast<const Key*>(s.keys),
+                          static_cast<const double*>(s.sums), temperature, probs);
 }
 
 void top_k(const float* logits, int n_rows, int n_vocab, int k, float* out_logits, int* out_ids, void* workspace,

@@ -22,4 +22,23 @@ void Backend::forward_argmax_confidence(std::span<const int> tokens, KvCache& ca
     }
 }
 
+void Backend::forward_candidates(std::span<const int> tokens, KvCache& cache, int n_rows, int k,
+                                 std::span<const int> extra, float* top_logits, int* top_ids, float* extra_logits,
+                                 std::span<float> scratch) {
+    assert(n_rows >= 0 && static_cast<size_t>(n_rows) <= tokens.size());
+    forward(tokens, cache, n_rows, scratch.data());
+    if (n_rows == 0) return;
+    const size_t n_vocab = scratch.size() / static_cast<size_t>(n_rows);
+    assert(k >= 1 && static_cast<size_t>(k) <= n_vocab);
+    for (int r = 0; r < n_rows; ++r) {
+        const float* row = scratch.data() + r * n_vocab;
+        select_top_candidates(row, n_vocab, k, top_logits + static_cast<size_t>(r) * k,
+                              top_ids + static_cast<size_t>(r) * k);
+        for (size_t j = 0; j < extra.size(); ++j)  // NaN for an id outside the vocabulary, as on the device
+            extra_logits[r * extra.size() + j] = extra[j] >= 0 && static_cast<size_t>(extra[j]) < n_vocab
+                                                     ? row[static_cast<size_t>(extra[j])]
+                                                     : std::numeric_limits<float>::quiet_NaN();
+    }
+}
+
 }  // namespace tandem

@@ -83,25 +83,11 @@ public:
     // best first), and the logits of the `extra` ids to extra_logits ([n_rows][extra.size()]). For a sampler that
     // reads nothing else (plan_candidates): a GPU backend then copies a few hundred numbers back per row instead of
     // n_vocab. 1 <= k <= min(max_candidates(), n_vocab). `scratch` is n_rows × n_vocab floats: this default runs
-    // forward into it and selects on the host; a backend that selects on the device (CudaBackend) leaves it alone.
+    // forward into it and selects on the host (backend.cpp); a backend that selects on the device (CudaBackend)
+    // leaves it alone.
     virtual void forward_candidates(std::span<const int> tokens, KvCache& cache, int n_rows, int k,
                                     std::span<const int> extra, float* top_logits, int* top_ids, float* extra_logits,
-                                    std::span<float> scratch) {
-        assert(n_rows >= 0 && static_cast<size_t>(n_rows) <= tokens.size());
-        forward(tokens, cache, n_rows, scratch.data());
-        if (n_rows == 0) return;
-        const size_t n_vocab = scratch.size() / static_cast<size_t>(n_rows);
-        assert(k >= 1 && static_cast<size_t>(k) <= n_vocab);
-        for (int r = 0; r < n_rows; ++r) {
-            const float* row = scratch.data() + r * n_vocab;
-            select_top_candidates(row, n_vocab, k, top_logits + static_cast<size_t>(r) * k,
-                                  top_ids + static_cast<size_t>(r) * k);
-            for (size_t j = 0; j < extra.size(); ++j)  // NaN for an id outside the vocabulary, as on the device
-                extra_logits[r * extra.size() + j] = extra[j] >= 0 && static_cast<size_t>(extra[j]) < n_vocab
-                                                         ? row[static_cast<size_t>(extra[j])]
-                                                         : std::numeric_limits<float>::quiet_NaN();
-        }
-    }
+                                    std::span<float> scratch);
     // The most best logits forward_candidates selects per row; 0 when a backend would rather hand out whole rows.
     virtual int max_candidates() const { return kMaxCandidates; }
 

@@ -132,13 +132,16 @@ namespace {
 // int per row back instead of the row).
 bool argmax_is_enough(const SamplerParams& p) { return p.temperature == 0.0f && p.repeat_penalty == 1.0f; }
 
-// Target rows as candidates (Backend::forward_candidates) where the sampler reads nothing else of them
-// (plan_candidates): a GPU backend then copies back a few hundred numbers per row instead of the row, and the
-// sampler's work per row no longer grows with the vocabulary. The picks are the whole rows' picks, bit for bit.
+// Rows (the target's or the draft's) as candidates (Backend::forward_candidates) where the sampler reads nothing
+// else of them (plan_candidates): a GPU backend then copies back a few hundred numbers per row instead of the row,
+// and the sampler's work per row no longer grows with the vocabulary. The picks are the whole rows' picks, bit for
+// bit. `whole_rows` (GenerationParams) turns it off.
 class CandidateRows {
 public:
+    explicit CandidateRows(bool whole_rows) : whole_rows_(whole_rows) {}
     // For rows sampled with `params` whose penalty windows lie within `window`; false where whole rows are needed.
     bool plan(const SamplerParams& params, int n_vocab, const Backend& backend, std::span<const int> window) {
+        if (whole_rows_) return false;
         k_ = plan_candidates(params, n_vocab, window, extra_);
         if (k_ > backend.max_candidates()) k_ = 0;
         return k_ > 0;
@@ -159,6 +162,7 @@ public:
     }
 
 private:
+    bool whole_rows_;
     int k_ = 0;
     std::vector<int> extra_, top_ids_;
     std::vector<float> top_logits_, extra_logits_;
@@ -227,7 +231,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
 
 void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams& params) {
     const bool ids_only = argmax_is_enough(params.sampler);
-    CandidateRows candidates;
+    CandidateRows candidates(params.whole_rows);
     std::vector<int> window_buffer;
     int tok = sampler.sample(logits_.data(), out.history);  // the prefill's logits
     for (;;) {
@@ -240,7 +244,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
         if (ids_only) {
             backend_.forward_argmax(std::span<const int>(&cur, 1), cache_, 1, &tok, logits_);
             tok = greedy_pick(tok);
-        } else if (!params.whole_rows && candidates.plan(params.sampler, model_.config.n_vocab, backend_,
+        } else if (candidates.plan(params.sampler, model_.config.n_vocab, backend_,
                                    penalty_window(params.sampler, out.history, {}, window_buffer))) {
             candidates.forward(backend_, std::span<const int>(&cur, 1), cache_, 1, logits_);
             tok = sampler.sample(candidates.row(0), out.history);
@@ -300,7 +304,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     const bool ids_only = greedy && argmax_is_enough(params.sampler);
     std::vector<int> target_ids(static_cast<size_t>(k_cap) + 1);
     // Otherwise, where the sampler reads only their candidates, the target's rows come back as those.
-    CandidateRows target_candidates;
+    CandidateRows target_candidates(params.whole_rows);
     std::vector<int> window_buffer;
     // The distributions of rejection sampling, sparse (greedy verification compares tokens and needs none).
     std::vector<SparseDistribution> p_dists(static_cast<size_t>(k_cap) + 1);
@@ -353,19 +357,18 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // The draft's row after `tokens` (the sampler will read it with `context`): as candidates where sampled
     // drafting reads only those, as the greedy pick and its confidence where that is all greedy drafting reads,
     // else whole (greedy under a penalty reads the penalised pick and the whole row's softmax).
-    // Pure greedy drafting needs only the row's argmax and its confidence: two numbers.
-    CandidateRows draft_candidates;
+    CandidateRows draft_candidates(params.whole_rows);
+    const bool draft_picks_only = ids_only && !params.whole_rows;
     bool draft_as_candidates = false;
     int draft_pick = -1;
     float draft_confidence = 0.0f;
     auto draft_forward = [&](std::span<const int> tokens) {
-        if (ids_only && !params.whole_rows) {
+        if (draft_picks_only) {
             draft_.backend->forward_argmax_confidence(tokens, *draft_.cache, 1, &draft_pick, &draft_confidence,
                                                       draft_logits);
             return;
         }
-        draft_as_candidates = !greedy && !params.whole_rows &&
-                              draft_candidates.plan(draft_sampler_params, draft_vocab, *draft_.backend,
+        draft_as_candidates = !greedy && draft_candidates.plan(draft_sampler_params, draft_vocab, *draft_.backend,
                                                                penalty_window(params.sampler, context, {}, window_buffer));
         if (draft_as_candidates)
             draft_candidates.forward(*draft_.backend, tokens, *draft_.cache, 1, draft_logits);
@@ -457,7 +460,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 // in float SIMD. (Every O(vocab) pass here costs ~1% of a 0.5B draft step at 151,936 ids.)
                 int d;
                 float top;
-                if (ids_only && !params.whole_rows) {
+                if (draft_picks_only) {
                     d = greedy_pick(draft_pick);
                     top = draft_confidence;
                 } else if (greedy) {
@@ -498,7 +501,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         const Clock::time_point t_verify = Clock::now();
         const std::span<float> target_rows(target_logits.data(), static_cast<size_t>(n_drafted + 1) * V);
         const bool as_candidates =
-            !ids_only && !params.whole_rows && target_candidates.plan(params.sampler, n_vocab, backend_,
+            !ids_only && target_candidates.plan(params.sampler, n_vocab, backend_,
                                                 penalty_window(params.sampler, out.history, drafted, window_buffer));
         if (ids_only)
             backend_.forward_argmax(batch, cache_, n_drafted + 1, target_ids.data(), target_rows);

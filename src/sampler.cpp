@@ -25,8 +25,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // user would tell apart.
 constexpr double kProbSlack = 1e-6;
 
-// Up to this many kept tokens, sample() sorts them by id to draw in id order; beyond it, it scatters them into a
-// dense row and walks all n_vocab floats, an O(n_vocab) cost that an O(k log k) sort of a few thousand ids matches
+// Up to this many kept tokens, write_kept sorts them by id (sample() and speculative verification read them in id
+// order); beyond it, it scatters them into a dense row and walks all n_vocab floats, an O(n_vocab) cost that an O(k log k) sort of a few thousand ids matches
 // at n_vocab = 150k (a rough break-even; the two give the same token).
 constexpr int kSortKeptMax = 4096;
 
@@ -446,13 +446,12 @@ void Sampler::write_kept(SparseDistribution& out) {
         order_ = Order::ById;
     }
     if (order_ == Order::ById) {
-        for (int j = 0; j < n_kept_; ++j) {
-            out.ids.push_back(ids_[j]);
-            out.probs.push_back(prob_[ids_[j]]);
-        }
+        out.ids.assign(ids_.begin(), ids_.begin() + n_kept_);
+        out.probs.resize(static_cast<size_t>(n_kept_));
+        for (int j = 0; j < n_kept_; ++j) out.probs[static_cast<size_t>(j)] = prob_[ids_[j]];
         return;
     }
-    // Too many to sort (no top-k): through a dense row, as sample() draws. Zero probabilities drop out.
+    // Too many to sort (no top-k): put in id order through a dense row. Zero probabilities drop out.
     std::fill(dense_.begin(), dense_.end(), 0.0f);
     for (int j = 0; j < n_kept_; ++j) dense_[ids_[j]] = prob_[ids_[j]];
     for (int i = 0; i < n_vocab_; ++i)
@@ -494,20 +493,9 @@ int Sampler::sample(const CandidateRow& row, std::span<const int> history) {
 
 int Sampler::pick() {
     if (params_.temperature == 0.0f) return ids_[0];
-    const double u = rng_.uniform_double();
-    // Draw in id order, the order draw() walks a dense row in, so that sample() == draw(distribution()) exactly.
-    if (order_ != Order::ById && n_kept_ <= kSortKeptMax) {
-        std::sort(ids_.begin(), ids_.begin() + n_kept_);
-        order_ = Order::ById;
-    }
-    if (order_ == Order::ById) {
-        return inverse_cdf(
-            u, n_kept_, [&](int j) { return ids_[j]; }, [&](int j) { return prob_[ids_[j]]; });
-    }
-    std::fill(dense_.begin(), dense_.end(), 0.0f);
-    for (int j = 0; j < n_kept_; ++j) dense_[ids_[j]] = prob_[ids_[j]];
-    return inverse_cdf(
-        u, n_vocab_, [](int i) { return i; }, [&](int i) { return dense_[i]; });
+    // Through the sparse form, in id order as draw() walks a dense row, so that sample() == draw(distribution()).
+    write_kept(kept_);
+    return draw(kept_);
 }
 
 int Sampler::draw(const SparseDistribution& d) {

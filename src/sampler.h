@@ -98,7 +98,7 @@ private:
     int load_candidates(const CandidateRow& row, std::span<const int> history);
     // After the top-k cut or the greedy pick: softmax, top-p, min-p, renormalisation (none for greedy).
     void transform();
-    int pick();                   // sample()'s draw from the prepared distribution
+    int pick();                   // sample()'s draw from the prepared distribution (via kept_)
     void write_kept(float* probs) const;  // distribution()'s dense row
     void write_kept(SparseDistribution& out);  // and its sparse one (sorts the kept ids by id)
     int argmax() const;
@@ -118,7 +118,8 @@ private:
     std::vector<int> ids_;        // candidate ids; a prefix [0, n_kept_) is the kept set
     std::vector<uint8_t> seen_;   // by id: marks for the penalty's distinct-token pass and the candidates' dedup,
                                   // all zero between calls
-    std::vector<float> dense_;    // by id: the dense distribution when sample() draws from a large kept set
+    std::vector<float> dense_;    // by id: a large kept set's probabilities, to list them in id order
+    SparseDistribution kept_;     // what sample() draws from
     int n_kept_ = 0;
     // How ids_[0, n_kept_) is ordered: ascending id (no sort was needed), by (logit desc, id asc) (top-k), or
     // neither (top-p's quickselect). Each transform picks its cheapest path from this.
