@@ -80,6 +80,11 @@ void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) {
           "cudaMemcpyAsync (device to host)");
 }
 
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) {
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+          "cudaMemcpyAsync (device to device)");
+}
+
 void device_memset(void* dst, int value, size_t bytes, Stream stream) {
     check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
 }
@@ -313,6 +318,16 @@ void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream) {
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream) {
     if (capturing(stream, "cudaMemcpyAsync (device to host)"))
         return record_copy(stream, "cudaMemcpyAsync (device to host)", dst, src, bytes, dst);
+    if (bytes) std::memcpy(dst, src, bytes);
+}
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream) {
+    if (capturing(stream, "cudaMemcpyAsync (device to device)")) {
+        emu::record(stream, emu::GraphNode{emu::NodeKind::Memcpy, "cudaMemcpyAsync (device to device)", nullptr,
+                                           [dst, src, bytes] {
+                                               if (bytes) std::memcpy(dst, src, bytes);
+                                           }});
+        return;
+    }
     if (bytes) std::memcpy(dst, src, bytes);
 }
 void device_memset(void* dst, int value, size_t bytes, Stream stream) {

@@ -1,8 +1,9 @@
 // Device memory and streams for the host side of the CUDA backend, in plain C++ (no CUDA header): allocate, free,
-// pinned host memory, copy host <-> device, memset, streams, synchronize, CUDA graphs (stream capture and replay),
-// device count and free memory. kernels/device.cu defines it twice, like the kernels: under nvcc on the CUDA
-// runtime (cudaMalloc, cudaMemcpyAsync on a stream, cudaStreamBeginCapture, ...), under the emulation on plain host
-// memory (copies are memcpy, everything not captured runs synchronously, graphs are recorded lists of launches).
+// pinned host memory, copy host <-> device and device -> device, memset, streams, synchronize, CUDA graphs (stream
+// capture and replay), device count and free memory. kernels/device.cu defines it twice, like the kernels: under
+// nvcc on the CUDA runtime (cudaMalloc, cudaMemcpyAsync on a stream, cudaStreamBeginCapture, ...), under the
+// emulation on plain host memory (copies are memcpy, everything not captured runs synchronously, graphs are
+// recorded lists of launches).
 //
 // Every failure throws DeviceError (a tandem::Error, so the CLI reports it like any user-facing error) whose
 // message names the CUDA error (e.g. "cudaErrorInsufficientDriver").
@@ -42,6 +43,7 @@ void* device_alloc(size_t bytes);  // 256-byte aligned; throws DeviceError namin
 void device_free(void* p) noexcept;
 void copy_to_device(void* dst, const void* src, size_t bytes, Stream stream);
 void copy_to_host(void* dst, const void* src, size_t bytes, Stream stream);
+void copy_on_device(void* dst, const void* src, size_t bytes, Stream stream);  // device to device
 void device_memset(void* dst, int value, size_t bytes, Stream stream);
 
 // A non-blocking stream. The emulation's streams are real handles too (capture state lives in them); nullptr, the

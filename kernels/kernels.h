@@ -38,16 +38,21 @@ void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, fl
 // ---- quantized matrix-vector products (matvec.cu) --------------------------------------------------------------
 constexpr int kMatvecMaxTokens = 16;
 bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
+// How the block types' kernels read W; the sums are bitwise the same either way. Direct: each lane loads its 2-4
+// bytes of a block from global memory. Staged: each warp copies its row into shared memory, 2 KiB at a time with
+// 16-byte loads issued together, and the lanes decode the copy. (F32, F16 and BF16 always load directly.)
+enum class MatvecLoads { Direct, Staged };
 // y[t][r] = dot(row r of W, x[t]) for t < n_tokens (<= kMatvecMaxTokens), r < rows. x is [n_tokens][cols] and must
 // be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart). y's rows are y_stride floats apart (0: rows),
 // so the first rows of a matrix can write into rows as wide as the whole (restricted logits).
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
-            Stream stream, size_t y_stride = 0);
+            Stream stream, size_t y_stride = 0, MatvecLoads loads = MatvecLoads::Direct);
 // The rows of W named by row_ids (device memory, n_ids >= 1 ids below W's rows, not checked on the device):
 // y[t][row_ids[i]] = dot(row row_ids[i] of W, x[t]), y's rows y_stride floats apart; nothing else is written. Each
 // is bitwise the value matvec computes for that row (the same kernel and sum).
 void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
-                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream);
+                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream,
+                 MatvecLoads loads = MatvecLoads::Direct);
 
 // ---- prefill GEMM (gemm.cu) ----------------------------------------------------------------------------------------
 // y[t][r] = dot(row r of W, x[t]) for any n_tokens >= 1 (a prefill chunk) and every matvec type: a tiled SIMT

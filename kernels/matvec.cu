@@ -14,11 +14,14 @@ namespace {
 constexpr int kWarps = 4;
 
 // ---- per-type lane dot products: acc[t] += (this lane's share of row . x[t]) for t < n_tok ---------------------
-// x is [n_tok][cols], 16-byte aligned rows for the block types (cols is a multiple of 32).
+// x[t] starts at x + t * x_stride (16-byte aligned for the block types, whose cols are a multiple of 32). `row` may
+// point into global or shared memory (the staged kernel below decodes a copy). The block types also say how they
+// walk a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols elements) per warp iteration, each lane's share
+// visited in ascending order, so any stretch of whole steps computed alone adds the same terms in the same order.
 
 struct DotF32 {
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const float* w = reinterpret_cast<const float*>(row);
         const bool vec = cols % 4 == 0 && ((reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(x)) % 16) == 0;
@@ -29,7 +32,7 @@ struct DotF32 {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t >= n_tok) break;
-                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + i);
+                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
                     acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
                 }
             }
@@ -39,14 +42,14 @@ struct DotF32 {
             const float wv = w[j];
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * cols + j];
+                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
         }
     }
 };
 
 struct DotF16 {
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
         const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(w) % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
@@ -59,7 +62,7 @@ struct DotF16 {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t >= n_tok) break;
-                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + i);
+                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
                     acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
                 }
             }
@@ -69,15 +72,16 @@ struct DotF16 {
             const float wv = tandem_half_to_float(w[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * cols + j];
+                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
         }
     }
 };
 
 // Q8_0 (34-byte blocks): 8 lanes per block, 4 weights per lane, 4 blocks per warp iteration.
 struct DotQ8_0 {
+    static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 32, j = 4 * (lane % 8);
         for (int ib = lane / 8; ib < nb; ib += 4) {
@@ -89,7 +93,7 @@ struct DotQ8_0 {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + 32 * ib + j);
+                const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + 32 * ib + j);
                 acc[t] += d * (q0 * xv.x + q1 * xv.y + q2 * xv.z + q3 * xv.w);
             }
         }
@@ -99,8 +103,9 @@ struct DotQ8_0 {
 // Q4_0 (18-byte blocks): 8 lanes per block; lane j holds bytes 2j, 2j+1: elements 2j, 2j+1 (low nibbles) and
 // 2j+16, 2j+17 (high nibbles).
 struct DotQ4_0 {
+    static constexpr int kBlockBytes = 18, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 32, j = 2 * (lane % 8);
         for (int ib = lane / 8; ib < nb; ib += 4) {
@@ -114,7 +119,7 @@ struct DotQ4_0 {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 32 * ib;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 32 * ib;
                 const float2 lo = *reinterpret_cast<const float2*>(xb + j);
                 const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
                 acc[t] += d * (l0 * lo.x + l1 * lo.y + h0 * hi.x + h1 * hi.y);
@@ -127,7 +132,7 @@ struct DotQ4_0 {
 struct DotBF16 {
     static __device__ __forceinline__ float widen(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
         const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(w) % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
@@ -140,7 +145,7 @@ struct DotBF16 {
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t >= n_tok) break;
-                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * cols + i);
+                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
                     acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
                 }
             }
@@ -150,7 +155,7 @@ struct DotBF16 {
             const float wv = widen(w[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * cols + j];
+                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
         }
     }
 };
@@ -160,8 +165,9 @@ struct DotBF16 {
 // Layout: fp16 d at 0, fp16 m at 2 when kMin, the 32 fifth bits at kQh when kFifth, qs at kQs.
 template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
 struct DotLegacy {
+    static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 32, j = 2 * (lane % 8);
         for (int ib = lane / 8; ib < nb; ib += 4) {
@@ -182,7 +188,7 @@ struct DotLegacy {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 32 * ib;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 32 * ib;
                 const float2 lo = *reinterpret_cast<const float2*>(xb + j);
                 const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
                 float s = d * (f0 * lo.x + f1 * lo.y + g0 * hi.x + g1 * hi.y);
@@ -200,8 +206,9 @@ using DotQ5_1 = DotLegacy<24, 8, true, true, 4, 0>;
 // (bytes l and 32 + l of qs, and for Q3_K byte l of hmask), so the 32 lanes read 32 consecutive bytes at a time.
 // Element l of chunk c sits in sub-block 2c + (l >= 16), which picks its scale.
 struct DotQ2_K {
+    static constexpr int kBlockBytes = 84, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 256, half = lane >= 16;
         for (int ib = 0; ib < nb; ++ib) {
@@ -218,7 +225,7 @@ struct DotQ2_K {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + lane;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + lane;
                 float s = 0.0f;
 #pragma unroll
                 for (int c = 0; c < 8; ++c) s += w[c] * xb[32 * c];
@@ -229,6 +236,7 @@ struct DotQ2_K {
 };
 
 struct DotQ3_K {
+    static constexpr int kBlockBytes = 110, kBlockCols = 256, kStepBlocks = 1;
     // Sixteen 6-bit scales biased by 32: low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11.
     static __device__ __forceinline__ int scale(const uint8_t* s, int i) {
         const int lo = i < 8 ? (s[i] & 0xF) : (s[i - 8] >> 4);
@@ -236,7 +244,7 @@ struct DotQ3_K {
         return (lo | (hi << 4)) - 32;
     }
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 256, half = lane >= 16;
         for (int ib = 0; ib < nb; ++ib) {
@@ -252,7 +260,7 @@ struct DotQ3_K {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + lane;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + lane;
                 float s = 0.0f;
 #pragma unroll
                 for (int c = 0; c < 8; ++c) s += w[c] * xb[32 * c];
@@ -265,6 +273,7 @@ struct DotQ3_K {
 // Q4_K (144-byte super-blocks of 256): one super-block per warp iteration. Lane l reads 4 bytes of qs at
 // 32p + 4(l%8), p = l/8: their low nibbles are elements of chunk 2p, their high nibbles of chunk 2p + 1.
 struct DotQ4_K {
+    static constexpr int kBlockBytes = 144, kBlockCols = 256, kStepBlocks = 1;
     // ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
     static __device__ __forceinline__ void scale_min(const uint8_t* s, int j, float& sc, float& m) {
         if (j < 4) {
@@ -276,7 +285,7 @@ struct DotQ4_K {
         }
     }
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
         for (int ib = 0; ib < nb; ++ib) {
@@ -296,7 +305,7 @@ struct DotQ4_K {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + 64 * p + i;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 64 * p + i;
                 const float4 xl = *reinterpret_cast<const float4*>(xb);
                 const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
                 const float dot_lo = lo[0] * xl.x + lo[1] * xl.y + lo[2] * xl.z + lo[3] * xl.w;
@@ -311,8 +320,9 @@ struct DotQ4_K {
 // Q5_K (176-byte super-blocks of 256): Q4_K's walk and scales, plus the fifth bits: bit c of qh[e] for element e
 // of chunk c. Lane l reads 4 bytes of qs at 48 + 32p + i and the 4 bytes of qh at 16 + i (i = 4(l%8), p = l/8).
 struct DotQ5_K {
+    static constexpr int kBlockBytes = 176, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
         for (int ib = 0; ib < nb; ++ib) {
@@ -333,7 +343,7 @@ struct DotQ5_K {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + 64 * p + i;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 64 * p + i;
                 const float4 xl = *reinterpret_cast<const float4*>(xb);
                 const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
                 const float dot_lo = lo[0] * xl.x + lo[1] * xl.y + lo[2] * xl.z + lo[3] * xl.w;
@@ -348,8 +358,9 @@ struct DotQ5_K {
 // Q6_K (210-byte super-blocks of 256): one super-block per warp iteration. Lane l covers half h = l/16 and the
 // element pair e = 2(l%16), e+1 of each of the four chunks c = 4h + k of that half.
 struct DotQ6_K {
+    static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, int n_tok, int lane,
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
                                                float (&acc)[NT]) {
         const int nb = cols / 256, h = lane / 16, e = 2 * (lane % 16);
         for (int ib = 0; ib < nb; ++ib) {
@@ -375,7 +386,7 @@ struct DotQ6_K {
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib + 128 * h + e;
+                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 128 * h + e;
                 float s = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
@@ -397,6 +408,17 @@ struct MatvecOut {
 };
 
 // A warp whose row is past the end returns as a whole, so the shuffles below always have all 32 lanes.
+template <int NT>
+__device__ __forceinline__ void write_sums(float (&acc)[NT], int n_tok, int lane, int row, const MatvecOut& out) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        if (t >= n_tok) break;
+        const float s = detail::warp_sum(acc[t]);
+        if (lane == 0) out.y[static_cast<size_t>(t) * out.y_stride + row] = s;
+    }
+}
+
+// Direct loads: every lane reads its own 2-4 bytes of a block straight from global memory.
 template <class Dot, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols, const float* __restrict__ x,
@@ -408,17 +430,101 @@ __global__ void __launch_bounds__(kWarps * 32)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    Dot::template dot<NT>(W + static_cast<size_t>(row) * row_bytes, cols, x, n_tok, lane, acc);
+    Dot::template dot<NT>(W + static_cast<size_t>(row) * row_bytes, cols, x, cols, n_tok, lane, acc);
+    write_sums(acc, n_tok, lane, row, out);
+}
+
+// ---- staged loads ---------------------------------------------------------------------------------------------------
+// Why: with direct loads a warp has a few 2-byte loads per lane in flight and waits out the memory latency about
+// once per warp iteration, so a 7B Q4_0 matvec took as long as an F16 one of 3.6x the bytes (kernels/README).
+// Staged, each warp copies its row to shared memory a chunk at a time with 16-byte loads (up to kStagePerLane per
+// lane, all issued together, the next chunk's issued before the current one is decoded) and the lanes run the
+// same Dot walk on the copy. A chunk is a whole number of the walk's steps, so every lane adds the same terms in
+// the same order: the sums are bitwise those of the direct kernel.
+constexpr int kStageSlots = 128;  // 16-byte slots of shared memory per warp (2 KiB)
+constexpr int kStagePerLane = kStageSlots / 32;
+
+__host__ __device__ constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
+
+// Blocks per chunk: a multiple of the walk's step and of 16 / gcd(block bytes, 16) (so that every chunk starts at
+// the same offset within a 16-byte slot as the row), as many as fit in kStageSlots - 1 slots (the spare slot takes
+// a row that starts mid-slot).
+template <class Dot>
+__host__ __device__ constexpr int staged_chunk_blocks() {
+    constexpr int align = 16 / gcd_int(Dot::kBlockBytes, 16);
+    constexpr int unit = Dot::kStepBlocks / gcd_int(Dot::kStepBlocks, align) * align;
+    constexpr int fit = (kStageSlots - 1) * 16 / Dot::kBlockBytes;
+    static_assert(fit >= unit, "a staged chunk must hold one step of the walk");
+    return fit / unit * unit;
+}
+
+// The 16 bytes at p, of which those at or past `end` (2-byte aligned, like every block) are not read but zero.
+__device__ __forceinline__ uint4 load_slot(const uint8_t* p, const uint8_t* end) {
+    if (p + 16 <= end) return *reinterpret_cast<const uint4*>(p);
+    uint32_t w[4] = {0, 0, 0, 0};
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        if (t >= n_tok) break;
-        const float s = detail::warp_sum(acc[t]);
-        if (lane == 0) out.y[static_cast<size_t>(t) * out.y_stride + row] = s;
+    for (int i = 0; i < 8; ++i)
+        if (p + 2 * i < end) w[i / 2] |= static_cast<uint32_t>(h[i]) << (16 * (i % 2));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// Registers: 48-72 per thread on sm_90 (no spills; the resource table). Q5_K with 8 tokens sits at ptxas's own
+// limit there: rewriting the chunk arithmetic below in an equivalent form once made it spill 12 bytes (a build
+// error), and __launch_bounds__ with a minimum of blocks cured that only by raising every instance to 63-104.
+template <class Dot, int NT>
+__global__ void __launch_bounds__(kWarps * 32)
+    matvec_staged_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols,
+                         const float* __restrict__ x, int n_tok, MatvecOut out) {
+    constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
+    constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
+    TANDEM_SHARED(uint4, stage, kWarps * kStageSlots);
+    const int warp = blockIdx.x * kWarps + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= rows) return;
+    const int row = out.row_ids ? out.row_ids[warp] : warp;
+    const uint8_t* row_begin = W + static_cast<size_t>(row) * row_bytes;
+    const uint8_t* row_end = row_begin + row_bytes;
+    // Slots are 16-byte aligned; the bytes before row_begin in its first slot belong to the previous row (W itself
+    // is 16-byte aligned), and those past row_end in the last one are never read (load_slot).
+    const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(row_begin) % 16);
+    const uint8_t* base = row_begin - lead;
+    uint4* my_stage = stage + (threadIdx.x / 32) * kStageSlots;
+    const int n_blocks = cols / Dot::kBlockCols;
+    const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
+    auto slots_of = [&](int c) {  // slots chunk c spans, from base + c * kChunkBytes
+        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
+        return (lead + blocks * Dot::kBlockBytes + 15) / 16;
+    };
+    uint4 buf[kStagePerLane];
+    auto load_chunk = [&](int c) {
+        const int n = slots_of(c);
+        const uint8_t* first = base + static_cast<size_t>(c) * kChunkBytes;
+#pragma unroll
+        for (int k = 0; k < kStagePerLane; ++k)
+            if (lane + 32 * k < n) buf[k] = load_slot(first + 16 * (lane + 32 * k), row_end);
+    };
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+    load_chunk(0);
+    for (int c = 0; c < n_chunks; ++c) {
+        const int n = slots_of(c);
+#pragma unroll
+        for (int k = 0; k < kStagePerLane; ++k)
+            if (lane + 32 * k < n) my_stage[lane + 32 * k] = buf[k];
+        __syncwarp();
+        if (c + 1 < n_chunks) load_chunk(c + 1);  // in flight while this chunk is decoded
+        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
+        Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + lead, blocks * Dot::kBlockCols,
+                              x + static_cast<size_t>(c) * kChunkCols, cols, n_tok, lane, acc);
+        __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
     }
+    write_sums(acc, n_tok, lane, row, out);
 }
 
 // `rows`: warps launched (W's rows, or the number of row_ids).
-template <class Dot>
+template <class Dot, bool kStaged>
 void launch_type(const char* name, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tok,
                  MatvecOut out, Stream stream) {
     const dim3 grid((rows + kWarps - 1) / kWarps), block(kWarps * 32);
@@ -430,56 +536,84 @@ void launch_type(const char* name, const void* W, size_t row_bytes, int rows, in
         const float* xt = x + static_cast<size_t>(t0) * cols;
         MatvecOut ot = out;
         ot.y += static_cast<size_t>(t0) * out.y_stride;
-        if (n == 1)
-            detail::launch_kernel(name, matvec_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, ot);
-        else if (n <= 4)
-            detail::launch_kernel(name, matvec_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, ot);
-        else
-            detail::launch_kernel(name, matvec_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows, cols, xt, n, ot);
+        if constexpr (kStaged) {
+            if (n == 1)
+                detail::launch_kernel(name, matvec_staged_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows,
+                                      cols, xt, n, ot);
+            else if (n <= 4)
+                detail::launch_kernel(name, matvec_staged_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows,
+                                      cols, xt, n, ot);
+            else
+                detail::launch_kernel(name, matvec_staged_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows,
+                                      cols, xt, n, ot);
+        } else {
+            if (n == 1)
+                detail::launch_kernel(name, matvec_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows, cols, xt,
+                                      n, ot);
+            else if (n <= 4)
+                detail::launch_kernel(name, matvec_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows, cols, xt,
+                                      n, ot);
+            else
+                detail::launch_kernel(name, matvec_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows, cols, xt,
+                                      n, ot);
+        }
     }
+}
+
+// The block types either way; the float types (whose F16 walk already streams 8-byte loads) always directly.
+template <class Dot>
+void launch_blocks(const char* name, const char* staged_name, MatvecLoads loads, const void* W, size_t row_bytes,
+                   int rows, int cols, const float* x, int n_tok, MatvecOut out, Stream stream) {
+    if (loads == MatvecLoads::Staged)
+        launch_type<Dot, true>(staged_name, W, row_bytes, rows, cols, x, n_tok, out, stream);
+    else
+        launch_type<Dot, false>(name, W, row_bytes, rows, cols, x, n_tok, out, stream);
 }
 
 // Checks the shape for `type` and launches its kernel over `rows` warps.
 void dispatch(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens,
-              MatvecOut out, Stream stream) {
+              MatvecOut out, MatvecLoads loads, Stream stream) {
     detail::require(rows > 0 && cols > 0, "matvec: empty shape");
     detail::require(n_tokens >= 1 && n_tokens <= kMatvecMaxTokens, "matvec: n_tokens must be 1..16");
     detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0,
                     "matvec: W and x must be 16-byte aligned");
+    const auto blocks = [&](auto launch, const char* name, const char* staged_name) {
+        launch(name, staged_name, loads, W, row_bytes, rows, cols, x, n_tokens, out, stream);
+    };
     switch (type) {
-        case GgmlType::F32: return launch_type<DotF32>("matvec_kernel<F32>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
-        case GgmlType::F16: return launch_type<DotF16>("matvec_kernel<F16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::F32: return launch_type<DotF32, false>("matvec_kernel<F32>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::F16: return launch_type<DotF16, false>("matvec_kernel<F16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::BF16: return launch_type<DotBF16, false>("matvec_kernel<BF16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
         case GgmlType::Q8_0:
             detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
-            return launch_type<DotQ8_0>("matvec_kernel<Q8_0>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ8_0>, "matvec_kernel<Q8_0>", "matvec_staged_kernel<Q8_0>");
         case GgmlType::Q4_0:
             detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
-            return launch_type<DotQ4_0>("matvec_kernel<Q4_0>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
-        case GgmlType::BF16: return launch_type<DotBF16>("matvec_kernel<BF16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ4_0>, "matvec_kernel<Q4_0>", "matvec_staged_kernel<Q4_0>");
         case GgmlType::Q4_1:
             detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
-            return launch_type<DotQ4_1>("matvec_kernel<Q4_1>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ4_1>, "matvec_kernel<Q4_1>", "matvec_staged_kernel<Q4_1>");
         case GgmlType::Q5_0:
             detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
-            return launch_type<DotQ5_0>("matvec_kernel<Q5_0>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ5_0>, "matvec_kernel<Q5_0>", "matvec_staged_kernel<Q5_0>");
         case GgmlType::Q5_1:
             detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
-            return launch_type<DotQ5_1>("matvec_kernel<Q5_1>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ5_1>, "matvec_kernel<Q5_1>", "matvec_staged_kernel<Q5_1>");
         case GgmlType::Q2_K:
             detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
-            return launch_type<DotQ2_K>("matvec_kernel<Q2_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ2_K>, "matvec_kernel<Q2_K>", "matvec_staged_kernel<Q2_K>");
         case GgmlType::Q3_K:
             detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
-            return launch_type<DotQ3_K>("matvec_kernel<Q3_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
-        case GgmlType::Q5_K:
-            detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
-            return launch_type<DotQ5_K>("matvec_kernel<Q5_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ3_K>, "matvec_kernel<Q3_K>", "matvec_staged_kernel<Q3_K>");
         case GgmlType::Q4_K:
             detail::require(cols % 256 == 0 && row_bytes % 4 == 0, "matvec: Q4_K rows are whole blocks of 256");
-            return launch_type<DotQ4_K>("matvec_kernel<Q4_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ4_K>, "matvec_kernel<Q4_K>", "matvec_staged_kernel<Q4_K>");
+        case GgmlType::Q5_K:
+            detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
+            return blocks(launch_blocks<DotQ5_K>, "matvec_kernel<Q5_K>", "matvec_staged_kernel<Q5_K>");
         case GgmlType::Q6_K:
             detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
-            return launch_type<DotQ6_K>("matvec_kernel<Q6_K>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+            return blocks(launch_blocks<DotQ6_K>, "matvec_kernel<Q6_K>", "matvec_staged_kernel<Q6_K>");
         default: detail::require(false, "matvec: unsupported weight type");
     }
 }
@@ -506,16 +640,16 @@ bool matvec_supports(GgmlType type) {
 }
 
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
-            Stream stream, size_t y_stride) {
+            Stream stream, size_t y_stride, MatvecLoads loads) {
     detail::require(y_stride == 0 || y_stride >= static_cast<size_t>(rows), "matvec: y_stride is less than rows");
     dispatch(type, W, row_bytes, rows, cols, x, n_tokens, {y, y_stride ? y_stride : static_cast<size_t>(rows), nullptr},
-             stream);
+             loads, stream);
 }
 
 void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
-                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream) {
+                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream, MatvecLoads loads) {
     detail::require(row_ids != nullptr && y_stride > 0, "matvec_rows: row_ids and y_stride are required");
-    dispatch(type, W, row_bytes, n_ids, cols, x, n_tokens, {y, y_stride, row_ids}, stream);
+    dispatch(type, W, row_bytes, n_ids, cols, x, n_tokens, {y, y_stride, row_ids}, loads, stream);
 }
 
 }  // namespace tandem::cuda

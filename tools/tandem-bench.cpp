@@ -28,6 +28,7 @@
 #include <memory>
 #include <thread>
 
+#include "bench_util.h"
 #include "cpu/cpu_backend.h"
 #ifdef TANDEM_HAS_CUDA
 #include "cuda/cuda_backend.h"
@@ -42,11 +43,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using tandem::bench::median;
 
 // Deterministic "random" prompt tokens, avoiding the first 3 (unk/bos/eos) ids.
 std::vector<int> bench_tokens(int n, int n_vocab) {

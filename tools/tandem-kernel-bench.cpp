@@ -18,11 +18,10 @@
 #include <memory>
 #include <ctime>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "cpu/fp16.h"
+#include "bench_util.h"
 #include "cpu/quant_q8.h"
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
@@ -32,38 +31,12 @@ namespace {
 
 using namespace tandem;
 using Clock = std::chrono::steady_clock;
+using bench::median;
+using bench::random_matrix;
+using bench::split_list;
 
 constexpr GgmlType kAllTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
                                   GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
-
-std::vector<uint8_t> random_matrix(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
-    const GgmlTypeInfo info = ggml_type_info(type);
-    const size_t n_blocks = static_cast<size_t>(rows * (cols / info.block_size));
-    std::vector<uint8_t> w(n_blocks * info.type_size);
-    std::uniform_int_distribution<int> byte(0, 255);
-    std::uniform_real_distribution<float> scale(-1.0f / 64, 1.0f / 64);
-    for (uint8_t& b : w) b = static_cast<uint8_t>(byte(rng));
-    for (size_t b = 0; b < n_blocks; ++b)
-        for (size_t off : ggml_fp16_scale_offsets(type)) {  // random scale bytes could be infinities or NaNs
-            const uint16_t h = cpu::fp32_to_fp16(scale(rng));
-            std::memcpy(w.data() + b * info.type_size + off, &h, 2);
-        }
-    return w;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::vector<std::string> split_list(const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    for (std::string item; std::getline(ss, item, ',');)
-        if (!item.empty()) out.push_back(item);
-    return out;
-}
 
 }  // namespace
 

@@ -12,20 +12,14 @@
 #include <random>
 #include <vector>
 
+#include "bench_util.h"
 #include "candidates.h"
 #include "error.h"
 #include "sampler.h"
 
 using namespace tandem;
 
-namespace {
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-}
-
-}  // namespace
+using bench::median;
 
 int main(int argc, char** argv) {
     int vocab = 151936, reps = 300;

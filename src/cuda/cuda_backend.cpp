@@ -148,6 +148,11 @@ bool cuda_graphs_from_env() {
     return !(env && std::string(env) == "0");
 }
 
+cuda::MatvecLoads cuda_matvec_loads_from_env() {
+    const char* env = std::getenv("TANDEM_CUDA_MATVEC");
+    return env && std::string(env) == "staged" ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Direct;
+}
+
 bool CudaBackend::use_blas() {
     if (!cuda::blas_available()) return false;
     const char* env = std::getenv("TANDEM_CUDA_GEMM");
@@ -389,7 +394,7 @@ void CudaBackend::gemm_input(const float* x, int n, int cols) {
 
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
     if (!prefill)
-        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_);
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads);
     else if (!blas_)
         cuda::gemm(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_);
     else
@@ -538,14 +543,15 @@ void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
     const float* x = xb_ + static_cast<size_t>(row0) * model_.config.dim;
     const DeviceMatrix& W = output_;
     if (logit_first_ >= n_vocab) {
-        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_);
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_, 0, options_.matvec_loads);
     } else {
         if (logit_first_ > 0)
-            cuda::matvec(W.type, W.data, W.row_bytes, logit_first_, W.cols, x, rows, logits_, stream_, n_vocab);
+            cuda::matvec(W.type, W.data, W.row_bytes, logit_first_, W.cols, x, rows, logits_, stream_, n_vocab,
+                         options_.matvec_loads);
         cuda::fill_columns(logits_, rows, n_vocab, logit_first_, n_vocab, -INFINITY, stream_);
         if (n_extra_logits_ > 0)
             cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
-                              n_vocab, stream_);
+                              n_vocab, stream_, options_.matvec_loads);
     }
     if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
     if (picks == Picks::ArgmaxConfidence)

@@ -74,12 +74,16 @@ struct CudaPrefillOptions {
 
 // False when env TANDEM_CUDA_GRAPHS is "0" (the default of CudaOptions::graphs).
 bool cuda_graphs_from_env();
+// TANDEM_CUDA_MATVEC=staged: the block types' matvecs stage each row through shared memory (default: direct loads
+// until a GPU has measured which is faster).
+cuda::MatvecLoads cuda_matvec_loads_from_env();
 
 // The rest of the backend's choices.
 struct CudaOptions {
     cuda::KvType kv_type = cuda::KvType::F16;  // storage of the KV cache (--kv-type; Q8_0 needs kv_dim % 32 == 0)
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
+    cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();  // same sums either way (kernels.h)
 };
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).

@@ -404,6 +404,17 @@ std::vector<Call> run_graph_schedule(const Model& model, CudaOptions options, em
     return calls;
 }
 
+// Every call's logits finite in `a` and bitwise equal in `b`.
+void check_same_logits(const std::vector<Call>& a, const std::vector<Call>& b) {
+    REQUIRE(a.size() == b.size());
+    for (size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        REQUIRE(a[i].logits.size() == b[i].logits.size());
+        for (float x : a[i].logits) REQUIRE(std::isfinite(x));
+        CHECK(std::memcmp(a[i].logits.data(), b[i].logits.data(), a[i].logits.size() * 4) == 0);
+    }
+}
+
 }  // namespace
 
 TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct launches; graphs are reused") {
@@ -415,13 +426,7 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
     // Different thread orders for the two runs: the kernels' results must not depend on them either.
     const std::vector<Call> g = run_graph_schedule(*model, graphs, {emu::ThreadOrder::Shuffled, 21});
     const std::vector<Call> d = run_graph_schedule(*model, direct, {emu::ThreadOrder::Forward, 0});
-    REQUIRE(g.size() == d.size());
-    for (size_t i = 0; i < g.size(); ++i) {
-        CAPTURE(i);
-        REQUIRE(g[i].logits.size() == d[i].logits.size());
-        for (float x : g[i].logits) REQUIRE(std::isfinite(x));
-        CHECK(std::memcmp(g[i].logits.data(), d[i].logits.data(), g[i].logits.size() * 4) == 0);
-    }
+    check_same_logits(g, d);
     // Direct launches never capture.
     CHECK(d.back().stats.captures == 0);
     CHECK(d.back().stats.replays == 0);
@@ -463,6 +468,35 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
     MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
             g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
             g.back().stats.nodes, "-node graphs");
+}
+
+TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct loads") {
+    // The graph schedule (decodes, a verification call, a truncate, the prefill path, two caches) on stories260K
+    // requantized to q4_0 and q8_0, whose matvecs are the block kernels that TANDEM_CUDA_MATVEC=staged changes.
+    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        auto model = Model::load(requantized(type));
+        CudaOptions staged, direct;
+        staged.attention_split = direct.attention_split = 4;
+        staged.matvec_loads = cuda::MatvecLoads::Staged;
+        direct.matvec_loads = cuda::MatvecLoads::Direct;
+        const std::vector<Call> s = run_graph_schedule(*model, staged, {emu::ThreadOrder::Reverse, 0});
+        const std::vector<Call> d = run_graph_schedule(*model, direct, {emu::ThreadOrder::Forward, 0});
+        check_same_logits(s, d);
+    }
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
+    struct RestoreEnv {
+        ~RestoreEnv() { unsetenv("TANDEM_CUDA_MATVEC"); }
+    } restore;
+    unsetenv("TANDEM_CUDA_MATVEC");
+    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
+    setenv("TANDEM_CUDA_MATVEC", "staged", 1);
+    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Staged);
+    CHECK(CudaOptions{}.matvec_loads == cuda::MatvecLoads::Staged);
+    setenv("TANDEM_CUDA_MATVEC", "direct", 1);
+    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
 }
 
 TEST_CASE("cuda backend: restricted logits are the unrestricted ones on the kept ids and -inf elsewhere") {

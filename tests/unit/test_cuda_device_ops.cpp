@@ -144,6 +144,12 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
                 const double e = relative_error(y, std::vector<double>(ref16.begin(), ref16.begin() + y.size()), finite);
                 CHECK(finite);
                 CHECK(e < 1e-5);  // fp32 sums of exactly dequantized products
+                // Staged loads (TANDEM_CUDA_MATVEC=staged): bitwise the same sums.
+                cuda::DeviceBuffer ds = poisoned_floats(static_cast<size_t>(n) * s.rows);
+                cuda::matvec(type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), n, ds.as<float>(), nullptr, 0,
+                             cuda::MatvecLoads::Staged);
+                const std::vector<float> ys = download(ds);
+                CHECK(std::memcmp(ys.data(), y.data(), y.size() * 4) == 0);
             }
             const std::vector<int> picks = checked_tokens(gemm_tokens);
             const std::vector<double> ref = reference(type, W, s.rows, s.cols, x, picks, false, false);

@@ -186,6 +186,49 @@ TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for ev
     }
 }
 
+TEST_CASE("cuda kernels: staged matvec loads give bitwise the direct loads' sums, matvec and matvec_rows") {
+    // Staged, each warp copies its row to shared memory in chunks of whole walk steps; the lanes then add the same
+    // terms in the same order as with direct loads. The shapes: rows that start at every offset within a 16-byte
+    // slot (row bytes not a multiple of 16), rows of one partial chunk, and rows of several chunks with a partial
+    // last one (7680 columns: 240 legacy blocks, 30 super-blocks; every type's chunk is under 2 KiB). W is exactly
+    // as long as its rows, so a staged read past the last row's end fails under ASan.
+    const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                              GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+    std::mt19937 rng(41);
+    for (GgmlType type : types) {
+        const int block = ggml_type_info(type).block_size;
+        for (int cols : {block == 32 ? 96 : 256, 512, 7680}) {
+            const int rows = cols == 7680 ? 3 : 9;
+            CAPTURE(ggml_type_name(type));
+            CAPTURE(cols);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
+            const std::vector<int> picked = {rows - 1, 0, rows / 2};
+            for (int n : {1, 5, 13}) {
+                CAPTURE(n);
+                const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
+                std::vector<float> direct(static_cast<size_t>(n) * rows, kNaN), picked_direct(direct.size(), kNaN);
+                cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, direct.data(), nullptr);
+                cuda::matvec_rows(type, W.data(), row_bytes, cols, picked.data(), 3, x.data(), n, picked_direct.data(),
+                                  rows, nullptr);
+                for (const LaunchOptions& o : kTwoOrders) {
+                    ScopedLaunchOptions scope(o);
+                    INFO("thread order " << std::string(order_name(o)));
+                    std::vector<float> staged(direct.size(), kNaN), picked_staged(direct.size(), kNaN);
+                    cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, staged.data(), nullptr, 0,
+                                 cuda::MatvecLoads::Staged);
+                    cuda::matvec_rows(type, W.data(), row_bytes, cols, picked.data(), 3, x.data(), n,
+                                      picked_staged.data(), rows, nullptr, cuda::MatvecLoads::Staged);
+                    for (float v : direct) REQUIRE(std::isfinite(v));
+                    CHECK(std::memcmp(staged.data(), direct.data(), direct.size() * 4) == 0);
+                    // NaN where no row was picked in both: compare bytes.
+                    CHECK(std::memcmp(picked_staged.data(), picked_direct.data(), direct.size() * 4) == 0);
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("cuda kernels: matvec rejects what it cannot do") {
     std::vector<float> x(64), y(2);
     std::vector<uint8_t> w(2 * 64 * 4);

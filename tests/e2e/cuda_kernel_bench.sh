@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# End-to-end checks of tandem-cuda-kernel-bench, the CUDA matvec benchmark that scripts/gpu-check runs on a lent
+# GPU: on the emulation (the -emu build beside an nvcc build, or the tool itself without nvcc) it prints a row per
+# type x shape x tokens x loads, staged rows with their ratio to direct; bad flags are errors; and the nvcc build,
+# here without a usable device, says so and fails instead of printing figures.
+# Usage: cuda_kernel_bench.sh BUILD_DIR DATA_DIR
+set -uo pipefail
+build=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+ok() { passed=$((passed + 1)); }
+bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
+check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+
+emu="$build/tandem-cuda-kernel-bench-emu"
+[[ -x "$emu" ]] || emu="$build/tandem-cuda-kernel-bench"
+small=(--types q4_0,q6_k --shapes 8x256,5x512 --tokens 1,3 --launches 2 --reps 1 --rotate-mib 0 --copy-mib 1)
+"$emu" "${small[@]}" >"$tmp/out" 2>"$tmp/err"
+check "emulated run: exit 0" [ $? -eq 0 ]
+check "emulated run: device line" grep -q '^device: CUDA emulation' "$tmp/out"
+check "emulated run: copy bandwidth line" grep -q '^device-to-device copy: ' "$tmp/out"
+check "emulated run: 2 types x 2 shapes x 2 token counts x 2 loads rows" [ "$(grep -c '^| q[46]_[0K] |' "$tmp/out")" -eq 16 ]
+check "emulated run: staged rows carry a ratio to direct" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| staged \| .* \| [0-9.]+x \|$' "$tmp/out")" -eq 8 ]
+
+"$emu" --types f16 >/dev/null 2>"$tmp/err"
+check "a float type is refused" [ $? -eq 2 ]
+check "a float type is named" grep -q 'f16' "$tmp/err"
+"$emu" --shapes 4096 >/dev/null 2>"$tmp/err"
+check "a malformed shape is refused" [ $? -eq 2 ]
+"$emu" --tokens 17 >/dev/null 2>"$tmp/err"
+check "17 tokens are refused" [ $? -eq 2 ]
+"$emu" --types q4_0 --shapes 8x48 --tokens 1 --launches 1 --reps 1 --rotate-mib 0 --copy-mib 0 >"$tmp/out" 2>"$tmp/err"
+check "columns that are not whole blocks: skipped with a note" grep -q 'not whole blocks' "$tmp/err"
+
+if [[ "$emu" == *-emu && -x "$build/tandem-cuda-kernel-bench" ]]; then
+    if "$build/tandem-cuda-kernel-bench" --shapes 8x256 --tokens 1 --copy-mib 1 --rotate-mib 0 >"$tmp/out" 2>"$tmp/err"; then
+        ok  # a machine with a GPU: it ran
+    else
+        check "no device: named on stderr" grep -q 'no CUDA device' "$tmp/err"
+        check "no device: no table on stdout" [ ! -s "$tmp/out" ]
+    fi
+fi
+
+echo "cuda_kernel_bench.sh: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
