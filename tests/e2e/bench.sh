@@ -11,10 +11,7 @@ model="$data/stories260K.gguf"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+source "$(dirname "$0")/lib/checks.bash"
 json_ok() { python3 -c 'import json,sys; [json.loads(l) for l in open(sys.argv[1]) if l.strip()]' "$1"; }
 
 "$bench" -m "$model" -p 32 -n 8 -r 1 -t 1 --json >"$tmp/json" 2>/dev/null

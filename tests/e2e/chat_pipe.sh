@@ -10,10 +10,7 @@ model="$data/stories260K.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export HOME="$tmp/home" XDG_STATE_HOME="$tmp/state"
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+source "$(dirname "$0")/lib/checks.bash"
 
 printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0 >"$tmp/out" 2>"$tmp/err"
 check "--chat exits 0" [ $? -eq 0 ]

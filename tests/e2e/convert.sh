@@ -10,10 +10,7 @@ tandem="$build/tandem" convert="$build/tandem-convert" quantize="$build/tandem-q
 tok="$data/tok512.model"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+source "$(dirname "$0")/lib/checks.bash"
 
 gen() {  # gen MODEL PROMPT N: greedy continuation on stdout (one thread: the model is tiny, the runs many)
   "$tandem" -m "$1" -p "$2" -n "$3" --temp 0 -t 1 2>/dev/null

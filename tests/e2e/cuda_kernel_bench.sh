@@ -8,10 +8,7 @@ set -uo pipefail
 build=$1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+source "$(dirname "$0")/lib/checks.bash"
 
 emu="$build/tandem-cuda-kernel-bench-emu"
 [[ -x "$emu" ]] || emu="$build/tandem-cuda-kernel-bench"

@@ -16,10 +16,7 @@ tmp=$(mktemp -d)
 sock="$tmp/none.sock"  # one tmux server per session (a server being killed cannot be reused at once)
 tm() { tmux -S "$sock" "$@"; }
 trap 'for s in "$tmp"/*.sock; do tmux -S "$s" kill-server 2>/dev/null; done; rm -rf "$tmp"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+source "$(dirname "$0")/lib/checks.bash"
 
 # Isolated home: the history file and any ~/.editrc are the test's own.
 mkdir -p "$tmp/home"

@@ -8,10 +8,7 @@ tandem="$build/tandem"
 model="$data/stories260K.gguf"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-ok() { passed=$((passed + 1)); }
-bad() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
-check() { local what=$1; shift; if "$@"; then ok; else bad "$what"; fi; }
+source "$(dirname "$0")/lib/checks.bash"
 
 "$build/tandem-quantize" "$model" "$tmp/q4_0.gguf" q4_0 2>/dev/null
 check "quantize a draft" [ -s "$tmp/q4_0.gguf" ]
