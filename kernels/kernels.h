@@ -54,6 +54,20 @@ void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const
                  const float* x, int n_tokens, float* y, size_t y_stride, Stream stream,
                  MatvecLoads loads = MatvecLoads::Direct);
 
+// Several matrices of one type and width applied to the same x in one launch (Q, K and V; gate and up): for each
+// target, y[t][r] = dot(row r of W, x[t]) (+ bias[r] when bias is set; device memory), y's rows `rows` floats
+// apart. Bitwise the separate matvec calls (followed by add_bias): the same kernel computes every row.
+constexpr int kMatvecMaxTargets = 3;
+struct MatvecTarget {
+    const void* W;  // 16-byte aligned
+    size_t row_bytes;
+    int rows;
+    float* y;
+    const float* bias;  // null: none
+};
+void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
+                  Stream stream, MatvecLoads loads = MatvecLoads::Direct);
+
 // ---- prefill GEMM (gemm.cu) ----------------------------------------------------------------------------------------
 // y[t][r] = dot(row r of W, x[t]) for any n_tokens >= 1 (a prefill chunk) and every matvec type: a tiled SIMT
 // kernel (64 rows x 64 tokens per block) that dequantizes weight tiles into shared memory and accumulates in fp32.

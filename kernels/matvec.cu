@@ -2,9 +2,10 @@
 // Q3_K, Q4_K, Q5_K, Q6_K weights (every type the CPU backend computes with) with the dequantization fused into the
 // dot product.
 //
-// One warp per weight row (kWarps rows per block). The lanes of a warp cover consecutive bytes of the row so each
-// iteration reads one contiguous stretch; every lane keeps one partial sum per token (NT registers), and a warp
-// shuffle reduction finishes each token's dot product. The tokens share every weight load, which is what makes
+// One warp per weight row (kWarps rows per block); a launch may cover up to three matrices of one type that read
+// the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The lanes of a warp cover
+// consecutive bytes of the row so each iteration reads one contiguous stretch; every lane keeps one partial sum per
+// token (NT registers), and a warp shuffle reduction finishes each token's dot product. The tokens share every weight load, which is what makes
 // a few tokens (speculative verification, small prefill chunks) cost about as much as one.
 #include "common.cuh"
 
@@ -399,39 +400,82 @@ struct DotQ6_K {
     }
 };
 
-// Where a launch's products go: y[t][row] for t < n_tok, rows y_stride floats apart. Warp i of the grid computes
-// row i of W, or row row_ids[i] when row_ids is set (a picked subset: the same sum as when every row runs).
-struct MatvecOut {
+// One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
+// optional bias added to each (bitwise what add_bias would add afterwards).
+struct MatvecSegment {
+    const uint8_t* W;
+    size_t row_bytes;
     float* y;
     size_t y_stride;
+    const float* bias;  // device memory, one per row; null: none
+    int rows;           // warps the segment takes (its rows, or the number of row_ids)
+};
+
+// What a launch computes: up to kMatvecMaxTargets matrices of one type and width applied to the same x (Q, K and
+// V; gate and up), their rows one after another in the grid. Warp i computes row i of the first segment, then of
+// the second, ...; with row_ids (one segment), row row_ids[i] (a picked subset: the same sum as when every row runs).
+struct MatvecJob {
+    MatvecSegment seg0, seg1, seg2;  // fields, not an array: a kernel parameter indexed at run time would be copied
+                                     // to local memory
+    int n_seg;
+    int total_rows;
     const int* row_ids;  // device memory; null: rows 0..rows-1
 };
 
-// A warp whose row is past the end returns as a whole, so the shuffles below always have all 32 lanes.
+// The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
+// used (pick), not copied whole: a copy would hold ~11 registers through the dot product.
+__device__ __forceinline__ int segment_of(const MatvecJob& job, int& r) {
+    int s = 0;
+    if (job.n_seg > 1 && r >= job.seg0.rows) {
+        r -= job.seg0.rows;
+        s = 1;
+        if (job.n_seg > 2 && r >= job.seg1.rows) {
+            r -= job.seg1.rows;
+            s = 2;
+        }
+    }
+    if (job.row_ids) r = job.row_ids[r];
+    return s;
+}
+
+template <class T>
+__device__ __forceinline__ T pick(int s, T a, T b, T c) {
+    return s == 0 ? a : s == 1 ? b : c;
+}
+
+__device__ __forceinline__ const uint8_t* row_of(const MatvecJob& job, int s, int row) {
+    return pick(s, job.seg0.W, job.seg1.W, job.seg2.W) +
+           static_cast<size_t>(row) * pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
+}
+
+// Every lane calls this (the shuffles need all 32); lane 0 writes.
 template <int NT>
-__device__ __forceinline__ void write_sums(float (&acc)[NT], int n_tok, int lane, int row, const MatvecOut& out) {
+__device__ __forceinline__ void write_sums(float (&acc)[NT], int n_tok, int lane, int row, const MatvecJob& job,
+                                           int s) {
+    float* y = pick(s, job.seg0.y, job.seg1.y, job.seg2.y);
+    const size_t stride = pick(s, job.seg0.y_stride, job.seg1.y_stride, job.seg2.y_stride);
+    const float* bias = pick(s, job.seg0.bias, job.seg1.bias, job.seg2.bias);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
         if (t >= n_tok) break;
-        const float s = detail::warp_sum(acc[t]);
-        if (lane == 0) out.y[static_cast<size_t>(t) * out.y_stride + row] = s;
+        const float sum = detail::warp_sum(acc[t]);
+        if (lane == 0) y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
     }
 }
 
-// Direct loads: every lane reads its own 2-4 bytes of a block straight from global memory.
+// A warp whose row is past the end returns as a whole, so the shuffles always have all 32 lanes.
 template <class Dot, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
-    matvec_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols, const float* __restrict__ x,
-                  int n_tok, MatvecOut out) {
-    const int warp = blockIdx.x * kWarps + threadIdx.x / 32;
+    matvec_kernel(MatvecJob job, int cols, const float* __restrict__ x, int n_tok) {
+    int row = blockIdx.x * kWarps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (warp >= rows) return;
-    const int row = out.row_ids ? out.row_ids[warp] : warp;
+    if (row >= job.total_rows) return;
+    const int s = segment_of(job, row);
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    Dot::template dot<NT>(W + static_cast<size_t>(row) * row_bytes, cols, x, cols, n_tok, lane, acc);
-    write_sums(acc, n_tok, lane, row, out);
+    Dot::template dot<NT>(row_of(job, s, row), cols, x, cols, n_tok, lane, acc);
+    write_sums(acc, n_tok, lane, row, job, s);
 }
 
 // ---- staged loads ---------------------------------------------------------------------------------------------------
@@ -469,22 +513,25 @@ __device__ __forceinline__ uint4 load_slot(const uint8_t* p, const uint8_t* end)
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-// Registers: 48-72 per thread on sm_90 (no spills; the resource table). Q5_K with 8 tokens sits at ptxas's own
-// limit there: rewriting the chunk arithmetic below in an equivalent form once made it spill 12 bytes (a build
-// error), and __launch_bounds__ with a minimum of blocks cured that only by raising every instance to 63-104.
+// Registers: left to itself, ptxas held the 8-token instances at ~72 registers and spilled a few bytes for some
+// types and architectures depending on how equivalent code was written (a build error here). A minimum of blocks
+// per SM gives it an explicit budget instead: 8 blocks (64 registers, 32 warps per SM: a 7B matvec's 31 warps in
+// one wave) for one token, 6 blocks (85 registers) for more, where each warp has more arithmetic per byte.
+template <int NT>
+constexpr int kStagedMinBlocks = NT == 1 ? 8 : 6;
+
 template <class Dot, int NT>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_staged_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols,
-                         const float* __restrict__ x, int n_tok, MatvecOut out) {
+__global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
+    matvec_staged_kernel(MatvecJob job, int cols, const float* __restrict__ x, int n_tok) {
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
     TANDEM_SHARED(uint4, stage, kWarps * kStageSlots);
-    const int warp = blockIdx.x * kWarps + threadIdx.x / 32;
+    int row = blockIdx.x * kWarps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
-    if (warp >= rows) return;
-    const int row = out.row_ids ? out.row_ids[warp] : warp;
-    const uint8_t* row_begin = W + static_cast<size_t>(row) * row_bytes;
-    const uint8_t* row_end = row_begin + row_bytes;
+    if (row >= job.total_rows) return;
+    const int s = segment_of(job, row);
+    const uint8_t* row_begin = row_of(job, s, row);
+    const uint8_t* row_end = row_begin + pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
     // Slots are 16-byte aligned; the bytes before row_begin in its first slot belong to the previous row (W itself
     // is 16-byte aligned), and those past row_end in the last one are never read (load_slot).
     const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(row_begin) % 16);
@@ -520,70 +567,64 @@ __global__ void __launch_bounds__(kWarps * 32)
                               x + static_cast<size_t>(c) * kChunkCols, cols, n_tok, lane, acc);
         __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
     }
-    write_sums(acc, n_tok, lane, row, out);
+    write_sums(acc, n_tok, lane, row, job, s);
 }
 
-// `rows`: warps launched (W's rows, or the number of row_ids).
+template <class Dot, bool kStaged, int NT>
+auto kernel_for() {
+    if constexpr (kStaged)
+        return matvec_staged_kernel<Dot, NT>;
+    else
+        return matvec_kernel<Dot, NT>;
+}
+
 template <class Dot, bool kStaged>
-void launch_type(const char* name, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tok,
-                 MatvecOut out, Stream stream) {
-    const dim3 grid((rows + kWarps - 1) / kWarps), block(kWarps * 32);
-    const uint8_t* w = static_cast<const uint8_t*>(W);
+void launch_type(const char* name, const MatvecJob& job, int cols, const float* x, int n_tok, Stream stream) {
+    const dim3 grid((job.total_rows + kWarps - 1) / kWarps), block(kWarps * 32);
     // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
     // two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
         const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
         const float* xt = x + static_cast<size_t>(t0) * cols;
-        MatvecOut ot = out;
-        ot.y += static_cast<size_t>(t0) * out.y_stride;
-        if constexpr (kStaged) {
-            if (n == 1)
-                detail::launch_kernel(name, matvec_staged_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows,
-                                      cols, xt, n, ot);
-            else if (n <= 4)
-                detail::launch_kernel(name, matvec_staged_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows,
-                                      cols, xt, n, ot);
-            else
-                detail::launch_kernel(name, matvec_staged_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows,
-                                      cols, xt, n, ot);
-        } else {
-            if (n == 1)
-                detail::launch_kernel(name, matvec_kernel<Dot, 1>, grid, block, 0, stream, w, row_bytes, rows, cols, xt,
-                                      n, ot);
-            else if (n <= 4)
-                detail::launch_kernel(name, matvec_kernel<Dot, 4>, grid, block, 0, stream, w, row_bytes, rows, cols, xt,
-                                      n, ot);
-            else
-                detail::launch_kernel(name, matvec_kernel<Dot, 8>, grid, block, 0, stream, w, row_bytes, rows, cols, xt,
-                                      n, ot);
-        }
+        MatvecJob jt = job;
+        for (MatvecSegment* s : {&jt.seg0, &jt.seg1, &jt.seg2})
+            if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
+        const auto kernel = n == 1 ? kernel_for<Dot, kStaged, 1>() : n <= 4 ? kernel_for<Dot, kStaged, 4>()
+                                                                            : kernel_for<Dot, kStaged, 8>();
+        detail::launch_kernel(name, kernel, grid, block, 0, stream, jt, cols, xt, n);
     }
 }
 
 // The block types either way; the float types (whose F16 walk already streams 8-byte loads) always directly.
 template <class Dot>
-void launch_blocks(const char* name, const char* staged_name, MatvecLoads loads, const void* W, size_t row_bytes,
-                   int rows, int cols, const float* x, int n_tok, MatvecOut out, Stream stream) {
+void launch_blocks(const char* name, const char* staged_name, MatvecLoads loads, const MatvecJob& job, int cols,
+                   const float* x, int n_tok, Stream stream) {
     if (loads == MatvecLoads::Staged)
-        launch_type<Dot, true>(staged_name, W, row_bytes, rows, cols, x, n_tok, out, stream);
+        launch_type<Dot, true>(staged_name, job, cols, x, n_tok, stream);
     else
-        launch_type<Dot, false>(name, W, row_bytes, rows, cols, x, n_tok, out, stream);
+        launch_type<Dot, false>(name, job, cols, x, n_tok, stream);
 }
 
-// Checks the shape for `type` and launches its kernel over `rows` warps.
-void dispatch(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens,
-              MatvecOut out, MatvecLoads loads, Stream stream) {
-    detail::require(rows > 0 && cols > 0, "matvec: empty shape");
+// Checks the shapes for `type` and launches its kernel over the job's rows.
+void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int n_tokens, MatvecLoads loads,
+              Stream stream) {
+    detail::require(cols > 0 && job.n_seg >= 1 && job.n_seg <= kMatvecMaxTargets, "matvec: empty shape");
     detail::require(n_tokens >= 1 && n_tokens <= kMatvecMaxTokens, "matvec: n_tokens must be 1..16");
-    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(W) % 16 == 0,
-                    "matvec: W and x must be 16-byte aligned");
+    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0, "matvec: W and x must be 16-byte aligned");
+    bool rows_4_aligned = true;
+    for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2}) {
+        if (seg - &job.seg0 >= job.n_seg) break;
+        detail::require(seg->rows > 0 && seg->W && seg->y, "matvec: empty shape");
+        detail::require(reinterpret_cast<uintptr_t>(seg->W) % 16 == 0, "matvec: W and x must be 16-byte aligned");
+        rows_4_aligned = rows_4_aligned && seg->row_bytes % 4 == 0;
+    }
     const auto blocks = [&](auto launch, const char* name, const char* staged_name) {
-        launch(name, staged_name, loads, W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        launch(name, staged_name, loads, job, cols, x, n_tokens, stream);
     };
     switch (type) {
-        case GgmlType::F32: return launch_type<DotF32, false>("matvec_kernel<F32>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
-        case GgmlType::F16: return launch_type<DotF16, false>("matvec_kernel<F16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
-        case GgmlType::BF16: return launch_type<DotBF16, false>("matvec_kernel<BF16>", W, row_bytes, rows, cols, x, n_tokens, out, stream);
+        case GgmlType::F32: return launch_type<DotF32, false>("matvec_kernel<F32>", job, cols, x, n_tokens, stream);
+        case GgmlType::F16: return launch_type<DotF16, false>("matvec_kernel<F16>", job, cols, x, n_tokens, stream);
+        case GgmlType::BF16: return launch_type<DotBF16, false>("matvec_kernel<BF16>", job, cols, x, n_tokens, stream);
         case GgmlType::Q8_0:
             detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
             return blocks(launch_blocks<DotQ8_0>, "matvec_kernel<Q8_0>", "matvec_staged_kernel<Q8_0>");
@@ -606,7 +647,7 @@ void dispatch(GgmlType type, const void* W, size_t row_bytes, int rows, int cols
             detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
             return blocks(launch_blocks<DotQ3_K>, "matvec_kernel<Q3_K>", "matvec_staged_kernel<Q3_K>");
         case GgmlType::Q4_K:
-            detail::require(cols % 256 == 0 && row_bytes % 4 == 0, "matvec: Q4_K rows are whole blocks of 256");
+            detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q4_K rows are whole blocks of 256");
             return blocks(launch_blocks<DotQ4_K>, "matvec_kernel<Q4_K>", "matvec_staged_kernel<Q4_K>");
         case GgmlType::Q5_K:
             detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
@@ -642,14 +683,39 @@ bool matvec_supports(GgmlType type) {
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
             Stream stream, size_t y_stride, MatvecLoads loads) {
     detail::require(y_stride == 0 || y_stride >= static_cast<size_t>(rows), "matvec: y_stride is less than rows");
-    dispatch(type, W, row_bytes, rows, cols, x, n_tokens, {y, y_stride ? y_stride : static_cast<size_t>(rows), nullptr},
-             loads, stream);
+    MatvecJob job{};
+    job.seg0 = {static_cast<const uint8_t*>(W), row_bytes, y, y_stride ? y_stride : static_cast<size_t>(rows), nullptr,
+                rows};
+    job.n_seg = 1;
+    job.total_rows = rows;
+    dispatch(type, job, cols, x, n_tokens, loads, stream);
 }
 
 void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
                  const float* x, int n_tokens, float* y, size_t y_stride, Stream stream, MatvecLoads loads) {
     detail::require(row_ids != nullptr && y_stride > 0, "matvec_rows: row_ids and y_stride are required");
-    dispatch(type, W, row_bytes, n_ids, cols, x, n_tokens, {y, y_stride, row_ids}, loads, stream);
+    MatvecJob job{};
+    job.seg0 = {static_cast<const uint8_t*>(W), row_bytes, y, y_stride, nullptr, n_ids};
+    job.n_seg = 1;
+    job.total_rows = n_ids;
+    job.row_ids = row_ids;
+    dispatch(type, job, cols, x, n_tokens, loads, stream);
+}
+
+void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
+                  Stream stream, MatvecLoads loads) {
+    detail::require(targets != nullptr && n_targets >= 1 && n_targets <= kMatvecMaxTargets,
+                    "matvec_multi: 1..3 targets");
+    MatvecJob job{};
+    MatvecSegment* segs[] = {&job.seg0, &job.seg1, &job.seg2};
+    for (int i = 0; i < n_targets; ++i) {
+        const MatvecTarget& t = targets[i];
+        *segs[i] = {static_cast<const uint8_t*>(t.W), t.row_bytes, t.y, static_cast<size_t>(t.rows), t.bias, t.rows};
+        detail::require(t.rows > 0, "matvec: empty shape");
+        job.total_rows += t.rows;
+    }
+    job.n_seg = n_targets;
+    dispatch(type, job, cols, x, n_tokens, loads, stream);
 }
 
 }  // namespace tandem::cuda

@@ -153,6 +153,11 @@ cuda::MatvecLoads cuda_matvec_loads_from_env() {
     return env && std::string(env) == "staged" ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Direct;
 }
 
+bool cuda_fused_matvecs_from_env() {
+    const char* env = std::getenv("TANDEM_CUDA_FUSED_MATVECS");
+    return !(env && std::string(env) == "0");
+}
+
 bool CudaBackend::use_blas() {
     if (!cuda::blas_available()) return false;
     const char* env = std::getenv("TANDEM_CUDA_GEMM");
@@ -392,6 +397,10 @@ void CudaBackend::gemm_input(const float* x, int n, int cols) {
     if (blas_) cuda::convert_f16(x, static_cast<size_t>(n) * cols, x16_, stream_);
 }
 
+cuda::MatvecTarget CudaBackend::target(const DeviceMatrix& W, float* y, const float* bias) {
+    return {W.data, W.row_bytes, W.rows, y, bias};
+}
+
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
     if (!prefill)
         cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads);
@@ -471,13 +480,21 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     for (int l = 0; l < c.n_layers; ++l) {
         const DeviceLayer& L = layers_[l];
         if (prefill) gemm_input(xb_, n, dim);
-        matmul(L.wq, xb_, n, q_, prefill);
-        matmul(L.wk, xb_, n, k_, prefill);
-        matmul(L.wv, xb_, n, v_, prefill);
-        if (c.qkv_bias) {
-            cuda::add_bias(q_, L.bq, n, c.q_dim(), stream_);
-            cuda::add_bias(k_, L.bk, n, c.kv_dim(), stream_);
-            cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
+        if (!prefill && options_.fused_matvecs && L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
+            // One launch for Q, K and V with the biases added in it (bitwise the separate launches).
+            const bool b = c.qkv_bias;
+            const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr), target(L.wk, k_, b ? L.bk : nullptr),
+                                              target(L.wv, v_, b ? L.bv : nullptr)};
+            cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, options_.matvec_loads);
+        } else {
+            matmul(L.wq, xb_, n, q_, prefill);
+            matmul(L.wk, xb_, n, k_, prefill);
+            matmul(L.wv, xb_, n, v_, prefill);
+            if (c.qkv_bias) {
+                cuda::add_bias(q_, L.bq, n, c.q_dim(), stream_);
+                cuda::add_bias(k_, L.bk, n, c.kv_dim(), stream_);
+                cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
+            }
         }
         cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, pos.start, c.n_heads,
                               c.n_kv_heads, c.head_dim, c.rope_dim, mode, cache.type()};
@@ -495,8 +512,13 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         matmul(L.wo, att_, n, proj_, prefill);
         cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_);
         if (prefill) gemm_input(xb_, n, dim);
-        matmul(L.w_gate, xb_, n, gate_, prefill);
-        matmul(L.w_up, xb_, n, up_, prefill);
+        if (!prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type) {
+            const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
+            cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, options_.matvec_loads);
+        } else {
+            matmul(L.w_gate, xb_, n, gate_, prefill);
+            matmul(L.w_up, xb_, n, up_, prefill);
+        }
         cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_);
         if (prefill) gemm_input(gate_, n, c.hidden_dim);
         matmul(L.w_down, gate_, n, proj_, prefill);

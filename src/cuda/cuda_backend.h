@@ -77,6 +77,8 @@ bool cuda_graphs_from_env();
 // TANDEM_CUDA_MATVEC=staged: the block types' matvecs stage each row through shared memory (default: direct loads
 // until a GPU has measured which is faster).
 cuda::MatvecLoads cuda_matvec_loads_from_env();
+// False when env TANDEM_CUDA_FUSED_MATVECS is "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
+bool cuda_fused_matvecs_from_env();
 
 // The rest of the backend's choices.
 struct CudaOptions {
@@ -84,6 +86,9 @@ struct CudaOptions {
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
     cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();  // same sums either way (kernels.h)
+    // Q/K/V (with their biases) and gate/up in one matvec_multi launch each where their types match (3 kernels
+    // fewer per layer, 6 for qwen2); false launches them one by one (the same bits; tests compare the two).
+    bool fused_matvecs = cuda_fused_matvecs_from_env();
 };
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
@@ -221,6 +226,8 @@ private:
     int graph_splits(int n_keys, int capacity) const;
     // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
     void matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill);
+    // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
+    static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     void gemm_input(const float* x, int n, int cols);
     void ensure_workspace(int n_ctx);
 

@@ -19,6 +19,7 @@
 #include <span>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -64,10 +65,10 @@ struct Diff {
 // Runs the same calls on both backends and compares every logit row they return. The schedule: a prefill of 37
 // tokens in chunks of 20 and 17 (CUDA splits each into 16-token steps), 6 single-token decodes, a truncate back
 // by 4 positions (a rejected draft), a 5-token verification-sized call, then 3 more decodes.
-Diff compare_backends(const Model& model, int n_ctx) {
+Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {}) {
     const int n_vocab = model.config.n_vocab;
     CpuBackend cpu(model, 1, 64, cpu::Activations::Float);
-    CudaBackend gpu(model, n_ctx);
+    CudaBackend gpu(model, n_ctx, {}, options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);
     Diff diff;
@@ -95,6 +96,17 @@ Diff compare_backends(const Model& model, int n_ctx) {
     for (int i = 0; i < 3; ++i) next = step({next});
     return diff;
 }
+
+// Unsets an environment variable now and again when the test ends (the env switches' tests set it).
+struct UnsetEnvAtExit {
+    explicit UnsetEnvAtExit(const char* name) : name_(name) { unsetenv(name_); }
+    ~UnsetEnvAtExit() { unsetenv(name_); }
+    UnsetEnvAtExit(const UnsetEnvAtExit&) = delete;
+    UnsetEnvAtExit& operator=(const UnsetEnvAtExit&) = delete;
+
+private:
+    const char* name_;
+};
 
 // q8_0 / q4_0 requantizations of stories260K, written once per test run.
 std::string requantized(GgmlType type) {
@@ -462,9 +474,10 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
         CHECK(g[i].stats.captures == want[i].inst + want[i].upd);
     }
     CHECK(g.back().stats.direct_steps == 1);
-    // One graph replaces every launch of a step: embedding, norm, 5 layers of 13 kernels (3 matvecs, RoPE + KV
-    // write, 2 attention kernels, output matvec, norm, 2 matvecs, SwiGLU, matvec, norm), the output matvec.
-    CHECK(g.back().stats.nodes == 2 + 5 * 13 + 1);
+    // One graph replaces every launch of a step: embedding, norm, 5 layers of 10 kernels (Q/K/V in one matvec, RoPE
+    // + KV write, 2 attention kernels, output matvec, norm, gate/up in one matvec, SwiGLU, matvec, norm), the
+    // output matvec.
+    CHECK(g.back().stats.nodes == 2 + 5 * 10 + 1);
     MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
             g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
             g.back().stats.nodes, "-node graphs");
@@ -486,17 +499,55 @@ TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct l
     }
 }
 
+TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches") {
+    // stories260K q4_0 given random Q/K/V biases, as a qwen2 model carries them: the CUDA backend adds them inside
+    // the fused Q/K/V launch; its logits must follow the CPU backend's (which adds them after its matmuls) and be
+    // bitwise those of the separate launches + add_bias. Without biases the fused launches are compared too.
+    auto model = Model::load(requantized(GgmlType::Q4_0));
+    const Diff plain = compare_backends(*model, 48);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    std::vector<std::vector<float>> biases;
+    for (LayerWeights& L : model->weights.layers)
+        for (WeightView* b : {&L.bq, &L.bk, &L.bv}) {
+            const int64_t width = (b == &L.bq ? L.wq : b == &L.bk ? L.wk : L.wv).rows;
+            biases.emplace_back(static_cast<size_t>(width));
+            for (float& v : biases.back()) v = normal(rng);
+            *b = WeightView{biases.back().data(), GgmlType::F32, width, 1};
+        }
+    model->config.qkv_bias = true;
+    const Diff d = compare_backends(*model, 48);
+    MESSAGE("stories260K q4_0 with Q/K/V biases: max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel,
+            " of the logit range; without biases ", plain.worst_rel, ")");
+    CHECK(d.worst_rel <= 1e-2);
+    CudaOptions fused, separate;
+    fused.attention_split = separate.attention_split = 4;
+    separate.fused_matvecs = false;
+    const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
+    const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
+    check_same_logits(f, s);
+    // Per layer: Q/K/V and their 3 bias adds become one launch, gate and up another (16 -> 10 kernels).
+    CHECK(f.back().stats.nodes == 2 + 5 * 10 + 1);
+    CHECK(s.back().stats.nodes == 2 + 5 * 16 + 1);
+}
+
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
-    struct RestoreEnv {
-        ~RestoreEnv() { unsetenv("TANDEM_CUDA_MATVEC"); }
-    } restore;
-    unsetenv("TANDEM_CUDA_MATVEC");
+    const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
     setenv("TANDEM_CUDA_MATVEC", "staged", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Staged);
     CHECK(CudaOptions{}.matvec_loads == cuda::MatvecLoads::Staged);
     setenv("TANDEM_CUDA_MATVEC", "direct", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_FUSED_MATVECS=0 launches Q/K/V and gate/up one by one") {
+    const UnsetEnvAtExit restore("TANDEM_CUDA_FUSED_MATVECS");
+    CHECK(cuda_fused_matvecs_from_env());
+    CHECK(CudaOptions{}.fused_matvecs);
+    setenv("TANDEM_CUDA_FUSED_MATVECS", "0", 1);
+    CHECK_FALSE(cuda_fused_matvecs_from_env());
+    CHECK_FALSE(CudaOptions{}.fused_matvecs);
 }
 
 TEST_CASE("cuda backend: restricted logits are the unrestricted ones on the kept ids and -inf elsewhere") {
@@ -625,10 +676,7 @@ TEST_CASE("cuda backend: a draft on the device restricted to part of the vocabul
 
 TEST_CASE("cuda backend: TANDEM_CUDA_GRAPHS=0 turns the graphs off") {
     auto model = Model::load(kData + "/stories260K.gguf");
-    struct RestoreEnv {
-        ~RestoreEnv() { unsetenv("TANDEM_CUDA_GRAPHS"); }
-    } restore;
-    unsetenv("TANDEM_CUDA_GRAPHS");
+    const UnsetEnvAtExit restore("TANDEM_CUDA_GRAPHS");
     CHECK(cuda_graphs_from_env());
     CHECK(CudaOptions{}.graphs);
     setenv("TANDEM_CUDA_GRAPHS", "1", 1);

@@ -229,6 +229,58 @@ TEST_CASE("cuda kernels: staged matvec loads give bitwise the direct loads' sums
     }
 }
 
+TEST_CASE("cuda kernels: matvec_multi is bitwise the separate matvecs, with add_bias where a target has a bias") {
+    // Q/K/V-like targets (36, 12 and 12 rows; one without a bias) and gate/up-like ones (two of 20 rows) for a float
+    // and two block types, both loads, 1 to 16 tokens (16: two launches of 8).
+    std::mt19937 rng(43);
+    for (GgmlType type : {GgmlType::F16, GgmlType::Q4_0, GgmlType::Q6_K}) {
+        const int cols = 256;
+        const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+        for (const std::vector<int>& rows : {std::vector<int>{36, 12, 12}, std::vector<int>{20, 20}, std::vector<int>{9}}) {
+            const int n_targets = static_cast<int>(rows.size());
+            CAPTURE(ggml_type_name(type));
+            CAPTURE(n_targets);
+            std::vector<std::vector<uint8_t>> W;
+            std::vector<std::vector<float>> bias;
+            for (int r : rows) {
+                W.push_back(test::random_weight_rows(type, r, cols, rng));
+                bias.push_back(random_floats(static_cast<size_t>(r), rng));
+            }
+            for (int n : {1, 5, 16}) {
+                CAPTURE(n);
+                const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
+                for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged}) {
+                    ScopedLaunchOptions scope(kTwoOrders[loads == cuda::MatvecLoads::Staged ? 1 : 0]);
+                    std::vector<std::vector<float>> want, got;
+                    std::vector<cuda::MatvecTarget> targets;
+                    for (int i = 0; i < n_targets; ++i) {
+                        want.emplace_back(static_cast<size_t>(n) * rows[i], kNaN);
+                        got.emplace_back(static_cast<size_t>(n) * rows[i], kNaN);
+                        cuda::matvec(type, W[i].data(), row_bytes, rows[i], cols, x.data(), n, want[i].data(), nullptr,
+                                     0, loads);
+                        const bool with_bias = i != 1;  // the second target has none
+                        if (with_bias) cuda::add_bias(want[i].data(), bias[i].data(), n, rows[i], nullptr);
+                        targets.push_back({W[i].data(), row_bytes, rows[i], got[i].data(),
+                                           with_bias ? bias[i].data() : nullptr});
+                    }
+                    cuda::matvec_multi(type, targets.data(), n_targets, cols, x.data(), n, nullptr, loads);
+                    for (int i = 0; i < n_targets; ++i) {
+                        CAPTURE(i);
+                        for (float v : want[i]) REQUIRE(std::isfinite(v));
+                        CHECK(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4) == 0);
+                    }
+                }
+            }
+        }
+    }
+    std::vector<float> x(256), y(8);
+    std::vector<uint8_t> w(8 * 144);
+    const cuda::MatvecTarget t{w.data(), 144, 8, y.data(), nullptr};
+    const cuda::MatvecTarget four[] = {t, t, t, t};
+    CHECK_THROWS_AS(cuda::matvec_multi(GgmlType::Q4_0, four, 4, 256, x.data(), 1, nullptr), std::invalid_argument);
+    CHECK_THROWS_AS(cuda::matvec_multi(GgmlType::Q4_0, four, 0, 256, x.data(), 1, nullptr), std::invalid_argument);
+}
+
 TEST_CASE("cuda kernels: matvec rejects what it cannot do") {
     std::vector<float> x(64), y(2);
     std::vector<uint8_t> w(2 * 64 * 4);
