@@ -5,8 +5,9 @@
 // One warp per weight row (kWarps rows per block); a launch may cover up to three matrices of one type that read
 // the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The lanes of a warp cover
 // consecutive bytes of the row so each iteration reads one contiguous stretch; every lane keeps one partial sum per
-// token (NT registers), and a warp shuffle reduction finishes each token's dot product. The tokens share every weight load, which is what makes
-// a few tokens (speculative verification, small prefill chunks) cost about as much as one.
+// token (NT registers), and a warp shuffle reduction finishes each token's dot product. The tokens share every
+// weight load, which is what makes a few tokens (speculative verification, small prefill chunks) cost about as
+// much as one.
 #include "common.cuh"
 
 namespace tandem::cuda {
@@ -22,8 +23,8 @@ constexpr int kWarps = 4;
 
 struct DotF32 {
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const float* w = reinterpret_cast<const float*>(row);
         const bool vec = cols % 4 == 0 && ((reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(x)) % 16) == 0;
         int i = 0;
@@ -50,8 +51,8 @@ struct DotF32 {
 
 struct DotF16 {
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
         const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(w) % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
         int i = 0;
@@ -82,8 +83,8 @@ struct DotF16 {
 struct DotQ8_0 {
     static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 4 * (lane % 8);
         for (int ib = lane / 8; ib < nb; ib += 4) {
             const uint8_t* blk = row + 34 * ib;
@@ -106,8 +107,8 @@ struct DotQ8_0 {
 struct DotQ4_0 {
     static constexpr int kBlockBytes = 18, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 2 * (lane % 8);
         for (int ib = lane / 8; ib < nb; ib += 4) {
             const uint8_t* blk = row + 18 * ib;
@@ -133,8 +134,8 @@ struct DotQ4_0 {
 struct DotBF16 {
     static __device__ __forceinline__ float widen(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
         const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(w) % 8) == 0 && (reinterpret_cast<uintptr_t>(x) % 16) == 0;
         int i = 0;
@@ -168,8 +169,8 @@ template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
 struct DotLegacy {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 2 * (lane % 8);
         for (int ib = lane / 8; ib < nb; ib += 4) {
             const uint8_t* blk = row + kBytes * ib;
@@ -209,8 +210,8 @@ using DotQ5_1 = DotLegacy<24, 8, true, true, 4, 0>;
 struct DotQ2_K {
     static constexpr int kBlockBytes = 84, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, half = lane >= 16;
         for (int ib = 0; ib < nb; ++ib) {
             const uint8_t* blk = row + 84 * ib;
@@ -245,8 +246,8 @@ struct DotQ3_K {
         return (lo | (hi << 4)) - 32;
     }
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, half = lane >= 16;
         for (int ib = 0; ib < nb; ++ib) {
             const uint8_t* blk = row + 110 * ib;
@@ -286,8 +287,8 @@ struct DotQ4_K {
         }
     }
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
         for (int ib = 0; ib < nb; ++ib) {
             const uint8_t* blk = row + 144 * ib;
@@ -323,8 +324,8 @@ struct DotQ4_K {
 struct DotQ5_K {
     static constexpr int kBlockBytes = 176, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
         for (int ib = 0; ib < nb; ++ib) {
             const uint8_t* blk = row + 176 * ib;
@@ -361,8 +362,8 @@ struct DotQ5_K {
 struct DotQ6_K {
     static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride, int n_tok, int lane,
-                                               float (&acc)[NT]) {
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, h = lane / 16, e = 2 * (lane % 16);
         for (int ib = 0; ib < nb; ++ib) {
             const uint8_t* blk = row + 210 * ib;

@@ -1,5 +1,6 @@
-// Helpers the benchmark tools share: the median of timed runs, comma-separated lists from flags, and random weight
-// matrices of any GGUF block type (random bytes with sane fp16 scales, since every other bit pattern is valid).
+// Helpers the benchmark tools share: the quantized types, the median of timed runs, comma-separated lists from
+// flags, and random weight matrices of any GGUF block type (random bytes with sane fp16 scales, since every other
+// bit pattern is valid).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +14,10 @@
 #include "ggml_types.h"
 
 namespace tandem::bench {
+
+// The types with blocks (every quantized type tandem computes with), as the kernel benchmarks run them.
+constexpr GgmlType kBlockTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                                    GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
 
 inline double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());

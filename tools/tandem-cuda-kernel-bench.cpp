@@ -10,6 +10,7 @@
 // bandwidth: a device-to-device copy of --copy-mib, counted as read + write (2 x bytes / time).
 // Without nvcc the tool is built on the CUDA emulation, where it runs (slowly) and its figures mean nothing.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -29,8 +30,7 @@ namespace {
 using namespace tandem;
 using Clock = std::chrono::steady_clock;
 
-constexpr GgmlType kBlockTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                                    GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+using bench::kBlockTypes;
 
 struct Shape {
     int rows, cols;

@@ -35,9 +35,6 @@ using bench::median;
 using bench::random_matrix;
 using bench::split_list;
 
-constexpr GgmlType kAllTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
-                                  GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,7 +63,7 @@ int main(int argc, char** argv) {
 
     std::vector<GgmlType> types;
     if (types_arg.empty()) {
-        types.assign(std::begin(kAllTypes), std::end(kAllTypes));
+        types.assign(std::begin(bench::kBlockTypes), std::end(bench::kBlockTypes));
     } else {
         for (const std::string& name : split_list(types_arg)) {
             const auto t = ggml_type_from_name(name);

@@ -483,7 +483,8 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         if (!prefill && options_.fused_matvecs && L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
             // One launch for Q, K and V with the biases added in it (bitwise the separate launches).
             const bool b = c.qkv_bias;
-            const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr), target(L.wk, k_, b ? L.bk : nullptr),
+            const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr),
+                                              target(L.wk, k_, b ? L.bk : nullptr),
                                               target(L.wv, v_, b ? L.bv : nullptr)};
             cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, options_.matvec_loads);
         } else {
