@@ -384,17 +384,19 @@ private:
                 for (unsigned m = 0; m < lanes; ++m) {
                     if (!(t.mask >> m & 1u)) continue;
                     const Thread& o = threads_[base + m];
-                    const std::string what = std::string(detail::warp_op_name(t.op)) + " at " +
-                                             format_location(t.where) + " (" + where_thread(base + l) + ", mask " +
-                                             hex(t.mask) + ")";
+                    // Built only on failure: this loop runs lanes x lanes times for every collective.
+                    const auto what = [&] {
+                        return std::string(detail::warp_op_name(t.op)) + " at " + format_location(t.where) + " (" +
+                               where_thread(base + l) + ", mask " + hex(t.mask) + ")";
+                    };
                     if (o.wait == Wait::Exited)
-                        fail(what + " names lane " + std::to_string(m) + ", which has exited");
+                        fail(what() + " names lane " + std::to_string(m) + ", which has exited");
                     if (o.wait == Wait::Barrier) {
                         ready = false;  // a deadlock unless something else progresses; release_barrier reports it
                         continue;
                     }
                     if (o.op != t.op || o.mask != t.mask || o.size != t.size)
-                        fail(what + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
+                        fail(what() + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
                              format_location(o.where) + " with mask " + hex(o.mask));
                 }
                 if (!ready) continue;

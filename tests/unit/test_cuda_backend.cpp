@@ -429,7 +429,7 @@ void check_same_logits(const std::vector<Call>& a, const std::vector<Call>& b) {
 
 }  // namespace
 
-TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct launches; graphs are reused") {
+TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct launches, and graphs are reused") {
     auto model = Model::load(kData + "/stories260K.gguf");
     CudaOptions graphs, direct;
     graphs.graphs = true;

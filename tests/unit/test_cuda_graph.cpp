@@ -119,7 +119,7 @@ TEST_CASE("cuda graph: a captured pair of kernels runs only on replay, and each 
     }
 }
 
-TEST_CASE("cuda graph: kernel arguments are frozen at capture; values read through a pointer are not") {
+TEST_CASE("cuda graph: kernel arguments are frozen at capture, values read through a pointer are not") {
     TestStream stream;
     DeviceBuffer out(3 * 4), pos_dev(4);
     int pos = 5;
