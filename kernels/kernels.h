@@ -45,14 +45,16 @@ enum class MatvecLoads { Direct, Staged };
 // y[t][r] = dot(row r of W, x[t]) for t < n_tokens (<= kMatvecMaxTokens), r < rows. x is [n_tokens][cols] and must
 // be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart). y's rows are y_stride floats apart (0: rows),
 // so the first rows of a matrix can write into rows as wide as the whole (restricted logits).
+// xq: null, or x quantized for this type (quantize_activations below): then a type with an 8-bit route
+// (matvec_q8_supports) computes through it and x is not read; other types read x either way.
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
-            Stream stream, size_t y_stride = 0, MatvecLoads loads = MatvecLoads::Direct);
+            Stream stream, size_t y_stride = 0, MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
 // The rows of W named by row_ids (device memory, n_ids >= 1 ids below W's rows, not checked on the device):
 // y[t][row_ids[i]] = dot(row row_ids[i] of W, x[t]), y's rows y_stride floats apart; nothing else is written. Each
 // is bitwise the value matvec computes for that row (the same kernel and sum).
 void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
                  const float* x, int n_tokens, float* y, size_t y_stride, Stream stream,
-                 MatvecLoads loads = MatvecLoads::Direct);
+                 MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
 
 // Several matrices of one type and width applied to the same x in one launch (Q, K and V; gate and up): for each
 // target, y[t][r] = dot(row r of W, x[t]) (+ bias[r] when bias is set; device memory), y's rows `rows` floats
@@ -66,7 +68,22 @@ struct MatvecTarget {
     const float* bias;  // null: none
 };
 void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
-                  Stream stream, MatvecLoads loads = MatvecLoads::Direct);
+                  Stream stream, MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
+
+// ---- 8-bit activations (matvec_q8.cu) -------------------------------------------------------------------------------
+// The integer route of matvec for the block types, as the CPU backend computes them (cpu/quant_q8.h) and as
+// llama.cpp's mmvq does: each token's x is quantized once into 8-bit blocks, and a lane's products with a weight
+// block's codes are an exact integer sum (dp4a, four byte products a instruction) scaled by the two blocks' scales.
+// The formats: Q8_1 (36-byte blocks of 32: fp16 d, fp16 s = d * sum of the codes, 32 codes) for the 32-element
+// types, whose codes and d are bitwise the CPU's Q8_0 / Q8_1 blocks; Q8_K (292-byte blocks of 256: fp32 d, 256
+// codes, 16 sums of 16 codes), bitwise the CPU's, for the k-quants. The integer sums equal the CPU's, so a product
+// differs from the CPU backend's only by the order its per-block float terms are added in.
+bool matvec_q8_supports(GgmlType type);  // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
+// Bytes of one token's quantized row of `cols` columns for `type` (cols a multiple of the type's block columns).
+size_t q8_activation_row_bytes(GgmlType type, int cols);
+// xq[t] = the quantized x[t] for t < n_tokens (any count), rows q8_activation_row_bytes(type, cols) apart; x
+// 16-byte aligned, xq 4-byte aligned.
+void quantize_activations(GgmlType type, const float* x, int cols, int n_tokens, void* xq, Stream stream);
 
 // ---- prefill GEMM (gemm.cu) ----------------------------------------------------------------------------------------
 // y[t][r] = dot(row r of W, x[t]) for any n_tokens >= 1 (a prefill chunk) and every matvec type: a tiled SIMT

@@ -1,27 +1,25 @@
-// Quantized matrix-vector products y = W x for 1..16 tokens: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
-// Q3_K, Q4_K, Q5_K, Q6_K weights (every type the CPU backend computes with) with the dequantization fused into the
-// dot product.
-//
-// One warp per weight row (kWarps rows per block); a launch may cover up to three matrices of one type that read
-// the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The lanes of a warp cover
-// consecutive bytes of the row so each iteration reads one contiguous stretch; every lane keeps one partial sum per
-// token (NT registers), and a warp shuffle reduction finishes each token's dot product. The tokens share every
-// weight load, which is what makes a few tokens (speculative verification, small prefill chunks) cost about as
-// much as one.
-#include "common.cuh"
+// Matrix-vector products y = W x for 1..16 tokens of fp32 activations: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights (every type the CPU backend computes with) with the dequantization
+// fused into the dot product: each type's walk over a row (a Dot), run by the kernels of matvec_kernels.cuh. The
+// public matvec functions also route to the 8-bit-activation Dots of matvec_q8.cu when given quantized x.
+#include "matvec_kernels.cuh"
 
 namespace tandem::cuda {
 namespace {
 
-constexpr int kWarps = 4;
+using namespace matvec_detail;
 
 // ---- per-type lane dot products: acc[t] += (this lane's share of row . x[t]) for t < n_tok ---------------------
 // x[t] starts at x + t * x_stride (16-byte aligned for the block types, whose cols are a multiple of 32). `row` may
-// point into global or shared memory (the staged kernel below decodes a copy). The block types also say how they
-// walk a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols elements) per warp iteration, each lane's share
-// visited in ascending order, so any stretch of whole steps computed alone adds the same terms in the same order.
+// point into global or shared memory (the staged kernel decodes a copy).
 
-struct DotF32 {
+// fp32 activations: a token's row is its cols floats.
+struct FloatInput {
+    using X = float;
+    static __host__ __device__ __forceinline__ size_t x_units(int cols) { return static_cast<size_t>(cols); }
+};
+
+struct DotF32 : FloatInput {
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -49,7 +47,7 @@ struct DotF32 {
     }
 };
 
-struct DotF16 {
+struct DotF16 : FloatInput {
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -80,7 +78,7 @@ struct DotF16 {
 };
 
 // Q8_0 (34-byte blocks): 8 lanes per block, 4 weights per lane, 4 blocks per warp iteration.
-struct DotQ8_0 {
+struct DotQ8_0 : FloatInput {
     static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -104,7 +102,7 @@ struct DotQ8_0 {
 
 // Q4_0 (18-byte blocks): 8 lanes per block; lane j holds bytes 2j, 2j+1: elements 2j, 2j+1 (low nibbles) and
 // 2j+16, 2j+17 (high nibbles).
-struct DotQ4_0 {
+struct DotQ4_0 : FloatInput {
     static constexpr int kBlockBytes = 18, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -131,7 +129,7 @@ struct DotQ4_0 {
 };
 
 // BF16: the upper half of a binary32, so widening is a shift (exact). Same walk as F16.
-struct DotBF16 {
+struct DotBF16 : FloatInput {
     static __device__ __forceinline__ float widen(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -166,7 +164,7 @@ struct DotBF16 {
 // block, lane j = 2(l%8) holds bytes j, j+1 of qs: elements j, j+1 (low nibbles) and j+16, j+17 (high nibbles).
 // Layout: fp16 d at 0, fp16 m at 2 when kMin, the 32 fifth bits at kQh when kFifth, qs at kQs.
 template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
-struct DotLegacy {
+struct DotLegacy : FloatInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 4;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -207,7 +205,7 @@ using DotQ5_1 = DotLegacy<24, 8, true, true, 4, 0>;
 // Q2_K and Q3_K (256-element super-blocks of 2-bit codes): lane l owns element l of each of the 8 chunks of 32
 // (bytes l and 32 + l of qs, and for Q3_K byte l of hmask), so the 32 lanes read 32 consecutive bytes at a time.
 // Element l of chunk c sits in sub-block 2c + (l >= 16), which picks its scale.
-struct DotQ2_K {
+struct DotQ2_K : FloatInput {
     static constexpr int kBlockBytes = 84, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -237,7 +235,7 @@ struct DotQ2_K {
     }
 };
 
-struct DotQ3_K {
+struct DotQ3_K : FloatInput {
     static constexpr int kBlockBytes = 110, kBlockCols = 256, kStepBlocks = 1;
     // Sixteen 6-bit scales biased by 32: low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11.
     static __device__ __forceinline__ int scale(const uint8_t* s, int i) {
@@ -274,7 +272,7 @@ struct DotQ3_K {
 
 // Q4_K (144-byte super-blocks of 256): one super-block per warp iteration. Lane l reads 4 bytes of qs at
 // 32p + 4(l%8), p = l/8: their low nibbles are elements of chunk 2p, their high nibbles of chunk 2p + 1.
-struct DotQ4_K {
+struct DotQ4_K : FloatInput {
     static constexpr int kBlockBytes = 144, kBlockCols = 256, kStepBlocks = 1;
     // ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
     static __device__ __forceinline__ void scale_min(const uint8_t* s, int j, float& sc, float& m) {
@@ -321,7 +319,7 @@ struct DotQ4_K {
 
 // Q5_K (176-byte super-blocks of 256): Q4_K's walk and scales, plus the fifth bits: bit c of qh[e] for element e
 // of chunk c. Lane l reads 4 bytes of qs at 48 + 32p + i and the 4 bytes of qh at 16 + i (i = 4(l%8), p = l/8).
-struct DotQ5_K {
+struct DotQ5_K : FloatInput {
     static constexpr int kBlockBytes = 176, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -359,7 +357,7 @@ struct DotQ5_K {
 
 // Q6_K (210-byte super-blocks of 256): one super-block per warp iteration. Lane l covers half h = l/16 and the
 // element pair e = 2(l%16), e+1 of each of the four chunks c = 4h + k of that half.
-struct DotQ6_K {
+struct DotQ6_K : FloatInput {
     static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
@@ -401,224 +399,14 @@ struct DotQ6_K {
     }
 };
 
-// One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
-// optional bias added to each (bitwise what add_bias would add afterwards).
-struct MatvecSegment {
-    const uint8_t* W;
-    size_t row_bytes;
-    float* y;
-    size_t y_stride;
-    const float* bias;  // device memory, one per row; null: none
-    int rows;           // warps the segment takes (its rows, or the number of row_ids)
-};
-
-// What a launch computes: up to kMatvecMaxTargets matrices of one type and width applied to the same x (Q, K and
-// V; gate and up), their rows one after another in the grid. Warp i computes row i of the first segment, then of
-// the second, ...; with row_ids (one segment), row row_ids[i] (a picked subset: the same sum as when every row runs).
-struct MatvecJob {
-    MatvecSegment seg0, seg1, seg2;  // fields, not an array: a kernel parameter indexed at run time would be copied
-                                     // to local memory
-    int n_seg;
-    int total_rows;
-    const int* row_ids;  // device memory; null: rows 0..rows-1
-};
-
-// The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
-// used (pick), not copied whole: a copy would hold ~11 registers through the dot product.
-__device__ __forceinline__ int segment_of(const MatvecJob& job, int& r) {
-    int s = 0;
-    if (job.n_seg > 1 && r >= job.seg0.rows) {
-        r -= job.seg0.rows;
-        s = 1;
-        if (job.n_seg > 2 && r >= job.seg1.rows) {
-            r -= job.seg1.rows;
-            s = 2;
-        }
-    }
-    if (job.row_ids) r = job.row_ids[r];
-    return s;
-}
-
-template <class T>
-__device__ __forceinline__ T pick(int s, T a, T b, T c) {
-    return s == 0 ? a : s == 1 ? b : c;
-}
-
-__device__ __forceinline__ const uint8_t* row_of(const MatvecJob& job, int s, int row) {
-    return pick(s, job.seg0.W, job.seg1.W, job.seg2.W) +
-           static_cast<size_t>(row) * pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
-}
-
-// Every lane calls this (the shuffles need all 32); lane 0 writes.
-template <int NT>
-__device__ __forceinline__ void write_sums(float (&acc)[NT], int n_tok, int lane, int row, const MatvecJob& job,
-                                           int s) {
-    float* y = pick(s, job.seg0.y, job.seg1.y, job.seg2.y);
-    const size_t stride = pick(s, job.seg0.y_stride, job.seg1.y_stride, job.seg2.y_stride);
-    const float* bias = pick(s, job.seg0.bias, job.seg1.bias, job.seg2.bias);
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        if (t >= n_tok) break;
-        const float sum = detail::warp_sum(acc[t]);
-        if (lane == 0) y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
-    }
-}
-
-// A warp whose row is past the end returns as a whole, so the shuffles always have all 32 lanes.
-template <class Dot, int NT>
-__global__ void __launch_bounds__(kWarps * 32)
-    matvec_kernel(MatvecJob job, int cols, const float* __restrict__ x, int n_tok) {
-    int row = blockIdx.x * kWarps + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (row >= job.total_rows) return;
-    const int s = segment_of(job, row);
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    Dot::template dot<NT>(row_of(job, s, row), cols, x, cols, n_tok, lane, acc);
-    write_sums(acc, n_tok, lane, row, job, s);
-}
-
-// ---- staged loads ---------------------------------------------------------------------------------------------------
-// Why: with direct loads a warp has a few 2-byte loads per lane in flight and waits out the memory latency about
-// once per warp iteration, so a 7B Q4_0 matvec took as long as an F16 one of 3.6x the bytes (kernels/README).
-// Staged, each warp copies its row to shared memory a chunk at a time with 16-byte loads (up to kStagePerLane per
-// lane, all issued together, the next chunk's issued before the current one is decoded) and the lanes run the
-// same Dot walk on the copy. A chunk is a whole number of the walk's steps, so every lane adds the same terms in
-// the same order: the sums are bitwise those of the direct kernel.
-constexpr int kStageSlots = 128;  // 16-byte slots of shared memory per warp (2 KiB)
-constexpr int kStagePerLane = kStageSlots / 32;
-
-__host__ __device__ constexpr int gcd_int(int a, int b) { return b == 0 ? a : gcd_int(b, a % b); }
-
-// Blocks per chunk: a multiple of the walk's step and of 16 / gcd(block bytes, 16) (so that every chunk starts at
-// the same offset within a 16-byte slot as the row), as many as fit in kStageSlots - 1 slots (the spare slot takes
-// a row that starts mid-slot).
-template <class Dot>
-__host__ __device__ constexpr int staged_chunk_blocks() {
-    constexpr int align = 16 / gcd_int(Dot::kBlockBytes, 16);
-    constexpr int unit = Dot::kStepBlocks / gcd_int(Dot::kStepBlocks, align) * align;
-    constexpr int fit = (kStageSlots - 1) * 16 / Dot::kBlockBytes;
-    static_assert(fit >= unit, "a staged chunk must hold one step of the walk");
-    return fit / unit * unit;
-}
-
-// The 16 bytes at p, of which those at or past `end` (2-byte aligned, like every block) are not read but zero.
-__device__ __forceinline__ uint4 load_slot(const uint8_t* p, const uint8_t* end) {
-    if (p + 16 <= end) return *reinterpret_cast<const uint4*>(p);
-    uint32_t w[4] = {0, 0, 0, 0};
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        if (p + 2 * i < end) w[i / 2] |= static_cast<uint32_t>(h[i]) << (16 * (i % 2));
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// Registers: left to itself, ptxas held the 8-token instances at ~72 registers and spilled a few bytes for some
-// types and architectures depending on how equivalent code was written (a build error here). A minimum of blocks
-// per SM gives it an explicit budget instead: 8 blocks (64 registers, 32 warps per SM: a 7B matvec's 31 warps in
-// one wave) for one token, 6 blocks (85 registers) for more, where each warp has more arithmetic per byte.
-template <int NT>
-constexpr int kStagedMinBlocks = NT == 1 ? 8 : 6;
-
-template <class Dot, int NT>
-__global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
-    matvec_staged_kernel(MatvecJob job, int cols, const float* __restrict__ x, int n_tok) {
-    constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
-    constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
-    TANDEM_SHARED(uint4, stage, kWarps * kStageSlots);
-    int row = blockIdx.x * kWarps + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (row >= job.total_rows) return;
-    const int s = segment_of(job, row);
-    const uint8_t* row_begin = row_of(job, s, row);
-    const uint8_t* row_end = row_begin + pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
-    // Slots are 16-byte aligned; the bytes before row_begin in its first slot belong to the previous row (W itself
-    // is 16-byte aligned), and those past row_end in the last one are never read (load_slot).
-    const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(row_begin) % 16);
-    const uint8_t* base = row_begin - lead;
-    uint4* my_stage = stage + (threadIdx.x / 32) * kStageSlots;
-    const int n_blocks = cols / Dot::kBlockCols;
-    const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
-    auto slots_of = [&](int c) {  // slots chunk c spans, from base + c * kChunkBytes
-        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
-        return (lead + blocks * Dot::kBlockBytes + 15) / 16;
-    };
-    uint4 buf[kStagePerLane];
-    auto load_chunk = [&](int c) {
-        const int n = slots_of(c);
-        const uint8_t* first = base + static_cast<size_t>(c) * kChunkBytes;
-#pragma unroll
-        for (int k = 0; k < kStagePerLane; ++k)
-            if (lane + 32 * k < n) buf[k] = load_slot(first + 16 * (lane + 32 * k), row_end);
-    };
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    load_chunk(0);
-    for (int c = 0; c < n_chunks; ++c) {
-        const int n = slots_of(c);
-#pragma unroll
-        for (int k = 0; k < kStagePerLane; ++k)
-            if (lane + 32 * k < n) my_stage[lane + 32 * k] = buf[k];
-        __syncwarp();
-        if (c + 1 < n_chunks) load_chunk(c + 1);  // in flight while this chunk is decoded
-        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
-        Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + lead, blocks * Dot::kBlockCols,
-                              x + static_cast<size_t>(c) * kChunkCols, cols, n_tok, lane, acc);
-        __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
-    }
-    write_sums(acc, n_tok, lane, row, job, s);
-}
-
-template <class Dot, bool kStaged, int NT>
-auto kernel_for() {
-    if constexpr (kStaged)
-        return matvec_staged_kernel<Dot, NT>;
-    else
-        return matvec_kernel<Dot, NT>;
-}
-
-template <class Dot, bool kStaged>
-void launch_type(const char* name, const MatvecJob& job, int cols, const float* x, int n_tok, Stream stream) {
-    const dim3 grid((job.total_rows + kWarps - 1) / kWarps), block(kWarps * 32);
-    // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
-    // two launches.
-    for (int t0 = 0; t0 < n_tok; t0 += 8) {
-        const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
-        const float* xt = x + static_cast<size_t>(t0) * cols;
-        MatvecJob jt = job;
-        for (MatvecSegment* s : {&jt.seg0, &jt.seg1, &jt.seg2})
-            if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
-        const auto kernel = n == 1 ? kernel_for<Dot, kStaged, 1>() : n <= 4 ? kernel_for<Dot, kStaged, 4>()
-                                                                            : kernel_for<Dot, kStaged, 8>();
-        detail::launch_kernel(name, kernel, grid, block, 0, stream, jt, cols, xt, n);
-    }
-}
-
-// The block types either way; the float types (whose F16 walk already streams 8-byte loads) always directly.
-template <class Dot>
-void launch_blocks(const char* name, const char* staged_name, MatvecLoads loads, const MatvecJob& job, int cols,
-                   const float* x, int n_tok, Stream stream) {
-    if (loads == MatvecLoads::Staged)
-        launch_type<Dot, true>(staged_name, job, cols, x, n_tok, stream);
-    else
-        launch_type<Dot, false>(name, job, cols, x, n_tok, stream);
-}
-
 // Checks the shapes for `type` and launches its kernel over the job's rows.
 void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int n_tokens, MatvecLoads loads,
               Stream stream) {
-    detail::require(cols > 0 && job.n_seg >= 1 && job.n_seg <= kMatvecMaxTargets, "matvec: empty shape");
-    detail::require(n_tokens >= 1 && n_tokens <= kMatvecMaxTokens, "matvec: n_tokens must be 1..16");
+    check_job(job, cols, n_tokens);
     detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0, "matvec: W and x must be 16-byte aligned");
     bool rows_4_aligned = true;
-    for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2}) {
-        if (seg - &job.seg0 >= job.n_seg) break;
-        detail::require(seg->rows > 0 && seg->W && seg->y, "matvec: empty shape");
-        detail::require(reinterpret_cast<uintptr_t>(seg->W) % 16 == 0, "matvec: W and x must be 16-byte aligned");
-        rows_4_aligned = rows_4_aligned && seg->row_bytes % 4 == 0;
-    }
+    for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2})
+        if (seg - &job.seg0 < job.n_seg) rows_4_aligned = rows_4_aligned && seg->row_bytes % 4 == 0;
     const auto blocks = [&](auto launch, const char* name, const char* staged_name) {
         launch(name, staged_name, loads, job, cols, x, n_tokens, stream);
     };
@@ -660,6 +448,15 @@ void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int
     }
 }
 
+// x quantized (xq) for a type with an 8-bit route: matvec_q8.cu computes it; else the fp32 kernels here.
+void route(GgmlType type, const MatvecJob& job, int cols, const float* x, const void* xq, int n_tokens,
+           MatvecLoads loads, Stream stream) {
+    if (xq && matvec_q8_supports(type))
+        dispatch_q8(type, job, cols, static_cast<const uint8_t*>(xq), n_tokens, loads, stream);
+    else
+        dispatch(type, job, cols, x, n_tokens, loads, stream);
+}
+
 }  // namespace
 
 bool matvec_supports(GgmlType type) {
@@ -682,29 +479,30 @@ bool matvec_supports(GgmlType type) {
 }
 
 void matvec(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x, int n_tokens, float* y,
-            Stream stream, size_t y_stride, MatvecLoads loads) {
+            Stream stream, size_t y_stride, MatvecLoads loads, const void* xq) {
     detail::require(y_stride == 0 || y_stride >= static_cast<size_t>(rows), "matvec: y_stride is less than rows");
     MatvecJob job{};
     job.seg0 = {static_cast<const uint8_t*>(W), row_bytes, y, y_stride ? y_stride : static_cast<size_t>(rows), nullptr,
                 rows};
     job.n_seg = 1;
     job.total_rows = rows;
-    dispatch(type, job, cols, x, n_tokens, loads, stream);
+    route(type, job, cols, x, xq, n_tokens, loads, stream);
 }
 
 void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const int* row_ids, int n_ids,
-                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream, MatvecLoads loads) {
+                 const float* x, int n_tokens, float* y, size_t y_stride, Stream stream, MatvecLoads loads,
+                 const void* xq) {
     detail::require(row_ids != nullptr && y_stride > 0, "matvec_rows: row_ids and y_stride are required");
     MatvecJob job{};
     job.seg0 = {static_cast<const uint8_t*>(W), row_bytes, y, y_stride, nullptr, n_ids};
     job.n_seg = 1;
     job.total_rows = n_ids;
     job.row_ids = row_ids;
-    dispatch(type, job, cols, x, n_tokens, loads, stream);
+    route(type, job, cols, x, xq, n_tokens, loads, stream);
 }
 
 void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
-                  Stream stream, MatvecLoads loads) {
+                  Stream stream, MatvecLoads loads, const void* xq) {
     detail::require(targets != nullptr && n_targets >= 1 && n_targets <= kMatvecMaxTargets,
                     "matvec_multi: 1..3 targets");
     MatvecJob job{};
@@ -716,7 +514,7 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
         job.total_rows += t.rows;
     }
     job.n_seg = n_targets;
-    dispatch(type, job, cols, x, n_tokens, loads, stream);
+    route(type, job, cols, x, xq, n_tokens, loads, stream);
 }
 
 }  // namespace tandem::cuda

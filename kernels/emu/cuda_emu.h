@@ -82,6 +82,16 @@ inline float __int_as_float(int i) { return std::bit_cast<float>(i); }
 inline int __float_as_int(float f) { return std::bit_cast<int>(f); }
 inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
 inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+// Round to nearest, ties to even (the default rounding mode nearbyint uses); out-of-range values are undefined
+// on the GPU too.
+inline int __float2int_rn(float f) { return static_cast<int>(std::nearbyint(f)); }
+// c + the four products of a's and b's signed bytes (the sm_61+ dp4a instruction; wraps like it on overflow).
+inline int __dp4a(int a, int b, int c) {
+    uint32_t sum = static_cast<uint32_t>(c);
+    for (int i = 0; i < 4; ++i)
+        sum += static_cast<uint32_t>(static_cast<int8_t>(a >> (8 * i)) * static_cast<int8_t>(b >> (8 * i)));
+    return static_cast<int>(sum);
+}
 template <class T>
 inline T __ldg(const T* p) {
     return *p;

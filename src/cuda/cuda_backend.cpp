@@ -72,14 +72,15 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // step when that is longer); logits only kStepTokens rows, the output projection running 16 rows at a time (a
 // chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). step_in is the start position and
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
-// extra logit ids of restrict_logits (at most n_vocab). x16 and w_tile (fp16) exist only on the cuBLAS route.
+// extra logit ids of restrict_logits (at most n_vocab); xq a step's input quantized for the 8-bit matvec route
+// (Q8_1 or Q8_K rows of the widest input). x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
-        cand_ids, cand_extra_ids, cand_extra_logits, x16, w_tile;
+        cand_ids, cand_extra_ids, cand_extra_logits, xq, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
-                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, x16, w_tile})
+                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -96,6 +97,12 @@ size_t blas_tile_halves(const Weights& w) {
     return std::min(most, CudaBackend::kBlasTileHalves);
 }
 
+// Bytes of a quantized activation row of `cols` for any type of the 8-bit route: 36 bytes per 32 (Q8_1) or 292 per
+// 256 (Q8_K), whichever is more, over whole blocks.
+size_t q8_row_bytes_bound(size_t cols) {
+    return std::max((cols + 31) / 32 * 36, (cols + 255) / 256 * 292);
+}
+
 ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool blas) {
     const ModelConfig& c = m.config;
     const size_t B = static_cast<size_t>(std::max(CudaBackend::kStepTokens, o.chunk_tokens));
@@ -108,6 +115,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
+            (S * q8_row_bytes_bound(widest) + 3) / 4,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -156,6 +164,11 @@ cuda::MatvecLoads cuda_matvec_loads_from_env() {
 bool cuda_fused_matvecs_from_env() {
     const char* env = std::getenv("TANDEM_CUDA_FUSED_MATVECS");
     return !(env && std::string(env) == "0");
+}
+
+bool cuda_int8_activations_from_env() {
+    const char* env = std::getenv("TANDEM_CUDA_INT8");
+    return env && std::string(env) == "1";
 }
 
 bool CudaBackend::use_blas() {
@@ -278,6 +291,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         cand_ids_ = reinterpret_cast<int*>(take(s.cand_ids));
         cand_extra_ids_ = reinterpret_cast<int*>(take(s.cand_extra_ids));
         cand_extra_logits_ = take(s.cand_extra_logits);
+        xq_ = reinterpret_cast<uint8_t*>(take(s.xq));
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -401,9 +415,16 @@ cuda::MatvecTarget CudaBackend::target(const DeviceMatrix& W, float* y, const fl
     return {W.data, W.row_bytes, W.rows, y, bias};
 }
 
+const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int cols) {
+    if (!options_.int8_activations || !cuda::matvec_q8_supports(type) || n > kStepTokens) return nullptr;
+    cuda::quantize_activations(type, x, cols, n, xq_, stream_);
+    return xq_;
+}
+
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
     if (!prefill)
-        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads);
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads,
+                     quantized(W.type, x, n, W.cols));
     else if (!blas_)
         cuda::gemm(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_);
     else
@@ -486,7 +507,8 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr),
                                               target(L.wk, k_, b ? L.bk : nullptr),
                                               target(L.wv, v_, b ? L.bv : nullptr)};
-            cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, options_.matvec_loads);
+            cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, options_.matvec_loads,
+                               quantized(L.wq.type, xb_, n, dim));
         } else {
             matmul(L.wq, xb_, n, q_, prefill);
             matmul(L.wk, xb_, n, k_, prefill);
@@ -515,7 +537,8 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         if (prefill) gemm_input(xb_, n, dim);
         if (!prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type) {
             const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
-            cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, options_.matvec_loads);
+            cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, options_.matvec_loads,
+                               quantized(L.w_gate.type, xb_, n, dim));
         } else {
             matmul(L.w_gate, xb_, n, gate_, prefill);
             matmul(L.w_up, xb_, n, up_, prefill);
@@ -565,16 +588,18 @@ void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
     const int n_vocab = model_.config.n_vocab;
     const float* x = xb_ + static_cast<size_t>(row0) * model_.config.dim;
     const DeviceMatrix& W = output_;
+    const void* xq = quantized(W.type, x, rows, W.cols);  // one quantization for every matvec below
     if (logit_first_ >= n_vocab) {
-        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_, 0, options_.matvec_loads);
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_, 0, options_.matvec_loads,
+                     xq);
     } else {
         if (logit_first_ > 0)
             cuda::matvec(W.type, W.data, W.row_bytes, logit_first_, W.cols, x, rows, logits_, stream_, n_vocab,
-                         options_.matvec_loads);
+                         options_.matvec_loads, xq);
         cuda::fill_columns(logits_, rows, n_vocab, logit_first_, n_vocab, -INFINITY, stream_);
         if (n_extra_logits_ > 0)
             cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
-                              n_vocab, stream_, options_.matvec_loads);
+                              n_vocab, stream_, options_.matvec_loads, xq);
     }
     if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
     if (picks == Picks::ArgmaxConfidence)

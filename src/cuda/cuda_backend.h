@@ -79,6 +79,9 @@ bool cuda_graphs_from_env();
 cuda::MatvecLoads cuda_matvec_loads_from_env();
 // False when env TANDEM_CUDA_FUSED_MATVECS is "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
 bool cuda_fused_matvecs_from_env();
+// True when env TANDEM_CUDA_INT8 is "1": the block types' matvecs take 8-bit activations (the default of
+// CudaOptions::int8_activations; off until a GPU has measured it).
+bool cuda_int8_activations_from_env();
 
 // The rest of the backend's choices.
 struct CudaOptions {
@@ -89,6 +92,10 @@ struct CudaOptions {
     // Q/K/V (with their biases) and gate/up in one matvec_multi launch each where their types match (3 kernels
     // fewer per layer, 6 for qwen2); false launches them one by one (the same bits; tests compare the two).
     bool fused_matvecs = cuda_fused_matvecs_from_env();
+    // Decode and verification matvecs of the block types through the 8-bit route (kernels.h matvec_q8): each
+    // input quantized once per matvec launch, as the CPU backend does; false: fp32 activations. Not bitwise the
+    // same, but within float rounding of the CPU backend's integer products.
+    bool int8_activations = cuda_int8_activations_from_env();
 };
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
@@ -226,6 +233,9 @@ private:
     int graph_splits(int n_keys, int capacity) const;
     // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
     void matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill);
+    // With int8_activations and a type that has the 8-bit route: queues x (n <= kStepTokens rows of cols) quantized
+    // for `type` into xq_ and returns xq_; otherwise nullptr (the matvec reads x).
+    const void* quantized(GgmlType type, const float* x, int n, int cols);
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     void gemm_input(const float* x, int n, int cols);
@@ -260,6 +270,7 @@ private:
     uint64_t restriction_version_ = 0;
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
+    uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for

@@ -50,6 +50,12 @@ const std::string kData = std::getenv("TANDEM_TEST_DATA") ? std::getenv("TANDEM_
 // The worst row of a comparison: max |cuda - cpu| over the row divided by the CPU row's logit range.
 struct Diff {
     double worst_rel = 0.0, worst_abs = 0.0;
+    std::vector<double> row_rel;  // each row's largest difference, relative to its logit range
+    double median_rel() const {
+        std::vector<double> v = row_rel;
+        std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+        return v.empty() ? 0.0 : v[v.size() / 2];
+    }
     void add(const float* cuda, const float* cpu, int n_vocab) {
         const auto [lo, hi] = std::minmax_element(cpu, cpu + n_vocab);
         double d = 0.0;
@@ -58,16 +64,18 @@ struct Diff {
             d = std::max(d, static_cast<double>(std::abs(cuda[i] - cpu[i])));
         }
         worst_abs = std::max(worst_abs, d);
-        worst_rel = std::max(worst_rel, d / std::max(1e-6, static_cast<double>(*hi - *lo)));
+        row_rel.push_back(d / std::max(1e-6, static_cast<double>(*hi - *lo)));
+        worst_rel = std::max(worst_rel, row_rel.back());
     }
 };
 
 // Runs the same calls on both backends and compares every logit row they return. The schedule: a prefill of 37
 // tokens in chunks of 20 and 17 (CUDA splits each into 16-token steps), 6 single-token decodes, a truncate back
 // by 4 positions (a rejected draft), a 5-token verification-sized call, then 3 more decodes.
-Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {}) {
+Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {},
+                      cpu::Activations cpu_activations = cpu::Activations::Float, bool repack = true) {
     const int n_vocab = model.config.n_vocab;
-    CpuBackend cpu(model, 1, 64, cpu::Activations::Float);
+    CpuBackend cpu(model, 1, 64, cpu_activations, repack);
     CudaBackend gpu(model, n_ctx, {}, options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);
@@ -142,6 +150,30 @@ TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CP
         const std::string name = std::string("stories260K ") + ggml_type_name(type);
         MESSAGE(name, ": max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel, " of the logit range)");
         CHECK(d.worst_rel <= 1e-2);
+    }
+}
+
+TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int8 logits (stories260K q8_0, q4_0)") {
+    // CudaOptions::int8_activations: every block-type matvec of a step takes its input quantized as the CPU's Int8
+    // matmul does, with the same integer sums (the kernel tests check both bitwise / to float rounding). The model
+    // cannot agree that closely: the fp16 KV cache already moves attention outputs by ~1e-4, and wherever that
+    // crosses a rounding boundary of the 8-bit codes (about one code of a 64-wide row here) the two backends
+    // quantize differently. So the check is the backends' usual agreement, and that the route is in use.
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        auto model = Model::load(requantized(type));
+        CudaOptions int8;
+        int8.int8_activations = true;
+        const Diff with_int8 = compare_backends(*model, 48, int8, cpu::Activations::Int8);
+        const Diff fp32_vs_cpu_fp32 = compare_backends(*model, 48, {}, cpu::Activations::Float);
+        const Diff int8_vs_cpu_fp32 = compare_backends(*model, 48, int8, cpu::Activations::Float);
+        MESSAGE("stories260K ", ggml_type_name(type), ": cuda int8 vs cpu int8: worst ", with_int8.worst_rel,
+                ", median ", with_int8.median_rel(), " of the logit range; cuda fp32 vs cpu fp32: median ",
+                fp32_vs_cpu_fp32.median_rel(), "; cuda int8 vs cpu fp32: median ", int8_vs_cpu_fp32.median_rel());
+        CHECK(with_int8.worst_rel <= 2e-2);
+        CHECK(with_int8.median_rel() <= 1e-2);
+        // In use: quantizing the activations moves the logits ~10x more than the backends' float differences.
+        CHECK(int8_vs_cpu_fp32.median_rel() > 5 * fp32_vs_cpu_fp32.median_rel());
     }
 }
 

@@ -1,0 +1,388 @@
+// The 8-bit-activation route of matvec (kernels.h): the activation quantizers (Q8_1 for the 32-element types, Q8_K
+// for the k-quants, bitwise the CPU backend's) and, per block type, a lane walk whose products are exact integer
+// sums (dp4a: four signed byte products and an add per instruction) scaled once per block, run by the direct and
+// staged kernels of matvec_kernels.cuh.
+//
+// Why: the fp32 walks of matvec.cu convert every weight code to a float and spend a multiply-add on it and on a
+// 4-byte activation; here four codes go through one dp4a against four 1-byte activations, so a row costs about a
+// quarter of the instructions and of the activation bytes (llama.cpp's mmvq does the same, with q8_1 throughout).
+// The arithmetic is the CPU's (cpu/quant_q8_legacy.cpp, cpu/quant_q8_kquants.cpp): the same codes, the same integer
+// sums (a lane holds an exact part of each block's), the same scale products; only the order in which the per-block
+// float terms are added differs (lanes, then the warp reduction), so results agree with the CPU backend to float
+// rounding.
+#include "dequant.cuh"
+#include "matvec_kernels.cuh"
+
+namespace tandem::cuda {
+namespace {
+
+using namespace matvec_detail;
+
+constexpr int kQ8_1Bytes = 36;   // fp16 d, fp16 s, 32 codes
+constexpr int kQ8_KBytes = 292;  // fp32 d, 256 codes, 16 int16 sums
+constexpr int kQ8_KCodes = 4, kQ8_KSums = 260;
+constexpr int kOnes = 0x01010101;  // dp4a(kOnes, x, 0): the sum of x's four codes
+
+// ---- activation quantizers -------------------------------------------------------------------------------------
+// One warp per block; kQuantWarps blocks per CUDA block. The operations are the CPU's (cpu/quant_q8.cpp): the
+// maximum |x| (exact in any order), one IEEE division for the inverse scale, one rounding multiply, round half to
+// even, a clamp to +-127; so the codes and scales come out bitwise the same.
+constexpr int kQuantWarps = 4;
+
+// Q8_1: lane j quantizes element j of block `b` of token `t` (blocks numbered over all tokens).
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    quantize_q8_1_kernel(const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
+    const int b = blockIdx.x * kQuantWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;
+    const int per_row = cols / 32, t = b / per_row, ib = b % per_row;
+    const float v = x[static_cast<size_t>(t) * cols + 32 * ib + lane];
+    const float amax = detail::warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int q = __float2int_rn(v * id);
+    q = q < -127 ? -127 : q > 127 ? 127 : q;
+    int sum = q;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
+    uint8_t* blk = xq + static_cast<size_t>(t) * (per_row * kQ8_1Bytes) + static_cast<size_t>(ib) * kQ8_1Bytes;
+    blk[4 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    if (lane == 0) {
+        reinterpret_cast<uint16_t*>(blk)[0] = tandem_float_to_half(d);
+        reinterpret_cast<uint16_t*>(blk)[1] = tandem_float_to_half(d * static_cast<float>(sum));
+    }
+}
+
+// Q8_K: lane l quantizes elements 8l..8l+7 of a 256-element block; lanes 2g and 2g+1 make the sum of group g.
+// The scale's sign is that of the first element of largest magnitude (ggml's rule, as the CPU's).
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    quantize_q8_k_kernel(const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
+    const int b = blockIdx.x * kQuantWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;
+    const int per_row = cols / 256, t = b / per_row, ib = b % per_row;
+    const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib;
+    const float4 v0 = *reinterpret_cast<const float4*>(xb + 8 * lane);
+    const float4 v1 = *reinterpret_cast<const float4*>(xb + 8 * lane + 4);
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float local = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) local = fmaxf(local, fabsf(v[k]));
+    const float amax = detail::warp_max(local);
+    int first = 256;
+#pragma unroll
+    for (int k = 7; k >= 0; --k)
+        if (fabsf(v[k]) == amax) first = 8 * lane + k;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const int other = __shfl_xor_sync(detail::kFullMask, first, offset);
+        first = other < first ? other : first;
+    }
+    uint8_t* blk = xq + static_cast<size_t>(t) * (per_row * kQ8_KBytes) + static_cast<size_t>(ib) * kQ8_KBytes;
+    const float iscale = amax != 0.0f ? -127.0f / xb[first] : 0.0f;
+    uint32_t packed[2] = {0, 0};
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        int q = __float2int_rn(v[k] * iscale);
+        q = q < -127 ? -127 : q > 127 ? 127 : q;
+        sum += q;
+        packed[k / 4] |= static_cast<uint32_t>(q & 0xFF) << (8 * (k % 4));
+    }
+    reinterpret_cast<uint32_t*>(blk + kQ8_KCodes)[2 * lane] = packed[0];
+    reinterpret_cast<uint32_t*>(blk + kQ8_KCodes)[2 * lane + 1] = packed[1];
+    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
+    if (lane % 2 == 0) reinterpret_cast<int16_t*>(blk + kQ8_KSums)[lane / 2] = static_cast<int16_t>(sum);
+    // An all-zero block is all zeros, d included (the CPU clears it).
+    if (lane == 0) *reinterpret_cast<float*>(blk) = amax != 0.0f ? 1.0f / iscale : 0.0f;
+}
+
+// ---- activation formats as Dot inputs ----------------------------------------------------------------------------
+struct Q8_1Input {
+    using X = uint8_t;
+    static __host__ __device__ __forceinline__ size_t x_units(int cols) {
+        return static_cast<size_t>(cols / 32) * kQ8_1Bytes;
+    }
+};
+struct Q8_KInput {
+    using X = uint8_t;
+    static __host__ __device__ __forceinline__ size_t x_units(int cols) {
+        return static_cast<size_t>(cols / 256) * kQ8_KBytes;
+    }
+};
+
+__device__ __forceinline__ int load_i32(const uint8_t* p) { return *reinterpret_cast<const int*>(p); }
+__device__ __forceinline__ int load_i32_from_u16(const uint8_t* p) {
+    return static_cast<int>(detail::load_u32_from_u16(p));
+}
+
+// Bit j (j < 4) of b moved to bit 4 of byte j: the fifth bits of four codes.
+__device__ __forceinline__ int spread_fifth_bits(uint32_t b) {
+    return static_cast<int>(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
+}
+
+// ---- the 32-element types against Q8_1 -----------------------------------------------------------------------------
+// Four lanes per block, eight blocks per warp iteration. Lane k = l % 4 takes bytes 4k..4k+3 of qs: their low
+// nibbles are elements 4k..4k+3, their high nibbles 16 + 4k..16 + 4k + 3. Signed codes with a bias (Q4_0: 8, Q5_0:
+// 16) take it out through the activations' sum: sum((u - bias) x) = sum(u x) - bias * sum(x), exact in int32.
+template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
+struct DotLegacyQ8 : Q8_1Input {
+    static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 8;
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
+        const int nb = cols / 32, k = lane % 4, i = 4 * k;
+        for (int ib = lane / 4; ib < nb; ib += 8) {
+            const uint8_t* blk = row + kBytes * ib;
+            const float d = detail::load_half(blk);
+            const float m = kMin ? detail::load_half(blk + 2) : 0.0f;
+            const uint32_t q = detail::load_u32_from_u16(blk + kQs + i);
+            int lo = static_cast<int>(q & 0x0F0F0F0Fu), hi = static_cast<int>((q >> 4) & 0x0F0F0F0Fu);
+            if (kFifth) {
+                const uint32_t qh = detail::load_u32_from_u16(blk + kQh);
+                lo |= spread_fifth_bits(qh >> i);
+                hi |= spread_fifth_bits(qh >> (16 + i));
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_1Bytes * ib;
+                const int xl = load_i32(xb + 4 + i), xh = load_i32(xb + 20 + i);
+                int sumi = __dp4a(lo, xl, __dp4a(hi, xh, 0));
+                if (kBias) sumi -= kBias * __dp4a(kOnes, xl, __dp4a(kOnes, xh, 0));
+                acc[t] = fmaf(static_cast<float>(sumi), d * detail::load_half(xb), acc[t]);
+                // The offset once per block: m * s, s = d_x * (the sum of the block's codes).
+                if (kMin && k == 0) acc[t] = fmaf(m, detail::load_half(xb + 2), acc[t]);
+            }
+        }
+    }
+};
+using DotQ4_0Q8 = DotLegacyQ8<18, 2, false, false, 0, 8>;
+using DotQ4_1Q8 = DotLegacyQ8<20, 4, true, false, 0, 0>;
+using DotQ5_0Q8 = DotLegacyQ8<22, 6, false, true, 2, 16>;
+using DotQ5_1Q8 = DotLegacyQ8<24, 8, true, true, 4, 0>;
+
+// Q8_0: four lanes per block, lane k = l % 4 takes codes 8k..8k+7.
+struct DotQ8_0Q8 : Q8_1Input {
+    static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 8;
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
+        const int nb = cols / 32, j = 8 * (lane % 4);
+        for (int ib = lane / 4; ib < nb; ib += 8) {
+            const uint8_t* blk = row + 34 * ib;
+            const float d = detail::load_half(blk);
+            const int w0 = load_i32_from_u16(blk + 2 + j), w1 = load_i32_from_u16(blk + 6 + j);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_1Bytes * ib;
+                const int sumi = __dp4a(w0, load_i32(xb + 4 + j), __dp4a(w1, load_i32(xb + 8 + j), 0));
+                acc[t] = fmaf(static_cast<float>(sumi), d * detail::load_half(xb), acc[t]);
+            }
+        }
+    }
+};
+
+// ---- the k-quants against Q8_K -----------------------------------------------------------------------------------
+// As the CPU's integer kernels: per super-block, sumi = sum of scale x (code . x) over the lane's sub-block parts
+// (an offset taken out through the activations' sums) and summ = sum of min x sum(x); then d_w d_x sumi and
+// dmin_w d_x summ, rounded as floats once per super-block and lane.
+
+__device__ __forceinline__ float load_f32(const uint8_t* p) { return *reinterpret_cast<const float*>(p); }
+
+// Q4_K (144 bytes) and Q5_K (176): one super-block per warp iteration; lane l, p = l / 8, i = 4(l % 8), reads 4
+// bytes of qs at 32p + i: low nibbles are elements i.. of chunk 2p (sub-block 2p), high nibbles of chunk 2p + 1.
+// Q5_K's fifth bits: bit c of qh[e] for element e of chunk c.
+template <int kBytes, int kQs, bool kFifth>
+struct DotQK4Q8 : Q8_KInput {
+    static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 1;
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
+        const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + kBytes * ib;
+            const float d = detail::load_half(blk), dmin = detail::load_half(blk + 2);
+            int sc0, m0, sc1, m1;
+            detail::scale_min_k4(blk + 4, 2 * p, sc0, m0);
+            detail::scale_min_k4(blk + 4, 2 * p + 1, sc1, m1);
+            const uint32_t q = detail::load_u32_from_u16(blk + kQs + 32 * p + i);
+            int lo = static_cast<int>(q & 0x0F0F0F0Fu), hi = static_cast<int>((q >> 4) & 0x0F0F0F0Fu);
+            if (kFifth) {
+                const uint32_t qh = detail::load_u32_from_u16(blk + 16 + i);
+                lo |= static_cast<int>(((qh >> (2 * p)) & 0x01010101u) << 4);
+                hi |= static_cast<int>(((qh >> (2 * p + 1)) & 0x01010101u) << 4);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
+                const int xl = load_i32(xb + kQ8_KCodes + 64 * p + i), xh = load_i32(xb + kQ8_KCodes + 64 * p + 32 + i);
+                const int sumi = sc0 * __dp4a(lo, xl, 0) + sc1 * __dp4a(hi, xh, 0);
+                const int summ = m0 * __dp4a(kOnes, xl, 0) + m1 * __dp4a(kOnes, xh, 0);
+                const float dx = load_f32(xb);
+                acc[t] = fmaf(d * dx, static_cast<float>(sumi), acc[t]);
+                acc[t] = fmaf(-(dmin * dx), static_cast<float>(summ), acc[t]);
+            }
+        }
+    }
+};
+using DotQ4_KQ8 = DotQK4Q8<144, 16, false>;
+using DotQ5_KQ8 = DotQK4Q8<176, 48, true>;
+
+// Q6_K (210 bytes): one super-block per warp iteration. Lane l covers half h = l / 16; with kk = (l / 8) % 2 and
+// i = 4(l % 8) it reads 4 bytes of ql at 64h + 32kk + i (low nibbles: chunk 4h + kk, high: chunk 4h + kk + 2) and
+// 4 bytes of qh at 128 + 32h + i (bits 2kk and 2kk + 4 up: the two high bits of those chunks). Codes are u - 32.
+struct DotQ6_KQ8 : Q8_KInput {
+    static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
+        const int nb = cols / 256, h = lane / 16, kk = (lane / 8) % 2, i = 4 * (lane % 8);
+        const int ca = 4 * h + kk, cb = ca + 2;  // the two chunks (of 32) this lane's codes belong to
+        for (int ib = 0; ib < nb; ++ib) {
+            const uint8_t* blk = row + 210 * ib;
+            const float d = detail::load_half(blk + 208);
+            const uint32_t ql = detail::load_u32_from_u16(blk + 64 * h + 32 * kk + i);
+            const uint32_t qh = detail::load_u32_from_u16(blk + 128 + 32 * h + i);
+            const int wa = static_cast<int>((ql & 0x0F0F0F0Fu) | (((qh >> (2 * kk)) & 0x03030303u) << 4));
+            const int wb = static_cast<int>(((ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (2 * kk + 4)) & 0x03030303u) << 4));
+            const int8_t* scales = reinterpret_cast<const int8_t*>(blk + 192);
+            const int sa = scales[2 * ca + (i >= 16)], sb = scales[2 * cb + (i >= 16)];
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
+                const int xa = load_i32(xb + kQ8_KCodes + 32 * ca + i), xc = load_i32(xb + kQ8_KCodes + 32 * cb + i);
+                const int sumi = sa * (__dp4a(wa, xa, 0) - 32 * __dp4a(kOnes, xa, 0)) +
+                                 sb * (__dp4a(wb, xc, 0) - 32 * __dp4a(kOnes, xc, 0));
+                acc[t] = fmaf(d * load_f32(xb), static_cast<float>(sumi), acc[t]);
+            }
+        }
+    }
+};
+
+// Q2_K (84 bytes) and Q3_K (110): 64 bytes of 2-bit codes, so 16 lanes take a super-block and a warp iteration two.
+// Lane r = l % 16 of super-block l / 16, with g = r / 8 and i = 4(r % 8), reads 4 bytes of qs at 32g + i: bits 2s,
+// 2s + 1 of each are elements i.. of chunk c = 4g + s (s < 4), in sub-block 2c + (i >= 16). Q2_K: scale and min in
+// one byte per sub-block, value = sc u - m. Q3_K: bit c of hmask[e] adds 4 to u, value = sc (u - 4), 6-bit scales
+// biased by 32.
+template <bool kQ3>
+struct DotQ23_KQ8 : Q8_KInput {
+    static constexpr int kBlockBytes = kQ3 ? 110 : 84, kBlockCols = 256, kStepBlocks = 2;
+    static constexpr int kQs = kQ3 ? 32 : 16, kD = kQ3 ? 108 : 80;
+    // Q3_K's sixteen 6-bit scales: low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11.
+    static __device__ __forceinline__ int q3_scale(const uint8_t* s, int j) {
+        const int lo = j < 8 ? (s[j] & 0xF) : (s[j - 8] >> 4);
+        const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        return (lo | (hi << 4)) - 32;
+    }
+    template <int NT>
+    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
+                                               int n_tok, int lane, float (&acc)[NT]) {
+        const int nb = cols / 256, r = lane % 16, g = r / 8, i = 4 * (r % 8), upper = i >= 16;
+        for (int ib = lane / 16; ib < nb; ib += 2) {
+            const uint8_t* blk = row + kBlockBytes * ib;
+            const float d = detail::load_half(blk + kD);
+            const float dmin = kQ3 ? 0.0f : detail::load_half(blk + kD + 2);
+            const uint32_t q = detail::load_u32_from_u16(blk + kQs + 32 * g + i);
+            const uint32_t hm = kQ3 ? detail::load_u32_from_u16(blk + i) : 0u;
+            int w[4], sc[4], mn[4];
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                const int c = 4 * g + s, j = 2 * c + upper;
+                uint32_t u = (q >> (2 * s)) & 0x03030303u;
+                if (kQ3) u |= ((hm >> c) & 0x01010101u) << 2;
+                w[s] = static_cast<int>(u);
+                sc[s] = kQ3 ? q3_scale(blk + 96, j) : (blk[j] & 0xF);
+                mn[s] = kQ3 ? 0 : (blk[j] >> 4);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= n_tok) break;
+                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
+                int sumi = 0, summ = 0;
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    const int xs = load_i32(xb + kQ8_KCodes + 32 * (4 * g + s) + i);
+                    const int sx = __dp4a(kOnes, xs, 0);
+                    sumi += sc[s] * (__dp4a(w[s], xs, 0) - (kQ3 ? 4 * sx : 0));
+                    summ += mn[s] * sx;
+                }
+                const float dx = load_f32(xb);
+                acc[t] = fmaf(d * dx, static_cast<float>(sumi), acc[t]);
+                if (!kQ3) acc[t] = fmaf(-(dmin * dx), static_cast<float>(summ), acc[t]);
+            }
+        }
+    }
+};
+using DotQ2_KQ8 = DotQ23_KQ8<false>;
+using DotQ3_KQ8 = DotQ23_KQ8<true>;
+
+bool is_k_quant(GgmlType type) {
+    return type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K || type == GgmlType::Q5_K ||
+           type == GgmlType::Q6_K;
+}
+
+}  // namespace
+
+namespace matvec_detail {
+
+void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens, MatvecLoads loads,
+                 Stream stream) {
+    check_job(job, cols, n_tokens);
+    detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, "matvec: quantized x must be 4-byte aligned");
+    detail::require(cols % (is_k_quant(type) ? 256 : 32) == 0, "matvec: rows are not whole blocks of the type");
+    const auto blocks = [&](auto launch, const char* name, const char* staged_name) {
+        launch(name, staged_name, loads, job, cols, xq, n_tokens, stream);
+    };
+    switch (type) {
+        case GgmlType::Q8_0: return blocks(launch_blocks<DotQ8_0Q8>, "matvec_q8<Q8_0>", "matvec_q8_staged<Q8_0>");
+        case GgmlType::Q4_0: return blocks(launch_blocks<DotQ4_0Q8>, "matvec_q8<Q4_0>", "matvec_q8_staged<Q4_0>");
+        case GgmlType::Q4_1: return blocks(launch_blocks<DotQ4_1Q8>, "matvec_q8<Q4_1>", "matvec_q8_staged<Q4_1>");
+        case GgmlType::Q5_0: return blocks(launch_blocks<DotQ5_0Q8>, "matvec_q8<Q5_0>", "matvec_q8_staged<Q5_0>");
+        case GgmlType::Q5_1: return blocks(launch_blocks<DotQ5_1Q8>, "matvec_q8<Q5_1>", "matvec_q8_staged<Q5_1>");
+        case GgmlType::Q2_K: return blocks(launch_blocks<DotQ2_KQ8>, "matvec_q8<Q2_K>", "matvec_q8_staged<Q2_K>");
+        case GgmlType::Q3_K: return blocks(launch_blocks<DotQ3_KQ8>, "matvec_q8<Q3_K>", "matvec_q8_staged<Q3_K>");
+        case GgmlType::Q4_K: return blocks(launch_blocks<DotQ4_KQ8>, "matvec_q8<Q4_K>", "matvec_q8_staged<Q4_K>");
+        case GgmlType::Q5_K: return blocks(launch_blocks<DotQ5_KQ8>, "matvec_q8<Q5_K>", "matvec_q8_staged<Q5_K>");
+        case GgmlType::Q6_K: return blocks(launch_blocks<DotQ6_KQ8>, "matvec_q8<Q6_K>", "matvec_q8_staged<Q6_K>");
+        default: detail::require(false, "matvec: the type has no 8-bit route");
+    }
+}
+
+}  // namespace matvec_detail
+
+bool matvec_q8_supports(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1: return true;
+        default: return is_k_quant(type);
+    }
+}
+
+size_t q8_activation_row_bytes(GgmlType type, int cols) {
+    detail::require(matvec_q8_supports(type), "quantize_activations: the type has no 8-bit route");
+    const int block = is_k_quant(type) ? 256 : 32;
+    detail::require(cols > 0 && cols % block == 0, "quantize_activations: cols is not whole blocks of the type");
+    return is_k_quant(type) ? Q8_KInput::x_units(cols) : Q8_1Input::x_units(cols);
+}
+
+void quantize_activations(GgmlType type, const float* x, int cols, int n_tokens, void* xq, Stream stream) {
+    q8_activation_row_bytes(type, cols);  // checks the type and the width
+    detail::require(n_tokens >= 1, "quantize_activations: no tokens");
+    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 4 == 0,
+                    "quantize_activations: x must be 16-byte and xq 4-byte aligned");
+    const int n_blocks = n_tokens * (cols / (is_k_quant(type) ? 256 : 32));
+    const dim3 grid((n_blocks + kQuantWarps - 1) / kQuantWarps), block(kQuantWarps * 32);
+    if (is_k_quant(type))
+        detail::launch_kernel("quantize_q8_k_kernel", quantize_q8_k_kernel, grid, block, 0, stream, x, cols, n_blocks,
+                              static_cast<uint8_t*>(xq));
+    else
+        detail::launch_kernel("quantize_q8_1_kernel", quantize_q8_1_kernel, grid, block, 0, stream, x, cols, n_blocks,
+                              static_cast<uint8_t*>(xq));
+}
+
+}  // namespace tandem::cuda
