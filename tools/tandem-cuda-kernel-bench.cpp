@@ -1,8 +1,10 @@
-// tandem-cuda-kernel-bench: time per launch and weight bandwidth of the CUDA matvec kernels (kernels.h), direct
-// and staged loads side by side, for each block type, shape and token count, beside the device's own copy
-// bandwidth: a matvec change measured on a lent GPU in seconds, without a model.
+// tandem-cuda-kernel-bench: time per launch and weight bandwidth of the CUDA matvec kernels (kernels.h), fp32 and
+// 8-bit activations with direct and staged loads side by side, for each block type, shape and token count, beside
+// the device's own copy bandwidth: a matvec change measured on a lent GPU in seconds, without a model.
 //   tandem-cuda-kernel-bench [--types q4_0,q4_k] [--shapes 4096x4096,11008x4096] [--tokens 1,5,16]
-//                            [--loads direct,staged] [--launches 40] [--reps 7] [--rotate-mib 256] [--copy-mib 512]
+//                            [--acts f32,int8] [--loads direct,staged] [--launches 40] [--reps 7]
+//                            [--rotate-mib 256] [--copy-mib 512]
+// An int8 launch is the activations' quantize_activations and the matvec, as the backend runs them.
 // Each figure: `launches` matvecs captured in one CUDA graph and replayed (so the GPU runs them back to back, with
 // no host launch cost between them), the wall time of a replay divided by `launches`, the median of `reps`
 // replays after a warm-up. The launches cycle through copies of the matrix filling --rotate-mib, so that the
@@ -72,9 +74,9 @@ std::optional<Shape> parse_shape(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"tandem-cuda-kernel-bench: CUDA matvec time per launch and weight bandwidth, direct vs staged loads"};
+    CLI::App app{"tandem-cuda-kernel-bench: CUDA matvec time per launch and weight bandwidth, by activations and loads"};
     std::string types_arg = "q4_0,q4_k,q8_0,q6_k,q5_k", shapes_arg = "4096x4096,11008x4096,4096x11008,1536x1536,8960x1536";
-    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged";
+    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged", acts_arg = "f32,int8";
     int launches = 40, reps = 7, rotate_mib = 256, copy_mib = 512;
     unsigned seed = 1;
     app.add_option("--types", types_arg, "comma-separated block types (q4_0 q4_1 q5_0 q5_1 q8_0 q2_k..q6_k)")
@@ -82,6 +84,8 @@ int main(int argc, char** argv) {
     app.add_option("--shapes", shapes_arg, "comma-separated ROWSxCOLS")->capture_default_str();
     app.add_option("--tokens", tokens_arg, "comma-separated token counts (1..16)")->capture_default_str();
     app.add_option("--loads", loads_arg, "which of direct, staged")->capture_default_str();
+    app.add_option("--acts", acts_arg, "which activations: f32, int8 (quantized per launch, dp4a)")
+        ->capture_default_str();
     app.add_option("--launches", launches, "matvecs per timed graph replay")->capture_default_str()->check(
         CLI::Range(1, 10000));
     app.add_option("--reps", reps, "timed replays (the median is shown)")->capture_default_str()->check(
@@ -135,7 +139,15 @@ int main(int argc, char** argv) {
         }
         loads.push_back(s == "staged" ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Direct);
     }
-    if (types.empty() || shapes.empty() || tokens.empty() || loads.empty()) {
+    std::vector<bool> int8_acts;
+    for (const std::string& s : bench::split_list(acts_arg)) {
+        if (s != "f32" && s != "int8") {
+            std::fprintf(stderr, "tandem-cuda-kernel-bench: --acts takes f32 and/or int8, got '%s'\n", s.c_str());
+            return 2;
+        }
+        int8_acts.push_back(s == "int8");
+    }
+    if (types.empty() || shapes.empty() || tokens.empty() || loads.empty() || int8_acts.empty()) {
         std::fprintf(stderr, "tandem-cuda-kernel-bench: nothing to run\n");
         return 2;
     }
@@ -153,8 +165,8 @@ int main(int argc, char** argv) {
         if (copy_mib > 0) std::printf("device-to-device copy: %.0f GB/s (read + write, median of %d)\n", copy_gbps, reps);
         std::printf("matvec: median of %d graph replays of %d launches over %d MiB of matrix copies\n\n", reps,
                     launches, rotate_mib);
-        std::printf("| type | rows x cols | tokens | loads  | us/launch | weight GB/s | of copy | vs direct |\n");
-        std::printf("|------|-------------|-------:|--------|----------:|------------:|--------:|----------:|\n");
+        std::printf("| type | rows x cols | tokens | acts | loads  | us/launch | weight GB/s | of copy | vs f32 direct |\n");
+        std::printf("|------|-------------|-------:|------|--------|----------:|------------:|--------:|--------------:|\n");
         std::mt19937 rng(seed);
         for (GgmlType type : types) {
             for (const Shape& shape : shapes) {
@@ -177,26 +189,35 @@ int main(int argc, char** argv) {
                 std::normal_distribution<float> normal(0.0f, 1.0f);
                 for (float& v : x_host) v = normal(rng);
                 cuda::DeviceBuffer x(x_host.size() * 4), y(static_cast<size_t>(max_tokens) * shape.rows * 4);
+                cuda::DeviceBuffer xq(cuda::q8_activation_row_bytes(type, shape.cols) * max_tokens);
                 cuda::copy_to_device(x.get(), x_host.data(), x_host.size() * 4, stream);
                 cuda::stream_synchronize(stream);
                 for (int n : tokens) {
-                    double direct_us = 0.0;
-                    for (cuda::MatvecLoads l : loads) {
-                        cuda::begin_capture(stream);
-                        for (int i = 0; i < launches; ++i)
-                            cuda::matvec(type, W.as<uint8_t>() + (static_cast<size_t>(i) % copies) * stride, row_bytes,
-                                         shape.rows, shape.cols, x.as<float>(), n, y.as<float>(), stream, 0, l);
-                        const cuda::Graph graph = cuda::end_capture(stream);
-                        const double us = 1e6 * time_median(reps, stream, [&] { graph.launch(stream); }) / launches;
-                        const double gbps = static_cast<double>(host.size()) / (us * 1e-6) / 1e9;
-                        const bool staged = l == cuda::MatvecLoads::Staged;
-                        if (!staged) direct_us = us;
-                        char of_copy[16] = "-", vs[16] = "-";
-                        if (copy_gbps > 0) std::snprintf(of_copy, sizeof of_copy, "%.0f%%", 100.0 * gbps / copy_gbps);
-                        if (staged && direct_us > 0) std::snprintf(vs, sizeof vs, "%.2fx", direct_us / us);
-                        std::printf("| %s | %d x %d | %d | %s | %.2f | %.1f | %s | %s |\n", ggml_type_name(type),
-                                    shape.rows, shape.cols, n, staged ? "staged" : "direct", us, gbps, of_copy, vs);
-                        std::fflush(stdout);
+                    double direct_us = 0.0;  // fp32 activations, direct loads: the baseline of the last column
+                    for (bool int8 : int8_acts) {
+                        for (cuda::MatvecLoads l : loads) {
+                            cuda::begin_capture(stream);
+                            for (int i = 0; i < launches; ++i) {
+                                if (int8)
+                                    cuda::quantize_activations(type, x.as<float>(), shape.cols, n, xq.get(), stream);
+                                cuda::matvec(type, W.as<uint8_t>() + (static_cast<size_t>(i) % copies) * stride,
+                                             row_bytes, shape.rows, shape.cols, x.as<float>(), n, y.as<float>(), stream,
+                                             0, l, int8 ? xq.get() : nullptr);
+                            }
+                            const cuda::Graph graph = cuda::end_capture(stream);
+                            const double us = 1e6 * time_median(reps, stream, [&] { graph.launch(stream); }) / launches;
+                            const double gbps = static_cast<double>(host.size()) / (us * 1e-6) / 1e9;
+                            const bool staged = l == cuda::MatvecLoads::Staged, baseline = !int8 && !staged;
+                            if (baseline) direct_us = us;
+                            char of_copy[16] = "-", vs[16] = "-";
+                            if (copy_gbps > 0)
+                                std::snprintf(of_copy, sizeof of_copy, "%.0f%%", 100.0 * gbps / copy_gbps);
+                            if (!baseline && direct_us > 0) std::snprintf(vs, sizeof vs, "%.2fx", direct_us / us);
+                            std::printf("| %s | %d x %d | %d | %s | %s | %.2f | %.1f | %s | %s |\n",
+                                        ggml_type_name(type), shape.rows, shape.cols, n, int8 ? "int8" : "f32",
+                                        staged ? "staged" : "direct", us, gbps, of_copy, vs);
+                            std::fflush(stdout);
+                        }
                     }
                 }
             }
