@@ -19,10 +19,13 @@ using Stream = void*;
 
 // ---- RMSNorm (rms_norm.cu) ----------------------------------------------------------------------------------------
 // out[r] = weight * (x[r] / sqrt(mean(x[r]^2) + eps)) for rows x cols, in the CPU backend's operation order.
-void rms_norm(const float* x, const float* weight, float* out, int rows, int cols, float eps, Stream stream);
+// xq, when set (4-byte aligned): out also quantized for the 8-bit matvec route of type q8_for, bitwise what
+// quantize_activations(q8_for, out, cols, rows, xq) writes (one launch instead of two).
+void rms_norm(const float* x, const float* weight, float* out, int rows, int cols, float eps, Stream stream,
+              GgmlType q8_for = GgmlType::F32, void* xq = nullptr);
 // x[r] += residual[r] (written back), then out[r] = rms_norm(x[r]): the residual add fused into the norm.
 void add_rms_norm(float* x, const float* residual, const float* weight, float* out, int rows, int cols, float eps,
-                  Stream stream);
+                  Stream stream, GgmlType q8_for = GgmlType::F32, void* xq = nullptr);
 
 // ---- SwiGLU (swiglu.cu) ---------------------------------------------------------------------------------------------
 // out[i] = silu(gate[i]) * up[i]; out may alias gate.
@@ -73,12 +76,15 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
 // ---- 8-bit activations (matvec_q8.cu) -------------------------------------------------------------------------------
 // The integer route of matvec for the block types, as the CPU backend computes them (cpu/quant_q8.h) and as
 // llama.cpp's mmvq does: each token's x is quantized once into 8-bit blocks, and a lane's products with a weight
-// block's codes are an exact integer sum (dp4a, four byte products a instruction) scaled by the two blocks' scales.
+// block's codes are an exact integer sum (dp4a, four byte products per instruction) scaled by the two blocks' scales.
 // The formats: Q8_1 (36-byte blocks of 32: fp16 d, fp16 s = d * sum of the codes, 32 codes) for the 32-element
 // types, whose codes and d are bitwise the CPU's Q8_0 / Q8_1 blocks; Q8_K (292-byte blocks of 256: fp32 d, 256
 // codes, 16 sums of 16 codes), bitwise the CPU's, for the k-quants. The integer sums equal the CPU's, so a product
 // differs from the CPU backend's only by the order its per-block float terms are added in.
 bool matvec_q8_supports(GgmlType type);  // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
+// The activation format a type's route reads (None: no route); types of one format share a quantized x.
+enum class Q8Format { None, Q8_1, Q8_K };
+Q8Format q8_activation_format(GgmlType type);
 // Bytes of one token's quantized row of `cols` columns for `type` (cols a multiple of the type's block columns).
 size_t q8_activation_row_bytes(GgmlType type, int cols);
 // xq[t] = the quantized x[t] for t < n_tokens (any count), rows q8_activation_row_bytes(type, cols) apart; x

@@ -12,87 +12,29 @@
 // rounding.
 #include "dequant.cuh"
 #include "matvec_kernels.cuh"
+#include "quantize_q8.cuh"
 
 namespace tandem::cuda {
 namespace {
 
 using namespace matvec_detail;
 
-constexpr int kQ8_1Bytes = 36;   // fp16 d, fp16 s, 32 codes
-constexpr int kQ8_KBytes = 292;  // fp32 d, 256 codes, 16 int16 sums
-constexpr int kQ8_KCodes = 4, kQ8_KSums = 260;
+using q8::is_k_quant;
+using q8::kQ8_1Bytes;
+using q8::kQ8_KBytes;
+using q8::kQ8_KCodes;
 constexpr int kOnes = 0x01010101;  // dp4a(kOnes, x, 0): the sum of x's four codes
 
-// ---- activation quantizers -------------------------------------------------------------------------------------
-// One warp per block; kQuantWarps blocks per CUDA block. The operations are the CPU's (cpu/quant_q8.cpp): the
-// maximum |x| (exact in any order), one IEEE division for the inverse scale, one rounding multiply, round half to
-// even, a clamp to +-127; so the codes and scales come out bitwise the same.
+// ---- activation quantizer: one warp per block (quantize_q8.cuh), kQuantWarps blocks per CUDA block ------------
 constexpr int kQuantWarps = 4;
 
-// Q8_1: lane j quantizes element j of block `b` of token `t` (blocks numbered over all tokens).
 __global__ void __launch_bounds__(kQuantWarps * 32)
-    quantize_q8_1_kernel(const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
+    quantize_kernel(bool k_quant, const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
     const int b = blockIdx.x * kQuantWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (b >= n_blocks) return;
-    const int per_row = cols / 32, t = b / per_row, ib = b % per_row;
-    const float v = x[static_cast<size_t>(t) * cols + 32 * ib + lane];
-    const float amax = detail::warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int q = __float2int_rn(v * id);
-    q = q < -127 ? -127 : q > 127 ? 127 : q;
-    int sum = q;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
-    uint8_t* blk = xq + static_cast<size_t>(t) * (per_row * kQ8_1Bytes) + static_cast<size_t>(ib) * kQ8_1Bytes;
-    blk[4 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
-    if (lane == 0) {
-        reinterpret_cast<uint16_t*>(blk)[0] = tandem_float_to_half(d);
-        reinterpret_cast<uint16_t*>(blk)[1] = tandem_float_to_half(d * static_cast<float>(sum));
-    }
-}
-
-// Q8_K: lane l quantizes elements 8l..8l+7 of a 256-element block; lanes 2g and 2g+1 make the sum of group g.
-// The scale's sign is that of the first element of largest magnitude (ggml's rule, as the CPU's).
-__global__ void __launch_bounds__(kQuantWarps * 32)
-    quantize_q8_k_kernel(const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
-    const int b = blockIdx.x * kQuantWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (b >= n_blocks) return;
-    const int per_row = cols / 256, t = b / per_row, ib = b % per_row;
-    const float* xb = x + static_cast<size_t>(t) * cols + 256 * ib;
-    const float4 v0 = *reinterpret_cast<const float4*>(xb + 8 * lane);
-    const float4 v1 = *reinterpret_cast<const float4*>(xb + 8 * lane + 4);
-    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    float local = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) local = fmaxf(local, fabsf(v[k]));
-    const float amax = detail::warp_max(local);
-    int first = 256;
-#pragma unroll
-    for (int k = 7; k >= 0; --k)
-        if (fabsf(v[k]) == amax) first = 8 * lane + k;
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        const int other = __shfl_xor_sync(detail::kFullMask, first, offset);
-        first = other < first ? other : first;
-    }
-    uint8_t* blk = xq + static_cast<size_t>(t) * (per_row * kQ8_KBytes) + static_cast<size_t>(ib) * kQ8_KBytes;
-    const float iscale = amax != 0.0f ? -127.0f / xb[first] : 0.0f;
-    uint32_t packed[2] = {0, 0};
-    int sum = 0;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        int q = __float2int_rn(v[k] * iscale);
-        q = q < -127 ? -127 : q > 127 ? 127 : q;
-        sum += q;
-        packed[k / 4] |= static_cast<uint32_t>(q & 0xFF) << (8 * (k % 4));
-    }
-    reinterpret_cast<uint32_t*>(blk + kQ8_KCodes)[2 * lane] = packed[0];
-    reinterpret_cast<uint32_t*>(blk + kQ8_KCodes)[2 * lane + 1] = packed[1];
-    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
-    if (lane % 2 == 0) reinterpret_cast<int16_t*>(blk + kQ8_KSums)[lane / 2] = static_cast<int16_t>(sum);
-    // An all-zero block is all zeros, d included (the CPU clears it).
-    if (lane == 0) *reinterpret_cast<float*>(blk) = amax != 0.0f ? 1.0f / iscale : 0.0f;
+    const int per_row = cols / (k_quant ? 256 : 32), t = b / per_row;
+    const size_t row_bytes = static_cast<size_t>(per_row) * (k_quant ? q8::kQ8_KBytes : q8::kQ8_1Bytes);
+    q8::quantize_block(k_quant, x + static_cast<size_t>(t) * cols, xq + t * row_bytes, b % per_row, lane);
 }
 
 // ---- activation formats as Dot inputs ----------------------------------------------------------------------------
@@ -318,10 +260,6 @@ struct DotQ23_KQ8 : Q8_KInput {
 using DotQ2_KQ8 = DotQ23_KQ8<false>;
 using DotQ3_KQ8 = DotQ23_KQ8<true>;
 
-bool is_k_quant(GgmlType type) {
-    return type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K || type == GgmlType::Q5_K ||
-           type == GgmlType::Q6_K;
-}
 
 }  // namespace
 
@@ -363,6 +301,10 @@ bool matvec_q8_supports(GgmlType type) {
     }
 }
 
+Q8Format q8_activation_format(GgmlType type) {
+    return !matvec_q8_supports(type) ? Q8Format::None : is_k_quant(type) ? Q8Format::Q8_K : Q8Format::Q8_1;
+}
+
 size_t q8_activation_row_bytes(GgmlType type, int cols) {
     detail::require(matvec_q8_supports(type), "quantize_activations: the type has no 8-bit route");
     const int block = is_k_quant(type) ? 256 : 32;
@@ -377,12 +319,8 @@ void quantize_activations(GgmlType type, const float* x, int cols, int n_tokens,
                     "quantize_activations: x must be 16-byte and xq 4-byte aligned");
     const int n_blocks = n_tokens * (cols / (is_k_quant(type) ? 256 : 32));
     const dim3 grid((n_blocks + kQuantWarps - 1) / kQuantWarps), block(kQuantWarps * 32);
-    if (is_k_quant(type))
-        detail::launch_kernel("quantize_q8_k_kernel", quantize_q8_k_kernel, grid, block, 0, stream, x, cols, n_blocks,
-                              static_cast<uint8_t*>(xq));
-    else
-        detail::launch_kernel("quantize_q8_1_kernel", quantize_q8_1_kernel, grid, block, 0, stream, x, cols, n_blocks,
-                              static_cast<uint8_t*>(xq));
+    detail::launch_kernel("quantize_kernel", quantize_kernel, grid, block, 0, stream, is_k_quant(type), x, cols,
+                          n_blocks, static_cast<uint8_t*>(xq));
 }
 
 }  // namespace tandem::cuda

@@ -417,8 +417,24 @@ cuda::MatvecTarget CudaBackend::target(const DeviceMatrix& W, float* y, const fl
 
 const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int cols) {
     if (!options_.int8_activations || !cuda::matvec_q8_supports(type) || n > kStepTokens) return nullptr;
+    if (xq_holds_xb_ == cuda::q8_activation_format(type) && cols == model_.config.dim && x >= xb_ &&
+        x < xb_ + static_cast<ptrdiff_t>(kStepTokens) * cols) {
+        const ptrdiff_t offset = x - xb_;
+        if (offset % cols == 0 && offset / cols + n <= kStepTokens)  // whole rows of xb_ that the norm quantized
+            return xq_ + static_cast<size_t>(offset / cols) * cuda::q8_activation_row_bytes(type, cols);
+    }
     cuda::quantize_activations(type, x, cols, n, xq_, stream_);
+    xq_holds_xb_ = cuda::Q8Format::None;
     return xq_;
+}
+
+CudaBackend::NormQuant CudaBackend::norm_quant(GgmlType next, int n, bool prefill) {
+    xq_holds_xb_ = cuda::Q8Format::None;  // the norm rewrites xb_ either way
+    if (prefill || !options_.fused_matvecs || !options_.int8_activations || !cuda::matvec_q8_supports(next) ||
+        n > kStepTokens)
+        return {};
+    xq_holds_xb_ = cuda::q8_activation_format(next);
+    return {next, xq_};
 }
 
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
@@ -494,7 +510,8 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const int dim = c.dim;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
-    cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_);
+    NormQuant nq = norm_quant(layers_[0].wq.type, n, prefill);
+    cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
 
     const cuda::RopeMode mode =
         c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
@@ -533,7 +550,8 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             cuda::attention(att, stream_);
         if (prefill) gemm_input(att_, n, c.q_dim());
         matmul(L.wo, att_, n, proj_, prefill);
-        cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_);
+        nq = norm_quant(L.w_gate.type, n, prefill);
+        cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
         if (prefill) gemm_input(xb_, n, dim);
         if (!prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type) {
             const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
@@ -548,7 +566,8 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         matmul(L.w_down, gate_, n, proj_, prefill);
         // The residual add, fused with the norm that comes next: the next layer's, or the output norm.
         const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : output_norm_;
-        cuda::add_rms_norm(x_, proj_, next_norm, xb_, n, dim, c.rms_eps, stream_);
+        nq = norm_quant(l + 1 < c.n_layers ? layers_[l + 1].wq.type : output_.type, n, prefill);
+        cuda::add_rms_norm(x_, proj_, next_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
     }
 }
 
@@ -644,6 +663,8 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
         g.k_cache = k, g.v_cache = v, g.workspace = ws, g.splits = splits, g.restriction = restriction_version_;
     }
     g.graph.launch(stream_);
+    // The graph rewrote xb_ and xq_ in the stream; what xq_ holds after it is not tracked here.
+    xq_holds_xb_ = cuda::Q8Format::None;
     ++graph_stats_.replays;
     graph_stats_.nodes = g.graph.node_count();
 }

@@ -563,6 +563,27 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     CHECK(s.back().stats.nodes == 2 + 5 * 16 + 1);
 }
 
+TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwise those of separate launches") {
+    // With int8_activations and fused kernels the RMSNorms that feed Q/K/V, gate/up and the output also write
+    // their output quantized (the matvecs read it without a quantize launch); unfused, every matvec input has its
+    // own quantize launch. The same bits either way, through CUDA graphs, in two thread orders, with staged loads
+    // on one side; and the launches counted.
+    auto model = Model::load(requantized(GgmlType::Q4_0));
+    CudaOptions fused, separate;
+    fused.attention_split = separate.attention_split = 4;
+    fused.int8_activations = separate.int8_activations = true;
+    separate.fused_matvecs = false;
+    separate.matvec_loads = cuda::MatvecLoads::Staged;
+    const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
+    const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
+    check_same_logits(f, s);
+    // Per layer (stories260K: ffn_down stays f16, with no 8-bit route): fused, the 10 kernels of the fp32 route
+    // and a quantize for the attention output; separate, the 13 kernels of unfused launches and a quantize for
+    // each of Q, K, V, O, gate and up; plus the output projection's quantize.
+    CHECK(f.back().stats.nodes == 2 + 5 * (10 + 1) + 1);
+    CHECK(s.back().stats.nodes == 2 + 5 * (13 + 6) + 2);
+}
+
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
@@ -571,6 +592,16 @@ TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
     CHECK(CudaOptions{}.matvec_loads == cuda::MatvecLoads::Staged);
     setenv("TANDEM_CUDA_MATVEC", "direct", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_INT8=1 selects 8-bit activations") {
+    const UnsetEnvAtExit restore("TANDEM_CUDA_INT8");
+    CHECK_FALSE(cuda_int8_activations_from_env());
+    setenv("TANDEM_CUDA_INT8", "1", 1);
+    CHECK(cuda_int8_activations_from_env());
+    CHECK(CudaOptions{}.int8_activations);
+    setenv("TANDEM_CUDA_INT8", "0", 1);
+    CHECK_FALSE(cuda_int8_activations_from_env());
 }
 
 TEST_CASE("cuda backend: TANDEM_CUDA_FUSED_MATVECS=0 launches Q/K/V and gate/up one by one") {

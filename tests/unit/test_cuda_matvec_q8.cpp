@@ -203,6 +203,53 @@ TEST_CASE("cuda q8: staged loads, matvec_rows and matvec_multi are bitwise the d
     }
 }
 
+TEST_CASE("cuda q8: RMSNorm's quantized output is bitwise quantize_activations of its fp32 output") {
+    // rms_norm / add_rms_norm with xq: the warps quantize the row they just wrote (after a barrier), for a Q8_1 type
+    // (Q4_0) and a Q8_K one (Q4_K), rows of one and of several 256-blocks.
+    std::mt19937 rng(55);
+    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+        for (int cols : {256, 1280}) {
+            const int rows = 3;
+            const std::string type_name = ggml_type_name(type);
+            CAPTURE(type_name);
+            CAPTURE(cols);
+            const std::vector<float> x = random_floats(static_cast<size_t>(rows) * cols, rng);
+            const std::vector<float> res = random_floats(x.size(), rng), w = random_floats(static_cast<size_t>(cols), rng);
+            for (bool add : {false, true}) {
+                CAPTURE(add);
+                for (const LaunchOptions& o : kTwoOrders) {
+                    ScopedLaunchOptions scope(o);
+                    std::vector<float> xs = x, out(x.size(), kNaN);
+                    std::vector<uint8_t> xq(cuda::q8_activation_row_bytes(type, cols) * rows, 0xFF);
+                    if (add)
+                        cuda::add_rms_norm(xs.data(), res.data(), w.data(), out.data(), rows, cols, 1e-5f, nullptr,
+                                           type, xq.data());
+                    else
+                        cuda::rms_norm(xs.data(), w.data(), out.data(), rows, cols, 1e-5f, nullptr, type, xq.data());
+                    std::vector<float> plain(x.size(), kNaN);
+                    std::vector<float> xs2 = x;
+                    if (add)
+                        cuda::add_rms_norm(xs2.data(), res.data(), w.data(), plain.data(), rows, cols, 1e-5f, nullptr);
+                    else
+                        cuda::rms_norm(xs2.data(), w.data(), plain.data(), rows, cols, 1e-5f, nullptr);
+                    CHECK(std::memcmp(out.data(), plain.data(), out.size() * 4) == 0);
+                    const std::vector<uint8_t> want = quantize_on_device(type, plain, cols, rows);
+                    CHECK(xq == want);
+                }
+            }
+        }
+    }
+    std::vector<float> x(96), out(96);
+    std::vector<uint8_t> xq(512);
+    CHECK_THROWS_AS(cuda::rms_norm(x.data(), x.data(), out.data(), 1, 96, 1e-5f, nullptr, GgmlType::Q4_K, xq.data()),
+                    std::invalid_argument);  // 96 columns are not whole Q8_K blocks
+    CHECK_THROWS_AS(cuda::rms_norm(x.data(), x.data(), out.data(), 1, 96, 1e-5f, nullptr, GgmlType::F16, xq.data()),
+                    std::invalid_argument);  // no 8-bit route
+    CHECK(cuda::q8_activation_format(GgmlType::Q5_1) == cuda::Q8Format::Q8_1);
+    CHECK(cuda::q8_activation_format(GgmlType::Q3_K) == cuda::Q8Format::Q8_K);
+    CHECK(cuda::q8_activation_format(GgmlType::BF16) == cuda::Q8Format::None);
+}
+
 TEST_CASE("cuda q8: the float types ignore quantized x, and bad shapes are refused") {
     std::mt19937 rng(54);
     const int cols = 64, rows = 3;

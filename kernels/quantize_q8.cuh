@@ -1,0 +1,84 @@
+// Quantizing fp32 activations to the 8-bit route's blocks (kernels.h, matvec_q8): one warp per block, so any kernel
+// that has a row in global memory can quantize it in place of a separate launch (quantize_activations in
+// matvec_q8.cu; RMSNorm's fused output in rms_norm.cu). The operations are the CPU's (cpu/quant_q8.cpp): the
+// maximum |x| (exact in any order), one IEEE division for the inverse scale, one rounding multiply, round half to
+// even, a clamp to +-127; so the codes and scales come out bitwise the same.
+#pragma once
+#include "common.cuh"
+
+namespace tandem::cuda::q8 {
+
+constexpr int kQ8_1Bytes = 36;   // fp16 d, fp16 s, 32 codes
+constexpr int kQ8_KBytes = 292;  // fp32 d, 256 codes, 16 int16 sums
+constexpr int kQ8_KCodes = 4, kQ8_KSums = 260;
+
+inline bool is_k_quant(GgmlType type) {
+    return type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K || type == GgmlType::Q5_K ||
+           type == GgmlType::Q6_K;
+}
+
+// Q8_1: lane j quantizes element j of the 32 at xb into the block at blk. Every lane of the warp calls it.
+__device__ __forceinline__ void quantize_block_q8_1(const float* xb, uint8_t* blk, int lane) {
+    const float v = xb[lane];
+    const float amax = detail::warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int q = __float2int_rn(v * id);
+    q = q < -127 ? -127 : q > 127 ? 127 : q;
+    int sum = q;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
+    blk[4 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    if (lane == 0) {
+        reinterpret_cast<uint16_t*>(blk)[0] = tandem_float_to_half(d);
+        reinterpret_cast<uint16_t*>(blk)[1] = tandem_float_to_half(d * static_cast<float>(sum));
+    }
+}
+
+// Q8_K: lane l quantizes elements 8l..8l+7 of the 256 at xb (16-byte aligned); lanes 2g and 2g+1 make the sum of
+// group g. The scale's sign is that of the first element of largest magnitude (ggml's rule, as the CPU's). Every
+// lane of the warp calls it.
+__device__ __forceinline__ void quantize_block_q8_k(const float* xb, uint8_t* blk, int lane) {
+    const float4 v0 = *reinterpret_cast<const float4*>(xb + 8 * lane);
+    const float4 v1 = *reinterpret_cast<const float4*>(xb + 8 * lane + 4);
+    const float v[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+    float local = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) local = fmaxf(local, fabsf(v[k]));
+    const float amax = detail::warp_max(local);
+    int first = 256;
+#pragma unroll
+    for (int k = 7; k >= 0; --k)
+        if (fabsf(v[k]) == amax) first = 8 * lane + k;
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        const int other = __shfl_xor_sync(detail::kFullMask, first, offset);
+        first = other < first ? other : first;
+    }
+    const float iscale = amax != 0.0f ? -127.0f / xb[first] : 0.0f;
+    uint32_t packed[2] = {0, 0};
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        int q = __float2int_rn(v[k] * iscale);
+        q = q < -127 ? -127 : q > 127 ? 127 : q;
+        sum += q;
+        packed[k / 4] |= static_cast<uint32_t>(q & 0xFF) << (8 * (k % 4));
+    }
+    reinterpret_cast<uint32_t*>(blk + kQ8_KCodes)[2 * lane] = packed[0];
+    reinterpret_cast<uint32_t*>(blk + kQ8_KCodes)[2 * lane + 1] = packed[1];
+    sum += __shfl_xor_sync(detail::kFullMask, sum, 1);
+    if (lane % 2 == 0) reinterpret_cast<int16_t*>(blk + kQ8_KSums)[lane / 2] = static_cast<int16_t>(sum);
+    // An all-zero block is all zeros, d included (the CPU clears it).
+    if (lane == 0) *reinterpret_cast<float*>(blk) = amax != 0.0f ? 1.0f / iscale : 0.0f;
+}
+
+// Block b of a row in either format: the first `cols / block` blocks of x into the row at out.
+__device__ __forceinline__ void quantize_block(bool k_quant, const float* x, uint8_t* out, int b, int lane) {
+    if (k_quant)
+        quantize_block_q8_k(x + 256 * b, out + static_cast<size_t>(kQ8_KBytes) * b, lane);
+    else
+        quantize_block_q8_1(x + 32 * b, out + static_cast<size_t>(kQ8_1Bytes) * b, lane);
+}
+
+}  // namespace tandem::cuda::q8
