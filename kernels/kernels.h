@@ -28,8 +28,11 @@ void add_rms_norm(float* x, const float* residual, const float* weight, float* o
                   Stream stream, GgmlType q8_for = GgmlType::F32, void* xq = nullptr);
 
 // ---- SwiGLU (swiglu.cu) ---------------------------------------------------------------------------------------------
-// out[i] = silu(gate[i]) * up[i]; out may alias gate.
-void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream);
+// out[i] = silu(gate[i]) * up[i]; out may alias gate. xq, when set (4-byte aligned; out 16-byte aligned, n whole
+// blocks): out also quantized for the 8-bit matvec route of type q8_for, bitwise quantize_activations of it (rows
+// of any whole number of blocks: the quantized rows are contiguous either way).
+void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream, GgmlType q8_for = GgmlType::F32,
+            void* xq = nullptr);
 
 // ---- bias add, column fill (elementwise.cu) -------------------------------------------------------------------------
 // rows[r][j] += bias[j] for r < n_rows, j < width (the Q/K/V biases of qwen2).

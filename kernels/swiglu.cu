@@ -1,5 +1,7 @@
-// SwiGLU: out = silu(gate) * up, elementwise over the FFN hidden activations.
+// SwiGLU: out = silu(gate) * up, elementwise over the FFN hidden activations; optionally with out also quantized
+// for the 8-bit matvec route (quantize_q8.cuh; saves ffn_down's quantize launch).
 #include "common.cuh"
+#include "quantize_q8.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -15,10 +17,43 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// With the quantized output: one warp per activation block, each lane computing the elements the quantizer has it
+// read (Q8_1: element j; Q8_K: elements 8l..8l+7), then the warp quantizing the block.
+constexpr int kQuantWarps = 4;
+
+__global__ void __launch_bounds__(kQuantWarps * 32)
+    swiglu_q8_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n_blocks, bool k_quant,
+                     uint8_t* __restrict__ xq) {
+    const int64_t b = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (b >= n_blocks) return;
+    const int per_lane = k_quant ? 8 : 1;
+    const int64_t first = b * (k_quant ? 256 : 32) + lane * per_lane;
+    for (int k = 0; k < per_lane; ++k) {
+        const float g = gate[first + k];
+        out[first + k] = g / (1.0f + expf(-g)) * up[first + k];
+    }
+    __syncwarp();  // the quantizer reads one element another lane wrote (the block's largest, for Q8_K's sign)
+    q8::quantize_block(k_quant, out, xq, static_cast<int>(b), lane);
+}
+
 }  // namespace
 
-void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream) {
+void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream, GgmlType q8_for, void* xq) {
     detail::require(n > 0, "swiglu: empty vector");
+    if (xq) {
+        const bool k_quant = q8::is_k_quant(q8_for);
+        detail::require(matvec_q8_supports(q8_for) && n % (k_quant ? 256 : 32) == 0 &&
+                            reinterpret_cast<uintptr_t>(xq) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
+                        "swiglu: the quantized output needs a type with the 8-bit route, whole blocks and alignment");
+        const int64_t n_blocks = n / (k_quant ? 256 : 32);
+        detail::require(n_blocks < (int64_t{1} << 31) / kQuantWarps, "swiglu: too many blocks");
+        detail::launch_kernel("swiglu_q8_kernel", swiglu_q8_kernel,
+                              dim3(static_cast<unsigned>((n_blocks + kQuantWarps - 1) / kQuantWarps)),
+                              dim3(kQuantWarps * 32), 0, stream, gate, up, out, n_blocks, k_quant,
+                              static_cast<uint8_t*>(xq));
+        return;
+    }
     const int64_t blocks = (n + kThreads - 1) / kThreads;
     // Capped: a grid-stride loop covers the rest, and the grid stays small enough for any n.
     detail::launch_kernel("swiglu_kernel", swiglu_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),

@@ -417,23 +417,25 @@ cuda::MatvecTarget CudaBackend::target(const DeviceMatrix& W, float* y, const fl
 
 const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int cols) {
     if (!options_.int8_activations || !cuda::matvec_q8_supports(type) || n > kStepTokens) return nullptr;
-    if (xq_holds_xb_ == cuda::q8_activation_format(type) && cols == model_.config.dim && x >= xb_ &&
-        x < xb_ + static_cast<ptrdiff_t>(kStepTokens) * cols) {
-        const ptrdiff_t offset = x - xb_;
-        if (offset % cols == 0 && offset / cols + n <= kStepTokens)  // whole rows of xb_ that the norm quantized
+    if (xq_format_ == cuda::q8_activation_format(type) && cols == xq_cols_ && x >= xq_of_ &&
+        x < xq_of_ + static_cast<ptrdiff_t>(kStepTokens) * cols) {
+        const ptrdiff_t offset = x - xq_of_;
+        if (offset % cols == 0 && offset / cols + n <= kStepTokens)  // whole rows the producer already quantized
             return xq_ + static_cast<size_t>(offset / cols) * cuda::q8_activation_row_bytes(type, cols);
     }
     cuda::quantize_activations(type, x, cols, n, xq_, stream_);
-    xq_holds_xb_ = cuda::Q8Format::None;
+    xq_format_ = cuda::Q8Format::None;
     return xq_;
 }
 
-CudaBackend::NormQuant CudaBackend::norm_quant(GgmlType next, int n, bool prefill) {
-    xq_holds_xb_ = cuda::Q8Format::None;  // the norm rewrites xb_ either way
+CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill) {
+    xq_format_ = cuda::Q8Format::None;  // the producer rewrites `out` either way
     if (prefill || !options_.fused_matvecs || !options_.int8_activations || !cuda::matvec_q8_supports(next) ||
         n > kStepTokens)
         return {};
-    xq_holds_xb_ = cuda::q8_activation_format(next);
+    xq_of_ = out;
+    xq_cols_ = cols;
+    xq_format_ = cuda::q8_activation_format(next);
     return {next, xq_};
 }
 
@@ -510,7 +512,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const int dim = c.dim;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
-    NormQuant nq = norm_quant(layers_[0].wq.type, n, prefill);
+    FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
     cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
 
     const cuda::RopeMode mode =
@@ -550,7 +552,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             cuda::attention(att, stream_);
         if (prefill) gemm_input(att_, n, c.q_dim());
         matmul(L.wo, att_, n, proj_, prefill);
-        nq = norm_quant(L.w_gate.type, n, prefill);
+        nq = fused_quant(xb_, dim, L.w_gate.type, n, prefill);
         cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
         if (prefill) gemm_input(xb_, n, dim);
         if (!prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type) {
@@ -561,12 +563,13 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             matmul(L.w_gate, xb_, n, gate_, prefill);
             matmul(L.w_up, xb_, n, up_, prefill);
         }
-        cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_);
+        const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
+        cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
         if (prefill) gemm_input(gate_, n, c.hidden_dim);
         matmul(L.w_down, gate_, n, proj_, prefill);
         // The residual add, fused with the norm that comes next: the next layer's, or the output norm.
         const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : output_norm_;
-        nq = norm_quant(l + 1 < c.n_layers ? layers_[l + 1].wq.type : output_.type, n, prefill);
+        nq = fused_quant(xb_, dim, l + 1 < c.n_layers ? layers_[l + 1].wq.type : output_.type, n, prefill);
         cuda::add_rms_norm(x_, proj_, next_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
     }
 }
@@ -664,7 +667,7 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
     }
     g.graph.launch(stream_);
     // The graph rewrote xb_ and xq_ in the stream; what xq_ holds after it is not tracked here.
-    xq_holds_xb_ = cuda::Q8Format::None;
+    xq_format_ = cuda::Q8Format::None;
     ++graph_stats_.replays;
     graph_stats_.nodes = g.graph.node_count();
 }

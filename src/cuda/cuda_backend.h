@@ -90,7 +90,8 @@ struct CudaOptions {
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
     cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();  // same sums either way (kernels.h)
     // Q/K/V (with their biases) and gate/up in one matvec_multi launch each where their types match (3 kernels
-    // fewer per layer, 6 for qwen2), and with int8_activations the norms quantize their output for them (2 fewer);
+    // fewer per layer, 6 for qwen2), and with int8_activations the norms and SwiGLU quantize their output for the
+    // matvecs that read it (3 quantize launches fewer);
     // false launches them one by one (the same bits; tests compare the two).
     bool fused_matvecs = cuda_fused_matvecs_from_env();
     // Decode and verification matvecs of the block types through the 8-bit route (kernels.h matvec_q8): each
@@ -235,17 +236,17 @@ private:
     // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
     void matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill);
     // With int8_activations and a type that has the 8-bit route: x (n <= kStepTokens rows of cols) quantized for
-    // `type` in xq_: rows of xb_ that the norm writing xb_ already quantized in that format, else a quantize
-    // launch queued here; otherwise nullptr (the matvec reads x).
+    // `type` in xq_: rows that the kernel producing them already quantized in that format, else a quantize launch
+    // queued here; otherwise nullptr (the matvec reads x).
     const void* quantized(GgmlType type, const float* x, int n, int cols);
-    // What the norm about to write xb_ should also quantize its output for (the type of the matvecs that read xb_
-    // next): with fused_matvecs and int8_activations on a short step, that type and xq_; else nothing. Records what
-    // xq_ will hold for quantized().
-    struct NormQuant {
+    // What the kernel about to write `out` (n rows of cols: an RMSNorm's xb_, SwiGLU's output) should also quantize
+    // it for (the type of the matvecs that read it next): with fused_matvecs and int8_activations on a short step,
+    // that type and xq_; else nothing. Records what xq_ will hold, for quantized().
+    struct FusedQuant {
         GgmlType type = GgmlType::F32;
         void* xq = nullptr;
     };
-    NormQuant norm_quant(GgmlType next, int n, bool prefill);
+    FusedQuant fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill);
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     void gemm_input(const float* x, int n, int cols);
@@ -281,7 +282,11 @@ private:
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
-    cuda::Q8Format xq_holds_xb_ = cuda::Q8Format::None;  // xq_ is xb_ in this format (at this point of the queue)
+    // What xq_ holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in xq_format_ (None: nothing
+    // known).
+    const float* xq_of_ = nullptr;
+    int xq_cols_ = 0;
+    cuda::Q8Format xq_format_ = cuda::Q8Format::None;
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for

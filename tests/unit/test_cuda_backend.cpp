@@ -584,6 +584,44 @@ TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwis
     CHECK(s.back().stats.nodes == 2 + 5 * (13 + 6) + 2);
 }
 
+TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU, the same bits") {
+    // A synthetic Q4_K model (every matrix of whole 256-blocks, so ffn_down takes the route too and SwiGLU writes
+    // its quantized output): fused against unfused + staged loads through CUDA graphs, bitwise, with the launches
+    // counted; and a short call whose logits are its last 2 rows (the output reads the final norm's quantized rows
+    // at an offset) against the same call unfused.
+    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-int8-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    SyntheticShape shape{"k256", 256, 512, 2, 4, 2, 512, 64};
+    write_synthetic_model(dir + "/k256.gguf", shape, GgmlType::Q4_K, 7);
+    auto model = Model::load(dir + "/k256.gguf");
+    std::filesystem::remove_all(dir);
+    REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_K);
+    REQUIRE(model->weights.output.type == GgmlType::Q4_K);
+    CudaOptions fused, separate;
+    fused.attention_split = separate.attention_split = 4;
+    fused.int8_activations = separate.int8_activations = true;
+    separate.fused_matvecs = false;
+    separate.matvec_loads = cuda::MatvecLoads::Staged;
+    const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
+    const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
+    check_same_logits(f, s);
+    // Per layer: fused, the 10 kernels of the fp32 route and the attention output's quantize; separate, 13 and a
+    // quantize for each of Q, K, V, O, gate, up and down; plus the output projection's quantize.
+    CHECK(f.back().stats.nodes == 2 + 2 * (10 + 1) + 1);
+    CHECK(s.back().stats.nodes == 2 + 2 * (13 + 7) + 2);
+    const int n_vocab = model->config.n_vocab;
+    std::vector<std::vector<float>> last_rows;
+    for (const CudaOptions& o : {fused, separate}) {
+        CudaBackend gpu(*model, 32, {}, o);
+        auto cache = gpu.new_cache(32);
+        const std::vector<int> tokens = {1, 17, 42, 99, 5, 250};
+        last_rows.emplace_back(static_cast<size_t>(2) * n_vocab, std::nanf(""));
+        gpu.forward(tokens, *cache, 2, last_rows.back().data());
+        for (float v : last_rows.back()) REQUIRE(std::isfinite(v));
+    }
+    CHECK(std::memcmp(last_rows[0].data(), last_rows[1].data(), last_rows[0].size() * 4) == 0);
+}
+
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);

@@ -250,6 +250,34 @@ TEST_CASE("cuda q8: RMSNorm's quantized output is bitwise quantize_activations o
     CHECK(cuda::q8_activation_format(GgmlType::BF16) == cuda::Q8Format::None);
 }
 
+TEST_CASE("cuda q8: SwiGLU's quantized output is bitwise quantize_activations of its fp32 output") {
+    std::mt19937 rng(56);
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q6_K}) {
+        const int cols = 768, rows = 3;
+        const std::string type_name = ggml_type_name(type);
+        CAPTURE(type_name);
+        const std::vector<float> gate = random_floats(static_cast<size_t>(rows) * cols, rng);
+        const std::vector<float> up = random_floats(gate.size(), rng);
+        std::vector<float> plain(gate.size(), kNaN);
+        cuda::swiglu(gate.data(), up.data(), plain.data(), static_cast<int64_t>(gate.size()), nullptr);
+        const std::vector<uint8_t> want = quantize_on_device(type, plain, cols, rows);
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            std::vector<float> out = gate;  // in place, as the backend runs it
+            std::vector<uint8_t> xq(want.size(), 0xFF);
+            cuda::swiglu(out.data(), up.data(), out.data(), static_cast<int64_t>(out.size()), nullptr, type, xq.data());
+            CHECK(std::memcmp(out.data(), plain.data(), out.size() * 4) == 0);
+            CHECK(xq == want);
+        }
+    }
+    std::vector<float> v(96);
+    std::vector<uint8_t> xq(512);
+    CHECK_THROWS_AS(cuda::swiglu(v.data(), v.data(), v.data(), 96, nullptr, GgmlType::Q4_K, xq.data()),
+                    std::invalid_argument);  // not whole Q8_K blocks
+    CHECK_THROWS_AS(cuda::swiglu(v.data(), v.data(), v.data(), 96, nullptr, GgmlType::F16, xq.data()),
+                    std::invalid_argument);
+}
+
 TEST_CASE("cuda q8: the float types ignore quantized x, and bad shapes are refused") {
     std::mt19937 rng(54);
     const int cols = 64, rows = 3;
