@@ -21,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
@@ -563,25 +564,37 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     CHECK(s.back().stats.nodes == 2 + 5 * 16 + 1);
 }
 
+namespace {
+
+// The 8-bit route with fused kernels (the producers quantize their output) against unfused launches with staged
+// loads, through CUDA graphs in two thread orders: bitwise the same logits, and the launches of the last step's
+// graph counted. Returns the two options.
+std::pair<CudaOptions, CudaOptions> check_int8_fusion(const Model& model, int fused_nodes, int separate_nodes) {
+    CudaOptions fused, separate;
+    fused.attention_split = separate.attention_split = 4;
+    fused.int8_activations = separate.int8_activations = true;
+    separate.fused_matvecs = false;
+    separate.matvec_loads = cuda::MatvecLoads::Staged;
+    const std::vector<Call> f = run_graph_schedule(model, fused, {emu::ThreadOrder::Forward, 0});
+    const std::vector<Call> s = run_graph_schedule(model, separate, {emu::ThreadOrder::Reverse, 0});
+    check_same_logits(f, s);
+    CHECK(f.back().stats.nodes == fused_nodes);
+    CHECK(s.back().stats.nodes == separate_nodes);
+    return {fused, separate};
+}
+
+}  // namespace
+
 TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwise those of separate launches") {
     // With int8_activations and fused kernels the RMSNorms that feed Q/K/V, gate/up and the output also write
     // their output quantized (the matvecs read it without a quantize launch); unfused, every matvec input has its
     // own quantize launch. The same bits either way, through CUDA graphs, in two thread orders, with staged loads
     // on one side; and the launches counted.
     auto model = Model::load(requantized(GgmlType::Q4_0));
-    CudaOptions fused, separate;
-    fused.attention_split = separate.attention_split = 4;
-    fused.int8_activations = separate.int8_activations = true;
-    separate.fused_matvecs = false;
-    separate.matvec_loads = cuda::MatvecLoads::Staged;
-    const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
-    const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
-    check_same_logits(f, s);
     // Per layer (stories260K: ffn_down stays f16, with no 8-bit route): fused, the 10 kernels of the fp32 route
     // and a quantize for the attention output; separate, the 13 kernels of unfused launches and a quantize for
     // each of Q, K, V, O, gate and up; plus the output projection's quantize.
-    CHECK(f.back().stats.nodes == 2 + 5 * (10 + 1) + 1);
-    CHECK(s.back().stats.nodes == 2 + 5 * (13 + 6) + 2);
+    check_int8_fusion(*model, 2 + 5 * (10 + 1) + 1, 2 + 5 * (13 + 6) + 2);
 }
 
 TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU, the same bits") {
@@ -597,18 +610,9 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     std::filesystem::remove_all(dir);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_K);
     REQUIRE(model->weights.output.type == GgmlType::Q4_K);
-    CudaOptions fused, separate;
-    fused.attention_split = separate.attention_split = 4;
-    fused.int8_activations = separate.int8_activations = true;
-    separate.fused_matvecs = false;
-    separate.matvec_loads = cuda::MatvecLoads::Staged;
-    const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
-    const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
-    check_same_logits(f, s);
     // Per layer: fused, the 10 kernels of the fp32 route and the attention output's quantize; separate, 13 and a
     // quantize for each of Q, K, V, O, gate, up and down; plus the output projection's quantize.
-    CHECK(f.back().stats.nodes == 2 + 2 * (10 + 1) + 1);
-    CHECK(s.back().stats.nodes == 2 + 2 * (13 + 7) + 2);
+    const auto [fused, separate] = check_int8_fusion(*model, 2 + 2 * (10 + 1) + 1, 2 + 2 * (13 + 7) + 2);
     const int n_vocab = model->config.n_vocab;
     std::vector<std::vector<float>> last_rows;
     for (const CudaOptions& o : {fused, separate}) {
