@@ -19,21 +19,20 @@ namespace {
 
 using namespace matvec_detail;
 
-using q8::is_k_quant;
 using q8::kQ8_1Bytes;
 using q8::kQ8_KBytes;
 using q8::kQ8_KCodes;
 constexpr int kOnes = 0x01010101;  // dp4a(kOnes, x, 0): the sum of x's four codes
 
 // ---- activation quantizer: one warp per block (quantize_q8.cuh), kQuantWarps blocks per CUDA block ------------
-constexpr int kQuantWarps = 4;
+using q8::kQuantWarps;
 
 __global__ void __launch_bounds__(kQuantWarps * 32)
     quantize_kernel(bool k_quant, const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
     const int b = blockIdx.x * kQuantWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (b >= n_blocks) return;
-    const int per_row = cols / (k_quant ? 256 : 32), t = b / per_row;
-    const size_t row_bytes = static_cast<size_t>(per_row) * (k_quant ? q8::kQ8_KBytes : q8::kQ8_1Bytes);
+    const int per_row = cols / q8::block_elems(k_quant), t = b / per_row;
+    const size_t row_bytes = static_cast<size_t>(per_row) * q8::block_bytes(k_quant);
     q8::quantize_block(k_quant, x + static_cast<size_t>(t) * cols, xq + t * row_bytes, b % per_row, lane);
 }
 
@@ -41,13 +40,13 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
 struct Q8_1Input {
     using X = uint8_t;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) {
-        return static_cast<size_t>(cols / 32) * kQ8_1Bytes;
+        return static_cast<size_t>(cols / q8::block_elems(false)) * q8::block_bytes(false);
     }
 };
 struct Q8_KInput {
     using X = uint8_t;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) {
-        return static_cast<size_t>(cols / 256) * kQ8_KBytes;
+        return static_cast<size_t>(cols / q8::block_elems(true)) * q8::block_bytes(true);
     }
 };
 
@@ -268,8 +267,8 @@ namespace matvec_detail {
 void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens, MatvecLoads loads,
                  Stream stream) {
     check_job(job, cols, n_tokens);
+    q8_activation_row_bytes(type, cols);  // checks the type and the width
     detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, "matvec: quantized x must be 4-byte aligned");
-    detail::require(cols % (is_k_quant(type) ? 256 : 32) == 0, "matvec: rows are not whole blocks of the type");
     const auto blocks = [&](auto launch, const char* name, const char* staged_name) {
         launch(name, staged_name, loads, job, cols, xq, n_tokens, stream);
     };
@@ -290,26 +289,32 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
 
 }  // namespace matvec_detail
 
-bool matvec_q8_supports(GgmlType type) {
+// The one list of the route's types and formats: the 32-element types read Q8_1, the k-quants Q8_K.
+Q8Format q8_activation_format(GgmlType type) {
     switch (type) {
         case GgmlType::Q8_0:
         case GgmlType::Q4_0:
         case GgmlType::Q4_1:
         case GgmlType::Q5_0:
-        case GgmlType::Q5_1: return true;
-        default: return is_k_quant(type);
+        case GgmlType::Q5_1: return Q8Format::Q8_1;
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K: return Q8Format::Q8_K;
+        default: return Q8Format::None;
     }
 }
 
-Q8Format q8_activation_format(GgmlType type) {
-    return !matvec_q8_supports(type) ? Q8Format::None : is_k_quant(type) ? Q8Format::Q8_K : Q8Format::Q8_1;
-}
+bool matvec_q8_supports(GgmlType type) { return q8_activation_format(type) != Q8Format::None; }
 
 size_t q8_activation_row_bytes(GgmlType type, int cols) {
-    detail::require(matvec_q8_supports(type), "quantize_activations: the type has no 8-bit route");
-    const int block = is_k_quant(type) ? 256 : 32;
-    detail::require(cols > 0 && cols % block == 0, "quantize_activations: cols is not whole blocks of the type");
-    return is_k_quant(type) ? Q8_KInput::x_units(cols) : Q8_1Input::x_units(cols);
+    const Q8Format f = q8_activation_format(type);
+    detail::require(f != Q8Format::None, "quantize_activations: the type has no 8-bit route");
+    const bool k_quant = f == Q8Format::Q8_K;
+    detail::require(cols > 0 && cols % q8::block_elems(k_quant) == 0,
+                    "quantize_activations: cols is not whole blocks of the type");
+    return static_cast<size_t>(cols / q8::block_elems(k_quant)) * q8::block_bytes(k_quant);
 }
 
 void quantize_activations(GgmlType type, const float* x, int cols, int n_tokens, void* xq, Stream stream) {
@@ -317,10 +322,11 @@ void quantize_activations(GgmlType type, const float* x, int cols, int n_tokens,
     detail::require(n_tokens >= 1, "quantize_activations: no tokens");
     detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 4 == 0,
                     "quantize_activations: x must be 16-byte and xq 4-byte aligned");
-    const int n_blocks = n_tokens * (cols / (is_k_quant(type) ? 256 : 32));
+    const bool k_quant = q8_activation_format(type) == Q8Format::Q8_K;
+    const int n_blocks = n_tokens * (cols / q8::block_elems(k_quant));
     const dim3 grid((n_blocks + kQuantWarps - 1) / kQuantWarps), block(kQuantWarps * 32);
-    detail::launch_kernel("quantize_kernel", quantize_kernel, grid, block, 0, stream, is_k_quant(type), x, cols,
-                          n_blocks, static_cast<uint8_t*>(xq));
+    detail::launch_kernel("quantize_kernel", quantize_kernel, grid, block, 0, stream, k_quant, x, cols, n_blocks,
+                          static_cast<uint8_t*>(xq));
 }
 
 }  // namespace tandem::cuda

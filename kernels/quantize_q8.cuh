@@ -1,6 +1,6 @@
 // Quantizing fp32 activations to the 8-bit route's blocks (kernels.h, matvec_q8): one warp per block, so any kernel
 // that has a row in global memory can quantize it in place of a separate launch (quantize_activations in
-// matvec_q8.cu; RMSNorm's fused output in rms_norm.cu). The operations are the CPU's (cpu/quant_q8.cpp): the
+// matvec_q8.cu; the fused outputs of rms_norm.cu and swiglu.cu). The operations are the CPU's (cpu/quant_q8.cpp): the
 // maximum |x| (exact in any order), one IEEE division for the inverse scale, one rounding multiply, round half to
 // even, a clamp to +-127; so the codes and scales come out bitwise the same.
 #pragma once
@@ -11,10 +11,20 @@ namespace tandem::cuda::q8 {
 constexpr int kQ8_1Bytes = 36;   // fp16 d, fp16 s, 32 codes
 constexpr int kQ8_KBytes = 292;  // fp32 d, 256 codes, 16 int16 sums
 constexpr int kQ8_KCodes = 4, kQ8_KSums = 260;
+constexpr int kQuantWarps = 4;  // warps (blocks quantized at once) per CUDA block of the one-warp-per-block kernels
 
-inline bool is_k_quant(GgmlType type) {
-    return type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K || type == GgmlType::Q5_K ||
-           type == GgmlType::Q6_K;
+// A format's block: Q8_K (k_quant) 256 elements in 292 bytes, Q8_1 32 in 36.
+__host__ __device__ constexpr int block_elems(bool k_quant) { return k_quant ? 256 : 32; }
+__host__ __device__ constexpr int block_bytes(bool k_quant) { return k_quant ? kQ8_KBytes : kQ8_1Bytes; }
+
+// A kernel's optional quantized output, checked on the host: q8_for has the 8-bit route, rows of `row_elems` are
+// whole blocks of its format, xq is 4-byte aligned. Returns whether the format is Q8_K.
+inline bool checked_output(GgmlType q8_for, const void* xq, int64_t row_elems, const char* what) {
+    const Q8Format f = q8_activation_format(q8_for);
+    detail::require(f != Q8Format::None, what);
+    detail::require(row_elems > 0 && row_elems % block_elems(f == Q8Format::Q8_K) == 0, what);
+    detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, what);
+    return f == Q8Format::Q8_K;
 }
 
 // Q8_1: lane j quantizes element j of the 32 at xb into the block at blk. Every lane of the warp calls it.
@@ -75,10 +85,12 @@ __device__ __forceinline__ void quantize_block_q8_k(const float* xb, uint8_t* bl
 
 // Block b of a row in either format: the first `cols / block` blocks of x into the row at out.
 __device__ __forceinline__ void quantize_block(bool k_quant, const float* x, uint8_t* out, int b, int lane) {
+    const float* xb = x + static_cast<size_t>(block_elems(k_quant)) * b;
+    uint8_t* blk = out + static_cast<size_t>(block_bytes(k_quant)) * b;
     if (k_quant)
-        quantize_block_q8_k(x + 256 * b, out + static_cast<size_t>(kQ8_KBytes) * b, lane);
+        quantize_block_q8_k(xb, blk, lane);
     else
-        quantize_block_q8_1(x + 32 * b, out + static_cast<size_t>(kQ8_1Bytes) * b, lane);
+        quantize_block_q8_1(xb, blk, lane);
 }
 
 }  // namespace tandem::cuda::q8

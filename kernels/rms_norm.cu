@@ -35,7 +35,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = weight[i] * (scale * xr[i]);
     if (!xq) return;
     __syncthreads();
-    const int n_blocks = cols / (k_quant ? 256 : 32), lane = threadIdx.x % 32;
+    const int n_blocks = cols / q8::block_elems(k_quant), lane = threadIdx.x % 32;
     for (int b = threadIdx.x / 32; b < n_blocks; b += blockDim.x / 32)
         q8::quantize_block(k_quant, o, xq + row * xq_row_bytes, b, lane);
 }
@@ -48,8 +48,10 @@ struct QuantOut {
 };
 QuantOut quant_out(GgmlType q8_for, void* xq, int cols) {
     if (!xq) return {};
-    detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, "rms_norm: xq must be 4-byte aligned");
-    return {q8::is_k_quant(q8_for), static_cast<uint8_t*>(xq), q8_activation_row_bytes(q8_for, cols)};
+    const bool k_quant = q8::checked_output(
+        q8_for, xq, cols, "rms_norm: the quantized output needs a type with the 8-bit route, whole blocks, alignment");
+    return {k_quant, static_cast<uint8_t*>(xq),
+            static_cast<size_t>(cols / q8::block_elems(k_quant)) * q8::block_bytes(k_quant)};
 }
 
 }  // namespace

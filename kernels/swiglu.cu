@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // With the quantized output: one warp per activation block, each lane computing the elements the quantizer has it
 // read (Q8_1: element j; Q8_K: elements 8l..8l+7), then the warp quantizing the block.
-constexpr int kQuantWarps = 4;
+using q8::kQuantWarps;
 
 __global__ void __launch_bounds__(kQuantWarps * 32)
     swiglu_q8_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n_blocks, bool k_quant,
@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     const int lane = threadIdx.x % 32;
     if (b >= n_blocks) return;
     const int per_lane = k_quant ? 8 : 1;
-    const int64_t first = b * (k_quant ? 256 : 32) + lane * per_lane;
+    const int64_t first = b * q8::block_elems(k_quant) + lane * per_lane;
     for (int k = 0; k < per_lane; ++k) {
         const float g = gate[first + k];
         out[first + k] = g / (1.0f + expf(-g)) * up[first + k];
@@ -42,11 +42,10 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
 void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream, GgmlType q8_for, void* xq) {
     detail::require(n > 0, "swiglu: empty vector");
     if (xq) {
-        const bool k_quant = q8::is_k_quant(q8_for);
-        detail::require(matvec_q8_supports(q8_for) && n % (k_quant ? 256 : 32) == 0 &&
-                            reinterpret_cast<uintptr_t>(xq) % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0,
-                        "swiglu: the quantized output needs a type with the 8-bit route, whole blocks and alignment");
-        const int64_t n_blocks = n / (k_quant ? 256 : 32);
+        const char* what = "swiglu: the quantized output needs a type with the 8-bit route, whole blocks, alignment";
+        const bool k_quant = q8::checked_output(q8_for, xq, n, what);
+        detail::require(reinterpret_cast<uintptr_t>(out) % 16 == 0, what);
+        const int64_t n_blocks = n / q8::block_elems(k_quant);
         detail::require(n_blocks < (int64_t{1} << 31) / kQuantWarps, "swiglu: too many blocks");
         detail::launch_kernel("swiglu_q8_kernel", swiglu_q8_kernel,
                               dim3(static_cast<unsigned>((n_blocks + kQuantWarps - 1) / kQuantWarps)),
