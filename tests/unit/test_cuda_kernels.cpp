@@ -80,30 +80,59 @@ void cpu_rms_norm(float* out, const float* x, const float* w, int n, float eps) 
 
 TEST_CASE("cuda kernels: rms_norm and add_rms_norm match the CPU backend") {
     std::mt19937 rng(1);
-    const int shapes[][2] = {{1, 32}, {3, 37}, {2, 256}, {5, 1000}, {1, 4099}};
-    for (const auto& s : shapes) {
-        const int rows = s[0], cols = s[1];
+    // Widths of whole float4s up to 16384 take the register kernel (1, 2 and 4 float4s a thread: 1000, 4096, 8192,
+    // 16384), any other width or a misaligned row the loop kernel (37, 4099, 16388, and 256 one float past an
+    // aligned address).
+    struct Shape {
+        int rows, cols, offset;
+    };
+    const Shape shapes[] = {{1, 32, 0}, {3, 37, 0},   {2, 256, 0},    {2, 256, 1},    {5, 1000, 0},
+                            {1, 4099, 0}, {2, 4096, 0}, {1, 8192, 0}, {1, 16384, 0}, {1, 16388, 0}};
+    for (const Shape& s : shapes) {
+        const int rows = s.rows, cols = s.cols;
         CAPTURE(rows);
         CAPTURE(cols);
-        const std::vector<float> x = random_floats(static_cast<size_t>(rows) * cols, rng, 3.0f);
-        const std::vector<float> res = random_floats(x.size(), rng);
-        const std::vector<float> w = random_floats(cols, rng);
-        std::vector<float> ref(x.size()), sum(x.size());
-        for (size_t i = 0; i < x.size(); ++i) sum[i] = x[i] + res[i];
-        for (const LaunchOptions& o : kOrders) {
+        CAPTURE(s.offset);
+        const size_t n = static_cast<size_t>(rows) * cols;
+        const std::vector<float> x_buf = random_floats(n + s.offset, rng, 3.0f);
+        const std::vector<float> res_buf = random_floats(n + s.offset, rng);
+        const std::vector<float> w_buf = random_floats(cols + s.offset, rng);
+        const float *x = x_buf.data() + s.offset, *res = res_buf.data() + s.offset, *w = w_buf.data() + s.offset;
+        {  // which kernel the shape takes, read from a captured (never replayed) launch
+            std::vector<float> out(n + s.offset);
+            void* stream = tandem::emu::stream_create();
+            tandem::emu::begin_capture(stream);
+            cuda::rms_norm(x, w, out.data() + s.offset, rows, cols, 1e-5f, stream);
+            const tandem::emu::Graph graph = tandem::emu::end_capture(stream);
+            tandem::emu::stream_destroy(stream);
+            const int n4 = cols / 4;
+            const bool vec = cols % 4 == 0 && s.offset == 0 && cols <= 16384;
+            const std::string want = !vec              ? "rms_norm_kernel<false>"
+                                     : n4 <= 1024      ? "rms_norm_vec_kernel<false, 1>"
+                                     : n4 <= 2048      ? "rms_norm_vec_kernel<false, 2>"
+                                                       : "rms_norm_vec_kernel<false, 4>";
+            REQUIRE(graph.nodes.size() == 1);
+            CHECK(graph.nodes[0].name == want);
+        }
+        std::vector<float> ref(n), sum(n);
+        for (size_t i = 0; i < n; ++i) sum[i] = x[i] + res[i];
+        // Two orders for the widest rows: 1024-thread blocks are slow to emulate.
+        for (const LaunchOptions& o : cols > 4096 ? kTwoOrders : kOrders) {
             ScopedLaunchOptions scope(o);
             INFO("thread order " << std::string(order_name(o)));
-            std::vector<float> out(x.size(), kNaN);
-            cuda::rms_norm(x.data(), w.data(), out.data(), rows, cols, 1e-5f, nullptr);
-            for (int r = 0; r < rows; ++r) cpu_rms_norm(&ref[r * cols], &x[r * cols], w.data(), cols, 1e-5f);
-            check_close(out, std::vector<double>(ref.begin(), ref.end()), 1e-5, 1e-3);
+            std::vector<float> out_buf(n + s.offset, kNaN);
+            float* out = out_buf.data() + s.offset;
+            cuda::rms_norm(x, w, out, rows, cols, 1e-5f, nullptr);
+            for (int r = 0; r < rows; ++r) cpu_rms_norm(&ref[r * cols], &x[r * cols], w, cols, 1e-5f);
+            check_close(std::vector<float>(out, out + n), std::vector<double>(ref.begin(), ref.end()), 1e-5, 1e-3);
 
-            std::vector<float> xs = x;
-            std::fill(out.begin(), out.end(), kNaN);
-            cuda::add_rms_norm(xs.data(), res.data(), w.data(), out.data(), rows, cols, 1e-5f, nullptr);
-            CHECK(xs == sum);  // the residual add is one rounding: bitwise equal
-            for (int r = 0; r < rows; ++r) cpu_rms_norm(&ref[r * cols], &sum[r * cols], w.data(), cols, 1e-5f);
-            check_close(out, std::vector<double>(ref.begin(), ref.end()), 1e-5, 1e-3);
+            std::vector<float> xs_buf = x_buf;
+            float* xs = xs_buf.data() + s.offset;
+            std::fill(out_buf.begin(), out_buf.end(), kNaN);
+            cuda::add_rms_norm(xs, res, w, out, rows, cols, 1e-5f, nullptr);
+            CHECK(std::vector<float>(xs, xs + n) == sum);  // the residual add is one rounding: bitwise equal
+            for (int r = 0; r < rows; ++r) cpu_rms_norm(&ref[r * cols], &sum[r * cols], w, cols, 1e-5f);
+            check_close(std::vector<float>(out, out + n), std::vector<double>(ref.begin(), ref.end()), 1e-5, 1e-3);
         }
     }
 }
