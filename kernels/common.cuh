@@ -37,6 +37,10 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// SwiGLU's product, silu(g) * u, as the CPU backend writes it; one definition for swiglu() and the matvec's SwiGLU
+// epilogue, which must agree bit for bit.
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
 // GGUF blocks are packed at 2-byte alignment (34-byte Q8_0, 18-byte Q4_0, 210-byte Q6_K), so their bytes are read
 // 16 bits at a time and assembled.
 __device__ __forceinline__ uint32_t load_u32_from_u16(const uint8_t* p) {

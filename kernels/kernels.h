@@ -75,6 +75,13 @@ struct MatvecTarget {
 };
 void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
                   Stream stream, MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
+// The FFN's gate and up matrices (one type and shape) with SwiGLU applied in the same launch: out[t][r] =
+// silu(dot(row r of W_gate, x[t])) * dot(row r of W_up, x[t]), out's rows `rows` floats apart. Bitwise matvec_multi
+// of the two followed by swiglu(): the same kernels compute the products and swiglu's expression combines them,
+// without the products going through memory or a second launch.
+void matvec_swiglu(GgmlType type, const void* W_gate, const void* W_up, size_t row_bytes, int rows, int cols,
+                   const float* x, int n_tokens, float* out, Stream stream, MatvecLoads loads = MatvecLoads::Direct,
+                   const void* xq = nullptr);
 
 // ---- 8-bit activations (matvec_q8.cu) -------------------------------------------------------------------------------
 // The integer route of matvec for the block types, as the CPU backend computes them (cpu/quant_q8.h) and as

@@ -517,4 +517,17 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
     route(type, job, cols, x, xq, n_tokens, loads, stream);
 }
 
+void matvec_swiglu(GgmlType type, const void* W_gate, const void* W_up, size_t row_bytes, int rows, int cols,
+                   const float* x, int n_tokens, float* out, Stream stream, MatvecLoads loads, const void* xq) {
+    detail::require(rows > 0, "matvec: empty shape");
+    MatvecJob job{};
+    const size_t stride = static_cast<size_t>(rows);
+    job.seg0 = {static_cast<const uint8_t*>(W_gate), row_bytes, out, stride, nullptr, rows};
+    job.seg1 = {static_cast<const uint8_t*>(W_up), row_bytes, out, stride, nullptr, rows};  // y: never written
+    job.n_seg = 2;
+    job.total_rows = 2 * rows;
+    job.swiglu = true;
+    route(type, job, cols, x, xq, n_tokens, loads, stream);
+}
+
 }  // namespace tandem::cuda

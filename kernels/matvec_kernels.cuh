@@ -45,6 +45,10 @@ struct MatvecJob {
     int n_seg;
     int total_rows;
     const int* row_ids;  // device memory; null: rows 0..rows-1
+    // SwiGLU epilogue (n_seg 2: gate, up, the same rows; no bias, no row_ids): seg0.y[t][r] = silu(gate) * up for
+    // row r, and seg1.y is not written. A block's first kWarps / 2 warps take gate rows, the others the same up
+    // rows, so the pair meets in shared memory.
+    bool swiglu;
 };
 
 // The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
@@ -79,6 +83,27 @@ inline void check_job(const MatvecJob& job, int cols, int n_tokens) {
 void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens, MatvecLoads loads,
                  Stream stream);
 
+constexpr int kSwigluPairs = kWarps / 2;  // (gate, up) row pairs per block with the SwiGLU epilogue
+
+// The warp's segment and row within it; false: the warp has no row (it still reaches a SwiGLU block's barrier).
+__device__ __forceinline__ bool warp_row(const MatvecJob& job, int& s, int& row) {
+    const int warp = threadIdx.x / 32;
+    if (job.swiglu) {
+        s = warp / kSwigluPairs;
+        row = blockIdx.x * kSwigluPairs + warp % kSwigluPairs;
+        return row < job.seg0.rows;
+    }
+    row = blockIdx.x * kWarps + warp;
+    if (row >= job.total_rows) return false;
+    s = segment_of(job, row);
+    return true;
+}
+
+// Blocks a launch takes for the job's rows.
+inline unsigned grid_blocks(const MatvecJob& job) {
+    return job.swiglu ? (job.seg0.rows + kSwigluPairs - 1) / kSwigluPairs : (job.total_rows + kWarps - 1) / kWarps;
+}
+
 template <class T>
 __device__ __forceinline__ T pick(int s, T a, T b, T c) {
     return s == 0 ? a : s == 1 ? b : c;
@@ -104,19 +129,59 @@ __device__ __forceinline__ void write_sums(float (&acc)[NT], int n_tok, int lane
     }
 }
 
-// A warp whose row is past the end returns as a whole, so the shuffles always have all 32 lanes.
+// The SwiGLU epilogue: the up warps leave their sums in `up` (kSwigluPairs x NT floats of shared memory), and
+// each gate warp's lane 0 writes silu(gate) * up, bitwise what swiglu() computes from the two matvecs' outputs.
+// Every warp of the block calls it (a barrier); `valid`: the warp has a row.
+template <int NT>
+__device__ __forceinline__ void write_swiglu(float (&acc)[NT], int n_tok, int lane, int row, bool valid,
+                                             const MatvecJob& job, int s, float* up) {
+    const int pair = (threadIdx.x / 32) % kSwigluPairs;
+    float sums[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) sums[t] = detail::warp_sum(acc[t]);
+    if (valid && s == 1 && lane == 0)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) up[pair * NT + t] = sums[t];
+    __syncthreads();
+    if (!valid || s != 0 || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        if (t >= n_tok) break;
+        job.seg0.y[static_cast<size_t>(t) * job.seg0.y_stride + row] = detail::silu_times(sums[t], up[pair * NT + t]);
+    }
+}
+
+// The direct kernel's warp without a row returns as a whole (so the shuffles always have all 32 lanes); with the
+// SwiGLU epilogue it first takes part in the block's barrier there (the same call site as the other warps', which
+// the emulation requires). An early return, unlike the staged kernel's flag: with the flag around the walk ptxas
+// spilled some eight-token kernels.
+template <int NT>
+__device__ __forceinline__ void idle_warp(const MatvecJob& job, int n_tok, int lane, int s, float* up) {
+    if (!job.swiglu) return;
+    float none[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) none[t] = 0.0f;
+    write_swiglu(none, n_tok, lane, 0, false, job, s, up);
+}
+
 template <class Dot, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
-    int row = blockIdx.x * kWarps + threadIdx.x / 32;
+    TANDEM_SHARED(float, up, kSwigluPairs * NT);
+    int s = 0, row = 0;
     const int lane = threadIdx.x % 32;
-    if (row >= job.total_rows) return;
-    const int s = segment_of(job, row);
+    if (!warp_row(job, s, row)) {
+        idle_warp<NT>(job, n_tok, lane, s, up);
+        return;
+    }
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
     Dot::template dot<NT>(row_of(job, s, row), cols, x, Dot::x_units(cols), n_tok, lane, acc);
-    write_sums(acc, n_tok, lane, row, job, s);
+    if (job.swiglu)
+        write_swiglu(acc, n_tok, lane, row, true, job, s, up);
+    else
+        write_sums(acc, n_tok, lane, row, job, s);
 }
 
 // ---- staged loads ---------------------------------------------------------------------------------------------------
@@ -167,10 +232,15 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
     TANDEM_SHARED(uint4, stage, kWarps * kStageSlots);
-    int row = blockIdx.x * kWarps + threadIdx.x / 32;
+    TANDEM_SHARED(float, up, kSwigluPairs * NT);
+    int s = 0, row = 0;
     const int lane = threadIdx.x % 32;
-    if (row >= job.total_rows) return;
-    const int s = segment_of(job, row);
+    // A warp without a row walks no chunk and goes on to the SwiGLU epilogue's barrier (or returns). Written so,
+    // not as the direct kernel's early return: that way ptxas spilled Q6_K's one-token kernel under its
+    // 64-register budget.
+    const bool valid = warp_row(job, s, row);
+    if (!valid && !job.swiglu) return;
+    if (!valid) row = 0;  // a pointer into the matrix, never read
     const uint8_t* row_begin = row_of(job, s, row);
     const uint8_t* row_end = row_begin + pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
     // Slots are 16-byte aligned; the bytes before row_begin in its first slot belong to the previous row (W itself
@@ -179,7 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
     const uint8_t* base = row_begin - lead;
     uint4* my_stage = stage + (threadIdx.x / 32) * kStageSlots;
     const int n_blocks = cols / Dot::kBlockCols;
-    const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
+    const int n_chunks = valid ? (n_blocks + kChunkBlocks - 1) / kChunkBlocks : 0;
     auto slots_of = [&](int c) {  // slots chunk c spans, from base + c * kChunkBytes
         const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
         return (lead + blocks * Dot::kBlockBytes + 15) / 16;
@@ -195,7 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    load_chunk(0);
+    if (n_chunks > 0) load_chunk(0);
     for (int c = 0; c < n_chunks; ++c) {
         const int n = slots_of(c);
 #pragma unroll
@@ -208,7 +278,10 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
                               x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok, lane, acc);
         __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
     }
-    write_sums(acc, n_tok, lane, row, job, s);
+    if (job.swiglu)
+        write_swiglu(acc, n_tok, lane, row, valid, job, s, up);
+    else
+        write_sums(acc, n_tok, lane, row, job, s);
 }
 
 template <class Dot, bool kStaged, int NT>
@@ -222,7 +295,7 @@ auto kernel_for() {
 template <class Dot, bool kStaged>
 void launch_type(const char* name, const MatvecJob& job, int cols, const typename Dot::X* x, int n_tok,
                  Stream stream) {
-    const dim3 grid((job.total_rows + kWarps - 1) / kWarps), block(kWarps * 32);
+    const dim3 grid(grid_blocks(job)), block(kWarps * 32);
     // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
     // two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {

@@ -12,8 +12,7 @@ __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n) {
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];  // the CPU backend's expression
+        out[i] = detail::silu_times(gate[i], up[i]);
     }
 }
 
@@ -29,10 +28,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
     if (b >= n_blocks) return;
     const int per_lane = k_quant ? 8 : 1;
     const int64_t first = b * q8::block_elems(k_quant) + lane * per_lane;
-    for (int k = 0; k < per_lane; ++k) {
-        const float g = gate[first + k];
-        out[first + k] = g / (1.0f + expf(-g)) * up[first + k];
-    }
+    for (int k = 0; k < per_lane; ++k) out[first + k] = detail::silu_times(gate[first + k], up[first + k]);
     __syncwarp();  // the quantizer reads one element another lane wrote (the block's largest, for Q8_K's sign)
     q8::quantize_block(k_quant, out, xq, static_cast<int>(b), lane);
 }

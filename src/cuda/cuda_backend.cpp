@@ -428,11 +428,14 @@ const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int col
     return xq_;
 }
 
+bool CudaBackend::fuses_quant(GgmlType next, int n, bool prefill) const {
+    return !prefill && options_.fused_matvecs && options_.int8_activations && cuda::matvec_q8_supports(next) &&
+           n <= kStepTokens;
+}
+
 CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill) {
     xq_format_ = cuda::Q8Format::None;  // the producer rewrites `out` either way
-    if (prefill || !options_.fused_matvecs || !options_.int8_activations || !cuda::matvec_q8_supports(next) ||
-        n > kStepTokens)
-        return {};
+    if (!fuses_quant(next, n, prefill)) return {};
     xq_of_ = out;
     xq_cols_ = cols;
     xq_format_ = cuda::q8_activation_format(next);
@@ -555,16 +558,26 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         nq = fused_quant(xb_, dim, L.w_gate.type, n, prefill);
         cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
         if (prefill) gemm_input(xb_, n, dim);
-        if (!prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type) {
-            const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
-            cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, options_.matvec_loads,
-                               quantized(L.w_gate.type, xb_, n, dim));
+        const bool fused_gate_up = !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
+        if (fused_gate_up && !fuses_quant(L.w_down.type, n, prefill)) {
+            // SwiGLU in the gate/up launch (bitwise the launches below); ffn_down reads its fp32 output.
+            const void* xq = quantized(L.w_gate.type, xb_, n, dim);
+            cuda::matvec_swiglu(L.w_gate.type, L.w_gate.data, L.w_up.data, L.w_gate.row_bytes, c.hidden_dim, dim, xb_,
+                                n, gate_, stream_, options_.matvec_loads, xq);
+            fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);  // records that gate_ was rewritten
         } else {
-            matmul(L.w_gate, xb_, n, gate_, prefill);
-            matmul(L.w_up, xb_, n, up_, prefill);
+            // SwiGLU on its own, which can also quantize its output for ffn_down's 8-bit route.
+            if (fused_gate_up) {
+                const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
+                cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, options_.matvec_loads,
+                                   quantized(L.w_gate.type, xb_, n, dim));
+            } else {
+                matmul(L.w_gate, xb_, n, gate_, prefill);
+                matmul(L.w_up, xb_, n, up_, prefill);
+            }
+            const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
+            cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
         }
-        const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
-        cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
         if (prefill) gemm_input(gate_, n, c.hidden_dim);
         matmul(L.w_down, gate_, n, proj_, prefill);
         // The residual add, fused with the norm that comes next: the next layer's, or the output norm.

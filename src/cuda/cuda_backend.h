@@ -247,6 +247,8 @@ private:
         void* xq = nullptr;
     };
     FusedQuant fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill);
+    // Whether fused_quant would have a producer quantize its output for a matvec of `next`.
+    bool fuses_quant(GgmlType next, int n, bool prefill) const;
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     void gemm_input(const float* x, int n, int cols);

@@ -507,10 +507,10 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
         CHECK(g[i].stats.captures == want[i].inst + want[i].upd);
     }
     CHECK(g.back().stats.direct_steps == 1);
-    // One graph replaces every launch of a step: embedding, norm, 5 layers of 10 kernels (Q/K/V in one matvec, RoPE
-    // + KV write, 2 attention kernels, output matvec, norm, gate/up in one matvec, SwiGLU, matvec, norm), the
+    // One graph replaces every launch of a step: embedding, norm, 5 layers of 9 kernels (Q/K/V in one matvec, RoPE
+    // + KV write, 2 attention kernels, output matvec, norm, gate/up with SwiGLU in one matvec, matvec, norm), the
     // output matvec.
-    CHECK(g.back().stats.nodes == 2 + 5 * 10 + 1);
+    CHECK(g.back().stats.nodes == 2 + 5 * 9 + 1);
     MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
             g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
             g.back().stats.nodes, "-node graphs");
@@ -559,8 +559,8 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
     const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
     check_same_logits(f, s);
-    // Per layer: Q/K/V and their 3 bias adds become one launch, gate and up another (16 -> 10 kernels).
-    CHECK(f.back().stats.nodes == 2 + 5 * 10 + 1);
+    // Per layer: Q/K/V and their 3 bias adds become one launch, gate, up and SwiGLU another (16 -> 9 kernels).
+    CHECK(f.back().stats.nodes == 2 + 5 * 9 + 1);
     CHECK(s.back().stats.nodes == 2 + 5 * 16 + 1);
 }
 
@@ -591,10 +591,10 @@ TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwis
     // own quantize launch. The same bits either way, through CUDA graphs, in two thread orders, with staged loads
     // on one side; and the launches counted.
     auto model = Model::load(requantized(GgmlType::Q4_0));
-    // Per layer (stories260K: ffn_down stays f16, with no 8-bit route): fused, the 10 kernels of the fp32 route
-    // and a quantize for the attention output; separate, the 13 kernels of unfused launches and a quantize for
-    // each of Q, K, V, O, gate and up; plus the output projection's quantize.
-    check_int8_fusion(*model, 2 + 5 * (10 + 1) + 1, 2 + 5 * (13 + 6) + 2);
+    // Per layer (stories260K: ffn_down stays f16, with no 8-bit route, so SwiGLU runs in the gate/up launch): fused,
+    // the 9 kernels of the fp32 route and a quantize for the attention output; separate, the 13 kernels of unfused
+    // launches and a quantize for each of Q, K, V, O, gate and up; plus the output projection's quantize.
+    check_int8_fusion(*model, 2 + 5 * (9 + 1) + 1, 2 + 5 * (13 + 6) + 2);
 }
 
 TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU, the same bits") {

@@ -310,6 +310,51 @@ TEST_CASE("cuda kernels: matvec_multi is bitwise the separate matvecs, with add_
     CHECK_THROWS_AS(cuda::matvec_multi(GgmlType::Q4_0, four, 0, 256, x.data(), 1, nullptr), std::invalid_argument);
 }
 
+TEST_CASE("cuda kernels: matvec_swiglu is bitwise matvec_multi followed by swiglu") {
+    // Odd and even row counts (the last block of 21 rows has a gate/up pair without a row), 1 to 16 tokens (16: two
+    // launches of 8), both loads, the fp32 route for a float and two block types and the 8-bit route for two.
+    std::mt19937 rng(47);
+    const int cols = 256;
+    struct Case {
+        GgmlType type;
+        bool int8;
+    };
+    for (const Case c : {Case{GgmlType::F16, false}, Case{GgmlType::Q4_0, false}, Case{GgmlType::Q6_K, false},
+                         Case{GgmlType::Q4_0, true}, Case{GgmlType::Q4_K, true}}) {
+        CAPTURE(ggml_type_name(c.type));
+        CAPTURE(c.int8);
+        const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(cols));
+        for (int rows : {20, 21}) {
+            CAPTURE(rows);
+            const std::vector<uint8_t> gate = test::random_weight_rows(c.type, rows, cols, rng);
+            const std::vector<uint8_t> up = test::random_weight_rows(c.type, rows, cols, rng);
+            for (int n : {1, 5, 16}) {
+                CAPTURE(n);
+                const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng, 2.0f);
+                std::vector<uint8_t> xq;
+                if (c.int8) {
+                    xq.resize(cuda::q8_activation_row_bytes(c.type, cols) * n);
+                    cuda::quantize_activations(c.type, x.data(), cols, n, xq.data(), nullptr);
+                }
+                const void* xq_arg = c.int8 ? xq.data() : nullptr;
+                for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged}) {
+                    ScopedLaunchOptions scope(kTwoOrders[loads == cuda::MatvecLoads::Staged ? 1 : 0]);
+                    std::vector<float> g(static_cast<size_t>(n) * rows, kNaN), u(g.size(), kNaN), want(g.size(), kNaN);
+                    const cuda::MatvecTarget targets[] = {{gate.data(), row_bytes, rows, g.data(), nullptr},
+                                                          {up.data(), row_bytes, rows, u.data(), nullptr}};
+                    cuda::matvec_multi(c.type, targets, 2, cols, x.data(), n, nullptr, loads, xq_arg);
+                    cuda::swiglu(g.data(), u.data(), want.data(), static_cast<int64_t>(want.size()), nullptr);
+                    std::vector<float> got(g.size(), kNaN);
+                    cuda::matvec_swiglu(c.type, gate.data(), up.data(), row_bytes, rows, cols, x.data(), n, got.data(),
+                                        nullptr, loads, xq_arg);
+                    for (float v : want) REQUIRE(std::isfinite(v));
+                    CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("cuda kernels: matvec rejects what it cannot do") {
     std::vector<float> x(64), y(2);
     std::vector<uint8_t> w(2 * 64 * 4);
