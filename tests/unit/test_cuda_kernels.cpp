@@ -398,7 +398,10 @@ TEST_CASE("cuda kernels: RoPE (both pairings) fused with the fp16 KV-cache write
     struct Case {
         int n_heads, n_kv, hd, rope_dim, n_tok, start;
     };
-    const Case cases[] = {{3, 1, 32, 32, 1, 0}, {4, 2, 64, 32, 5, 17}, {5, 5, 16, 10, 3, 1000}};
+    // The last two spread a token over several blocks (3584 and 1152 items of 256 threads; the second with a tail
+    // past rope_dim).
+    const Case cases[] = {{3, 1, 32, 32, 1, 0}, {4, 2, 64, 32, 5, 17}, {5, 5, 16, 10, 3, 1000},
+                          {32, 8, 128, 128, 2, 5}, {16, 4, 96, 64, 2, 3}};
     std::mt19937 rng(4);
     for (const Case& c : cases)
         for (bool neox : {false, true}) {
@@ -887,9 +890,10 @@ TEST_CASE("cuda kernels: RoPE + KV write into a Q8_0 cache quantizes exactly as 
         int n_heads, n_kv, hd, rope_dim, n_tok, start;
     };
     // kv_dim 32 (one block a row), 128 (heads of two blocks), 32 with heads of 8 (stories260K: four heads a
-    // block), 64 with a tail past rope_dim, and 160 (heads of 80 straddling blocks).
+    // block), 64 with a tail past rope_dim, 160 (heads of 80 straddling blocks), and 1024 with 32 heads (a token
+    // spread over 8 blocks for Q and 4 for K/V).
     const Case cases[] = {{3, 1, 32, 32, 1, 0}, {4, 2, 64, 32, 5, 17}, {8, 4, 8, 8, 3, 100}, {4, 4, 16, 10, 3, 1000},
-                          {4, 2, 80, 64, 2, 9}};
+                          {4, 2, 80, 64, 2, 9}, {32, 8, 128, 128, 2, 5}};
     std::mt19937 rng(13);
     for (const Case& c : cases)
         for (bool neox : {false, true}) {
