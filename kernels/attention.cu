@@ -32,13 +32,18 @@ __device__ __forceinline__ float* partial(float* ws, int tok, int head, int spli
     return ws + ((static_cast<size_t>(tok) * n_heads + head) * n_splits + split) * (hd + 2);
 }
 
-// One block per (split, head, token). Each warp walks every kWarps-th key of the split with an online softmax (lane
-// holds dims lane + 32j of q, acc); the warps' states are then merged through shared memory. The template covers
-// head dims up to 32 * D; a smaller head (tiny models: 8, 16) leaves the lanes past it holding zeros. Q8: the cache
-// holds Q8_0 blocks.
+// One block per (split, head, token). Each warp walks the split kKeysPerStep keys at a time (warp w takes keys
+// w * kKeysPerStep + i * kWarps * kKeysPerStep + u) with an online softmax (lane holds dims lane + 32j of q, acc):
+// the step's K loads are issued together, then its scores are reduced and folded into the running max at once,
+// then its V loads, so a warp waits for memory twice a step, not twice a key. The warps' states are then merged
+// through shared memory. The template covers head dims up to 32 * D; a smaller head (tiny models: 8, 16) leaves
+// the lanes past it holding zeros. Q8: the cache holds Q8_0 blocks.
+constexpr int kKeysPerStep = 4;
+
 template <int D, bool Q8>
 __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionArgs a, int n_splits) {
     constexpr int HD = 32 * D;  // shared-memory stride per warp; the real head size is a.head_dim <= HD
+    constexpr int U = kKeysPerStep;
     TANDEM_SHARED(float, warp_m, kWarps);
     TANDEM_SHARED(float, warp_l, kWarps);
     TANDEM_SHARED(float, warp_acc, kWarps * HD);
@@ -65,20 +70,43 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
         acc[j] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int t = begin + warp; t < end; t += kWarps) {
-        const uint8_t* k = k_rows + static_cast<size_t>(t) * row_bytes;
-        float s = 0.0f;
+    for (int t0 = begin + warp * U; t0 < end; t0 += kWarps * U) {
+        // Keys t0..t0+U-1 that exist: n_u >= 1 (t0 < end), the same for the whole warp.
+        const int n_u = end - t0 < U ? end - t0 : U;
+        float s[U];
 #pragma unroll
-        for (int j = 0; j < D; ++j)
-            if (lane + 32 * j < hd) s += q[j] * kv_value<Q8>(k, e0 + lane + 32 * j);
-        s = detail::warp_sum(s) * scale;
-        const float m_new = fmaxf(m, s);
-        const float correction = expf(m - m_new), p = expf(s - m_new);
-        l = l * correction + p;
-        const uint8_t* v = v_rows + static_cast<size_t>(t) * row_bytes;
+        for (int u = 0; u < U; ++u) {
+            s[u] = 0.0f;
+            if (u >= n_u) continue;
+            const uint8_t* k = k_rows + static_cast<size_t>(t0 + u) * row_bytes;
 #pragma unroll
-        for (int j = 0; j < D; ++j)
-            if (lane + 32 * j < hd) acc[j] = acc[j] * correction + p * kv_value<Q8>(v, e0 + lane + 32 * j);
+            for (int j = 0; j < D; ++j)
+                if (lane + 32 * j < hd) s[u] += q[j] * kv_value<Q8>(k, e0 + lane + 32 * j);
+        }
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            s[u] = detail::warp_sum(s[u]) * scale;
+            if (u < n_u) m_new = fmaxf(m_new, s[u]);
+        }
+        const float correction = expf(m - m_new);
+        float p[U], p_sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            p[u] = u < n_u ? expf(s[u] - m_new) : 0.0f;
+            p_sum += p[u];
+        }
+        l = l * correction + p_sum;
+#pragma unroll
+        for (int j = 0; j < D; ++j) {
+            if (lane + 32 * j >= hd) continue;
+            float pv = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (u < n_u)
+                    pv += p[u] * kv_value<Q8>(v_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
+            acc[j] = acc[j] * correction + pv;
+        }
         m = m_new;
     }
     if (lane == 0) {
