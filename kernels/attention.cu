@@ -1,5 +1,6 @@
 // Decode attention over the KV cache (fp16 or Q8_0, kernels.h: KvType) with grouped-query heads, split-K ("flash
-// decoding"): a partial softmax per (token, head, split of the key positions), then a kernel that combines the splits.
+// decoding"): a partial softmax per (token, head, split of the key positions), then the splits combined, by the last
+// block of each (token, head) to finish (with AttentionArgs::split_counters) or by a second kernel.
 #include <cmath>
 
 #include "common.cuh"
@@ -32,6 +33,35 @@ __device__ __forceinline__ float* partial(float* ws, int tok, int head, int spli
     return ws + ((static_cast<size_t>(tok) * n_heads + head) * n_splits + split) * (hd + 2);
 }
 
+// The splits that hold token `tok`'s keys (the grid's n_splits may hold more: its bound is the call's last token).
+__device__ __forceinline__ int splits_used(const AttentionArgs& a, int tok, int n_splits) {
+    const int n_keys = start_position(a) + tok + 1;
+    const int needed = (n_keys + a.split_size - 1) / a.split_size;
+    return needed < n_splits ? needed : n_splits;
+}
+
+// out[tok][head] from the splits' partial results, dims d0, d0 + step, ... of the head. The partials were written
+// by other blocks: read past L1 (__ldcg), which is not coherent across the GPU's SMs.
+__device__ __forceinline__ void combine_splits(const AttentionArgs& a, int tok, int head, int n_splits, int d0,
+                                               int step) {
+    const int hd = a.head_dim, used = splits_used(a, tok, n_splits);
+    float M = -INFINITY;
+    for (int s = 0; s < used; ++s)
+        M = fmaxf(M, __ldcg(partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)));
+    for (int d = d0; d < hd; d += step) {
+        float L = 0.0f, A = 0.0f;
+        for (int s = 0; s < used; ++s) {
+            const float* p = partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd);
+            const float m = __ldcg(p);
+            if (m == -INFINITY) continue;  // cannot happen (every used split has a key); kept as a guard
+            const float w = expf(m - M);
+            L += __ldcg(p + 1) * w;
+            A += __ldcg(p + 2 + d) * w;
+        }
+        a.out[static_cast<size_t>(tok) * a.n_heads * hd + head * hd + d] = A / L;
+    }
+}
+
 // One block per (split, head, token). Each warp walks the split kKeysPerStep keys at a time (warp w takes keys
 // w * kKeysPerStep + i * kWarps * kKeysPerStep + u) with an online softmax (lane holds dims lane + 32j of q, acc):
 // the step's K loads are issued together, then its scores are reduced and folded into the running max at once,
@@ -47,6 +77,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     TANDEM_SHARED(float, warp_m, kWarps);
     TANDEM_SHARED(float, warp_l, kWarps);
     TANDEM_SHARED(float, warp_acc, kWarps * HD);
+    TANDEM_SHARED(int, is_last, 1);
     const int split = blockIdx.x, head = blockIdx.y, tok = blockIdx.z;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, hd = a.head_dim;
     const int kv_dim = a.n_kv_heads * hd, kv_head = head / (a.n_heads / a.n_kv_heads);
@@ -139,26 +170,30 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
         for (int w = 0; w < kWarps; ++w) A += warp_acc[w * HD + d] * weight[w];
         out[2 + d] = A;
     }
+    if (!a.split_counters) return;  // the combine kernel follows
+
+    // The last of this (token, head)'s blocks to count itself combines the splits, and resets the counter for the
+    // next launch: the threadFenceReduction pattern. Each thread's fence makes its partial visible to the device
+    // before thread 0 counts the block.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* counter = a.split_counters + static_cast<size_t>(tok) * a.n_heads + head;
+        const unsigned used = static_cast<unsigned>(splits_used(a, tok, n_splits));
+        const bool last = atomicAdd(counter, 1u) + 1 == used;
+        if (last) *counter = 0;  // every block of this (token, head) has counted
+        is_last[0] = last ? 1 : 0;
+    }
+    __syncthreads();
+    if (!is_last[0]) return;
+    __threadfence();
+    combine_splits(a, tok, head, n_splits, threadIdx.x, blockDim.x);
 }
 
 // One block per (head, token), one thread per output dim. n_splits is the grid's (the workspace's stride); only the
 // splits holding this token's keys were written.
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttentionArgs a, int n_splits) {
-    const int head = blockIdx.x, tok = blockIdx.y, d = threadIdx.x, hd = a.head_dim;
-    const int n_keys = start_position(a) + tok + 1;
-    const int needed = (n_keys + a.split_size - 1) / a.split_size;
-    const int used = needed < n_splits ? needed : n_splits;
-    float M = -INFINITY;
-    for (int s = 0; s < used; ++s) M = fmaxf(M, partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)[0]);
-    float L = 0.0f, A = 0.0f;
-    for (int s = 0; s < used; ++s) {
-        const float* p = partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd);
-        if (p[0] == -INFINITY) continue;  // cannot happen (every used split has a key); kept as a guard
-        const float w = expf(p[0] - M);
-        L += p[1] * w;
-        A += p[2 + d] * w;
-    }
-    a.out[static_cast<size_t>(tok) * a.n_heads * hd + head * hd + d] = A / L;
+    combine_splits(a, blockIdx.y, blockIdx.x, n_splits, threadIdx.x, a.head_dim);
 }
 
 template <bool Q8>
@@ -201,6 +236,7 @@ void attention(const AttentionArgs& a, Stream stream) {
         launch_split<true>(a, n_splits, grid, block, stream);
     else
         launch_split<false>(a, n_splits, grid, block, stream);
+    if (a.split_counters) return;  // the split kernel's last blocks combined
     detail::launch_kernel("attention_combine_kernel", attention_combine_kernel, dim3(a.n_heads, a.n_tokens),
                           dim3(a.head_dim), 0, stream, a, n_splits);
 }

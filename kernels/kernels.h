@@ -195,6 +195,10 @@ struct AttentionArgs {
     // is sized for start_pos, and splits past a token's last key return at once. A captured launch then replays
     // correctly at any position up to the bound, with the same results as a launch sized for the real position.
     const int* device_start_pos = nullptr;
+    // Optional (attention only): n_tokens * n_heads counters in device memory, zero before the launch and zero
+    // again after it. With them the split kernel's last block of each (token, head) combines the splits itself
+    // (one launch instead of two); without them a combine kernel follows. The results are the same bits.
+    unsigned* split_counters = nullptr;
 };
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size);
 void attention(const AttentionArgs& a, Stream stream);

@@ -321,6 +321,15 @@ inline int __all_sync(unsigned mask, int pred, std::source_location where = std:
                                                                    nullptr, 0, pred != 0, 32, where));
 }
 
+// ---- memory ordering between blocks: the blocks of a launch run one after another on one OS thread, so every
+// write is visible to every later read; the fence has nothing to order and an L1-bypassing load is a plain load.
+// (What this cannot show: a missing fence on a real GPU. kernels/README, "What the emulation cannot show".)
+inline void __threadfence() {}
+template <class T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
+
 // ---- atomics: one OS thread runs every fiber and a fiber is never preempted, so plain read-modify-write is atomic --
 inline float atomicAdd(float* p, float v) {
     const float old = *p;

@@ -73,14 +73,15 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). step_in is the start position and
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
 // extra logit ids of restrict_logits (at most n_vocab); xq a step's input quantized for the 8-bit matvec route
-// (Q8_1 or Q8_K rows of the widest input). x16 and w_tile (fp16) exist only on the cuBLAS route.
+// (Q8_1 or Q8_K rows of the widest input); split_counters the decode attention's, one per (step token, head).
+// x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
-        cand_ids, cand_extra_ids, cand_extra_logits, xq, x16, w_tile;
+        cand_ids, cand_extra_ids, cand_extra_logits, xq, split_counters, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
-                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, x16, w_tile})
+                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, split_counters, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -115,7 +116,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
-            (S * q8_row_bytes_bound(widest) + 3) / 4,
+            (S * q8_row_bytes_bound(widest) + 3) / 4, S * c.n_heads,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -292,6 +293,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         cand_extra_ids_ = reinterpret_cast<int*>(take(s.cand_extra_ids));
         cand_extra_logits_ = take(s.cand_extra_logits);
         xq_ = reinterpret_cast<uint8_t*>(take(s.xq));
+        split_counters_ = reinterpret_cast<unsigned*>(take(s.split_counters));
+        cuda::device_memset(split_counters_, 0, s.split_counters * 4, stream_);  // attention leaves them at zero
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -549,6 +552,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                                 pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
                                 options_.attention_split, cache.type()};
         att.device_start_pos = pos.device;
+        att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
         if (prefill)
             cuda::attention_prefill(att, stream_);
         else

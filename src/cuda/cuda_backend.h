@@ -284,6 +284,7 @@ private:
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
+    unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
     // What xq_ holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in xq_format_ (None: nothing
     // known).
     const float* xq_of_ = nullptr;

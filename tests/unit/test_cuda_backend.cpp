@@ -507,10 +507,10 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
         CHECK(g[i].stats.captures == want[i].inst + want[i].upd);
     }
     CHECK(g.back().stats.direct_steps == 1);
-    // One graph replaces every launch of a step: embedding, norm, 5 layers of 9 kernels (Q/K/V in one matvec, RoPE
-    // + KV write, 2 attention kernels, output matvec, norm, gate/up with SwiGLU in one matvec, matvec, norm), the
-    // output matvec.
-    CHECK(g.back().stats.nodes == 2 + 5 * 9 + 1);
+    // One graph replaces every launch of a step: embedding, norm, 5 layers of 8 kernels (Q/K/V in one matvec, RoPE
+    // + KV write, attention (its last blocks combine the splits), output matvec, norm, gate/up with SwiGLU in one
+    // matvec, matvec, norm), the output matvec.
+    CHECK(g.back().stats.nodes == 2 + 5 * 8 + 1);
     MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
             g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
             g.back().stats.nodes, "-node graphs");
@@ -559,9 +559,9 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
     const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
     check_same_logits(f, s);
-    // Per layer: Q/K/V and their 3 bias adds become one launch, gate, up and SwiGLU another (16 -> 9 kernels).
-    CHECK(f.back().stats.nodes == 2 + 5 * 9 + 1);
-    CHECK(s.back().stats.nodes == 2 + 5 * 16 + 1);
+    // Per layer: Q/K/V and their 3 bias adds become one launch, gate, up and SwiGLU another (15 -> 8 kernels).
+    CHECK(f.back().stats.nodes == 2 + 5 * 8 + 1);
+    CHECK(s.back().stats.nodes == 2 + 5 * 15 + 1);
 }
 
 namespace {
@@ -592,9 +592,9 @@ TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwis
     // on one side; and the launches counted.
     auto model = Model::load(requantized(GgmlType::Q4_0));
     // Per layer (stories260K: ffn_down stays f16, with no 8-bit route, so SwiGLU runs in the gate/up launch): fused,
-    // the 9 kernels of the fp32 route and a quantize for the attention output; separate, the 13 kernels of unfused
+    // the 8 kernels of the fp32 route and a quantize for the attention output; separate, the 12 kernels of unfused
     // launches and a quantize for each of Q, K, V, O, gate and up; plus the output projection's quantize.
-    check_int8_fusion(*model, 2 + 5 * (9 + 1) + 1, 2 + 5 * (13 + 6) + 2);
+    check_int8_fusion(*model, 2 + 5 * (8 + 1) + 1, 2 + 5 * (12 + 6) + 2);
 }
 
 TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU, the same bits") {
@@ -610,9 +610,10 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     std::filesystem::remove_all(dir);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_K);
     REQUIRE(model->weights.output.type == GgmlType::Q4_K);
-    // Per layer: fused, the 10 kernels of the fp32 route and the attention output's quantize; separate, 13 and a
-    // quantize for each of Q, K, V, O, gate, up and down; plus the output projection's quantize.
-    const auto [fused, separate] = check_int8_fusion(*model, 2 + 2 * (10 + 1) + 1, 2 + 2 * (13 + 7) + 2);
+    // Per layer: fused, the 9 kernels of the fp32 route with SwiGLU on its own (it quantizes for ffn_down) and the
+    // attention output's quantize; separate, 12 and a quantize for each of Q, K, V, O, gate, up and down; plus the
+    // output projection's quantize.
+    const auto [fused, separate] = check_int8_fusion(*model, 2 + 2 * (9 + 1) + 1, 2 + 2 * (12 + 7) + 2);
     const int n_vocab = model->config.n_vocab;
     std::vector<std::vector<float>> last_rows;
     for (const CudaOptions& o : {fused, separate}) {

@@ -529,6 +529,25 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
 
 }  // namespace
 
+namespace {
+
+// attention() again with split counters, where the split kernel's last block of each (token, head) combines: the
+// same bits as `want` (the combine kernel's), and the counters back at zero, twice (a replayed graph reuses them).
+void check_fused_combine(cuda::AttentionArgs a, const std::vector<float>& want, size_t workspace_floats) {
+    std::vector<unsigned> counters(static_cast<size_t>(a.n_tokens) * a.n_heads, 0);
+    a.split_counters = counters.data();
+    for (int round = 0; round < 2; ++round) {
+        std::vector<float> out(want.size(), kNaN), ws(workspace_floats, kNaN);
+        a.out = out.data();
+        a.workspace = ws.data();
+        cuda::attention(a, nullptr);
+        CHECK(std::memcmp(out.data(), want.data(), want.size() * 4) == 0);
+        CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned c) { return c == 0; }));
+    }
+}
+
+}  // namespace
+
 TEST_CASE("cuda kernels: split-K attention over an fp16 cache matches causal GQA softmax attention") {
     struct Case {
         int n_heads, n_kv, hd, start, n_tok, split;
@@ -562,6 +581,7 @@ TEST_CASE("cuda kernels: split-K attention over an fp16 cache matches causal GQA
                 REQUIRE(!std::isnan(out[i]));
                 REQUIRE(std::abs(out[i] - ref[i]) <= 2e-6);
             }
+            check_fused_combine(a, out, ws.size());
         }
     }
 }
@@ -614,6 +634,8 @@ TEST_CASE("cuda kernels: RoPE + KV write and split-K attention read the start po
                                        grid_pos, c.n_heads, c.n_kv, c.hd, c.split};
                 if (from_device) aa.device_start_pos = &device_pos;
                 cuda::attention(aa, nullptr);
+                // The splits past the device position return before they count themselves.
+                if (from_device) check_fused_combine(aa, r.out, ws.size());
                 return r;
             };
             const Result by_value = run(false), from_device = run(true);
@@ -1009,6 +1031,7 @@ TEST_CASE("cuda kernels: split-K and flash prefill attention over a Q8_0 cache m
                     REQUIRE(!std::isnan(out[i]));
                     REQUIRE(std::abs(out[i] - ref[i]) <= 5e-6);
                 }
+                if (!prefill) check_fused_combine(a, out, ws.size());
             }
         }
     }
