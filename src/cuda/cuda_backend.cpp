@@ -564,11 +564,11 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         if (prefill) gemm_input(xb_, n, dim);
         const bool fused_gate_up = !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
         if (fused_gate_up && !fuses_quant(L.w_down.type, n, prefill)) {
-            // SwiGLU in the gate/up launch (bitwise the launches below); ffn_down reads its fp32 output.
+            // SwiGLU in the gate/up launch (bitwise the launches below); ffn_down reads its fp32 output (xq_ still
+            // holds xb_'s rows, which nothing here rewrites).
             const void* xq = quantized(L.w_gate.type, xb_, n, dim);
             cuda::matvec_swiglu(L.w_gate.type, L.w_gate.data, L.w_up.data, L.w_gate.row_bytes, c.hidden_dim, dim, xb_,
                                 n, gate_, stream_, options_.matvec_loads, xq);
-            fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);  // records that gate_ was rewritten
         } else {
             // SwiGLU on its own, which can also quantize its output for ffn_down's 8-bit route.
             if (fused_gate_up) {

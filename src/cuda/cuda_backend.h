@@ -89,10 +89,10 @@ struct CudaOptions {
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
     cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();  // same sums either way (kernels.h)
-    // Q/K/V (with their biases) and gate/up in one matvec_multi launch each where their types match (3 kernels
-    // fewer per layer, 6 for qwen2), and with int8_activations the norms and SwiGLU quantize their output for the
-    // matvecs that read it (3 quantize launches fewer);
-    // false launches them one by one (the same bits; tests compare the two).
+    // Q/K/V (with their biases) in one launch and gate/up with SwiGLU in another where their types match (4 kernels
+    // fewer per layer, 7 for qwen2; with 8-bit activations for ffn_down, SwiGLU stays a launch that quantizes its
+    // output), and with int8_activations the norms quantize their output for the matvecs that read it (3 quantize
+    // launches fewer); false launches them one by one (the same bits; tests compare the two).
     bool fused_matvecs = cuda_fused_matvecs_from_env();
     // Decode and verification matvecs of the block types through the 8-bit route (kernels.h matvec_q8): each
     // input quantized once per matvec launch, as the CPU backend does; false: fp32 activations. Not bitwise the
@@ -282,7 +282,6 @@ private:
     int* logit_extra_ids_ = nullptr;
     uint64_t restriction_version_ = 0;
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
-    // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
     unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
     // What xq_ holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in xq_format_ (None: nothing
@@ -290,6 +289,7 @@ private:
     const float* xq_of_ = nullptr;
     int xq_cols_ = 0;
     cuda::Q8Format xq_format_ = cuda::Q8Format::None;
+    // cuBLAS route only: the chunk's activations in fp16, and the fp16 weight tile of kBlasTileHalves at most.
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
