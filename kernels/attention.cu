@@ -72,6 +72,7 @@ constexpr int kKeysPerStep = 4;
 
 template <int D, bool Q8>
 __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionArgs a, int n_splits) {
+    detail::wait_for_inputs();
     constexpr int HD = 32 * D;  // shared-memory stride per warp; the real head size is a.head_dim <= HD
     constexpr int U = kKeysPerStep;
     TANDEM_SHARED(float, warp_m, kWarps);
@@ -193,6 +194,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
 // One block per (head, token), one thread per output dim. n_splits is the grid's (the workspace's stride); only the
 // splits holding this token's keys were written.
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttentionArgs a, int n_splits) {
+    detail::wait_for_inputs();
     combine_splits(a, blockIdx.y, blockIdx.x, n_splits, threadIdx.x, a.head_dim);
 }
 

@@ -25,6 +25,7 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 // accumulators at BQ / 4 * D <= 32 registers.
 template <int D, int BQ, int BK, bool Q8>
 __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a) {
+    detail::wait_for_inputs();
     constexpr int HD = 32 * D;
     // Padded strides: the score phase reads K rows (one per lane) and up to two Q rows per warp at the same dim;
     // an odd word stride puts those rows in different banks.

@@ -1,5 +1,6 @@
-// Device helpers shared by the kernel families (warp / block reductions, unaligned loads) and launch_kernel, the
-// one place that differs between the nvcc build (<<<>>> on a stream) and the emulation (tandem::emu::launch).
+// Device helpers shared by the kernel families (warp / block reductions, unaligned loads, the wait for the previous
+// kernel's output) and launch_kernel, the one place that differs between the nvcc build (<<<>>> or
+// cudaLaunchKernelEx on a stream) and the emulation (tandem::emu::launch).
 #pragma once
 #include <cstdint>
 #include <stdexcept>
@@ -55,6 +56,25 @@ __device__ __forceinline__ float load_half(const uint8_t* p) {
 // Sign-extends byte `i` of a packed word.
 __device__ __forceinline__ int sbyte(uint32_t w, int i) { return static_cast<int8_t>((w >> (8 * i)) & 0xFF); }
 
+// ---- programmatic dependent launch --------------------------------------------------------------------------------
+// On a stream made with stream_create(true) (sm_90 and later), launch_kernel lets each kernel start while the one
+// before it is still running: its blocks are scheduled onto SMs the earlier kernel's tail leaves idle, so the launch
+// latency and the ramp-up hide behind that tail. Every kernel therefore calls wait_for_inputs() before it reads or
+// writes memory another kernel may touch: it waits until the kernels before it have finished and their writes are
+// visible (griddepcontrol.wait; at once when the launch did not overlap), then lets the next kernel start launching
+// (griddepcontrol.launch_dependents), so that no more than two kernels overlap. Before the call a kernel may only
+// read memory no kernel writes (weights). Elsewhere (older architectures, the host pass) both are no-ops; the
+// emulation checks that every thread of a programmatic launch called it.
+__device__ __forceinline__ void wait_for_inputs() {
+#if !defined(__CUDACC__) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+// The stream was made to overlap its launches (device.cu keeps the record).
+bool launches_overlap(Stream stream);
+
 inline void require(bool ok, const char* what) {
     if (!ok) throw std::invalid_argument(std::string("tandem::cuda: ") + what);
 }
@@ -63,8 +83,24 @@ template <class... P, class... A>
 void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
                    A&&... args) {
 #if defined(__CUDACC__)
-    kernel<<<grid, block, shared_bytes, static_cast<cudaStream_t>(stream)>>>(std::forward<A>(args)...);
-    const cudaError_t err = cudaGetLastError();
+    cudaError_t err = cudaSuccess;
+    if (launches_overlap(stream)) {
+        cudaLaunchAttribute overlap{};
+        overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        overlap.val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t config{};
+        config.gridDim = grid;
+        config.blockDim = block;
+        config.dynamicSmemBytes = shared_bytes;
+        config.stream = static_cast<cudaStream_t>(stream);
+        config.attrs = &overlap;
+        config.numAttrs = 1;
+        err = cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
+        if (err != cudaSuccess) (void)cudaGetLastError();
+    } else {
+        kernel<<<grid, block, shared_bytes, static_cast<cudaStream_t>(stream)>>>(std::forward<A>(args)...);
+        err = cudaGetLastError();
+    }
     if (err != cudaSuccess)
         throw std::runtime_error(std::string("tandem::cuda: launch of ") + name + " failed: " + cudaGetErrorString(err));
 #else

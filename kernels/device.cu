@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "common.cuh"
 #include "device.h"
@@ -89,14 +90,52 @@ void device_memset(void* dst, int value, size_t bytes, Stream stream) {
     check(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
 }
 
-Stream stream_create() {
+namespace {
+
+// The streams made with overlap_launches on a device that has programmatic dependent launch. Looked up at every
+// launch (a few per microsecond at most: graphs replay without launching).
+struct OverlapStreams {
+    std::mutex mu;
+    std::set<Stream> streams;
+};
+
+OverlapStreams& overlap_streams() {
+    static OverlapStreams s;
+    return s;
+}
+
+bool device_has_programmatic_launch() {
+    int device = 0, major = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
+    return major >= 9;
+}
+
+}  // namespace
+
+Stream stream_create(bool overlap_launches) {
     cudaStream_t s = nullptr;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (overlap_launches && device_has_programmatic_launch()) {
+        std::lock_guard<std::mutex> lock(overlap_streams().mu);
+        overlap_streams().streams.insert(s);
+    }
     return s;
 }
 
 void stream_destroy(Stream stream) noexcept {
-    if (stream) cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+    if (!stream) return;
+    {
+        std::lock_guard<std::mutex> lock(overlap_streams().mu);
+        overlap_streams().streams.erase(stream);
+    }
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+bool stream_overlaps_launches(Stream stream) {
+    if (!stream) return false;
+    std::lock_guard<std::mutex> lock(overlap_streams().mu);
+    return overlap_streams().streams.count(stream) != 0;
 }
 
 void stream_synchronize(Stream stream) {
@@ -340,8 +379,11 @@ void device_memset(void* dst, int value, size_t bytes, Stream stream) {
     if (bytes) std::memset(dst, value, bytes);
 }
 
-Stream stream_create() { return emu::stream_create(); }
+Stream stream_create(bool overlap_launches) { return emu::stream_create(overlap_launches); }
 void stream_destroy(Stream stream) noexcept { emu::stream_destroy(stream); }
+bool stream_overlaps_launches(Stream stream) {
+    return device_call("cudaStreamGetAttribute", [&] { return emu::stream_is_programmatic(stream); });
+}
 void stream_synchronize(Stream stream) {
     if (capturing(stream, "cudaStreamSynchronize")) {
         emu::invalidate_capture(stream, "cudaStreamSynchronize");
@@ -390,5 +432,9 @@ bool end_capture(Stream stream, Graph& graph) {
 }
 
 #endif
+
+namespace detail {
+bool launches_overlap(Stream stream) { return stream_overlaps_launches(stream); }
+}  // namespace detail
 
 }  // namespace tandem::cuda

@@ -48,7 +48,12 @@ void device_memset(void* dst, int value, size_t bytes, Stream stream);
 
 // A non-blocking stream. The emulation's streams are real handles too (capture state lives in them); nullptr, the
 // legacy default stream, still works everywhere except begin_capture.
-Stream stream_create();
+// `overlap_launches`: each kernel launched on it may start before the previous one ends (programmatic dependent
+// launch, common.cuh wait_for_inputs), where the device supports it (sm_90 and later; elsewhere a plain stream).
+// The emulation honours it on every "device", so the tests check that every kernel waits for its inputs.
+Stream stream_create(bool overlap_launches = false);
+// The stream's launches overlap (requested, and supported by the device).
+bool stream_overlaps_launches(Stream stream);
 void stream_destroy(Stream stream) noexcept;
 // Waits for everything queued on `stream`, and reports an asynchronous kernel fault as a DeviceError. An error on
 // a capturing stream (see below).

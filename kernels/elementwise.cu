@@ -10,6 +10,7 @@ constexpr int kThreads = 256;
 // One grid-stride loop over rows × width; the bias is re-read per row (it is tiny and stays in cache).
 __global__ void __launch_bounds__(kThreads) add_bias_kernel(float* __restrict__ rows, const float* __restrict__ bias,
                                                             int64_t n, int width) {
+    detail::wait_for_inputs();
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         rows[i] += bias[i % width];
@@ -18,6 +19,7 @@ __global__ void __launch_bounds__(kThreads) add_bias_kernel(float* __restrict__ 
 // One grid-stride loop over n_rows × (end - begin) elements.
 __global__ void __launch_bounds__(kThreads) fill_columns_kernel(float* __restrict__ rows, size_t stride, int begin,
                                                                 int width, int64_t n, float value) {
+    detail::wait_for_inputs();
     const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step)
         rows[static_cast<size_t>(i / width) * stride + begin + i % width] = value;

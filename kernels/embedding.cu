@@ -11,6 +11,7 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads)
     embedding_kernel(GgmlType type, const uint8_t* __restrict__ table, size_t row_bytes, int n_vocab, int dim,
                      const int* __restrict__ tokens, float* __restrict__ out) {
+    detail::wait_for_inputs();
     const int token = tokens[blockIdx.x];
     float* o = out + static_cast<size_t>(blockIdx.x) * dim;
     if (token < 0 || token >= n_vocab) {  // no way to throw from the device: a NaN row is impossible to miss

@@ -72,6 +72,7 @@ template <class WLoad, class XT>
 __global__ void __launch_bounds__(kThreads)
     gemm_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int cols, const XT* __restrict__ x,
                 int n_tok, float* __restrict__ y, int ldy, bool x_vec) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(float4, w_tile4, kBK * kStride / 4);
     TANDEM_SHARED(float4, x_tile4, kBK * kStride / 4);
     float* w_tile = reinterpret_cast<float*>(w_tile4);
@@ -133,12 +134,14 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(256)
     dequantize_f16_kernel(GgmlType type, const uint8_t* __restrict__ W, size_t row_bytes, int row0, int cols,
                           uint16_t* __restrict__ out) {
+    detail::wait_for_inputs();
     const uint8_t* row = W + static_cast<size_t>(row0 + blockIdx.x) * row_bytes;
     uint16_t* o = out + static_cast<size_t>(blockIdx.x) * cols;
     for (int e = threadIdx.x; e < cols; e += blockDim.x) o[e] = tandem_float_to_half(detail::dequant_element(type, row, e));
 }
 
 __global__ void __launch_bounds__(256) convert_f16_kernel(const float* __restrict__ x, size_t n, uint16_t* __restrict__ out) {
+    detail::wait_for_inputs();
     const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
     for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         out[i] = tandem_float_to_half(x[i]);

@@ -168,6 +168,7 @@ template <class Dot, int NT>
 __global__ void __launch_bounds__(kWarps * 32)
     matvec_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     TANDEM_SHARED(float, up, kSwigluPairs * NT);
+    detail::wait_for_inputs();
     int s = 0, row = 0;
     const int lane = threadIdx.x % 32;
     if (!warp_row(job, s, row)) {
@@ -235,11 +236,19 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
     TANDEM_SHARED(float, up, kSwigluPairs * NT);
     int s = 0, row = 0;
     const int lane = threadIdx.x % 32;
+    // With overlapping launches (common.cuh wait_for_inputs), the first chunk of W is requested before the wait, while
+    // the previous kernel still runs: W is never written. Picked rows (row_ids) are device memory a kernel writes, so
+    // with them the warp waits first.
+    const bool load_before_wait = job.row_ids == nullptr;
+    if (!load_before_wait) detail::wait_for_inputs();
     // A warp without a row walks no chunk and goes on to the SwiGLU epilogue's barrier (or returns). Written so,
     // not as the direct kernel's early return: that way ptxas spilled Q6_K's one-token kernel under its
     // 64-register budget.
     const bool valid = warp_row(job, s, row);
-    if (!valid && !job.swiglu) return;
+    if (!valid && !job.swiglu) {
+        if (load_before_wait) detail::wait_for_inputs();
+        return;
+    }
     if (!valid) row = 0;  // a pointer into the matrix, never read
     const uint8_t* row_begin = row_of(job, s, row);
     const uint8_t* row_end = row_begin + pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
@@ -266,6 +275,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
     if (n_chunks > 0) load_chunk(0);
+    if (load_before_wait) detail::wait_for_inputs();  // x, y and the SwiGLU pairs' y belong to other kernels
     for (int c = 0; c < n_chunks; ++c) {
         const int n = slots_of(c);
 #pragma unroll

@@ -29,6 +29,7 @@ using q8::kQuantWarps;
 
 __global__ void __launch_bounds__(kQuantWarps * 32)
     quantize_kernel(bool k_quant, const float* __restrict__ x, int cols, int n_blocks, uint8_t* __restrict__ xq) {
+    detail::wait_for_inputs();
     const int b = blockIdx.x * kQuantWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (b >= n_blocks) return;
     const int per_row = cols / q8::block_elems(k_quant), t = b / per_row;

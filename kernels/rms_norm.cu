@@ -34,6 +34,7 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(float* __restrict__ x, const float* __restrict__ residual, const float* __restrict__ weight,
                     float* __restrict__ out, int cols, float eps, bool k_quant, uint8_t* __restrict__ xq,
                     size_t xq_row_bytes) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(float, scratch, 32);
     const size_t row = blockIdx.x;
     float* xr = x + row * cols;
@@ -60,6 +61,7 @@ __global__ void __launch_bounds__(kMaxVecThreads)
     rms_norm_vec_kernel(float* __restrict__ x, const float* __restrict__ residual, const float* __restrict__ weight,
                         float* __restrict__ out, int cols, float eps, bool k_quant, uint8_t* __restrict__ xq,
                         size_t xq_row_bytes) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(float, scratch, 32);
     const size_t row = blockIdx.x;
     const int n4 = cols / 4;

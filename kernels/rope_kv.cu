@@ -40,6 +40,7 @@ __device__ __forceinline__ void rotate_q_pair(const RopeKvArgs& a, int tok, int 
 
 // The fp16 cache. One flat list of a token's items: Q pairs, K pairs, K's elements past rope_dim, V elements.
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
+    detail::wait_for_inputs();
     const int tok = blockIdx.x, pos = start_position(a) + tok, half = a.rope_dim / 2, hd = a.head_dim;
     const int kv_dim = a.n_kv_heads * hd, tail = hd - a.rope_dim;
     const bool neox = a.mode == RopeMode::NeoxHalves;
@@ -104,6 +105,7 @@ __device__ __forceinline__ void store_q8_0(uint8_t* block, float x, int lane) {
 
 // The Q8_0 cache: a token's blocks rotate its Q pairs, a thread each, then quantize its K and V blocks, a warp each.
 __global__ void __launch_bounds__(kThreads) rope_kv_q8_0_kernel(RopeKvArgs a) {
+    detail::wait_for_inputs();
     const int tok = blockIdx.x, pos = start_position(a) + tok;
     const int n_q = a.n_heads * (a.rope_dim / 2), stride = static_cast<int>(gridDim.y * blockDim.x);
     for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_q; p += stride) rotate_q_pair(a, tok, pos, p);

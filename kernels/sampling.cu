@@ -92,6 +92,7 @@ __device__ __forceinline__ Key warp_max_of(const Key* keys, int n) {
 // Stage 1, one block per (split, row): the split's largest key.
 __global__ void __launch_bounds__(kThreads) max_key_kernel(const float* __restrict__ logits, int n_vocab, int chunk,
                                                            Key* __restrict__ keys) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(Key, scratch, kWarps);
     const int split = blockIdx.x, row = blockIdx.y;
     const float* l = logits + static_cast<size_t>(row) * n_vocab;
@@ -109,6 +110,7 @@ __global__ void __launch_bounds__(kThreads) max_key_kernel(const float* __restri
 // -inf or NaN: where the CPU sampler throws).
 __global__ void __launch_bounds__(32) argmax_final_kernel(const Key* __restrict__ keys, int n_splits,
                                                           int* __restrict__ out) {
+    detail::wait_for_inputs();
     const int row = blockIdx.x;
     const Key best = warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits);
     if (threadIdx.x == 0) out[row] = key_value(best) == -INFINITY ? -1 : key_id(best);
@@ -121,6 +123,7 @@ __global__ void __launch_bounds__(32) top_probability_final_kernel(const Key* __
                                                                    const double* __restrict__ sums, int n_splits,
                                                                    int* __restrict__ out_ids,
                                                                    float* __restrict__ out_top) {
+    detail::wait_for_inputs();
     const int row = blockIdx.x;
     const Key best = warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits);
     if (threadIdx.x != 0) return;
@@ -142,6 +145,7 @@ __device__ __forceinline__ float softmax_term(float l, float mx, float temperatu
 __global__ void __launch_bounds__(kThreads) softmax_sum_kernel(const float* __restrict__ logits, int n_vocab,
                                                                int chunk, const Key* __restrict__ keys,
                                                                float temperature, double* __restrict__ sums) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(double, scratch, kWarps);
     const int split = blockIdx.x, row = blockIdx.y, n_splits = gridDim.x;
     const float mx = key_value(warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits));
@@ -161,6 +165,7 @@ __global__ void __launch_bounds__(kThreads) softmax_write_kernel(const float* __
                                                                  int chunk, const Key* __restrict__ keys,
                                                                  const double* __restrict__ sums, float temperature,
                                                                  float* __restrict__ probs) {
+    detail::wait_for_inputs();
     const int split = blockIdx.x, row = blockIdx.y, n_splits = gridDim.x;
     const Key best = warp_max_of(keys + static_cast<size_t>(row) * n_splits, n_splits);
     const float mx = key_value(best);
@@ -266,6 +271,7 @@ __device__ __forceinline__ void block_top_k(int k, int total, int count, KeyAt k
 // Stage 1, one block per (split, row): the split's top k keys into its slot of the workspace.
 __global__ void __launch_bounds__(kThreads) top_k_split_kernel(const float* __restrict__ logits, int n_vocab, int chunk,
                                                                int k, Key* __restrict__ candidates) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(SelectShared, sh, 1);
     const int split = blockIdx.x, row = blockIdx.y;
     const float* l = logits + static_cast<size_t>(row) * n_vocab;
@@ -282,6 +288,7 @@ __global__ void __launch_bounds__(kThreads) top_k_split_kernel(const float* __re
 __global__ void __launch_bounds__(kThreads) top_k_merge_kernel(const Key* __restrict__ candidates, int n_candidates,
                                                                int k, float* __restrict__ out_logits,
                                                                int* __restrict__ out_ids) {
+    detail::wait_for_inputs();
     TANDEM_SHARED(SelectShared, sh, 1);
     TANDEM_SHARED(Key, top, kTopKMax);
     const int row = blockIdx.x;
@@ -301,6 +308,7 @@ __global__ void __launch_bounds__(kThreads) top_k_merge_kernel(const Key* __rest
 
 __global__ void __launch_bounds__(kThreads) gather_kernel(const float* __restrict__ rows, int n_rows, int n_vocab,
                                                           const int* __restrict__ ids, float* __restrict__ out) {
+    detail::wait_for_inputs();
     const int r = blockIdx.x * kThreads + threadIdx.x;
     if (r >= n_rows) return;
     const int id = ids[r];
@@ -311,6 +319,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(const float* __restric
 __global__ void __launch_bounds__(kThreads) gather_columns_kernel(const float* __restrict__ rows, int n_vocab,
                                                                   const int* __restrict__ ids, int n_ids,
                                                                   float* __restrict__ out) {
+    detail::wait_for_inputs();
     const int j = blockIdx.x * kThreads + threadIdx.x, r = blockIdx.y;
     if (j >= n_ids) return;
     const int id = ids[j];
@@ -319,6 +328,7 @@ __global__ void __launch_bounds__(kThreads) gather_columns_kernel(const float* _
 
 __global__ void __launch_bounds__(kThreads) residual_kernel(const float* __restrict__ p, const float* __restrict__ q,
                                                             float* __restrict__ out, int n) {
+    detail::wait_for_inputs();
     const int i = blockIdx.x * kThreads + threadIdx.x;
     if (i < n) out[i] = fmaxf(0.0f, p[i] - q[i]);  // as speculative.cpp: std::max(0.0f, p - q)
 }

@@ -10,6 +10,7 @@ constexpr int kThreads = 256;
 
 __global__ void __launch_bounds__(kThreads)
     swiglu_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n) {
+    detail::wait_for_inputs();
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
         out[i] = detail::silu_times(gate[i], up[i]);
@@ -23,6 +24,7 @@ using q8::kQuantWarps;
 __global__ void __launch_bounds__(kQuantWarps * 32)
     swiglu_q8_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n_blocks, bool k_quant,
                      uint8_t* __restrict__ xq) {
+    detail::wait_for_inputs();
     const int64_t b = static_cast<int64_t>(blockIdx.x) * kQuantWarps + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (b >= n_blocks) return;

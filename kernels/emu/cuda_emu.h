@@ -163,9 +163,13 @@ void syncthreads(const std::source_location& where);
 void* static_shared(const void* key, size_t bytes, size_t align);
 void* dynamic_shared();
 
-// Runs `invoke(ctx)` as every thread of every block.
+// Runs `invoke(ctx)` as every thread of every block. `programmatic`: launched to overlap the kernel before it
+// (programmatic dependent launch), so every thread must call cudaGridDependencySynchronize before it exits.
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
-            void (*invoke)(void*), void* ctx);
+            void (*invoke)(void*), void* ctx, bool programmatic = false);
+
+// cudaGridDependencySynchronize on the running thread: recorded, for the check above.
+void grid_dependency_wait();
 
 template <class T>
 T shuffle(WarpOp op, unsigned mask, T var, int param, int width, const std::source_location& where) {
@@ -203,8 +207,13 @@ struct Graph {
     bool same_topology(const Graph& o) const;
 };
 
-void* stream_create();
+// `programmatic`: kernels launched on the stream may overlap the kernel before them (the launch attribute
+// cudaLaunchAttributeProgrammaticStreamSerialization, sm_90+). The emulation still runs them one after another, and
+// checks what it can: that every thread of such a kernel waits (cudaGridDependencySynchronize) before it exits.
+void* stream_create(bool programmatic = false);
 void stream_destroy(void* stream) noexcept;  // discards a capture in progress
+// Launches on `stream` overlap their predecessor (created so). False for nullptr.
+bool stream_is_programmatic(void* stream);
 // cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal). Errors: the legacy stream, a stream already
 // capturing.
 void begin_capture(void* stream);
@@ -248,6 +257,7 @@ void launch_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, 
         }
     } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
     const void* key = reinterpret_cast<const void*>(kernel);
+    const bool programmatic = stream_is_programmatic(stream);
     if (stream && is_capturing(stream)) {
         try {
             detail::check_launch(name, key, grid, block, dynamic_shared_bytes);
@@ -255,12 +265,14 @@ void launch_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, 
             invalidate_capture(stream, e.what());
             throw;
         }
-        record(stream, GraphNode{NodeKind::Kernel, name, key, [name, key, grid, block, dynamic_shared_bytes, call]() mutable {
-                                     detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call);
+        record(stream, GraphNode{NodeKind::Kernel, name, key,
+                                 [name, key, grid, block, dynamic_shared_bytes, call, programmatic]() mutable {
+                                     detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call,
+                                                    programmatic);
                                  }});
         return;
     }
-    detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call);
+    detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call, programmatic);
 }
 
 // A launch on the legacy default stream: runs now.
@@ -329,6 +341,12 @@ template <class T>
 inline T __ldcg(const T* p) {
     return *p;
 }
+
+// ---- programmatic dependent launch (sm_90+): kernels of a launch run after the previous launch has finished, so
+// the wait has nothing to wait for and the trigger nothing to start early; the wait is recorded, so that a launch
+// on a programmatic stream can report a thread that never waited.
+inline void cudaGridDependencySynchronize() { ::tandem::emu::detail::grid_dependency_wait(); }
+inline void cudaTriggerProgrammaticLaunchCompletion() {}
 
 // ---- atomics: one OS thread runs every fiber and a fiber is never preempted, so plain read-modify-write is atomic --
 inline float atomicAdd(float* p, float v) {

@@ -170,6 +170,7 @@ struct Thread {
     int width = 32;
     unsigned char in[8]{}, out[8]{};
     unsigned result = 0;
+    bool waited = false;  // called cudaGridDependencySynchronize
     void* fake_stack = nullptr;  // ASan's fake stack of this fiber while it is switched out
 };
 
@@ -197,8 +198,8 @@ std::unordered_map<const void*, size_t>& dynamic_shared_limits() {
 class BlockRunner {
 public:
     BlockRunner(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-                void* ctx)
-        : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx) {
+                void* ctx, bool programmatic)
+        : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx), programmatic_(programmatic) {
         n_ = block.x * block.y * block.z;
         const auto it = dynamic_shared_limits().find(kernel);
         opt_in_ = it != dynamic_shared_limits().end() ? it->second : 0;
@@ -218,6 +219,7 @@ public:
         for (unsigned i = 0; i < n_; ++i) {
             Thread& t = threads_[i];
             t.wait = Wait::Runnable;
+            t.waited = false;
             t.stack = stack_pool().allocate();
             const ctx::preallocated pre(t.stack.sp, t.stack.size, t.stack);
             t.fiber = ctx::fiber(std::allocator_arg, pre, PoolAllocator{},
@@ -283,6 +285,7 @@ public:
         return arena_ + offset;
     }
     void* dynamic_shared() const { return arena_; }
+    void grid_dependency_wait() { threads_[current_].waited = true; }
 
     const char* name() const { return name_; }
 
@@ -295,6 +298,10 @@ private:
         if (!cancel_) {
             try {
                 invoke_(ctx_);
+                // On a GPU such a thread may have read its inputs before the kernel it overlaps wrote them.
+                if (programmatic_ && !t.waited)
+                    fail_here("launched to overlap the kernel before it (programmatic dependent launch), but the "
+                              "thread exited without cudaGridDependencySynchronize (detail::wait_for_inputs)");
             } catch (const Cancelled&) {
             } catch (...) {
                 if (!error_) {
@@ -497,6 +504,7 @@ private:
     size_t dyn_;
     void (*invoke_)(void*);
     void* ctx_;
+    bool programmatic_;
     unsigned n_ = 0;
     size_t opt_in_ = 0, shared_limit_ = 0;
     std::vector<Thread> threads_;
@@ -559,6 +567,8 @@ void* static_shared(const void* key, size_t bytes, size_t align) { return runner
 
 void* dynamic_shared() { return runner().dynamic_shared(); }
 
+void grid_dependency_wait() { runner().grid_dependency_wait(); }
+
 void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn) {
     const std::string who = std::string("tandem::emu: launch of ") + name + ": ";
     const uint64_t threads = uint64_t{block.x} * block.y * block.z;
@@ -580,12 +590,12 @@ void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, s
 }
 
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-            void* ctx) {
+            void* ctx, bool programmatic) {
     if (g_runner)
         throw Error(std::string("tandem::emu: launch of ") + name + ": launching from inside a kernel is not supported");
     check_launch(name, kernel, grid, block, dyn);
 
-    BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx);
+    BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx, programmatic);
     struct Restore {
         ~Restore() {
             g_runner = nullptr;
@@ -617,6 +627,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
 namespace {
 
 struct StreamState {
+    bool programmatic = false;
     bool capturing = false;
     std::thread::id owner;  // the thread that began the capture (ThreadLocal mode's unsafe-call rule)
     std::string invalid;    // why the capture was invalidated; empty while it is valid
@@ -652,8 +663,9 @@ bool Graph::same_topology(const Graph& o) const {
     return true;
 }
 
-void* stream_create() {
+void* stream_create(bool programmatic) {
     auto st = std::make_unique<StreamState>();
+    st->programmatic = programmatic;
     void* handle = st.get();
     std::lock_guard<std::mutex> lock(registry().mu);
     registry().streams.emplace(handle, std::move(st));
@@ -684,6 +696,12 @@ void begin_capture(void* stream) {
     st.owner = std::this_thread::get_id();
     st.invalid.clear();
     st.graph.nodes.clear();
+}
+
+bool stream_is_programmatic(void* stream) {
+    if (!stream) return false;
+    std::lock_guard<std::mutex> lock(registry().mu);
+    return state_of(stream, "launch").programmatic;
 }
 
 bool is_capturing(void* stream) {

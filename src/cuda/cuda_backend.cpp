@@ -172,6 +172,11 @@ bool cuda_int8_activations_from_env() {
     return env && std::string(env) == "1";
 }
 
+bool cuda_overlap_launches_from_env() {
+    const char* env = std::getenv("TANDEM_CUDA_PDL");
+    return env && std::string(env) == "1";
+}
+
 bool CudaBackend::use_blas() {
     if (!cuda::blas_available()) return false;
     const char* env = std::getenv("TANDEM_CUDA_GEMM");
@@ -241,7 +246,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
     const CudaMemoryPlan p = plan(model, n_ctx, prefill, options);
     check_fits("the model", p.total(), " " + p.describe().substr(p.describe().find('(')));
 
-    stream_ = cuda::stream_create();
+    stream_ = cuda::stream_create(options.overlap_launches);
     try {
         if (p.blas) blas_.reset(cuda::blas_create(stream_));
         // Weights: one buffer, each distinct tensor at its offset, uploaded once as the GGUF holds it.

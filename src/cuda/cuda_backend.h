@@ -82,6 +82,9 @@ bool cuda_fused_matvecs_from_env();
 // True when env TANDEM_CUDA_INT8 is "1": the block types' matvecs take 8-bit activations (the default of
 // CudaOptions::int8_activations; off until a GPU has measured it).
 bool cuda_int8_activations_from_env();
+// True when env TANDEM_CUDA_PDL is "1": kernels overlap the tail of the kernel before them (the default of
+// CudaOptions::overlap_launches; off until a GPU has measured it).
+bool cuda_overlap_launches_from_env();
 
 // The rest of the backend's choices.
 struct CudaOptions {
@@ -98,6 +101,11 @@ struct CudaOptions {
     // input quantized once per matvec launch, as the CPU backend does; false: fp32 activations. Not bitwise the
     // same, but within float rounding of the CPU backend's integer products.
     bool int8_activations = cuda_int8_activations_from_env();
+    // Programmatic dependent launch on sm_90 and later (kernels/device.h stream_create): each kernel of a step is
+    // scheduled while the one before it finishes and waits on the device for its inputs, which hides launch latency
+    // and ramp-up, and lets the staged matvec request its first weights early. The same bits either way; ignored
+    // on older devices.
+    bool overlap_launches = cuda_overlap_launches_from_env();
 };
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).

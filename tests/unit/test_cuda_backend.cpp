@@ -532,6 +532,76 @@ TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct l
     }
 }
 
+namespace {
+
+// The device-side picks of a few steps (argmax, argmax with confidence, top-k candidates with extra ids, restricted
+// logits), as plain numbers to compare between two backends.
+std::vector<float> run_device_picks(const Model& model, CudaOptions options) {
+    const int V = model.config.n_vocab, k = 8;
+    CudaBackend gpu(model, 32, {}, options);
+    auto cache = gpu.new_cache(32);
+    std::vector<float> out, scratch(static_cast<size_t>(4) * V);
+    std::vector<int> ids(4);
+    std::vector<float> probs(4), top(4 * k), extra_logits(4 * 2);
+    std::vector<int> top_ids(4 * k);
+    const std::vector<int> extra = {V - 1, 17};
+    gpu.forward_argmax(test_prompt(6, V), *cache, 2, ids.data(), scratch);
+    gpu.forward_argmax_confidence(std::vector<int>{ids[1], 5}, *cache, 2, ids.data(), probs.data(), scratch);
+    gpu.forward_candidates(std::vector<int>{ids[1]}, *cache, 1, k, extra, top.data(), top_ids.data(), extra_logits.data(), scratch);
+    gpu.restrict_logits(50, extra);
+    std::vector<float> logits(static_cast<size_t>(2) * V);
+    gpu.forward(std::vector<int>{top_ids[0], 9}, *cache, 2, logits.data());
+    for (int i : ids) out.push_back(static_cast<float>(i));
+    for (int i : top_ids) out.push_back(static_cast<float>(i));
+    for (const std::vector<float>* v : {&probs, &top, &extra_logits, &logits}) out.insert(out.end(), v->begin(), v->end());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("cuda backend: overlapping launches give the same bits, and every kernel waits for its inputs") {
+    // CudaOptions::overlap_launches (programmatic dependent launch): on a GPU each kernel may start while the one
+    // before it ends, and must wait on the device before touching what that one writes. The emulation runs them in
+    // order, so the bits cannot differ here; what it checks is that every thread of every kernel launched on such a
+    // stream waits (a launch fails otherwise). The graph schedule, the device picks and restricted logits walk every
+    // kernel of the backend through that check: the fp32 route with direct loads (f32), staged loads (whose first
+    // weights are requested before the wait) and the 8-bit route (q4_0).
+    struct Variant {
+        const char* name;
+        GgmlType type;
+        cuda::MatvecLoads loads;
+        bool int8;
+    };
+    for (const Variant& v : {Variant{"f32", GgmlType::F32, cuda::MatvecLoads::Direct, false},
+                             Variant{"q4_0 staged", GgmlType::Q4_0, cuda::MatvecLoads::Staged, false},
+                             Variant{"q4_0 8-bit staged", GgmlType::Q4_0, cuda::MatvecLoads::Staged, true}}) {
+        CAPTURE(std::string(v.name));
+        auto model = v.type == GgmlType::F32 ? Model::load(kData + "/stories260K.gguf") : Model::load(requantized(v.type));
+        CudaOptions overlap, plain;
+        overlap.attention_split = plain.attention_split = 4;
+        overlap.matvec_loads = plain.matvec_loads = v.loads;
+        overlap.int8_activations = plain.int8_activations = v.int8;
+        overlap.overlap_launches = true;
+        plain.overlap_launches = false;
+        check_same_logits(run_graph_schedule(*model, overlap, {emu::ThreadOrder::Reverse, 0}),
+                          run_graph_schedule(*model, plain, {emu::ThreadOrder::Forward, 0}));
+        const std::vector<float> a = run_device_picks(*model, overlap), b = run_device_picks(*model, plain);
+        REQUIRE(a.size() == b.size());
+        CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+    }
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_PDL=1 turns overlapping launches on") {
+    const UnsetEnvAtExit restore("TANDEM_CUDA_PDL");
+    CHECK_FALSE(cuda_overlap_launches_from_env());
+    CHECK_FALSE(CudaOptions{}.overlap_launches);
+    setenv("TANDEM_CUDA_PDL", "1", 1);
+    CHECK(cuda_overlap_launches_from_env());
+    CHECK(CudaOptions{}.overlap_launches);
+    setenv("TANDEM_CUDA_PDL", "0", 1);
+    CHECK_FALSE(cuda_overlap_launches_from_env());
+}
+
 TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches") {
     // stories260K q4_0 given random Q/K/V biases, as a qwen2 model carries them: the CUDA backend adds them inside
     // the fused Q/K/V launch; its logits must follow the CPU backend's (which adds them after its matmuls) and be

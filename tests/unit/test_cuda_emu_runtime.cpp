@@ -322,3 +322,40 @@ TEST_CASE("cuda emu: built-in coordinates cover a 3-D grid of 3-D blocks, atomic
         CHECK(max == 479);
     }
 }
+
+// Doubles x after waiting for its input (as every kernel does on a stream whose launches overlap); with
+// skip_lane >= 0 that thread returns first without waiting.
+__global__ void dependent_kernel(float* x, int skip_lane) {
+    if (static_cast<int>(threadIdx.x) == skip_lane) return;
+    cudaGridDependencySynchronize();
+    cudaTriggerProgrammaticLaunchCompletion();
+    x[blockIdx.x * blockDim.x + threadIdx.x] *= 2.0f;
+}
+
+TEST_CASE("cuda emu: on a programmatic stream every thread must wait for its inputs, launched or replayed") {
+    void* overlap = tandem::emu::stream_create(true);
+    void* plain = tandem::emu::stream_create();
+    CHECK(tandem::emu::stream_is_programmatic(overlap));
+    CHECK_FALSE(tandem::emu::stream_is_programmatic(plain));
+    CHECK_FALSE(tandem::emu::stream_is_programmatic(nullptr));
+    std::vector<float> x(128, 1.0f);
+    tandem::emu::launch_on(overlap, "dependent_kernel", dependent_kernel, dim3(2), dim3(64), 0, x.data(), -1);
+    CHECK(x[127] == 2.0f);
+    // A thread that never waits: fine on a plain stream, an error where the launch could overlap its predecessor.
+    tandem::emu::launch_on(plain, "dependent_kernel", dependent_kernel, dim3(2), dim3(64), 0, x.data(), 5);
+    CHECK(x[5] == 2.0f);
+    CHECK(x[6] == 4.0f);
+    const std::string e = launch_error([&] {
+        tandem::emu::launch_on(overlap, "dependent_kernel", dependent_kernel, dim3(2), dim3(64), 0, x.data(), 5);
+    });
+    CHECK(e.find("dependent_kernel") != std::string::npos);
+    CHECK(e.find("thread (5,0,0)") != std::string::npos);
+    CHECK(e.find("without cudaGridDependencySynchronize") != std::string::npos);
+    // A captured launch keeps its stream's kind: the replay checks too.
+    tandem::emu::begin_capture(overlap);
+    tandem::emu::launch_on(overlap, "dependent_kernel", dependent_kernel, dim3(1), dim3(32), 0, x.data(), 9);
+    const tandem::emu::Graph g = tandem::emu::end_capture(overlap);
+    CHECK(launch_error([&] { tandem::emu::graph_launch(g, plain); }).find("thread (9,0,0)") != std::string::npos);
+    tandem::emu::stream_destroy(overlap);
+    tandem::emu::stream_destroy(plain);
+}
