@@ -133,6 +133,12 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
             std::fprintf(stderr, "tandem: CUDA graphs for decode / verification steps: %s\n",
                          tandem::cuda_graphs_from_env() ? "on (TANDEM_CUDA_GRAPHS=0 turns them off)"
                                                         : "off (TANDEM_CUDA_GRAPHS=0)");
+            // The choices still waiting for a GPU to pick their defaults, so a benchmark log says what ran.
+            std::fprintf(stderr,
+                         "tandem: CUDA kernels: %s matvec loads (TANDEM_CUDA_MATVEC), %s activations "
+                         "(TANDEM_CUDA_INT8), overlapping launches %s (TANDEM_CUDA_PDL; sm_90+)\n",
+                         options.matvec_loads == tandem::cuda::MatvecLoads::Staged ? "staged" : "direct",
+                         options.int8_activations ? "8-bit" : "fp32", options.overlap_launches ? "on" : "off");
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);
     }
