@@ -1,9 +1,11 @@
 // Decode attention over the KV cache (fp16 or Q8_0, kernels.h: KvType) with grouped-query heads, split-K ("flash
 // decoding"): a partial softmax per (token, head, split of the key positions), then the splits combined, by the last
-// block of each (token, head) to finish (with AttentionArgs::split_counters) or by a second kernel.
+// block of each (token, head) to finish (with AttentionArgs::split_counters) or by a second kernel; the combine can
+// also quantize the head's output for the 8-bit matvec route.
 #include <cmath>
 
 #include "common.cuh"
+#include "quantize_q8.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -40,10 +42,12 @@ __device__ __forceinline__ int splits_used(const AttentionArgs& a, int tok, int 
     return needed < n_splits ? needed : n_splits;
 }
 
-// out[tok][head] from the splits' partial results, dims d0, d0 + step, ... of the head. The partials were written
-// by other blocks: read past L1 (__ldcg), which is not coherent across the GPU's SMs.
+// out[tok][head] from the splits' partial results, dims d0, d0 + step, ... of the head (d0 the thread, step the
+// block's size; every thread of the block calls this), and, when `quantize` (a.q8_out set), the head's Q8_1 blocks
+// of the quantized row. The partials were written by other blocks:
+// read past L1 (__ldcg), which is not coherent across the GPU's SMs.
 __device__ __forceinline__ void combine_splits(const AttentionArgs& a, int tok, int head, int n_splits, int d0,
-                                               int step) {
+                                               int step, bool quantize) {
     const int hd = a.head_dim, used = splits_used(a, tok, n_splits);
     float M = -INFINITY;
     for (int s = 0; s < used; ++s)
@@ -60,6 +64,15 @@ __device__ __forceinline__ void combine_splits(const AttentionArgs& a, int tok, 
         }
         a.out[static_cast<size_t>(tok) * a.n_heads * hd + head * hd + d] = A / L;
     }
+    // Quantizing: the block has at least head_dim threads (step >= hd), so the thread of element d0 has written it
+    // just above, and warp w (lanes d0 = 32w + l) quantizes block w from its own lanes' values: no barrier. Warps past
+    // the head have no block (hd is a multiple of 32, so whole warps).
+    if (!quantize || d0 >= hd) return;
+    const int per_head = hd / 32, b = d0 / 32;
+    const float* head_out = a.out + static_cast<size_t>(tok) * a.n_heads * hd + head * hd;
+    uint8_t* head_q = static_cast<uint8_t*>(a.q8_out) +
+                      (static_cast<size_t>(tok) * a.n_heads + head) * per_head * q8::kQ8_1Bytes;
+    q8::quantize_block_q8_1(head_out + 32 * b, head_q + q8::kQ8_1Bytes * b, d0 % 32);
 }
 
 // One block per (split, head, token). Each warp walks the split kKeysPerStep keys at a time (warp w takes keys
@@ -69,6 +82,7 @@ __device__ __forceinline__ void combine_splits(const AttentionArgs& a, int tok, 
 // through shared memory. The template covers head dims up to 32 * D; a smaller head (tiny models: 8, 16) leaves
 // the lanes past it holding zeros. Q8: the cache holds Q8_0 blocks.
 constexpr int kKeysPerStep = 4;
+constexpr int kMaxQuantizedD = 4;  // the split kernels that can quantize their output: head_dim <= 128
 
 template <int D, bool Q8>
 __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionArgs a, int n_splits) {
@@ -188,14 +202,18 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     __syncthreads();
     if (!is_last[0]) return;
     __threadfence();
-    combine_splits(a, tok, head, n_splits, threadIdx.x, blockDim.x);
+    // Heads over 128 (D = 8) do not quantize: with that code in, ptxas spilled registers of the main loop.
+    if constexpr (D <= kMaxQuantizedD)
+        combine_splits(a, tok, head, n_splits, threadIdx.x, blockDim.x, a.q8_out != nullptr);
+    else
+        combine_splits(a, tok, head, n_splits, threadIdx.x, blockDim.x, false);
 }
 
 // One block per (head, token), one thread per output dim. n_splits is the grid's (the workspace's stride); only the
 // splits holding this token's keys were written.
 __global__ void __launch_bounds__(256) attention_combine_kernel(AttentionArgs a, int n_splits) {
     detail::wait_for_inputs();
-    combine_splits(a, blockIdx.y, blockIdx.x, n_splits, threadIdx.x, a.head_dim);
+    combine_splits(a, blockIdx.y, blockIdx.x, n_splits, threadIdx.x, a.head_dim, a.q8_out != nullptr);
 }
 
 template <bool Q8>
@@ -221,6 +239,11 @@ int splits_for(int start_pos, int n_tokens, int split_size) {
 
 }  // namespace
 
+bool attention_quantizes_for(GgmlType q8_for, int head_dim) {
+    return q8::format_for(q8_for) == Q8Format::Q8_1 && head_dim > 0 && head_dim % 32 == 0 &&
+           head_dim <= 32 * kMaxQuantizedD;
+}
+
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size) {
     return static_cast<size_t>(n_tokens) * n_heads * splits_for(start_pos, n_tokens, split_size) * (head_dim + 2);
 }
@@ -234,6 +257,12 @@ void attention(const AttentionArgs& a, Stream stream) {
     detail::require(a.head_dim > 0 && a.head_dim <= 256, "attention: head_dim must be 1..256");
     detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
                     "attention: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");
+    if (a.q8_out) {
+        detail::require(attention_quantizes_for(a.q8_for, a.head_dim),
+                        "attention: a quantized output needs a Q8_1 type of the 8-bit route and head_dim 32, 64, 96 or 128");
+        detail::require(reinterpret_cast<uintptr_t>(a.q8_out) % 4 == 0 && reinterpret_cast<uintptr_t>(a.out) % 16 == 0,
+                        "attention: a quantized output needs q8_out 4-byte and out 16-byte aligned");
+    }
     if (a.kv_type == KvType::Q8_0)
         launch_split<true>(a, n_splits, grid, block, stream);
     else

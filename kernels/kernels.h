@@ -199,7 +199,15 @@ struct AttentionArgs {
     // again after it. With them the split kernel's last block of each (token, head) combines the splits itself
     // (one launch instead of two); without them a combine kernel follows. The results are the same bits.
     unsigned* split_counters = nullptr;
+    // Optional (attention only; the 8-bit matvec route of the output projection): with q8_for a type whose inputs
+    // are Q8_1 blocks (the 32-element types) and head_dim 32, 64, 96 or 128, out is also written quantized into
+    // q8_out, bitwise quantize_activations(q8_for, out, ...): each (token, head)'s combine quantizes its own blocks,
+    // which saves the launch. (A k-quant's Q8_K block spans heads.)
+    GgmlType q8_for = GgmlType::F32;
+    void* q8_out = nullptr;
 };
+// The quantized output above is possible: q8_for's inputs are Q8_1 blocks and head_dim is 32, 64, 96 or 128.
+bool attention_quantizes_for(GgmlType q8_for, int head_dim);
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size);
 void attention(const AttentionArgs& a, Stream stream);
 

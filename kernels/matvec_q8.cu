@@ -291,21 +291,7 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
 }  // namespace matvec_detail
 
 // The one list of the route's types and formats: the 32-element types read Q8_1, the k-quants Q8_K.
-Q8Format q8_activation_format(GgmlType type) {
-    switch (type) {
-        case GgmlType::Q8_0:
-        case GgmlType::Q4_0:
-        case GgmlType::Q4_1:
-        case GgmlType::Q5_0:
-        case GgmlType::Q5_1: return Q8Format::Q8_1;
-        case GgmlType::Q2_K:
-        case GgmlType::Q3_K:
-        case GgmlType::Q4_K:
-        case GgmlType::Q5_K:
-        case GgmlType::Q6_K: return Q8Format::Q8_K;
-        default: return Q8Format::None;
-    }
-}
+Q8Format q8_activation_format(GgmlType type) { return q8::format_for(type); }
 
 bool matvec_q8_supports(GgmlType type) { return q8_activation_format(type) != Q8Format::None; }
 

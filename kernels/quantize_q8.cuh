@@ -13,6 +13,24 @@ constexpr int kQ8_KBytes = 292;  // fp32 d, 256 codes, 16 int16 sums
 constexpr int kQ8_KCodes = 4, kQ8_KSums = 260;
 constexpr int kQuantWarps = 4;  // warps (blocks quantized at once) per CUDA block of the one-warp-per-block kernels
 
+// The format the 8-bit route quantizes a weight type's input to (kernels.h q8_activation_format), for host and
+// device code.
+__host__ __device__ constexpr Q8Format format_for(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q8_0:
+        case GgmlType::Q4_0:
+        case GgmlType::Q4_1:
+        case GgmlType::Q5_0:
+        case GgmlType::Q5_1: return Q8Format::Q8_1;
+        case GgmlType::Q2_K:
+        case GgmlType::Q3_K:
+        case GgmlType::Q4_K:
+        case GgmlType::Q5_K:
+        case GgmlType::Q6_K: return Q8Format::Q8_K;
+        default: return Q8Format::None;
+    }
+}
+
 // A format's block: Q8_K (k_quant) 256 elements in 292 bytes, Q8_1 32 in 36.
 __host__ __device__ constexpr int block_elems(bool k_quant) { return k_quant ? 256 : 32; }
 __host__ __device__ constexpr int block_bytes(bool k_quant) { return k_quant ? kQ8_KBytes : kQ8_1Bytes; }

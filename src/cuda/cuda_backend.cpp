@@ -558,6 +558,12 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                                 options_.attention_split, cache.type()};
         att.device_start_pos = pos.device;
         att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
+        if (cuda::attention_quantizes_for(L.wo.type, c.head_dim)) {
+            // The combine also quantizes the output for attn_output's 8-bit route (no quantize launch).
+            const FusedQuant aq = fused_quant(att_, c.q_dim(), L.wo.type, n, prefill);
+            att.q8_for = aq.type;
+            att.q8_out = aq.xq;
+        }
         if (prefill)
             cuda::attention_prefill(att, stream_);
         else

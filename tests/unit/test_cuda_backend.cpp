@@ -697,6 +697,24 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     CHECK(std::memcmp(last_rows[0].data(), last_rows[1].data(), last_rows[0].size() * 4) == 0);
 }
 
+TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output quantized by its combine") {
+    // A synthetic Q4_0 model with 64-wide heads: each head's output is two whole Q8_1 blocks, so attention's combine
+    // writes attn_output's quantized input and no quantize launch is left in a layer. Fused against unfused +
+    // staged loads through CUDA graphs, bitwise, with the launches counted.
+    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-int8-q4_0-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    SyntheticShape shape{"q32", 256, 512, 2, 4, 2, 512, 64};
+    write_synthetic_model(dir + "/q32.gguf", shape, GgmlType::Q4_0, 11);
+    auto model = Model::load(dir + "/q32.gguf");
+    std::filesystem::remove_all(dir);
+    REQUIRE(model->weights.layers[0].wo.type == GgmlType::Q4_0);
+    REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_0);
+    REQUIRE(model->config.head_dim == 64);
+    // Per layer: fused, the 8 kernels of the fp32 route and SwiGLU on its own (it quantizes for ffn_down);
+    // separate, 12 and a quantize for each of Q, K, V, O, gate, up and down; plus the output projection's quantize.
+    check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
+}
+
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);

@@ -544,6 +544,37 @@ void check_fused_combine(cuda::AttentionArgs a, const std::vector<float>& want, 
         CHECK(std::memcmp(out.data(), want.data(), want.size() * 4) == 0);
         CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned c) { return c == 0; }));
     }
+    // The output quantized for the 8-bit route by the combine (Q8_1 blocks where 32 divides the head; never Q8_K),
+    // by either combine: bitwise quantize_activations of `want`, the fp32 output unchanged.
+    const int row = a.n_heads * a.head_dim;
+    if (!cuda::attention_quantizes_for(GgmlType::Q4_0, a.head_dim)) {  // Q8_1 blocks that would span heads
+        std::vector<uint8_t> q(cuda::q8_activation_row_bytes(GgmlType::Q4_0, (row + 31) / 32 * 32) * a.n_tokens);
+        cuda::AttentionArgs b = a;
+        b.q8_for = GgmlType::Q4_0;
+        b.q8_out = q.data();
+        CHECK_THROWS_AS(cuda::attention(b, nullptr), std::invalid_argument);
+    }
+    for (GgmlType q8_for : {GgmlType::Q4_0, GgmlType::Q6_K}) {
+        if (!cuda::attention_quantizes_for(q8_for, a.head_dim)) continue;
+        CAPTURE(std::string(ggml_type_name(q8_for)));
+        const size_t row_bytes = cuda::q8_activation_row_bytes(q8_for, row);
+        std::vector<uint8_t> q_want(row_bytes * a.n_tokens);
+        cuda::quantize_activations(q8_for, want.data(), row, a.n_tokens, q_want.data(), nullptr);
+        for (const bool fused : {true, false}) {
+            CAPTURE(fused);
+            std::vector<float> out(want.size(), kNaN), ws(workspace_floats, kNaN);
+            std::vector<uint8_t> q(q_want.size(), 0xFF);
+            cuda::AttentionArgs b = a;
+            b.out = out.data();
+            b.workspace = ws.data();
+            b.split_counters = fused ? counters.data() : nullptr;
+            b.q8_for = q8_for;
+            b.q8_out = q.data();
+            cuda::attention(b, nullptr);
+            CHECK(std::memcmp(out.data(), want.data(), want.size() * 4) == 0);
+            CHECK(q == q_want);
+        }
+    }
 }
 
 }  // namespace
