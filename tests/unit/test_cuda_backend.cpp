@@ -117,21 +117,33 @@ private:
     const char* name_;
 };
 
-// q8_0 / q4_0 requantizations of stories260K, written once per test run.
-std::string requantized(GgmlType type) {
+// This test run's directory for model files (removed at exit).
+std::string temp_dir() {
     const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-backend-" + std::to_string(getpid()));
     std::filesystem::create_directories(dir);
-    const std::string path = dir + "/" + ggml_type_name(type) + ".gguf";
-    if (!std::filesystem::exists(path)) requantize_gguf(*GgufFile::open(kData + "/stories260K.gguf"), type).write(path);
-    return path;
+    return dir;
 }
 
 struct RemoveTempDir {
     ~RemoveTempDir() {
         std::error_code ec;
-        std::filesystem::remove_all(std::filesystem::temp_directory_path() / ("tandem-cuda-backend-" + std::to_string(getpid())), ec);
+        std::filesystem::remove_all(temp_dir(), ec);
     }
 } remove_temp_dir;
+
+// q8_0 / q4_0 requantizations of stories260K, written once per test run.
+std::string requantized(GgmlType type) {
+    const std::string path = temp_dir() + "/" + ggml_type_name(type) + ".gguf";
+    if (!std::filesystem::exists(path)) requantize_gguf(*GgufFile::open(kData + "/stories260K.gguf"), type).write(path);
+    return path;
+}
+
+// A synthetic model of `shape` with matrices of `type`, written into the run's directory and loaded.
+auto synthetic(const SyntheticShape& shape, GgmlType type, uint64_t seed) {
+    const std::string path = temp_dir() + "/" + shape.name + ".gguf";
+    write_synthetic_model(path, shape, type, seed);
+    return Model::load(path);
+}
 
 }  // namespace
 
@@ -672,12 +684,7 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     // its quantized output): fused against unfused + staged loads through CUDA graphs, bitwise, with the launches
     // counted; and a short call whose logits are its last 2 rows (the output reads the final norm's quantized rows
     // at an offset) against the same call unfused.
-    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-int8-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    SyntheticShape shape{"k256", 256, 512, 2, 4, 2, 512, 64};
-    write_synthetic_model(dir + "/k256.gguf", shape, GgmlType::Q4_K, 7);
-    auto model = Model::load(dir + "/k256.gguf");
-    std::filesystem::remove_all(dir);
+    auto model = synthetic({"k256", 256, 512, 2, 4, 2, 512, 64}, GgmlType::Q4_K, 7);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_K);
     REQUIRE(model->weights.output.type == GgmlType::Q4_K);
     // Per layer: fused, the 9 kernels of the fp32 route with SwiGLU on its own (it quantizes for ffn_down) and the
@@ -701,12 +708,7 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     // A synthetic Q4_0 model with 64-wide heads: each head's output is two whole Q8_1 blocks, so attention's combine
     // writes attn_output's quantized input and no quantize launch is left in a layer. Fused against unfused +
     // staged loads through CUDA graphs, bitwise, with the launches counted.
-    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-int8-q4_0-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    SyntheticShape shape{"q32", 256, 512, 2, 4, 2, 512, 64};
-    write_synthetic_model(dir + "/q32.gguf", shape, GgmlType::Q4_0, 11);
-    auto model = Model::load(dir + "/q32.gguf");
-    std::filesystem::remove_all(dir);
+    auto model = synthetic({"q32", 256, 512, 2, 4, 2, 512, 64}, GgmlType::Q4_0, 11);
     REQUIRE(model->weights.layers[0].wo.type == GgmlType::Q4_0);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_0);
     REQUIRE(model->config.head_dim == 64);
@@ -1091,11 +1093,7 @@ TEST_CASE("cuda backend: the memory plan counts the q8_0 KV cache, and a width t
     }
 
     // A model whose keys are 3 heads of 8 (24 values a position): not whole Q8_0 blocks.
-    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-cuda-backend-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    SyntheticShape shape{"kv24", 48, 64, 1, 6, 3, 300, 64};
-    write_synthetic_model(dir + "/kv24.gguf", shape, GgmlType::F32, 5);
-    auto odd = Model::load(dir + "/kv24.gguf");
+    auto odd = synthetic({"kv24", 48, 64, 1, 6, 3, 300, 64}, GgmlType::F32, 5);
     REQUIRE(odd->config.kv_dim() == 24);
     try {
         CudaBackend backend(*odd, 16, {}, q8);
