@@ -155,7 +155,7 @@ TEST_CASE("cuda backend: stories260K f32 logits match the CPU backend through pr
     CHECK(d.worst_rel <= 1e-2);
 }
 
-TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CPU backend") {
+TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CPU backend" * doctest::test_suite("emu-variants")) {
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
         CAPTURE(std::string(ggml_type_name(type)));
         auto model = Model::load(requantized(type));
@@ -166,7 +166,7 @@ TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CP
     }
 }
 
-TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int8 logits (stories260K q8_0, q4_0)") {
+TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int8 logits (stories260K q8_0 and q4_0)" * doctest::test_suite("emu-variants")) {
     // CudaOptions::int8_activations: every block-type matvec of a step takes its input quantized as the CPU's Int8
     // matmul does, with the same integer sums (the kernel tests check both bitwise / to float rounding). The model
     // cannot agree that closely: the fp16 KV cache already moves attention outputs by ~1e-4, and wherever that
@@ -528,7 +528,7 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
             g.back().stats.nodes, "-node graphs");
 }
 
-TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct loads") {
+TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct loads" * doctest::test_suite("emu-variants")) {
     // The graph schedule (decodes, a verification call, a truncate, the prefill path, two caches) on stories260K
     // requantized to q4_0 and q8_0, whose matvecs are the block kernels that TANDEM_CUDA_MATVEC=staged changes.
     for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
@@ -571,7 +571,7 @@ std::vector<float> run_device_picks(const Model& model, CudaOptions options) {
 
 }  // namespace
 
-TEST_CASE("cuda backend: overlapping launches give the same bits, and every kernel waits for its inputs") {
+TEST_CASE("cuda backend: overlapping launches give the same bits and every kernel waits for its inputs" * doctest::test_suite("emu-variants")) {
     // CudaOptions::overlap_launches (programmatic dependent launch): on a GPU each kernel may start while the one
     // before it ends, and must wait on the device before touching what that one writes. The emulation runs them in
     // order, so the bits cannot differ here; what it checks is that every thread of every kernel launched on such a
@@ -614,7 +614,7 @@ TEST_CASE("cuda backend: TANDEM_CUDA_PDL=1 turns overlapping launches on") {
     CHECK_FALSE(cuda_overlap_launches_from_env());
 }
 
-TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches") {
+TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches" * doctest::test_suite("emu-variants")) {
     // stories260K q4_0 given random Q/K/V biases, as a qwen2 model carries them: the CUDA backend adds them inside
     // the fused Q/K/V launch; its logits must follow the CPU backend's (which adds them after its matmuls) and be
     // bitwise those of the separate launches + add_bias. Without biases the fused launches are compared too.
@@ -667,7 +667,7 @@ std::pair<CudaOptions, CudaOptions> check_int8_fusion(const Model& model, int fu
 
 }  // namespace
 
-TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwise those of separate launches") {
+TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwise those of separate launches" * doctest::test_suite("emu-variants")) {
     // With int8_activations and fused kernels the RMSNorms that feed Q/K/V, gate/up and the output also write
     // their output quantized (the matvecs read it without a quantize launch); unfused, every matvec input has its
     // own quantize launch. The same bits either way, through CUDA graphs, in two thread orders, with staged loads
@@ -679,7 +679,7 @@ TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwis
     check_int8_fusion(*model, 2 + 5 * (8 + 1) + 1, 2 + 5 * (12 + 6) + 2);
 }
 
-TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU, the same bits") {
+TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU with the same bits" * doctest::test_suite("emu-variants")) {
     // A synthetic Q4_K model (every matrix of whole 256-blocks, so ffn_down takes the route too and SwiGLU writes
     // its quantized output): fused against unfused + staged loads through CUDA graphs, bitwise, with the launches
     // counted; and a short call whose logits are its last 2 rows (the output reads the final norm's quantized rows
@@ -704,7 +704,7 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     CHECK(std::memcmp(last_rows[0].data(), last_rows[1].data(), last_rows[0].size() * 4) == 0);
 }
 
-TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output quantized by its combine") {
+TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output quantized by its combine" * doctest::test_suite("emu-variants")) {
     // A synthetic Q4_0 model with 64-wide heads: each head's output is two whole Q8_1 blocks, so attention's combine
     // writes attn_output's quantized input and no quantize launch is left in a layer. Fused against unfused +
     // staged loads through CUDA graphs, bitwise, with the launches counted.

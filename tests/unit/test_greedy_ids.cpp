@@ -251,7 +251,7 @@ TEST_CASE("cuda backend: device argmax ids (and confidences) equal the host's fr
     }
 }
 
-TEST_CASE("cuda backend: greedy generation through forward_argmax equals logits + Sampler") {
+TEST_CASE("cuda backend: greedy generation through forward_argmax equals logits + Sampler" * doctest::test_suite("emu-variants")) {
     // The emulated target (graphs on), a CPU draft: every verification call scores 4 positions on the device.
     auto model = Model::load(kData + "/stories260K.gguf");
     auto draft = Model::load(requantized_q8_0());
