@@ -56,6 +56,29 @@ __device__ __forceinline__ float load_half(const uint8_t* p) {
 // Sign-extends byte `i` of a packed word.
 __device__ __forceinline__ int sbyte(uint32_t w, int i) { return static_cast<int8_t>((w >> (8 * i)) & 0xFF); }
 
+// ---- int8 tensor cores ---------------------------------------------------------------------------------------------
+// d = A * B + c for one warp's 16x8 tile over 32 k of int8 codes: mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32
+// (sm_80 and later; the emulation computes it from the 32 lanes' fragments). Every lane of the warp calls it at the
+// same place. Fragments as the PTX ISA lays them out, with g = lane / 4 and t = lane % 4 (bytes low to high):
+//   a[0] = A[g][4t .. 4t+3], a[1] = A[g+8][4t ..], a[2] = A[g][16+4t ..], a[3] = A[g+8][16+4t ..];
+//   b[0] = B[4t .. 4t+3][g], b[1] = B[16+4t ..][g]   (B is k x 8: column g is token g's 32 codes);
+//   c / d = C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+__device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                const int (&c)[4]) {
+#if !defined(__CUDACC__)
+    tandem_emu_mma_s8_m16n8k32(d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%10, %11, %12, %13};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]),
+          "r"(c[3]));
+#else
+    __trap();  // no int8 tensor cores before sm_80; gemm_q8 is not launched there
+#endif
+}
+
 // ---- programmatic dependent launch --------------------------------------------------------------------------------
 // On a stream made with stream_create(true) (sm_90 and later), launch_kernel lets each kernel start while the one
 // before it is still running: its blocks are scheduled onto SMs the earlier kernel's tail leaves idle, so the launch

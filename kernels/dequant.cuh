@@ -1,6 +1,7 @@
 // Per-element dequantization of a GGUF row on the device, for every type the kernels read (F32, F16, BF16, Q8_0,
 // Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K). Shared by the embedding gather (embedding.cu), the prefill GEMM's weight
-// tiles and the dequantize-to-fp16 kernel (gemm.cu). Element by element: with a compile-time type the switch
+// tiles and the dequantize-to-fp16 kernel (gemm.cu); its block helpers (scales, fifth bits) also serve the 8-bit
+// routes (matvec_q8.cu, gemm_q8.cu). Element by element: with a compile-time type the switch
 // folds away and the block's scale loads are common subexpressions of neighbouring elements.
 #pragma once
 #include "common.cuh"
@@ -16,6 +17,11 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, i
         sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
         m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
     }
+}
+
+// Bit j (j < 4) of b moved to bit 4 of byte j: the fifth bits of four Q5_0 / Q5_1 codes.
+__device__ __forceinline__ int spread_fifth_bits(uint32_t b) {
+    return static_cast<int>(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
 }
 
 // Element e of a row, decoded one at a time: its callers touch each weight once per row gather or per GEMM tile, so

@@ -137,6 +137,16 @@ void blas_destroy(BlasHandle* handle) noexcept;
 void gemm_via_f16(BlasHandle* blas, GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x,
                   const uint16_t* x16, int n_tokens, float* y, uint16_t* tile, size_t tile_elems, Stream stream);
 
+// The 8-bit tensor-core route (gemm_q8.cu; CudaOptions::int8_gemm): y[t][r] = dot(row r of W, x[t]) with x given
+// as Q8_1 blocks (xq = quantize_activations(<any 32-element type>, x, ...), rows cols / 32 * 36 bytes apart; the
+// k-quants read Q8_1 here too, not matvec's Q8_K) and the weight blocks' codes multiplied as int8 on tensor cores
+// (mma.sync m16n8k32; sm_80 and later), each 32-element block's exact integer sum scaled by d_w d_x, plus m_w s_x
+// for the types with an offset. Within float rounding of the CPU backend's integer products over the same blocks.
+// W 2-byte aligned, xq 4-byte aligned, cols whole blocks of the type.
+bool gemm_q8_supports(GgmlType type);  // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
+void gemm_q8(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const void* xq, int n_tokens,
+             float* y, Stream stream);
+
 // ---- KV-cache storage (written by rope_kv.cu, read by attention.cu and attention_prefill.cu) -----------------------
 // A layer's cache is [capacity] rows, one per position, of kv_row_bytes(type, kv_dim) bytes each:
 //  F16:  kv_dim IEEE binary16 values;

@@ -56,11 +56,6 @@ __device__ __forceinline__ int load_i32_from_u16(const uint8_t* p) {
     return static_cast<int>(detail::load_u32_from_u16(p));
 }
 
-// Bit j (j < 4) of b moved to bit 4 of byte j: the fifth bits of four codes.
-__device__ __forceinline__ int spread_fifth_bits(uint32_t b) {
-    return static_cast<int>(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));
-}
-
 // ---- the 32-element types against Q8_1 -----------------------------------------------------------------------------
 // Four lanes per block, eight blocks per warp iteration. Lane k = l % 4 takes bytes 4k..4k+3 of qs: their low
 // nibbles are elements 4k..4k+3, their high nibbles 16 + 4k..16 + 4k + 3. Signed codes with a bias (Q4_0: 8, Q5_0:
@@ -80,8 +75,8 @@ struct DotLegacyQ8 : Q8_1Input {
             int lo = static_cast<int>(q & 0x0F0F0F0Fu), hi = static_cast<int>((q >> 4) & 0x0F0F0F0Fu);
             if (kFifth) {
                 const uint32_t qh = detail::load_u32_from_u16(blk + kQh);
-                lo |= spread_fifth_bits(qh >> i);
-                hi |= spread_fifth_bits(qh >> (16 + i));
+                lo |= detail::spread_fifth_bits(qh >> i);
+                hi |= detail::spread_fifth_bits(qh >> (16 + i));
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {

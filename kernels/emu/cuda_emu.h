@@ -148,12 +148,22 @@ const uint3& block_idx();
 const dim3& block_dim();
 const dim3& grid_dim();
 
-enum class WarpOp : uint8_t { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, SyncWarp };
+enum class WarpOp : uint8_t { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, SyncWarp, MmaS8 };
 const char* warp_op_name(WarpOp op);
+
+// One lane's fragments of mma.sync.m16n8k32.row.col.s32.s8.s8.s32 (WarpOp::MmaS8: `in` is an MmaS8Fragments,
+// `out` the lane's 4 accumulators D), laid out as the PTX ISA gives them; mma_s8_m16n8k32 in common.cuh says which.
+struct MmaS8Fragments {
+    uint32_t a[4];
+    uint32_t b[2];
+    int32_t c[4];
+};
+constexpr unsigned kMmaS8OutBytes = 4 * sizeof(int32_t);
 
 // One lane's part in a warp collective: blocks until every lane of `mask` has arrived at the same operation.
 // For shuffles `in`/`out` are `size` bytes and `param` is the source lane / delta / lane mask; for votes `param`
-// is the predicate and the result is returned.
+// is the predicate and the result is returned; for MmaS8 every lane of the warp takes part (.aligned: one call
+// site, a full mask) and `out` receives kMmaS8OutBytes.
 unsigned warp_collective(WarpOp op, unsigned mask, const void* in, void* out, unsigned size, int param, int width,
                          const std::source_location& where);
 void syncthreads(const std::source_location& where);
@@ -331,6 +341,19 @@ inline int __any_sync(unsigned mask, int pred, std::source_location where = std:
 inline int __all_sync(unsigned mask, int pred, std::source_location where = std::source_location::current()) {
     return static_cast<int>(::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::All, mask, nullptr,
                                                                    nullptr, 0, pred != 0, 32, where));
+}
+
+// ---- warp-level matrix multiply-accumulate: the int8 tensor-core instruction of gemm_q8, as a warp collective
+// (runtime.cpp gathers the 32 lanes' fragments into the 16x32, 32x8 and 16x8 matrices and hands each lane its D).
+inline void tandem_emu_mma_s8_m16n8k32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const int (&c)[4],
+                                       std::source_location where = std::source_location::current()) {
+    ::tandem::emu::detail::MmaS8Fragments in{};
+    for (int i = 0; i < 4; ++i) in.a[i] = a[i], in.c[i] = c[i];
+    in.b[0] = b[0], in.b[1] = b[1];
+    int32_t out[4];
+    ::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::MmaS8, 0xFFFFFFFFu, &in, out, sizeof in, 0,
+                                           32, where);
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
 // ---- memory ordering between blocks: the blocks of a launch run one after another on one OS thread, so every

@@ -168,7 +168,8 @@ struct Thread {
     unsigned size = 0;
     int param = 0;
     int width = 32;
-    unsigned char in[8]{}, out[8]{};
+    // the largest operands: an mma's fragments in and its accumulators out (a shuffle moves at most 8 bytes)
+    unsigned char in[sizeof(detail::MmaS8Fragments)]{}, out[detail::kMmaS8OutBytes]{};
     unsigned result = 0;
     bool waited = false;  // called cudaGridDependencySynchronize
     void* fake_stack = nullptr;  // ASan's fake stack of this fiber while it is switched out
@@ -264,7 +265,10 @@ public:
         t.wait = Wait::Warp;
         t.where = where;
         suspend(t);
-        if (size) std::memcpy(out, t.out, size);
+        if (op == detail::WarpOp::MmaS8)
+            std::memcpy(out, t.out, detail::kMmaS8OutBytes);
+        else if (size)
+            std::memcpy(out, t.out, size);
         return t.result;
     }
 
@@ -405,6 +409,10 @@ private:
                     if (o.op != t.op || o.mask != t.mask || o.size != t.size)
                         fail(what() + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
                              format_location(o.where) + " with mask " + hex(o.mask));
+                    if (t.op == detail::WarpOp::MmaS8 &&
+                        (o.where.line() != t.where.line() || std::strcmp(o.where.file_name(), t.where.file_name()) != 0))
+                        fail(what() + " meets lane " + std::to_string(m) + " at " + format_location(o.where) +
+                             ": mma.sync is .aligned, every lane must execute the same instruction");
                 }
                 if (!ready) continue;
                 complete(base, lanes, t.mask);
@@ -414,7 +422,53 @@ private:
         return progress;
     }
 
+    // D = A * B + C of mma.sync.m16n8k32.row.col.s32.s8.s8.s32 from the 32 lanes' fragments, in the PTX ISA's
+    // layout (g = lane / 4, t = lane % 4): a[0], a[1], a[2], a[3] hold A[g][4t..4t+3], A[g+8][4t..], A[g][16+4t..],
+    // A[g+8][16+4t..] (low byte first); b[0], b[1] hold B[4t..4t+3][g], B[16+4t..][g]; c / d[0..3] are C[g][2t],
+    // C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+    void complete_mma_s8(unsigned base) {
+        int8_t A[16][32], B[32][8];
+        int32_t C[16][8];
+        const auto byte = [](uint32_t word, int i) { return static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * i))); };
+        for (unsigned lane = 0; lane < 32; ++lane) {
+            detail::MmaS8Fragments f;
+            std::memcpy(&f, threads_[base + lane].in, sizeof f);
+            const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+            for (int i = 0; i < 4; ++i) {
+                A[g][4 * t + i] = byte(f.a[0], i);
+                A[g + 8][4 * t + i] = byte(f.a[1], i);
+                A[g][16 + 4 * t + i] = byte(f.a[2], i);
+                A[g + 8][16 + 4 * t + i] = byte(f.a[3], i);
+                B[4 * t + i][g] = byte(f.b[0], i);
+                B[16 + 4 * t + i][g] = byte(f.b[1], i);
+            }
+            C[g][2 * t] = f.c[0], C[g][2 * t + 1] = f.c[1], C[g + 8][2 * t] = f.c[2], C[g + 8][2 * t + 1] = f.c[3];
+        }
+        for (unsigned lane = 0; lane < 32; ++lane) {
+            const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+            const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+            int32_t d[4];
+            for (int i = 0; i < 4; ++i) {
+                // Exact while it fits: 32 products of at most 128 * 128 plus C, which gemm_q8 keeps far from 2^31
+                // (C = 0). Beyond that, two's-complement wrap-around (the kernels use no .satfinite).
+                uint32_t sum = static_cast<uint32_t>(C[rows[i]][cols[i]]);
+                for (int k = 0; k < 32; ++k)
+                    sum += static_cast<uint32_t>(int32_t{A[rows[i]][k]} * int32_t{B[k][cols[i]]});
+                d[i] = static_cast<int32_t>(sum);
+            }
+            std::memcpy(threads_[base + lane].out, d, sizeof d);
+        }
+    }
+
     void complete(unsigned base, unsigned lanes, unsigned mask) {
+        if (threads_[base].op == detail::WarpOp::MmaS8) {
+            if (lanes != 32 || mask != 0xFFFFFFFFu)
+                fail(std::string("mma.sync at ") + format_location(threads_[base].where) +
+                     ": needs a whole warp of 32 threads");
+            complete_mma_s8(base);
+            for (unsigned m = 0; m < 32; ++m) threads_[base + m].wait = Wait::Runnable;
+            return;
+        }
         unsigned ballot = 0;
         for (unsigned m = 0; m < lanes; ++m)
             if ((mask >> m & 1u) && threads_[base + m].param) ballot |= 1u << m;
@@ -441,6 +495,7 @@ private:
                 case detail::WarpOp::Any: t.result = ballot != 0; break;
                 case detail::WarpOp::All: t.result = ballot == mask; break;
                 case detail::WarpOp::SyncWarp: break;
+                case detail::WarpOp::MmaS8: break;  // completed by complete_mma_s8
             }
             if (t.size) {
                 // Reading a lane outside the mask is undefined on the GPU: hand back poison (NaN for floats).
@@ -552,6 +607,7 @@ const char* warp_op_name(WarpOp op) {
         case WarpOp::Any: return "__any_sync";
         case WarpOp::All: return "__all_sync";
         case WarpOp::SyncWarp: return "__syncwarp";
+        case WarpOp::MmaS8: return "mma.sync.m16n8k32 (s8)";
     }
     return "?";
 }

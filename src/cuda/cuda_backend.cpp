@@ -104,7 +104,7 @@ size_t q8_row_bytes_bound(size_t cols) {
     return std::max((cols + 31) / 32 * 36, (cols + 255) / 256 * 292);
 }
 
-ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool blas) {
+ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool blas, bool int8_gemm) {
     const ModelConfig& c = m.config;
     const size_t B = static_cast<size_t>(std::max(CudaBackend::kStepTokens, o.chunk_tokens));
     const size_t S = CudaBackend::kStepTokens;
@@ -116,7 +116,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
-            (S * q8_row_bytes_bound(widest) + 3) / 4, S * c.n_heads,
+            ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4, S * c.n_heads,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -149,7 +149,7 @@ std::string CudaMemoryPlan::describe() const {
     return gib(total()) + " (weights " + mib(weights) + ", KV cache " + mib(kv_cache) + " " + kv_type_name(kv_type) +
            ", scratch " + mib(scratch) +
            " for " + std::to_string(prefill_chunk) + "-token prefill chunks, " +
-           (blas ? "cuBLAS fp16 GEMM" : "SIMT GEMM") + ")";
+           (int8_gemm ? "int8 tensor-core GEMM, else " : "") + (blas ? "cuBLAS fp16 GEMM" : "SIMT GEMM") + ")";
 }
 
 bool cuda_graphs_from_env() {
@@ -170,6 +170,11 @@ bool cuda_fused_matvecs_from_env() {
 bool cuda_int8_activations_from_env() {
     const char* env = std::getenv("TANDEM_CUDA_INT8");
     return env && std::string(env) == "1";
+}
+
+bool cuda_int8_gemm_from_env() {
+    const char* env = std::getenv("TANDEM_CUDA_GEMM");
+    return env && std::string(env) == "int8";
 }
 
 bool cuda_overlap_launches_from_env() {
@@ -194,11 +199,12 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
     const ModelConfig& c = model.config;
     CudaMemoryPlan p;
     p.blas = use_blas();
+    p.int8_gemm = options.int8_gemm;
     p.prefill_chunk = prefill.chunk_tokens;
     p.weights = weight_layout(model.weights, nullptr);
     p.kv_type = options.kv_type;
     p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options.kv_type) : 0;
-    p.scratch = scratch_layout(model, prefill, p.blas).total() +
+    p.scratch = scratch_layout(model, prefill, p.blas, p.int8_gemm).total() +
                 (n_ctx > 0 ? workspace_bytes(c, n_ctx, options.attention_split) : 0);
     return p;
 }
@@ -274,7 +280,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
                                matrix(L.w_down)});
 
         // Scratch: one buffer cut into the pieces of scratch_layout.
-        const ScratchLayout s = scratch_layout(model, prefill, p.blas);
+        const ScratchLayout s = scratch_layout(model, prefill, p.blas, p.int8_gemm);
         scratch_buf_ = cuda::DeviceBuffer(s.total());
         uint8_t* cursor = scratch_buf_.as<uint8_t>();
         auto take = [&](size_t floats) {
@@ -417,6 +423,12 @@ void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int
 
 void CudaBackend::gemm_input(const float* x, int n, int cols) {
     if (blas_) cuda::convert_f16(x, static_cast<size_t>(n) * cols, x16_, stream_);
+    if (options_.int8_gemm && cols % 32 == 0) {  // (a row of other widths has no block type to multiply it)
+        // Q8_1 blocks, what gemm_q8 reads for every type it takes (GgmlType::Q8_0 names that format). xq_ holds
+        // the chunk's rows now, so the decode path's record of what it holds is dropped.
+        cuda::quantize_activations(GgmlType::Q8_0, x, cols, n, xq_, stream_);
+        xq_format_ = cuda::Q8Format::None;
+    }
 }
 
 cuda::MatvecTarget CudaBackend::target(const DeviceMatrix& W, float* y, const float* bias) {
@@ -454,6 +466,8 @@ void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y,
     if (!prefill)
         cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads,
                      quantized(W.type, x, n, W.cols));
+    else if (options_.int8_gemm && cuda::gemm_q8_supports(W.type))
+        cuda::gemm_q8(W.type, W.data, W.row_bytes, W.rows, W.cols, xq_, n, y, stream_);  // xq_: gemm_input's
     else if (!blas_)
         cuda::gemm(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_);
     else

@@ -11,7 +11,8 @@
 //  - longer calls (prompt prefill) run in chunks of CudaPrefillOptions::chunk_tokens through the prefill GEMM and
 //    tiled flash attention: within tolerance of the short-call path, not bitwise equal to it. The GEMM is cuBLAS on
 //    fp16 tiles in the nvcc build (env TANDEM_CUDA_GEMM=simt picks the SIMT kernel), the SIMT kernel under the
-//    emulation; the SIMT kernel and the flash attention are themselves batch-invariant across prefill calls.
+//    emulation; the SIMT kernel and the flash attention are themselves batch-invariant across prefill calls. With
+//    CudaOptions::int8_gemm (TANDEM_CUDA_GEMM=int8) the types of gemm_q8 take the 8-bit tensor-core GEMM instead.
 //
 // CUDA graphs (short calls only): a step's ~10 launches per layer are captured once into a graph per shape (tokens
 // in the step, logit rows wanted) and replayed. What changes from step to step lives in device memory the kernels
@@ -82,6 +83,9 @@ bool cuda_fused_matvecs_from_env();
 // True when env TANDEM_CUDA_INT8 is "1": the block types' matvecs take 8-bit activations (the default of
 // CudaOptions::int8_activations; off until a GPU has measured it).
 bool cuda_int8_activations_from_env();
+// True when env TANDEM_CUDA_GEMM is "int8": the prefill GEMM of the block types whose codes fit int8 runs on int8
+// tensor cores (the default of CudaOptions::int8_gemm; off until a GPU has measured it against cuBLAS).
+bool cuda_int8_gemm_from_env();
 // True when env TANDEM_CUDA_PDL is "1": kernels overlap the tail of the kernel before them (the default of
 // CudaOptions::overlap_launches; off until a GPU has measured it).
 bool cuda_overlap_launches_from_env();
@@ -106,6 +110,11 @@ struct CudaOptions {
     // and ramp-up, and lets the staged matvec request its first weights early. The same bits either way; ignored
     // on older devices.
     bool overlap_launches = cuda_overlap_launches_from_env();
+    // Prefill chunks multiply the types of kernels.h gemm_q8 (Q8_0, Q4_0/1, Q5_0/1, Q4_K, Q5_K) on int8 tensor
+    // cores, x quantized once per input to Q8_1 (llama.cpp's MMQ idea), instead of dequantizing W to fp16 for
+    // cuBLAS (or the SIMT GEMM); other types keep that route. Within float rounding of the CPU backend's integer
+    // products, not bitwise the fp16 route.
+    bool int8_gemm = cuda_int8_gemm_from_env();
 };
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
@@ -128,6 +137,7 @@ struct CudaMemoryPlan {
                           // runs the prefill GEMM, attention workspace for n_ctx
     int prefill_chunk = 0;
     bool blas = false;    // the prefill GEMM runs on cuBLAS
+    bool int8_gemm = false;  // ... or on int8 tensor cores for the types gemm_q8 takes
     size_t total() const { return weights + kv_cache + scratch; }
     // "1.23 GiB (weights ..., KV cache ... q8_0, scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
     std::string describe() const;

@@ -208,10 +208,11 @@ struct PrefillRun {
     Diff diff;
 };
 PrefillRun run_prefill(const Model& model, CudaPrefillOptions options, const std::vector<int>& calls, int n_decode,
-                       int n_ctx) {
+                       int n_ctx, CudaOptions cuda_options = {},
+                       cpu::Activations cpu_activations = cpu::Activations::Float) {
     const int n_vocab = model.config.n_vocab;
-    CpuBackend cpu(model, 1, 64, cpu::Activations::Float);
-    CudaBackend gpu(model, n_ctx, options);
+    CpuBackend cpu(model, 1, 64, cpu_activations);
+    CudaBackend gpu(model, n_ctx, options, cuda_options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);
     int total = 0;
@@ -260,6 +261,38 @@ TEST_CASE("cuda backend: prefills of 40 and 100 tokens through the GEMM and flas
                 run.diff.worst_rel, " of the logit range)");
         CHECK(run.diff.worst_rel <= 1e-2);
     }
+}
+
+TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU backend's Int8 logits (q8_0 and q4_0)" * doctest::test_suite("emu-variants")) {
+    // CudaOptions::int8_gemm: each prefill matmul's input quantized once to Q8_1 (for these types the codes and d of
+    // the CPU's Int8 matmul) and multiplied by kernels.h gemm_q8. As with the 8-bit matvec route, the backends'
+    // usual agreement is the check, and the route must be in use: it moves the logits well beyond the float route's
+    // differences from the CPU.
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        auto model = Model::load(requantized(type));
+        CudaOptions int8;
+        int8.int8_gemm = true;
+        const PrefillRun with_int8 = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8, cpu::Activations::Int8);
+        const PrefillRun float_run = run_prefill(*model, kPrefillFrom17, {100}, 0, 128);
+        const PrefillRun int8_vs_float = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8);
+        MESSAGE("stories260K ", std::string(ggml_type_name(type)), " prefill: cuda int8 GEMM vs cpu int8: worst ",
+                with_int8.diff.worst_rel, ", median ", with_int8.diff.median_rel(), "; float GEMM vs cpu float: median ",
+                float_run.diff.median_rel(), "; int8 GEMM vs cpu float: median ", int8_vs_float.diff.median_rel());
+        CHECK(with_int8.diff.worst_rel <= 2e-2);
+        CHECK(with_int8.diff.median_rel() <= 1e-2);
+        CHECK(int8_vs_float.diff.median_rel() > 5 * float_run.diff.median_rel());
+    }
+}
+
+TEST_CASE("cuda backend: TANDEM_CUDA_GEMM=int8 selects the int8 tensor-core prefill GEMM") {
+    const UnsetEnvAtExit restore("TANDEM_CUDA_GEMM");
+    CHECK_FALSE(cuda_int8_gemm_from_env());
+    setenv("TANDEM_CUDA_GEMM", "int8", 1);
+    CHECK(cuda_int8_gemm_from_env());
+    CHECK(CudaOptions{}.int8_gemm);
+    setenv("TANDEM_CUDA_GEMM", "simt", 1);
+    CHECK_FALSE(cuda_int8_gemm_from_env());
 }
 
 TEST_CASE("cuda backend: prefill chunking does not change the logits") {

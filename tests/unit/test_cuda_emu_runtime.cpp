@@ -1,9 +1,11 @@
 // Tests of the CUDA emulation runtime (kernels/emu/): exact barriers and their misuse reports, warp collectives with
-// partial masks, NaN-poisoned shared memory, launch limits, and errors raised inside kernels.
+// partial masks, the int8 tensor-core instruction (mma.sync) gathered from a warp's fragments, NaN-poisoned shared
+// memory, launch limits, and errors raised inside kernels.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -154,6 +156,39 @@ __global__ void block_sum_kernel(const float* in, float* out) {
 }
 
 }  // namespace
+
+// One m16n8k32 int8 product per warp: each lane gathers its fragments element by element with the PTX ISA's
+// formulas (written here independently of the runtime's word-wise gather), A 16x32 row-major, B 32x8 as B[k][n],
+// C and D 16x8 row-major.
+__global__ void mma_s8_kernel(const int8_t* A, const int8_t* B, const int* C, int* D) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    uint32_t a[4] = {}, b[2] = {};
+    int c[4], d[4];
+    for (int i = 0; i < 16; ++i) {
+        const int row = (i < 4 || (i >= 8 && i < 12)) ? g : g + 8;
+        const int col = t * 4 + (i & 3) + (i >= 8 ? 16 : 0);
+        a[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(A[row * 32 + col])) << (8 * (i % 4));
+    }
+    for (int i = 0; i < 8; ++i) {
+        const int k = t * 4 + (i & 3) + (i >= 4 ? 16 : 0);
+        b[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(B[k * 8 + g])) << (8 * (i % 4));
+    }
+    for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+    tandem_emu_mma_s8_m16n8k32(d, a, b, c);
+    for (int i = 0; i < 4; ++i) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+}
+
+// Lanes of one warp reaching two different mma instructions (mma.sync is .aligned).
+__global__ void mma_divergent_kernel(int* D) {
+    const uint32_t a[4] = {}, b[2] = {};
+    const int c[4] = {};
+    int d[4];
+    if (threadIdx.x % 2)
+        tandem_emu_mma_s8_m16n8k32(d, a, b, c);
+    else
+        tandem_emu_mma_s8_m16n8k32(d, a, b, c);
+    D[threadIdx.x] = d[0];
+}
 
 TEST_CASE("cuda emu: __syncthreads orders shared-memory writes before reads in every thread order") {
     for (const LaunchOptions& o : kOrders) {
@@ -358,4 +393,38 @@ TEST_CASE("cuda emu: on a programmatic stream every thread must wait for its inp
     CHECK(launch_error([&] { tandem::emu::graph_launch(g, plain); }).find("thread (9,0,0)") != std::string::npos);
     tandem::emu::stream_destroy(overlap);
     tandem::emu::stream_destroy(plain);
+}
+
+TEST_CASE("cuda emu: mma.sync m16n8k32 (s8) computes D = A * B + C from the warp's fragments") {
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int> code(-128, 127), acc(-100000, 100000);
+    std::vector<int8_t> A(16 * 32), B(32 * 8);
+    std::vector<int> C(16 * 8);
+    for (int8_t& v : A) v = static_cast<int8_t>(code(rng));
+    for (int8_t& v : B) v = static_cast<int8_t>(code(rng));
+    for (int& v : C) v = acc(rng);
+    A[0] = -128, B[0] = -128, A[1] = 127, B[8] = 127;  // the extremes of the codes meet
+    std::vector<int> want(16 * 8);
+    for (int r = 0; r < 16; ++r)
+        for (int n = 0; n < 8; ++n) {
+            int sum = C[r * 8 + n];
+            for (int k = 0; k < 32; ++k) sum += A[r * 32 + k] * B[k * 8 + n];
+            want[r * 8 + n] = sum;
+        }
+    for (const LaunchOptions& o : kOrders) {
+        ScopedLaunchOptions scope(o);
+        // Two warps compute the same product: each completes with its own lanes only.
+        std::vector<int> D(16 * 8, -1);
+        tandem::emu::launch("mma_s8_kernel", mma_s8_kernel, dim3(1), dim3(64), 0, A.data(), B.data(), C.data(),
+                            D.data());
+        CHECK(D == want);
+    }
+    std::vector<int> D(64);
+    std::string e = launch_error(
+        [&] { tandem::emu::launch("mma_divergent_kernel", mma_divergent_kernel, dim3(1), dim3(32), 0, D.data()); });
+    CHECK(e.find(".aligned") != std::string::npos);
+    // A block of 48 threads: the second warp has 16 lanes, too few for the instruction.
+    e = launch_error(
+        [&] { tandem::emu::launch("mma_s8_kernel", mma_s8_kernel, dim3(1), dim3(48), 0, A.data(), B.data(), C.data(), D.data()); });
+    CHECK(e.find("mma.sync") != std::string::npos);
 }
