@@ -421,9 +421,15 @@ void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int
     cuda::stream_synchronize(stream_);
 }
 
-void CudaBackend::gemm_input(const float* x, int n, int cols) {
-    if (blas_) cuda::convert_f16(x, static_cast<size_t>(n) * cols, x16_, stream_);
-    if (options_.int8_gemm && cols % 32 == 0) {  // (a row of other widths has no block type to multiply it)
+bool CudaBackend::uses_int8_gemm(GgmlType type) const {
+    return options_.int8_gemm && cuda::gemm_q8_supports(type);
+}
+
+void CudaBackend::gemm_input(const float* x, int n, int cols, std::initializer_list<GgmlType> readers) {
+    bool to_int8 = false, to_f16 = false;
+    for (GgmlType type : readers) (uses_int8_gemm(type) ? to_int8 : to_f16) = true;
+    if (blas_ && to_f16) cuda::convert_f16(x, static_cast<size_t>(n) * cols, x16_, stream_);
+    if (to_int8) {
         // Q8_1 blocks, what gemm_q8 reads for every type it takes (GgmlType::Q8_0 names that format). xq_ holds
         // the chunk's rows now, so the decode path's record of what it holds is dropped.
         cuda::quantize_activations(GgmlType::Q8_0, x, cols, n, xq_, stream_);
@@ -466,7 +472,7 @@ void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y,
     if (!prefill)
         cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads,
                      quantized(W.type, x, n, W.cols));
-    else if (options_.int8_gemm && cuda::gemm_q8_supports(W.type))
+    else if (uses_int8_gemm(W.type))
         cuda::gemm_q8(W.type, W.data, W.row_bytes, W.rows, W.cols, xq_, n, y, stream_);  // xq_: gemm_input's
     else if (!blas_)
         cuda::gemm(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_);
@@ -544,7 +550,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
     for (int l = 0; l < c.n_layers; ++l) {
         const DeviceLayer& L = layers_[l];
-        if (prefill) gemm_input(xb_, n, dim);
+        if (prefill) gemm_input(xb_, n, dim, {L.wq.type, L.wk.type, L.wv.type});
         if (!prefill && options_.fused_matvecs && L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
             // One launch for Q, K and V with the biases added in it (bitwise the separate launches).
             const bool b = c.qkv_bias;
@@ -582,11 +588,11 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             cuda::attention_prefill(att, stream_);
         else
             cuda::attention(att, stream_);
-        if (prefill) gemm_input(att_, n, c.q_dim());
+        if (prefill) gemm_input(att_, n, c.q_dim(), {L.wo.type});
         matmul(L.wo, att_, n, proj_, prefill);
         nq = fused_quant(xb_, dim, L.w_gate.type, n, prefill);
         cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
-        if (prefill) gemm_input(xb_, n, dim);
+        if (prefill) gemm_input(xb_, n, dim, {L.w_gate.type, L.w_up.type});
         const bool fused_gate_up = !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
         if (fused_gate_up && !fuses_quant(L.w_down.type, n, prefill)) {
             // SwiGLU in the gate/up launch (bitwise the launches below); ffn_down reads its fp32 output (xq_ still
@@ -607,7 +613,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
             cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
         }
-        if (prefill) gemm_input(gate_, n, c.hidden_dim);
+        if (prefill) gemm_input(gate_, n, c.hidden_dim, {L.w_down.type});
         matmul(L.w_down, gate_, n, proj_, prefill);
         // The residual add, fused with the norm that comes next: the next layer's, or the output norm.
         const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : output_norm_;

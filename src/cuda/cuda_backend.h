@@ -27,6 +27,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <optional>
@@ -251,7 +252,8 @@ private:
     void replay_step(CudaKvCache& cache, int n, int start_pos, int n_out, Picks picks);
     // Split-K blocks per (token, head) a graph launches for steps whose keys end at `n_keys`.
     int graph_splits(int n_keys, int capacity) const;
-    // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_, filled by gemm_input).
+    // y = W x for n tokens: matvec, or in a prefill chunk the GEMM (cuBLAS reads x16_ and gemm_q8 xq_, both filled
+    // by gemm_input).
     void matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill);
     // With int8_activations and a type that has the 8-bit route: x (n <= kStepTokens rows of cols) quantized for
     // `type` in xq_: rows that the kernel producing them already quantized in that format, else a quantize launch
@@ -269,7 +271,11 @@ private:
     bool fuses_quant(GgmlType next, int n, bool prefill) const;
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
-    void gemm_input(const float* x, int n, int cols);
+    // A prefill GEMM input (n rows of cols) in the forms its readers (the weight types of the matrices that
+    // multiply it) need: x16_ for cuBLAS, xq_ (Q8_1) for the int8 GEMM; neither is made when no reader takes it.
+    void gemm_input(const float* x, int n, int cols, std::initializer_list<GgmlType> readers);
+    // Whether a prefill GEMM of this weight type runs on int8 tensor cores (CudaOptions::int8_gemm).
+    bool uses_int8_gemm(GgmlType type) const;
     void ensure_workspace(int n_ctx);
 
     const Model& model_;
