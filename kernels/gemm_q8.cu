@@ -31,6 +31,10 @@ __device__ __forceinline__ uint32_t unbias(uint32_t u) {
     return (u + 0x01010101u * (128 - kBias)) ^ 0x80808080u;
 }
 
+// The types whose blocks carry an offset m (values d * code + m), which adds m_w s_x per block.
+template <GgmlType T>
+constexpr bool kHasOffset = T == GgmlType::Q4_1 || T == GgmlType::Q5_1 || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
+
 // One 32-element (sub-)block of a weight row, decoded: codes[w] holds elements 4w..4w+3 as signed bytes, and the
 // block's values are d * code + m.
 struct DecodedBlock {
@@ -48,7 +52,7 @@ __device__ __forceinline__ void decode_block(const uint8_t* row, int b, DecodedB
         for (int w = 0; w < 8; ++w) out.codes[w] = detail::load_u32_from_u16(blk + 2 + 4 * w);
     } else if constexpr (T == GgmlType::Q4_0 || T == GgmlType::Q4_1 || T == GgmlType::Q5_0 || T == GgmlType::Q5_1) {
         // Byte j of qs: element j (low nibble) and j + 16 (high nibble); Q5 adds bit e of qh as bit 4 of element e.
-        constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
+        constexpr bool kMin = kHasOffset<T>;
         constexpr bool kFifth = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
         constexpr int kBytes = T == GgmlType::Q4_0 ? 18 : T == GgmlType::Q4_1 ? 20 : T == GgmlType::Q5_0 ? 22 : 24;
         constexpr int kQh = kMin ? 4 : 2, kQs = kQh + (kFifth ? 4 : 0);
@@ -100,7 +104,6 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kThreads, 4)
     gemm_q8_kernel(const uint8_t* __restrict__ W, size_t row_bytes, int rows, int n_blocks,
                    const uint8_t* __restrict__ xq, int n_tokens, float* __restrict__ y) {
-    constexpr bool kHasMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1 || T == GgmlType::Q4_K || T == GgmlType::Q5_K;
     detail::wait_for_inputs();
     TANDEM_SHARED(uint32_t, w_codes, kTileRows * kRowWords);
     TANDEM_SHARED(uint32_t, x_codes, kTileTokens * kRowWords);
@@ -170,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 4)
                 for (int h = 0; h < 2; ++h) {
                     const int r = warp_row + 16 * mt + 8 * h + g;
                     rd[mt][h] = w_d[r * kStageBlocks + kb];
-                    rm[mt][h] = kHasMin ? w_m[r * kStageBlocks + kb] : 0.0f;
+                    rm[mt][h] = kHasOffset<T> ? w_m[r * kStageBlocks + kb] : 0.0f;
                 }
             const int zero[4] = {0, 0, 0, 0};
 #pragma unroll
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, 4)
                 for (int e = 0; e < 2; ++e) {
                     const int tok = warp_tok + 8 * nt + 2 * t + e;
                     td[e] = x_d[tok * kStageBlocks + kb];
-                    ts[e] = kHasMin ? x_s[tok * kStageBlocks + kb] : 0.0f;
+                    ts[e] = kHasOffset<T> ? x_s[tok * kStageBlocks + kb] : 0.0f;
                 }
 #pragma unroll
                 for (int mt = 0; mt < 2; ++mt) {
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 4)
                     for (int i = 0; i < 4; ++i) {
                         const int h = i / 2, e = i % 2;
                         acc[mt][nt][i] = fmaf(static_cast<float>(sum[i]), rd[mt][h] * td[e], acc[mt][nt][i]);
-                        if (kHasMin) acc[mt][nt][i] = fmaf(rm[mt][h], ts[e], acc[mt][nt][i]);
+                        if (kHasOffset<T>) acc[mt][nt][i] = fmaf(rm[mt][h], ts[e], acc[mt][nt][i]);
                     }
                 }
             }

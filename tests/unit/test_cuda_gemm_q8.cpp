@@ -89,17 +89,16 @@ TEST_CASE("cuda gemm_q8: every type matches a double reference over the same 8-b
                         double sum = 0.0, mag = 0.0, s_err = 0.0;
                         for (int b = 0; b < n_blocks; ++b) {
                             const uint8_t* xb = &xq[t * xq_row + 36 * b];
-                            const double dx = half_at(xb);
+                            const double dx = half_at(xb), m = block_offset(type, &W[r * row_bytes], b);
                             int code_sum = 0;
                             for (int e = 0; e < 32; ++e) {
                                 const int code = static_cast<int8_t>(xb[4 + e]);
                                 code_sum += code;
                                 const double term = double{w[static_cast<size_t>(r) * cols + 32 * b + e]} * dx * code;
                                 sum += term;
-                                mag += std::abs(term) + std::abs(block_offset(type, &W[r * row_bytes], b) * dx * code);
+                                mag += std::abs(term) + std::abs(m * dx * code);
                             }
-                            s_err += std::abs(double{block_offset(type, &W[r * row_bytes], b)}) *
-                                     std::abs(double{half_at(xb + 2)} - dx * code_sum);
+                            s_err += std::abs(m) * std::abs(double{half_at(xb + 2)} - dx * code_sum);
                         }
                         want[t * rows + r] = sum;
                         bound[t * rows + r] = 1e-5 * mag + 1.001 * s_err + 1e-30;
