@@ -79,6 +79,23 @@ __device__ __forceinline__ void mma_s8_m16n8k32(int (&d)[4], const uint32_t (&a)
 #endif
 }
 
+// The same over 16 k: mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32, for blocks with one scale per 16 elements.
+// Its fragments are the first halves of m16n8k32's: a[0] = A[g][4t .. 4t+3], a[1] = A[g+8][4t ..], b = B[4t ..][g],
+// c / d as above. So a k = 32 tile's fragments a[0], a[1], b[0] feed one of these for k 0..15, a[2], a[3], b[1]
+// another for k 16..31.
+__device__ __forceinline__ void mma_s8_m16n8k16(int (&d)[4], const uint32_t (&a)[2], uint32_t b, const int (&c)[4]) {
+#if !defined(__CUDACC__)
+    tandem_emu_mma_s8_m16n8k16(d, a, b, c);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%7, %8, %9, %10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+#else
+    __trap();
+#endif
+}
+
 // ---- programmatic dependent launch --------------------------------------------------------------------------------
 // On a stream made with stream_create(true) (sm_90 and later), launch_kernel lets each kernel start while the one
 // before it is still running: its blocks are scheduled onto SMs the earlier kernel's tail leaves idle, so the launch

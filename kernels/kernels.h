@@ -141,9 +141,10 @@ void gemm_via_f16(BlasHandle* blas, GgmlType type, const void* W, size_t row_byt
 // as Q8_1 blocks (xq = quantize_activations(<any 32-element type>, x, ...), rows cols / 32 * 36 bytes apart; the
 // k-quants read Q8_1 here too, not matvec's Q8_K) and the weight blocks' codes multiplied as int8 on tensor cores
 // (mma.sync m16n8k32; sm_80 and later), each 32-element block's exact integer sum scaled by d_w d_x, plus m_w s_x
-// for the types with an offset. Within float rounding of the CPU backend's integer products over the same blocks.
-// W 2-byte aligned, xq 4-byte aligned, cols whole blocks of the type.
-bool gemm_q8_supports(GgmlType type);  // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K
+// for the types with an offset; Q2_K, Q3_K and Q6_K, which scale every 16 elements, through two m16n8k16 per block
+// (Q2_K's offset times each half's own sum of x's codes). Within float rounding of integer products over the same
+// blocks. W 2-byte aligned, xq 4-byte aligned, cols whole blocks of the type.
+bool gemm_q8_supports(GgmlType type);  // Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
 void gemm_q8(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const void* xq, int n_tokens,
              float* y, Stream stream);
 

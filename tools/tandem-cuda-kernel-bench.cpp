@@ -1,15 +1,20 @@
 // tandem-cuda-kernel-bench: time per launch and weight bandwidth of the CUDA matvec kernels (kernels.h), fp32 and
 // 8-bit activations with direct and staged loads side by side, for each block type, shape and token count, beside
-// the device's own copy bandwidth: a matvec change measured on a lent GPU in seconds, without a model.
+// the device's own copy bandwidth; then the prefill GEMM's two routes on the same matrices: a kernel change
+// measured on a lent GPU in seconds, without a model.
 //   tandem-cuda-kernel-bench [--types q4_0,q4_k] [--shapes 4096x4096,11008x4096] [--tokens 1,5,16]
 //                            [--acts f32,int8] [--loads direct,staged] [--launches 40] [--reps 7]
-//                            [--rotate-mib 256] [--copy-mib 512]
+//                            [--rotate-mib 256] [--copy-mib 512] [--gemm-tokens 512]
 // An int8 launch is the activations' quantize_activations and the matvec, as the backend runs them.
 // Each figure: `launches` matvecs captured in one CUDA graph and replayed (so the GPU runs them back to back, with
 // no host launch cost between them), the wall time of a replay divided by `launches`, the median of `reps`
 // replays after a warm-up. The launches cycle through copies of the matrix filling --rotate-mib, so that the
 // weights come from memory and not from the L2 cache (50 MB on an H100), as in a model's decode step. Copy
 // bandwidth: a device-to-device copy of --copy-mib, counted as read + write (2 x bytes / time).
+// GEMM (--gemm-tokens, 0: none): a prefill chunk of that many tokens through the fp16 route as the backend runs it
+// (convert_f16 of x, then gemm_via_f16: the matrix dequantized to an fp16 tile and cuBLAS on a GPU) and through
+// the int8 tensor-core route (quantize_activations to Q8_1, then gemm_q8), the median of `reps` runs of `launches`
+// calls each (no graph: cuBLAS picks its kernels per call), in µs per call and TFLOP/s (2 rows cols tokens).
 // Without nvcc the tool is built on the CUDA emulation, where it runs (slowly) and its figures mean nothing.
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -60,6 +65,41 @@ double copy_bandwidth(size_t bytes, int reps, cuda::Stream stream) {
     return 2.0 * static_cast<double>(bytes) / s / 1e9;
 }
 
+// One row per route of the prefill GEMM for `type` at `shape` and `n` tokens (the header is printed by the caller).
+// W: the matrix (one copy), x: n x cols floats.
+void bench_gemm(GgmlType type, const Shape& shape, int n, const uint8_t* W, const float* x, int launches, int reps,
+                cuda::BlasHandle* blas, cuda::Stream stream) {
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(shape.cols));
+    const size_t tile_halves = std::min(static_cast<size_t>(shape.rows) * shape.cols, size_t{16} << 20);
+    cuda::DeviceBuffer x16(static_cast<size_t>(n) * shape.cols * 2), tile(tile_halves * 2);
+    cuda::DeviceBuffer xq(cuda::q8_activation_row_bytes(GgmlType::Q8_0, shape.cols) * n);
+    cuda::DeviceBuffer y(static_cast<size_t>(n) * shape.rows * 4);
+    const double flops = 2.0 * shape.rows * shape.cols * n;
+    const auto fp16_route = [&] {
+        cuda::convert_f16(x, static_cast<size_t>(n) * shape.cols, x16.as<uint16_t>(), stream);
+        cuda::gemm_via_f16(blas, type, W, row_bytes, shape.rows, shape.cols, x, x16.as<uint16_t>(), n, y.as<float>(),
+                           tile.as<uint16_t>(), tile_halves, stream);
+    };
+    const auto int8_route = [&] {
+        cuda::quantize_activations(GgmlType::Q8_0, x, shape.cols, n, xq.get(), stream);
+        cuda::gemm_q8(type, W, row_bytes, shape.rows, shape.cols, xq.get(), n, y.as<float>(), stream);
+    };
+    double fp16_us = 0.0;
+    for (bool int8 : {false, true}) {
+        if (int8 && !cuda::gemm_q8_supports(type)) continue;
+        const double us = 1e6 * time_median(reps, stream, [&] {
+                              for (int i = 0; i < launches; ++i) int8 ? int8_route() : fp16_route();
+                          }) / launches;
+        if (!int8) fp16_us = us;
+        char vs[16] = "-";
+        if (int8) std::snprintf(vs, sizeof vs, "%.2fx", fp16_us / us);
+        std::printf("| %s | %d x %d | %d | %s | %.1f | %.1f | %s |\n", ggml_type_name(type), shape.rows, shape.cols, n,
+                    int8 ? "int8 tensor-core" : (blas ? "fp16 cuBLAS" : "fp16 SIMT"), us, flops / (us * 1e-6) / 1e12,
+                    vs);
+        std::fflush(stdout);
+    }
+}
+
 std::optional<Shape> parse_shape(const std::string& s) {
     const size_t x = s.find('x');
     if (x == std::string::npos) return std::nullopt;
@@ -76,7 +116,7 @@ std::optional<Shape> parse_shape(const std::string& s) {
 int main(int argc, char** argv) {
     CLI::App app{"tandem-cuda-kernel-bench: CUDA matvec time per launch and weight bandwidth, by activations and loads"};
     std::string types_arg = "q4_0,q4_k,q8_0,q6_k,q5_k", shapes_arg = "4096x4096,11008x4096,4096x11008,1536x1536,8960x1536";
-    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged", acts_arg = "f32,int8";
+    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged", acts_arg = "f32,int8", gemm_tokens_arg = "512";
     int launches = 40, reps = 7, rotate_mib = 256, copy_mib = 512;
     unsigned seed = 1;
     app.add_option("--types", types_arg, "comma-separated block types (q4_0 q4_1 q5_0 q5_1 q8_0 q2_k..q6_k)")
@@ -96,6 +136,8 @@ int main(int argc, char** argv) {
     app.add_option("--copy-mib", copy_mib, "MiB copied for the device's copy bandwidth (0: skip)")
         ->capture_default_str()
         ->check(CLI::Range(0, 1 << 16));
+    app.add_option("--gemm-tokens", gemm_tokens_arg, "comma-separated prefill chunk sizes for the GEMM table (0: none)")
+        ->capture_default_str();
     app.add_option("--seed", seed, "random seed")->capture_default_str();
     CLI11_PARSE(app, argc, argv);
 
@@ -130,6 +172,19 @@ int main(int argc, char** argv) {
             return 2;
         }
         tokens.push_back(n);
+    }
+    std::vector<int> gemm_tokens;
+    for (const std::string& s : bench::split_list(gemm_tokens_arg)) {
+        int n = -1;
+        try {
+            n = std::stoi(s);
+        } catch (const std::exception&) {
+        }
+        if (n < 0 || n > 65536) {
+            std::fprintf(stderr, "tandem-cuda-kernel-bench: --gemm-tokens are 0..65536, got '%s'\n", s.c_str());
+            return 2;
+        }
+        if (n > 0) gemm_tokens.push_back(n);
     }
     std::vector<cuda::MatvecLoads> loads;
     for (const std::string& s : bench::split_list(loads_arg)) {
@@ -221,6 +276,28 @@ int main(int argc, char** argv) {
                     }
                 }
             }
+        }
+        if (!gemm_tokens.empty()) {
+            cuda::BlasHandle* blas = cuda::blas_available() ? cuda::blas_create(stream) : nullptr;
+            std::printf("\ngemm: median of %d runs of %d calls, x quantized or converted in each call\n\n", reps,
+                        launches);
+            std::printf("| type | rows x cols | tokens | route | us/call | TFLOP/s | vs fp16 |\n");
+            std::printf("|------|-------------|-------:|-------|--------:|--------:|--------:|\n");
+            const int max_tokens = *std::max_element(gemm_tokens.begin(), gemm_tokens.end());
+            for (GgmlType type : types)
+                for (const Shape& shape : shapes) {
+                    if (shape.cols % ggml_type_info(type).block_size != 0) continue;  // noted above
+                    const std::vector<uint8_t> host = bench::random_matrix(type, shape.rows, shape.cols, rng);
+                    std::vector<float> x_host(static_cast<size_t>(max_tokens) * shape.cols);
+                    std::normal_distribution<float> normal(0.0f, 1.0f);
+                    for (float& v : x_host) v = normal(rng);
+                    cuda::DeviceBuffer W(host.size()), x(x_host.size() * 4);
+                    cuda::copy_to_device(W.get(), host.data(), host.size(), stream);
+                    cuda::copy_to_device(x.get(), x_host.data(), x_host.size() * 4, stream);
+                    for (int n : gemm_tokens)
+                        bench_gemm(type, shape, n, W.as<uint8_t>(), x.as<float>(), launches, reps, blas, stream);
+                }
+            cuda::blas_destroy(blas);
         }
         cuda::stream_destroy(stream);
     } catch (const std::exception& e) {

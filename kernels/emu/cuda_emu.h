@@ -151,8 +151,9 @@ const dim3& grid_dim();
 enum class WarpOp : uint8_t { ShflIdx, ShflUp, ShflDown, ShflXor, Ballot, Any, All, SyncWarp, MmaS8 };
 const char* warp_op_name(WarpOp op);
 
-// One lane's fragments of mma.sync.m16n8k32.row.col.s32.s8.s8.s32 (WarpOp::MmaS8: `in` is an MmaS8Fragments,
-// `out` the lane's 4 accumulators D), laid out as the PTX ISA gives them; mma_s8_m16n8k32 in common.cuh says which.
+// One lane's fragments of mma.sync.m16n8k32 / m16n8k16 .row.col.s32.s8.s8.s32 (WarpOp::MmaS8: `in` is an
+// MmaS8Fragments, `param` the k (32 or 16; for 16 only a[0], a[1] and b[0] are read), `out` the lane's 4
+// accumulators D), laid out as the PTX ISA gives them; mma_s8_m16n8k32 / k16 in common.cuh say which.
 struct MmaS8Fragments {
     uint32_t a[4];
     uint32_t b[2];
@@ -343,7 +344,7 @@ inline int __all_sync(unsigned mask, int pred, std::source_location where = std:
                                                                    nullptr, 0, pred != 0, 32, where));
 }
 
-// ---- warp-level matrix multiply-accumulate: the int8 tensor-core instruction of gemm_q8, as a warp collective
+// ---- warp-level matrix multiply-accumulate: the int8 tensor-core instructions of gemm_q8, as warp collectives
 // (runtime.cpp gathers the 32 lanes' fragments into the 16x32, 32x8 and 16x8 matrices and hands each lane its D).
 inline void tandem_emu_mma_s8_m16n8k32(int (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], const int (&c)[4],
                                        std::source_location where = std::source_location::current()) {
@@ -351,7 +352,17 @@ inline void tandem_emu_mma_s8_m16n8k32(int (&d)[4], const uint32_t (&a)[4], cons
     for (int i = 0; i < 4; ++i) in.a[i] = a[i], in.c[i] = c[i];
     in.b[0] = b[0], in.b[1] = b[1];
     int32_t out[4];
-    ::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::MmaS8, 0xFFFFFFFFu, &in, out, sizeof in, 0,
+    ::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::MmaS8, 0xFFFFFFFFu, &in, out, sizeof in, 32,
+                                           32, where);
+    for (int i = 0; i < 4; ++i) d[i] = out[i];
+}
+inline void tandem_emu_mma_s8_m16n8k16(int (&d)[4], const uint32_t (&a)[2], uint32_t b, const int (&c)[4],
+                                       std::source_location where = std::source_location::current()) {
+    ::tandem::emu::detail::MmaS8Fragments in{};
+    in.a[0] = a[0], in.a[1] = a[1], in.b[0] = b;
+    for (int i = 0; i < 4; ++i) in.c[i] = c[i];
+    int32_t out[4];
+    ::tandem::emu::detail::warp_collective(::tandem::emu::detail::WarpOp::MmaS8, 0xFFFFFFFFu, &in, out, sizeof in, 16,
                                            32, where);
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }

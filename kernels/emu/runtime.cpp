@@ -410,7 +410,8 @@ private:
                         fail(what() + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
                              format_location(o.where) + " with mask " + hex(o.mask));
                     if (t.op == detail::WarpOp::MmaS8 &&
-                        (o.where.line() != t.where.line() || std::strcmp(o.where.file_name(), t.where.file_name()) != 0))
+                        (o.where.line() != t.where.line() || o.param != t.param ||
+                         std::strcmp(o.where.file_name(), t.where.file_name()) != 0))
                         fail(what() + " meets lane " + std::to_string(m) + " at " + format_location(o.where) +
                              ": mma.sync is .aligned, every lane must execute the same instruction");
                 }
@@ -422,11 +423,12 @@ private:
         return progress;
     }
 
-    // D = A * B + C of mma.sync.m16n8k32.row.col.s32.s8.s8.s32 from the 32 lanes' fragments, in the PTX ISA's
-    // layout (g = lane / 4, t = lane % 4): a[0], a[1], a[2], a[3] hold A[g][4t..4t+3], A[g+8][4t..], A[g][16+4t..],
-    // A[g+8][16+4t..] (low byte first); b[0], b[1] hold B[4t..4t+3][g], B[16+4t..][g]; c / d[0..3] are C[g][2t],
-    // C[g][2t+1], C[g+8][2t], C[g+8][2t+1].
+    // D = A * B + C of mma.sync.m16n8k32 (or m16n8k16: `param` is k).row.col.s32.s8.s8.s32 from the 32 lanes'
+    // fragments, in the PTX ISA's layout (g = lane / 4, t = lane % 4): a[0], a[1], a[2], a[3] hold A[g][4t..4t+3],
+    // A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..] (low byte first); b[0], b[1] hold B[4t..4t+3][g], B[16+4t..][g];
+    // c / d[0..3] are C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. For k = 16 only a[0], a[1] and b[0] exist.
     void complete_mma_s8(unsigned base) {
+        const int k = threads_[base].param;
         int8_t A[16][32], B[32][8];
         int32_t C[16][8];
         const auto byte = [](uint32_t word, int i) { return static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * i))); };
@@ -437,10 +439,12 @@ private:
             for (int i = 0; i < 4; ++i) {
                 A[g][4 * t + i] = byte(f.a[0], i);
                 A[g + 8][4 * t + i] = byte(f.a[1], i);
-                A[g][16 + 4 * t + i] = byte(f.a[2], i);
-                A[g + 8][16 + 4 * t + i] = byte(f.a[3], i);
                 B[4 * t + i][g] = byte(f.b[0], i);
-                B[16 + 4 * t + i][g] = byte(f.b[1], i);
+                if (k == 32) {
+                    A[g][16 + 4 * t + i] = byte(f.a[2], i);
+                    A[g + 8][16 + 4 * t + i] = byte(f.a[3], i);
+                    B[16 + 4 * t + i][g] = byte(f.b[1], i);
+                }
             }
             C[g][2 * t] = f.c[0], C[g][2 * t + 1] = f.c[1], C[g + 8][2 * t] = f.c[2], C[g + 8][2 * t + 1] = f.c[3];
         }
@@ -449,11 +453,11 @@ private:
             const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
             int32_t d[4];
             for (int i = 0; i < 4; ++i) {
-                // Exact while it fits: 32 products of at most 128 * 128 plus C, which gemm_q8 keeps far from 2^31
+                // Exact while it fits: k products of at most 128 * 128 plus C, which gemm_q8 keeps far from 2^31
                 // (C = 0). Beyond that, two's-complement wrap-around (the kernels use no .satfinite).
                 uint32_t sum = static_cast<uint32_t>(C[rows[i]][cols[i]]);
-                for (int k = 0; k < 32; ++k)
-                    sum += static_cast<uint32_t>(int32_t{A[rows[i]][k]} * int32_t{B[k][cols[i]]});
+                for (int j = 0; j < k; ++j)
+                    sum += static_cast<uint32_t>(int32_t{A[rows[i]][j]} * int32_t{B[j][cols[i]]});
                 d[i] = static_cast<int32_t>(sum);
             }
             std::memcpy(threads_[base + lane].out, d, sizeof d);
@@ -606,7 +610,7 @@ const char* warp_op_name(WarpOp op) {
         case WarpOp::Any: return "__any_sync";
         case WarpOp::All: return "__all_sync";
         case WarpOp::SyncWarp: return "__syncwarp";
-        case WarpOp::MmaS8: return "mma.sync.m16n8k32 (s8)";
+        case WarpOp::MmaS8: return "mma.sync (s8)";
     }
     return "?";
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of tandem-cuda-kernel-bench, the CUDA matvec benchmark that scripts/gpu-check runs on a lent
 # GPU: on the emulation (the -emu build beside an nvcc build, or the tool itself without nvcc) it prints a row per
-# type x shape x tokens x activations x loads, each but fp32-direct with its ratio to that; bad flags are errors;
+# type x shape x tokens x activations x loads, each but fp32-direct with its ratio to that; the GEMM table a row
+# per type x shape x chunk x route, the int8 route's with its ratio to the fp16 route's; bad flags are errors;
 # --acts picks the activations; and the nvcc build,
 # here without a usable device, says so and fails instead of printing figures.
 # Usage: cuda_kernel_bench.sh BUILD_DIR DATA_DIR
@@ -13,7 +14,8 @@ source "$(dirname "$0")/lib/checks.bash"
 
 emu="$build/tandem-cuda-kernel-bench-emu"
 [[ -x "$emu" ]] || emu="$build/tandem-cuda-kernel-bench"
-small=(--types q4_0,q6_k --shapes 8x256,5x512 --tokens 1,3 --launches 2 --reps 1 --rotate-mib 0 --copy-mib 1)
+small=(--types q4_0,q6_k --shapes 8x256,5x512 --tokens 1,3 --launches 2 --reps 1 --rotate-mib 0 --copy-mib 1
+       --gemm-tokens 0)
 "$emu" "${small[@]}" >"$tmp/out" 2>"$tmp/err"
 check "emulated run: exit 0" [ $? -eq 0 ]
 check "emulated run: device line" grep -q '^device: CUDA emulation' "$tmp/out"
@@ -24,6 +26,15 @@ check "emulated run: int8 rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| int8 \| '
 "$emu" "${small[@]}" --acts int8 --loads staged >"$tmp/out" 2>"$tmp/err"
 check "--acts int8 --loads staged: 8 such rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| int8 \| staged \| ' "$tmp/out")" -eq 8 ]
 check "--acts int8 --loads staged: no others" [ "$(grep -c '^| q[46]_[0K] |' "$tmp/out")" -eq 8 ]
+
+gemm=(--types q4_0,q6_k --shapes 8x256 --tokens 1 --acts f32 --loads direct --launches 1 --reps 1 --rotate-mib 0
+      --copy-mib 0 --gemm-tokens 3,70)
+"$emu" "${gemm[@]}" >"$tmp/out" 2>"$tmp/err"
+check "gemm table: exit 0" [ $? -eq 0 ]
+check "gemm table: 2 types x 2 chunks fp16-route rows" [ "$(grep -cE '^\| q[46]_[0K] \| 8 x 256 \| (3|70) \| fp16 SIMT \| [0-9.]+ \| [0-9.]+ \| - \|$' "$tmp/out")" -eq 4 ]
+check "gemm table: as many int8 rows, with their ratio" [ "$(grep -cE '^\| q[46]_[0K] \| 8 x 256 \| (3|70) \| int8 tensor-core \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \|$' "$tmp/out")" -eq 4 ]
+"$emu" --gemm-tokens 5,-1 >/dev/null 2>"$tmp/err"
+check "a negative chunk is refused" [ $? -eq 2 ]
 
 "$emu" --types f16 >/dev/null 2>"$tmp/err"
 check "a float type is refused" [ $? -eq 2 ]

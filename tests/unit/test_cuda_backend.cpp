@@ -263,24 +263,38 @@ TEST_CASE("cuda backend: prefills of 40 and 100 tokens through the GEMM and flas
     }
 }
 
-TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU backend's Int8 logits (q8_0 and q4_0)" * doctest::test_suite("emu-variants")) {
-    // CudaOptions::int8_gemm: each prefill matmul's input quantized once to Q8_1 (for these types the codes and d of
-    // the CPU's Int8 matmul) and multiplied by kernels.h gemm_q8. As with the 8-bit matvec route, the backends'
-    // usual agreement is the check, and the route must be in use: it moves the logits well beyond the float route's
-    // differences from the CPU.
-    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
+TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU backend's Int8 logits (q8_0, q4_0, q6_k)" * doctest::test_suite("emu-variants")) {
+    // CudaOptions::int8_gemm: each prefill matmul's input quantized once to Q8_1 (for q8_0 / q4_0 the codes and d
+    // of the CPU's Int8 matmul; the CPU gives k-quants Q8_K blocks of 256) and multiplied by kernels.h gemm_q8. As
+    // with the 8-bit matvec route, the backends' usual agreement is the check, and the route must be in use: it
+    // moves the logits well beyond the float route's differences from the CPU. Q6_K (a synthetic model; stories260K
+    // has no whole 256-blocks) takes the route's two-scale path: two m16n8k16 per 32-element block. The random
+    // synthetic model is more sensitive to 8-bit activations: a Q8_0 model of its shape (whose blocks are the CPU's
+    // bitwise) moves 1.0e-2 of the logit range from either CPU route, its Q6_K model 1.7e-2 from the CPU's Int8
+    // (Q8_K) and 1.3e-2 from its float logits; a misplaced scale or code moves them by far more than the bound.
+    for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K}) {
         CAPTURE(std::string(ggml_type_name(type)));
-        auto model = Model::load(requantized(type));
+        const bool synthetic_model = type == GgmlType::Q6_K;
+        auto model = synthetic_model ? synthetic({"q6k", 256, 512, 2, 4, 2, 512, 128}, type, 13)
+                                     : Model::load(requantized(type));
+        REQUIRE(model->weights.layers[0].wq.type == type);
         CudaOptions int8;
         int8.int8_gemm = true;
         const PrefillRun with_int8 = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8, cpu::Activations::Int8);
         const PrefillRun float_run = run_prefill(*model, kPrefillFrom17, {100}, 0, 128);
         const PrefillRun int8_vs_float = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8);
-        MESSAGE("stories260K ", std::string(ggml_type_name(type)), " prefill: cuda int8 GEMM vs cpu int8: worst ",
-                with_int8.diff.worst_rel, ", median ", with_int8.diff.median_rel(), "; float GEMM vs cpu float: median ",
-                float_run.diff.median_rel(), "; int8 GEMM vs cpu float: median ", int8_vs_float.diff.median_rel());
-        CHECK(with_int8.diff.worst_rel <= 2e-2);
-        CHECK(with_int8.diff.median_rel() <= 1e-2);
+        const std::string model_name = std::string(synthetic_model ? "synthetic " : "stories260K ") + ggml_type_name(type);
+        MESSAGE(model_name, " prefill: cuda int8 GEMM vs cpu int8: worst ", with_int8.diff.worst_rel, ", median ",
+                with_int8.diff.median_rel(), "; float GEMM vs cpu float: median ", float_run.diff.median_rel(),
+                "; int8 GEMM vs cpu float: worst ", int8_vs_float.diff.worst_rel, ", median ",
+                int8_vs_float.diff.median_rel());
+        if (synthetic_model) {
+            CHECK(with_int8.diff.worst_rel <= 3e-2);
+            CHECK(int8_vs_float.diff.worst_rel <= 3e-2);
+        } else {
+            CHECK(with_int8.diff.worst_rel <= 2e-2);
+            CHECK(with_int8.diff.median_rel() <= 1e-2);
+        }
         CHECK(int8_vs_float.diff.median_rel() > 5 * float_run.diff.median_rel());
     }
 }

@@ -178,6 +178,23 @@ __global__ void mma_s8_kernel(const int8_t* A, const int8_t* B, const int* C, in
     for (int i = 0; i < 4; ++i) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
 }
 
+// mma.sync m16n8k16 on the first 16 columns of A (16 x 32) and rows of B (32 x 8), its fragments built from the
+// ISA's m16n8k16 .s8 formulas: a row g for elements 0..3 and g + 8 for 4..7, column 4t + (i & 3); b row 4t + i,
+// column g.
+__global__ void mma_s8_k16_kernel(const int8_t* A, const int8_t* B, const int* C, int* D) {
+    const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+    uint32_t a[2] = {}, b = 0;
+    int c[4], d[4];
+    for (int i = 0; i < 8; ++i) {
+        const int row = i < 4 ? g : g + 8, col = t * 4 + (i & 3);
+        a[i / 4] |= static_cast<uint32_t>(static_cast<uint8_t>(A[row * 32 + col])) << (8 * (i % 4));
+    }
+    for (int i = 0; i < 4; ++i) b |= static_cast<uint32_t>(static_cast<uint8_t>(B[(t * 4 + i) * 8 + g])) << (8 * i);
+    for (int i = 0; i < 4; ++i) c[i] = C[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2];
+    tandem_emu_mma_s8_m16n8k16(d, a, b, c);
+    for (int i = 0; i < 4; ++i) D[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = d[i];
+}
+
 // Lanes of one warp reaching two different mma instructions (mma.sync is .aligned).
 __global__ void mma_divergent_kernel(int* D) {
     const uint32_t a[4] = {}, b[2] = {};
@@ -395,7 +412,7 @@ TEST_CASE("cuda emu: on a programmatic stream every thread must wait for its inp
     tandem::emu::stream_destroy(plain);
 }
 
-TEST_CASE("cuda emu: mma.sync m16n8k32 (s8) computes D = A * B + C from the warp's fragments") {
+TEST_CASE("cuda emu: mma.sync m16n8k32 and m16n8k16 (s8) compute D = A * B + C from the warp's fragments") {
     std::mt19937 rng(7);
     std::uniform_int_distribution<int> code(-128, 127), acc(-100000, 100000);
     std::vector<int8_t> A(16 * 32), B(32 * 8);
@@ -404,11 +421,14 @@ TEST_CASE("cuda emu: mma.sync m16n8k32 (s8) computes D = A * B + C from the warp
     for (int8_t& v : B) v = static_cast<int8_t>(code(rng));
     for (int& v : C) v = acc(rng);
     A[0] = -128, B[0] = -128, A[1] = 127, B[8] = 127;  // the extremes of the codes meet
-    std::vector<int> want(16 * 8);
+    std::vector<int> want(16 * 8), want_k16(16 * 8);
     for (int r = 0; r < 16; ++r)
         for (int n = 0; n < 8; ++n) {
             int sum = C[r * 8 + n];
-            for (int k = 0; k < 32; ++k) sum += A[r * 32 + k] * B[k * 8 + n];
+            for (int k = 0; k < 32; ++k) {
+                sum += A[r * 32 + k] * B[k * 8 + n];
+                if (k == 15) want_k16[r * 8 + n] = sum;
+            }
             want[r * 8 + n] = sum;
         }
     for (const LaunchOptions& o : kOrders) {
@@ -418,6 +438,10 @@ TEST_CASE("cuda emu: mma.sync m16n8k32 (s8) computes D = A * B + C from the warp
         tandem::emu::launch("mma_s8_kernel", mma_s8_kernel, dim3(1), dim3(64), 0, A.data(), B.data(), C.data(),
                             D.data());
         CHECK(D == want);
+        std::vector<int> D16(16 * 8, -1);
+        tandem::emu::launch("mma_s8_k16_kernel", mma_s8_k16_kernel, dim3(1), dim3(64), 0, A.data(), B.data(),
+                            C.data(), D16.data());
+        CHECK(D16 == want_k16);
     }
     std::vector<int> D(64);
     std::string e = launch_error(
