@@ -104,14 +104,18 @@ OverlapStreams& overlap_streams() {
     return s;
 }
 
-bool device_has_programmatic_launch() {
+int compute_capability_major() {
     int device = 0, major = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), "cudaDeviceGetAttribute");
-    return major >= 9;
+    return major;
 }
 
+bool device_has_programmatic_launch() { return compute_capability_major() >= 9; }
+
 }  // namespace
+
+bool device_has_int8_mma() { return compute_capability_major() >= 8; }
 
 Stream stream_create(bool overlap_launches) {
     cudaStream_t s = nullptr;
@@ -305,6 +309,8 @@ bool device_is_emulated() { return true; }
 int device_count(std::string*) { return 1; }
 
 std::string device_name() { return "CUDA emulation"; }
+
+bool device_has_int8_mma() { return true; }
 
 DeviceMemory device_memory() {
     const size_t limit = emulated_limit() ? emulated_limit() : std::numeric_limits<size_t>::max();

@@ -29,6 +29,9 @@ bool device_is_emulated();
 int device_count(std::string* why = nullptr);
 // Short description of device 0 ("NVIDIA H100 80GB HBM3, sm_90"; "CUDA emulation" when emulated).
 std::string device_name();
+// The current device has the int8 tensor-core instructions gemm_q8 uses (mma.sync m16n8k32 / m16n8k16 .s8:
+// sm_80 and later). The emulation computes them, so it has them.
+bool device_has_int8_mma();
 
 struct DeviceMemory {
     size_t free_bytes = 0, total_bytes = 0;

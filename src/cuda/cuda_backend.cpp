@@ -152,6 +152,17 @@ std::string CudaMemoryPlan::describe() const {
            (int8_gemm ? "int8 tensor-core GEMM, else " : "") + (blas ? "cuBLAS fp16 GEMM" : "SIMT GEMM") + ")";
 }
 
+namespace {
+
+// The options as the device can honour them: before sm_80 the int8 GEMM's instructions do not exist, so such a
+// device keeps the fp16 route (the plan's describe(), printed by -v, says which).
+CudaOptions on_this_device(CudaOptions o) {
+    o.int8_gemm = o.int8_gemm && cuda::device_has_int8_mma();
+    return o;
+}
+
+}  // namespace
+
 bool cuda_graphs_from_env() {
     const char* env = std::getenv("TANDEM_CUDA_GRAPHS");
     return !(env && std::string(env) == "0");
@@ -199,7 +210,7 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
     const ModelConfig& c = model.config;
     CudaMemoryPlan p;
     p.blas = use_blas();
-    p.int8_gemm = options.int8_gemm;
+    p.int8_gemm = on_this_device(options).int8_gemm;
     p.prefill_chunk = prefill.chunk_tokens;
     p.weights = weight_layout(model.weights, nullptr);
     p.kv_type = options.kv_type;
@@ -215,7 +226,7 @@ void CudaBackend::check_pair_fits(const CudaMemoryPlan& target, const CudaMemory
 }
 
 CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options)
-    : model_(model), prefill_(prefill), options_(options) {
+    : model_(model), prefill_(prefill), options_(on_this_device(options)) {
     if (prefill.chunk_tokens < 1 || prefill.matvec_max_call < 0)
         throw Error("the CUDA backend needs a prefill chunk of at least one token");
     if (options.attention_split < 1) throw Error("the CUDA backend needs attention splits of at least one position");
