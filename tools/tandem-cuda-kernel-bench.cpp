@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <random>
 #include <string>
@@ -65,10 +66,10 @@ double copy_bandwidth(size_t bytes, int reps, cuda::Stream stream) {
     return 2.0 * static_cast<double>(bytes) / s / 1e9;
 }
 
-// One row per route of the prefill GEMM for `type` at `shape` and `n` tokens (the header is printed by the caller).
-// W: the matrix (one copy), x: n x cols floats.
+// One row per route of the prefill GEMM for `type` at `shape` and `n` tokens, appended to `table` (printed after
+// the matvec table). W: the matrix (one copy), x: n x cols floats.
 void bench_gemm(GgmlType type, const Shape& shape, int n, const uint8_t* W, const float* x, int launches, int reps,
-                cuda::BlasHandle* blas, cuda::Stream stream) {
+                cuda::BlasHandle* blas, cuda::Stream stream, std::string& table) {
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(shape.cols));
     const size_t tile_halves = std::min(static_cast<size_t>(shape.rows) * shape.cols, size_t{16} << 20);
     cuda::DeviceBuffer x16(static_cast<size_t>(n) * shape.cols * 2), tile(tile_halves * 2);
@@ -93,10 +94,11 @@ void bench_gemm(GgmlType type, const Shape& shape, int n, const uint8_t* W, cons
         if (!int8) fp16_us = us;
         char vs[16] = "-";
         if (int8) std::snprintf(vs, sizeof vs, "%.2fx", fp16_us / us);
-        std::printf("| %s | %d x %d | %d | %s | %.1f | %.1f | %s |\n", ggml_type_name(type), shape.rows, shape.cols, n,
-                    int8 ? "int8 tensor-core" : (blas ? "fp16 cuBLAS" : "fp16 SIMT"), us, flops / (us * 1e-6) / 1e12,
-                    vs);
-        std::fflush(stdout);
+        char row[160];
+        std::snprintf(row, sizeof row, "| %s | %d x %d | %d | %s | %.1f | %.1f | %s |\n", ggml_type_name(type),
+                      shape.rows, shape.cols, n, int8 ? "int8 tensor-core" : (blas ? "fp16 cuBLAS" : "fp16 SIMT"), us,
+                      flops / (us * 1e-6) / 1e12, vs);
+        table += row;
     }
 }
 
@@ -223,6 +225,10 @@ int main(int argc, char** argv) {
         std::printf("| type | rows x cols | tokens | acts | loads  | us/launch | weight GB/s | of copy | vs f32 direct |\n");
         std::printf("|------|-------------|-------:|------|--------|----------:|------------:|--------:|--------------:|\n");
         std::mt19937 rng(seed);
+        // The GEMM table is filled from the same matrices and printed after the matvec table.
+        const std::unique_ptr<cuda::BlasHandle, void (*)(cuda::BlasHandle*)> blas(
+            !gemm_tokens.empty() && cuda::blas_available() ? cuda::blas_create(stream) : nullptr, cuda::blas_destroy);
+        std::string gemm_table;
         for (GgmlType type : types) {
             for (const Shape& shape : shapes) {
                 const int block = ggml_type_info(type).block_size;
@@ -239,7 +245,8 @@ int main(int argc, char** argv) {
                 cuda::DeviceBuffer W(stride * copies);
                 for (size_t c = 0; c < copies; ++c)
                     cuda::copy_to_device(W.as<uint8_t>() + c * stride, host.data(), host.size(), stream);
-                const int max_tokens = *std::max_element(tokens.begin(), tokens.end());
+                int max_tokens = *std::max_element(tokens.begin(), tokens.end());
+                for (int n : gemm_tokens) max_tokens = std::max(max_tokens, n);
                 std::vector<float> x_host(static_cast<size_t>(max_tokens) * shape.cols);
                 std::normal_distribution<float> normal(0.0f, 1.0f);
                 for (float& v : x_host) v = normal(rng);
@@ -275,29 +282,16 @@ int main(int argc, char** argv) {
                         }
                     }
                 }
+                for (int n : gemm_tokens)  // the first copy of the matrix
+                    bench_gemm(type, shape, n, W.as<uint8_t>(), x.as<float>(), launches, reps, blas.get(), stream,
+                               gemm_table);
             }
         }
         if (!gemm_tokens.empty()) {
-            cuda::BlasHandle* blas = cuda::blas_available() ? cuda::blas_create(stream) : nullptr;
             std::printf("\ngemm: median of %d runs of %d calls, x quantized or converted in each call\n\n", reps,
                         launches);
             std::printf("| type | rows x cols | tokens | route | us/call | TFLOP/s | vs fp16 |\n");
-            std::printf("|------|-------------|-------:|-------|--------:|--------:|--------:|\n");
-            const int max_tokens = *std::max_element(gemm_tokens.begin(), gemm_tokens.end());
-            for (GgmlType type : types)
-                for (const Shape& shape : shapes) {
-                    if (shape.cols % ggml_type_info(type).block_size != 0) continue;  // noted above
-                    const std::vector<uint8_t> host = bench::random_matrix(type, shape.rows, shape.cols, rng);
-                    std::vector<float> x_host(static_cast<size_t>(max_tokens) * shape.cols);
-                    std::normal_distribution<float> normal(0.0f, 1.0f);
-                    for (float& v : x_host) v = normal(rng);
-                    cuda::DeviceBuffer W(host.size()), x(x_host.size() * 4);
-                    cuda::copy_to_device(W.get(), host.data(), host.size(), stream);
-                    cuda::copy_to_device(x.get(), x_host.data(), x_host.size() * 4, stream);
-                    for (int n : gemm_tokens)
-                        bench_gemm(type, shape, n, W.as<uint8_t>(), x.as<float>(), launches, reps, blas, stream);
-                }
-            cuda::blas_destroy(blas);
+            std::printf("|------|-------------|-------:|-------|--------:|--------:|--------:|\n%s", gemm_table.c_str());
         }
         cuda::stream_destroy(stream);
     } catch (const std::exception& e) {
