@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "cuda_compat.h"
+#include "device.h"
 #include "kernels.h"
 
 namespace tandem::cuda::detail {
@@ -112,9 +113,6 @@ __device__ __forceinline__ void wait_for_inputs() {
 #endif
 }
 
-// The stream was made to overlap its launches (device.cu keeps the record).
-bool launches_overlap(Stream stream);
-
 inline void require(bool ok, const char* what) {
     if (!ok) throw std::invalid_argument(std::string("tandem::cuda: ") + what);
 }
@@ -124,7 +122,7 @@ void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
                    A&&... args) {
 #if defined(__CUDACC__)
     cudaError_t err = cudaSuccess;
-    if (launches_overlap(stream)) {
+    if (stream_overlaps_launches(stream)) {
         cudaLaunchAttribute overlap{};
         overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         overlap.val.programmaticStreamSerializationAllowed = 1;

@@ -439,8 +439,4 @@ bool end_capture(Stream stream, Graph& graph) {
 
 #endif
 
-namespace detail {
-bool launches_overlap(Stream stream) { return stream_overlaps_launches(stream); }
-}  // namespace detail
-
 }  // namespace tandem::cuda
