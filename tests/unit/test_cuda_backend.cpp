@@ -263,7 +263,7 @@ TEST_CASE("cuda backend: prefills of 40 and 100 tokens through the GEMM and flas
     }
 }
 
-TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU backend's Int8 logits (q8_0, q4_0, q6_k)" * doctest::test_suite("emu-variants")) {
+TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU backend's Int8 logits (q8_0 / q4_0 / q6_k)" * doctest::test_suite("emu-variants")) {
     // CudaOptions::int8_gemm: each prefill matmul's input quantized once to Q8_1 (for q8_0 / q4_0 the codes and d
     // of the CPU's Int8 matmul; the CPU gives k-quants Q8_K blocks of 256) and multiplied by kernels.h gemm_q8. As
     // with the 8-bit matvec route, the backends' usual agreement is the check, and the route must be in use: it
