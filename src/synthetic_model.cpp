@@ -134,6 +134,8 @@ std::optional<SyntheticShape> synthetic_preset(const std::string& name) {
     if (name == "tiny") return SyntheticShape{"tiny", 256, 768, 4, 8, 2, 1024, 512, false};
     if (name == "1b") return SyntheticShape{"1b", 2048, 5632, 22, 32, 4, 32000, 2048, false};
     if (name == "7b") return SyntheticShape{"7b", 4096, 11008, 32, 32, 32, 32000, 4096, false};
+    if (name == "qwen1.5b") return SyntheticShape{"qwen1.5b", 1536, 8960, 28, 12, 2, 151936, 4096, false};
+    if (name == "qwen0.5b") return SyntheticShape{"qwen0.5b", 896, 4864, 24, 14, 2, 151936, 4096, false};
     return std::nullopt;
 }
 

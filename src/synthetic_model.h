@@ -17,7 +17,9 @@ struct SyntheticShape {
     uint64_t n_params() const;
 };
 
-// Named presets: "tiny" (a few MB, for tests), "1b" (TinyLlama-1.1B's shape), "7b" (Llama-2-7B's shape).
+// Named presets: "tiny" (a few MB, for tests), "1b" (TinyLlama-1.1B's shape), "7b" (Llama-2-7B's shape),
+// "qwen1.5b" / "qwen0.5b" (Qwen2.5-Coder-1.5B / 0.5B's shapes, the default speculative pair, without the Q/K/V
+// biases: a lent GPU times the pair's steps on them, as the real files are too large to travel there).
 std::optional<SyntheticShape> synthetic_preset(const std::string& name);
 
 // Writes a model of `shape` whose 2-D matrices are of `type` (norms f32; rows whose length is not a multiple of

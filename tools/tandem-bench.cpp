@@ -390,7 +390,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
     app.add_option("--chunk", chunk, "prefill chunk size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--make-synthetic", synth_name, "write a synthetic model: tiny, 1b or 7b");
+    app.add_option("--make-synthetic", synth_name, "write a synthetic model: tiny, 1b, 7b, qwen1.5b or qwen0.5b");
     app.add_option("--type", synth_type, "weight type of the synthetic model (f32, f16, q8_0, q4_0)")
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
@@ -451,7 +451,7 @@ int main(int argc, char** argv) {
     try {
         if (!synth_name.empty()) {
             auto shape = tandem::synthetic_preset(synth_name);
-            if (!shape) throw tandem::Error("unknown synthetic preset '" + synth_name + "' (tiny, 1b, 7b)");
+            if (!shape) throw tandem::Error("unknown synthetic preset '" + synth_name + "' (tiny, 1b, 7b, qwen1.5b, qwen0.5b)");
             auto type = tandem::ggml_type_from_name(synth_type);
             if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
             if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");

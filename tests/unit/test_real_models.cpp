@@ -19,6 +19,7 @@
 #include "mini_json.h"
 #include "model.h"
 #include "model_registry.h"
+#include "synthetic_model.h"
 
 using namespace tandem;
 
@@ -170,4 +171,27 @@ TEST_CASE("real: Qwen2.5-Coder-1.5B logits are bitwise the same with repacked we
     const std::vector<float> c = run(switching);
     REQUIRE(a.size() == c.size());
     CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("real: the qwen1.5b and qwen0.5b synthetic presets have the default pair's shapes") {
+    // What a lent GPU times in their place (scripts/gpu-check): the same matrices and vocabulary, and like the GGUF
+    // files an output matrix of its own (Qwen2.5's configs tie it, the llama.cpp conversions do not), so the steps
+    // cost what the real pair's do (less the Q/K/V biases, three vector adds a layer).
+    for (const auto& [preset, name] : {std::pair{"qwen1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m"},
+                                       std::pair{"qwen0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"}}) {
+        const std::string preset_name = preset;
+        CAPTURE(preset_name);
+        const auto shape = synthetic_preset(preset_name);
+        REQUIRE(shape);
+        const auto model = load_real(name);
+        const ModelConfig& c = model->config;
+        CHECK(shape->dim == c.dim);
+        CHECK(shape->hidden_dim == c.hidden_dim);
+        CHECK(shape->n_layers == c.n_layers);
+        CHECK(shape->n_heads == c.n_heads);
+        CHECK(shape->n_kv_heads == c.n_kv_heads);
+        CHECK(shape->dim / shape->n_heads == c.head_dim);
+        CHECK(shape->n_vocab == c.n_vocab);
+        CHECK(shape->tied_output == model->weights.tied_output);
+    }
 }
