@@ -451,7 +451,8 @@ int main(int argc, char** argv) {
     try {
         if (!synth_name.empty()) {
             auto shape = tandem::synthetic_preset(synth_name);
-            if (!shape) throw tandem::Error("unknown synthetic preset '" + synth_name + "' (tiny, 1b, 7b, qwen1.5b, qwen0.5b)");
+            if (!shape)
+                throw tandem::Error("unknown synthetic preset '" + synth_name + "' (tiny, 1b, 7b, qwen1.5b, qwen0.5b)");
             auto type = tandem::ggml_type_from_name(synth_type);
             if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
             if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");

@@ -71,6 +71,8 @@ double copy_bandwidth(size_t bytes, int reps, cuda::Stream stream) {
 void bench_gemm(GgmlType type, const Shape& shape, int n, const uint8_t* W, const float* x, int launches, int reps,
                 cuda::BlasHandle* blas, cuda::Stream stream, std::string& table) {
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(shape.cols));
+    // The backend's tile: the matrix, capped at 16 Mi halves (CudaBackend::kBlasTileHalves, which this tool, built
+    // without the backend on the emulation, cannot name).
     const size_t tile_halves = std::min(static_cast<size_t>(shape.rows) * shape.cols, size_t{16} << 20);
     cuda::DeviceBuffer x16(static_cast<size_t>(n) * shape.cols * 2), tile(tile_halves * 2);
     cuda::DeviceBuffer xq(cuda::q8_activation_row_bytes(GgmlType::Q8_0, shape.cols) * n);
@@ -100,6 +102,16 @@ void bench_gemm(GgmlType type, const Shape& shape, int n, const uint8_t* W, cons
                       flops / (us * 1e-6) / 1e12, vs);
         table += row;
     }
+}
+
+// A count in lo..hi, or nothing.
+std::optional<int> parse_count(const std::string& s, int lo, int hi) {
+    try {
+        const int n = std::stoi(s);
+        if (n >= lo && n <= hi) return n;
+    } catch (const std::exception&) {
+    }
+    return std::nullopt;
 }
 
 std::optional<Shape> parse_shape(const std::string& s) {
@@ -163,30 +175,22 @@ int main(int argc, char** argv) {
     }
     std::vector<int> tokens;
     for (const std::string& s : bench::split_list(tokens_arg)) {
-        int n = 0;
-        try {
-            n = std::stoi(s);
-        } catch (const std::exception&) {
-        }
-        if (n < 1 || n > cuda::kMatvecMaxTokens) {
+        const auto n = parse_count(s, 1, cuda::kMatvecMaxTokens);
+        if (!n) {
             std::fprintf(stderr, "tandem-cuda-kernel-bench: token counts are 1..%d, got '%s'\n",
                          cuda::kMatvecMaxTokens, s.c_str());
             return 2;
         }
-        tokens.push_back(n);
+        tokens.push_back(*n);
     }
     std::vector<int> gemm_tokens;
     for (const std::string& s : bench::split_list(gemm_tokens_arg)) {
-        int n = -1;
-        try {
-            n = std::stoi(s);
-        } catch (const std::exception&) {
-        }
-        if (n < 0 || n > 65536) {
+        const auto n = parse_count(s, 0, 65536);
+        if (!n) {
             std::fprintf(stderr, "tandem-cuda-kernel-bench: --gemm-tokens are 0..65536, got '%s'\n", s.c_str());
             return 2;
         }
-        if (n > 0) gemm_tokens.push_back(n);
+        if (*n > 0) gemm_tokens.push_back(*n);
     }
     std::vector<cuda::MatvecLoads> loads;
     for (const std::string& s : bench::split_list(loads_arg)) {

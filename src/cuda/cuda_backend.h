@@ -113,8 +113,9 @@ struct CudaOptions {
     bool overlap_launches = cuda_overlap_launches_from_env();
     // Prefill chunks multiply the types of kernels.h gemm_q8 (every quantized type: Q8_0, Q4_0/1, Q5_0/1,
     // Q2_K..Q6_K) on int8 tensor cores, x quantized once per input to Q8_1 (llama.cpp's MMQ idea), instead of
-    // dequantizing W to fp16 for cuBLAS (or the SIMT GEMM); F32 / F16 / BF16 keep that route. Within float rounding of the CPU backend's integer
-    // products, not bitwise the fp16 route. Ignored before sm_80 (no int8 mma.sync).
+    // dequantizing W to fp16 for cuBLAS (or the SIMT GEMM); F32 / F16 / BF16 keep that route. Within float
+    // rounding of the CPU backend's integer products, not bitwise the fp16 route. Ignored before sm_80 (no int8
+    // mma.sync).
     bool int8_gemm = cuda_int8_gemm_from_env();
 };
 

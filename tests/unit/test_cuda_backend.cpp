@@ -283,7 +283,8 @@ TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU ba
         const PrefillRun with_int8 = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8, cpu::Activations::Int8);
         const PrefillRun float_run = run_prefill(*model, kPrefillFrom17, {100}, 0, 128);
         const PrefillRun int8_vs_float = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8);
-        const std::string model_name = std::string(synthetic_model ? "synthetic " : "stories260K ") + ggml_type_name(type);
+        const std::string model_name =
+            std::string(synthetic_model ? "synthetic " : "stories260K ") + ggml_type_name(type);
         MESSAGE(model_name, " prefill: cuda int8 GEMM vs cpu int8: worst ", with_int8.diff.worst_rel, ", median ",
                 with_int8.diff.median_rel(), "; float GEMM vs cpu float: median ", float_run.diff.median_rel(),
                 "; int8 GEMM vs cpu float: worst ", int8_vs_float.diff.worst_rel, ", median ",
