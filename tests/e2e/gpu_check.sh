@@ -1,0 +1,201 @@
+#!/usr/bin/env bash
+# End-to-end checks of scripts/gpu-check, the script that spends the rare minutes of a lent GPU: a mistake in it
+# (a table that is never written, a variant run without its environment variable, a failed check that still exits
+# 0) would be found only there, at the cost of that machine. Here it runs against stand-ins for the GPU side: the
+# real tandem, tandem-bench (writing the tiny synthetic preset in place of 1b / 7b / qwen*) and the emulated kernel
+# bench, with `--backend cuda` turned into `--backend cpu`; stubs for the device tests, llama-bench, nvidia-smi and
+# ncu. Each stand-in logs how it was called, so the checks see which variants ran with which environment, and the
+# tables are parsed as the real programs print them.
+# Usage: gpu_check.sh BUILD_DIR DATA_DIR
+set -uo pipefail
+build=$(cd "$1" && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "$0")/lib/checks.bash"
+
+stubs="$tmp/bin" path="$tmp/path" llama="$tmp/llama" base="$tmp/base" calls="$tmp/calls"
+mkdir -p "$stubs" "$path" "$llama" "$base" "$calls"
+
+# tandem-bench: the real one on the CPU, one repetition, the tiny preset; every call logged with its TANDEM_CUDA_*
+# environment.
+bench_stub() {  # bench_stub FILE LOGNAME
+    cat >"$1" <<EOF
+#!/usr/bin/env bash
+echo "\$(env | grep '^TANDEM_CUDA_' | sort | tr '\n' ' ')| \$*" >>"$calls/$2"
+args=()
+while [[ \$# -gt 0 ]]; do
+    case "\$1" in
+        --make-synthetic) args+=(--make-synthetic tiny); shift 2 ;;
+        --backend) args+=(--backend cpu); shift 2 ;;
+        -r) args+=(-r 1); shift 2 ;;
+        *) args+=("\$1"); shift ;;
+    esac
+done
+exec "$build/tandem-bench" "\${args[@]}"
+EOF
+    chmod +x "$1"
+}
+bench_stub "$stubs/tandem-bench" tandem-bench
+bench_stub "$base/tandem-bench" baseline
+echo "abc1234" >"$base/REVISION"
+
+# tandem: the real one on the CPU; STUB_GREEDY_DIFFERS=1 makes the "GPU" run say something else.
+cat >"$stubs/tandem" <<EOF
+#!/usr/bin/env bash
+args=() cuda=0
+while [[ \$# -gt 0 ]]; do
+    case "\$1" in
+        --backend) [[ \$2 == cuda ]] && cuda=1; args+=(--backend cpu); shift 2 ;;
+        *) args+=("\$1"); shift ;;
+    esac
+done
+"$build/tandem" "\${args[@]}"
+rc=\$?
+[[ \$cuda -eq 1 && \${STUB_GREEDY_DIFFERS:-0} == 1 ]] && printf ' and then something else'
+exit \$rc
+EOF
+
+# The device tests: doctest's summary lines; STUB_DEVICE_TESTS_FAIL=1 fails them.
+cat >"$stubs/tandem_cuda_device_tests" <<EOF
+#!/usr/bin/env bash
+echo "\$*" >>"$calls/device-tests"
+echo "fp16 route on NVIDIA Stub GPU"
+if [[ \${STUB_DEVICE_TESTS_FAIL:-0} == 1 ]]; then
+    echo "[doctest] test cases:  40 |  39 passed | 1 failed | 0 skipped"
+    echo "[doctest] assertions: 900 | 899 passed | 1 failed |"
+    exit 1
+fi
+echo "[doctest] test cases:  40 |  40 passed | 0 failed | 0 skipped"
+echo "[doctest] assertions: 900 | 900 passed | 0 failed |"
+EOF
+
+# The kernel bench: the emulated one on small shapes (gpu-check calls it without arguments).
+emu="$build/tandem-cuda-kernel-bench-emu"
+[[ -x "$emu" ]] || emu="$build/tandem-cuda-kernel-bench"
+cat >"$stubs/tandem-cuda-kernel-bench" <<EOF
+#!/usr/bin/env bash
+exec "$emu" --types q4_0 --shapes 8x256 --tokens 1 --launches 1 --reps 1 --rotate-mib 0 --copy-mib 1 --gemm-tokens 3
+EOF
+
+# llama-bench: llama-bench's JSON, 800 tokens/s for pp512 and 100 for tg128 (medians of its samples).
+cat >"$llama/llama-bench" <<EOF
+#!/usr/bin/env bash
+echo "\$*" >>"$calls/llama-bench"
+echo '[{"n_prompt": 512, "n_gen": 0, "samples_ts": [700.0, 800.0, 900.0]},'
+echo ' {"n_prompt": 0, "n_gen": 128, "samples_ts": [100.0, 90.0, 110.0]}]'
+EOF
+
+cat >"$path/nvidia-smi" <<'EOF'
+#!/usr/bin/env bash
+echo "NVIDIA Stub GPU, 81559 MiB, 999.99"
+EOF
+cat >"$path/ncu" <<EOF
+#!/usr/bin/env bash
+echo "\$(env | grep '^TANDEM_CUDA_' | sort | tr '\n' ' ')| \$*" >>"$calls/ncu"
+for i in 1 2 3; do echo "    Duration                         us        12.34"; done
+EOF
+chmod +x "$stubs"/* "$llama"/* "$path"/*
+
+run_check() {  # run_check OUT ARGS...: gpu-check with the stand-ins; its stdout in OUT.stdout
+    local out=$1; shift
+    PATH="$path:$PATH" TMPDIR="$tmp" TANDEM_MODELS_DIR="$tmp/no-models" \
+        "$root/scripts/gpu-check" --bin "$stubs" --out "$out" "$@" >"$out.stdout" 2>"$out.stderr"
+}
+rows() { grep -cE -e "$1" "$2"; }  # rows REGEX FILE: matching lines
+
+# 1. The first device call: checks, kernel bench, 1B models with llama.cpp and the baseline, ncu.
+out="$tmp/out"
+run_check "$out" --quick --profile --llamacpp "$llama" --baseline "$base"
+check "full run: exit 0" [ $? -eq 0 ]
+check "summary: the device" grep -q '^gpu-check: device: NVIDIA Stub GPU' "$out/summary.txt"
+check "summary: device tests passed" grep -q 'tandem_cuda_device_tests: exit 0; \[doctest\] test cases: *40 | *40 passed' "$out/summary.txt"
+check "device tests: real-model cases excluded without the fetched models" grep -q -- "--test-case-exclude=real:\*" "$calls/device-tests"
+check "summary: fp16 route reported" grep -q 'fp16 route on NVIDIA Stub GPU' "$out/summary.txt"
+check "summary: greedy text equal for both prompts" [ "$(rows 'cuda == cpu' "$out/summary.txt")" -eq 2 ]
+check "kernel-bench.md: the matvec table" grep -qE '^\| q4_0 \| 8 x 256 \| 1 \|' "$out/kernel-bench.md"
+check "kernel-bench.md: the GEMM table" grep -qE '^\| q4_0 \| 8 x 256 \| 3 \| int8 tensor-core \|' "$out/kernel-bench.md"
+
+b="$out/bench.md"
+check "bench.md: one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
+# The pair's target (Q4_K) and draft (Q4_0) add 3 such rows to the 4 types' 8: all are the tiny preset here.
+check "bench.md: pp512 and tg128 of the 4 types and the pair" [ "$(rows '^\| synthetic-tiny-[A-Za-z0-9_]+ \| .* \| (pp512|tg128) \|' "$b")" -eq 11 ]
+check "bench.md: F16 and Q8_0 pp512 and tg128" [ "$(rows '^\| synthetic-tiny-(f16|q8_0) \| .* \| (pp512|tg128) \|' "$b")" -eq 4 ]
+check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128), baseline abc1234 \|' "$b")" -eq 8 ]
+check "bench.md: PDL rows, every type" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 4 ]
+check "bench.md: staged rows, quantized types" [ "$(rows '\| tg128, staged matvec \|' "$b")" -eq 3 ]
+check "bench.md: staged + PDL rows" [ "$(rows '\| tg128, staged matvec, PDL \|' "$b")" -eq 3 ]
+check "bench.md: int8 activation rows, both loads" [ "$(rows '\| tg128, int8 activations, (direct|staged) matvec \|' "$b")" -eq 6 ]
+check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -eq 1 ]
+check "bench.md: SIMT GEMM row" [ "$(rows '\| pp512, SIMT GEMM \|' "$b")" -eq 1 ]
+check "bench.md: int8 GEMM rows" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$b")" -eq 3 ]
+check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and SwiGLU \|' "$b")" -eq 1 ]
+
+# Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
+c="$calls/tandem-bench"
+check "calls: staged loads under TANDEM_CUDA_MATVEC=staged" [ "$(rows '^TANDEM_CUDA_MATVEC=staged \| ' "$c")" -eq 3 ]
+check "calls: PDL alone" [ "$(rows '^TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 4 ]
+check "calls: PDL with staged loads" [ "$(rows '^TANDEM_CUDA_MATVEC=staged TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 3 ]
+check "calls: int8 activations, both loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged) \| ' "$c")" -eq 6 ]
+check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
+check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
+check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
+check "calls: unfused" [ "$(rows '^TANDEM_CUDA_FUSED_MATVECS=0 \| ' "$c")" -eq 1 ]
+check "calls: every benchmark on the GPU" [ "$(grep -v -- '--make-synthetic' "$c" | grep -vc -- '--backend cuda')" -eq 0 ]
+check "calls: 1B models of 4 types and the pair made" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 6 ]
+check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
+
+# The default pair's shapes (4c).
+check "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] && [ "$(rows "qwen0.5b-q4_0.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check "pair-verify.md: a row per token count" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 10 ]
+
+# llama.cpp beside tandem (5): llama-bench on the same files, and the ratio of medians.
+check "llama-bench: once per model, all layers on the GPU" [ "$(rows '-ngl 99 -fa 1' "$calls/llama-bench")" -eq 4 ]
+s="$out/side-by-side.md"
+check "side-by-side.md: one header" [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
+check "side-by-side.md: pp512 and tg128 per model" [ "$(rows '^\| 1b-(q4_0|q4_k|q8_0|f16) \| (pp512|tg128) \| [0-9,.]+ \| (800.0|100.0) \| [0-9.]+ \|$' "$s")" -eq 8 ]
+# The ratio column is tandem's median over llama.cpp's, recomputed here from the row itself.
+ratios_ok() {
+    python3 - "$1" <<'EOF'
+import sys
+for line in open(sys.argv[1]):
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 5 and cells[2][0].isdigit():
+        t, l, r = float(cells[2].replace(",", "")), float(cells[3].replace(",", "")), float(cells[4])
+        assert abs(t / l - r) <= 0.006, line
+EOF
+}
+check "side-by-side.md: ratio = tandem / llama.cpp" ratios_ok "$s"
+
+# Nsight Compute (7): both loads, graphs off, past one decode step of the 1B model's 22 layers.
+check "ncu: two runs" [ "$(wc -l <"$calls/ncu")" -eq 2 ]
+check "ncu: graphs off, direct and staged" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TANDEM_CUDA_MATVEC=(direct|staged) \| ' "$calls/ncu")" -eq 2 ]
+check "ncu: skips the first step's launches" [ "$(rows '--launch-skip 180 --launch-count 40' "$calls/ncu")" -eq 2 ]
+check "summary: profiled kernels counted" grep -q 'ncu: 3 kernels profiled' "$out/summary.txt"
+check "stdout: the tables at the end" grep -q 'tg128, int8 activations, staged matvec' "$out.stdout"
+
+# 2. The second call: --bench-only --sizes 7b appends to the same tables, runs no checks and no pair.
+device_test_runs=$(wc -l <"$calls/device-tests")
+run_check "$out" --bench-only --sizes 7b --llamacpp "$llama"
+check "bench-only run: exit 0" [ $? -eq 0 ]
+check "bench-only run: no device tests" [ "$(wc -l <"$calls/device-tests")" -eq "$device_test_runs" ]
+check "bench-only run: 7B models made, no pair" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] && [ "$(rows '--make-synthetic qwen' "$c")" -eq 2 ]
+check "bench-only run: bench.md still one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
+check "bench-only run: 7B rows appended" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 8 ]
+check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
+
+# 3. Failed checks make the exit status non-zero; benchmarks never do.
+STUB_DEVICE_TESTS_FAIL=1 run_check "$tmp/fail1" --quick
+check "failed device tests: exit non-zero" [ $? -ne 0 ]
+check "failed device tests: in the summary" grep -q 'tandem_cuda_device_tests: exit 1' "$tmp/fail1/summary.txt"
+STUB_GREEDY_DIFFERS=1 run_check "$tmp/fail2" --quick
+check "greedy mismatch: exit non-zero" [ $? -ne 0 ]
+check "greedy mismatch: in the summary" grep -q "cuda differs from cpu" "$tmp/fail2/summary.txt"
+check "greedy mismatch: both texts in greedy.log" grep -q '^cpu: ' "$tmp/fail2/greedy.log" &&
+    grep -q 'something else' "$tmp/fail2/greedy.log"
+run_check "$tmp/bad" --sizez 1b
+check "unknown argument: exit 2" [ $? -eq 2 ]
+check "unknown argument: named" grep -q "sizez" "$tmp/bad.stderr"
+
+echo "gpu_check.sh: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
