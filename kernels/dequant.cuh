@@ -1,7 +1,7 @@
 // Per-element dequantization of a GGUF row on the device, for every type the kernels read (F32, F16, BF16, Q8_0,
 // Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K). Shared by the embedding gather (embedding.cu), the prefill GEMM's weight
-// tiles and the dequantize-to-fp16 kernel (gemm.cu); its block helpers (scales, fifth bits) also serve the 8-bit
-// routes (matvec_q8.cu, gemm_q8.cu). Element by element: with a compile-time type the switch
+// tiles and the dequantize-to-fp16 kernel (gemm.cu); its block helpers (scales, fifth bits) also serve the matvec
+// Dots (matvec.cu, matvec_q8.cu) and the 8-bit GEMM (gemm_q8.cu). Element by element: with a compile-time type the switch
 // folds away and the block's scale loads are common subexpressions of neighbouring elements.
 #pragma once
 #include "common.cuh"

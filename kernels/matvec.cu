@@ -2,6 +2,7 @@
 // Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K weights (every type the CPU backend computes with) with the dequantization
 // fused into the dot product: each type's walk over a row (a Dot), run by the kernels of matvec_kernels.cuh. The
 // public matvec functions also route to the 8-bit-activation Dots of matvec_q8.cu when given quantized x.
+#include "dequant.cuh"
 #include "matvec_kernels.cuh"
 
 namespace tandem::cuda {
@@ -270,37 +271,36 @@ struct DotQ3_K : FloatInput {
     }
 };
 
-// Q4_K (144-byte super-blocks of 256): one super-block per warp iteration. Lane l reads 4 bytes of qs at
-// 32p + 4(l%8), p = l/8: their low nibbles are elements of chunk 2p, their high nibbles of chunk 2p + 1.
-struct DotQ4_K : FloatInput {
-    static constexpr int kBlockBytes = 144, kBlockCols = 256, kStepBlocks = 1;
-    // ggml's get_scale_min_k4: 6-bit scale and min of sub-block j from the 12 packed bytes.
-    static __device__ __forceinline__ void scale_min(const uint8_t* s, int j, float& sc, float& m) {
-        if (j < 4) {
-            sc = static_cast<float>(s[j] & 63);
-            m = static_cast<float>(s[j + 4] & 63);
-        } else {
-            sc = static_cast<float>((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
-            m = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-        }
-    }
+// Q4_K (144-byte super-blocks of 256) and Q5_K (176): one super-block per warp iteration. Lane l reads 4 bytes of qs
+// at kQs + 32p + 4(l%8), p = l/8: their low nibbles are elements of chunk 2p, their high nibbles of chunk 2p + 1.
+// Q5_K's fifth bits: bit c of qh[e] (the 4 bytes at 16 + 4(l%8)) for element e of chunk c.
+template <int kBytes, int kQs, bool kFifth>
+struct DotQK4 : FloatInput {
+    static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 1;
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
         for (int ib = 0; ib < nb; ++ib) {
-            const uint8_t* blk = row + 144 * ib;
+            const uint8_t* blk = row + kBytes * ib;
             const float d = detail::load_half(blk), dmin = detail::load_half(blk + 2);
-            float sc0, m0, sc1, m1;
-            scale_min(blk + 4, 2 * p, sc0, m0);
-            scale_min(blk + 4, 2 * p + 1, sc1, m1);
-            const float dl0 = d * sc0, ml0 = dmin * m0, dl1 = d * sc1, ml1 = dmin * m1;
-            const uint32_t q = *reinterpret_cast<const uint32_t*>(blk + 16 + 32 * p + i);
+            int sc0, m0, sc1, m1;
+            detail::scale_min_k4(blk + 4, 2 * p, sc0, m0);
+            detail::scale_min_k4(blk + 4, 2 * p + 1, sc1, m1);
+            const float dl0 = d * static_cast<float>(sc0), ml0 = dmin * static_cast<float>(m0);
+            const float dl1 = d * static_cast<float>(sc1), ml1 = dmin * static_cast<float>(m1);
+            const uint32_t q = *reinterpret_cast<const uint32_t*>(blk + kQs + 32 * p + i);
+            const uint32_t qh = kFifth ? *reinterpret_cast<const uint32_t*>(blk + 16 + i) : 0u;
             float lo[4], hi[4];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                lo[k] = static_cast<float>((q >> (8 * k)) & 0xF);
-                hi[k] = static_cast<float>((q >> (8 * k + 4)) & 0xF);
+                uint32_t l = (q >> (8 * k)) & 0xF, h = (q >> (8 * k + 4)) & 0xF;
+                if (kFifth) {
+                    l |= ((qh >> (8 * k + 2 * p)) & 1) << 4;
+                    h |= ((qh >> (8 * k + 2 * p + 1)) & 1) << 4;
+                }
+                lo[k] = static_cast<float>(l);
+                hi[k] = static_cast<float>(h);
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
@@ -316,44 +316,8 @@ struct DotQ4_K : FloatInput {
         }
     }
 };
-
-// Q5_K (176-byte super-blocks of 256): Q4_K's walk and scales, plus the fifth bits: bit c of qh[e] for element e
-// of chunk c. Lane l reads 4 bytes of qs at 48 + 32p + i and the 4 bytes of qh at 16 + i (i = 4(l%8), p = l/8).
-struct DotQ5_K : FloatInput {
-    static constexpr int kBlockBytes = 176, kBlockCols = 256, kStepBlocks = 1;
-    template <int NT>
-    static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
-                                               int n_tok, int lane, float (&acc)[NT]) {
-        const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
-        for (int ib = 0; ib < nb; ++ib) {
-            const uint8_t* blk = row + 176 * ib;
-            const float d = detail::load_half(blk), dmin = detail::load_half(blk + 2);
-            float sc0, m0, sc1, m1;
-            DotQ4_K::scale_min(blk + 4, 2 * p, sc0, m0);
-            DotQ4_K::scale_min(blk + 4, 2 * p + 1, sc1, m1);
-            const float dl0 = d * sc0, ml0 = dmin * m0, dl1 = d * sc1, ml1 = dmin * m1;
-            const uint32_t q = *reinterpret_cast<const uint32_t*>(blk + 48 + 32 * p + i);
-            const uint32_t qh = *reinterpret_cast<const uint32_t*>(blk + 16 + i);
-            float lo[4], hi[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                lo[k] = static_cast<float>(((q >> (8 * k)) & 0xF) | (((qh >> (8 * k + 2 * p)) & 1) << 4));
-                hi[k] = static_cast<float>(((q >> (8 * k + 4)) & 0xF) | (((qh >> (8 * k + 2 * p + 1)) & 1) << 4));
-            }
-#pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 64 * p + i;
-                const float4 xl = *reinterpret_cast<const float4*>(xb);
-                const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
-                const float dot_lo = lo[0] * xl.x + lo[1] * xl.y + lo[2] * xl.z + lo[3] * xl.w;
-                const float dot_hi = hi[0] * xh.x + hi[1] * xh.y + hi[2] * xh.z + hi[3] * xh.w;
-                const float sum_lo = xl.x + xl.y + xl.z + xl.w, sum_hi = xh.x + xh.y + xh.z + xh.w;
-                acc[t] += dl0 * dot_lo - ml0 * sum_lo + dl1 * dot_hi - ml1 * sum_hi;
-            }
-        }
-    }
-};
+using DotQ4_K = DotQK4<144, 16, false>;
+using DotQ5_K = DotQK4<176, 48, true>;
 
 // Q6_K (210-byte super-blocks of 256): one super-block per warp iteration. Lane l covers half h = l/16 and the
 // element pair e = 2(l%16), e+1 of each of the four chunks c = 4h + k of that half.
@@ -439,7 +403,7 @@ void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int
             detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q4_K rows are whole blocks of 256");
             return blocks(launch_blocks<DotQ4_K>, "matvec_kernel<Q4_K>", "matvec_staged_kernel<Q4_K>");
         case GgmlType::Q5_K:
-            detail::require(cols % 256 == 0, "matvec: Q5_K rows are whole blocks of 256");
+            detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q5_K rows are whole blocks of 256");
             return blocks(launch_blocks<DotQ5_K>, "matvec_kernel<Q5_K>", "matvec_staged_kernel<Q5_K>");
         case GgmlType::Q6_K:
             detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
