@@ -8,11 +8,13 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cpu/fp16.h"
@@ -37,6 +39,40 @@ struct Shape {
 std::vector<Shape> shapes() {
     if (cuda::device_is_emulated()) return {{37, 256}, {64, 512}};
     return {{1536, 1536}, {8960 + 3, 1536}, {1539, 8960}, {32000, 2048}};
+}
+
+// The host's share of the suite spread over its cores. On a GPU machine the random weights and the double
+// references at real-model shapes are most of the run (about 100 s on one core for every type), and that machine's
+// minutes are few; f(i) runs once for each i < n, on some thread.
+template <class F>
+void parallel_for(int n, F&& f) {
+    const int n_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, std::max(n, 1));
+    std::atomic<int> next{0};
+    auto work = [&] {
+        for (int i = next++; i < n; i = next++) f(i);
+    };
+    std::vector<std::thread> threads;
+    for (int t = 1; t < n_threads; ++t) threads.emplace_back(work);
+    work();
+    for (std::thread& t : threads) t.join();
+}
+
+// test::random_weight_rows in chunks of rows generated in parallel, each from its own seed drawn from rng in order:
+// the same weights for the same rng state, whatever the number of cores.
+std::vector<uint8_t> random_weights(GgmlType type, int rows, int cols, std::mt19937& rng) {
+    constexpr int kChunkRows = 256;
+    const int n_chunks = (rows + kChunkRows - 1) / kChunkRows;
+    std::vector<uint32_t> seeds(static_cast<size_t>(n_chunks));
+    for (uint32_t& seed : seeds) seed = static_cast<uint32_t>(rng());
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    std::vector<uint8_t> out(row_bytes * static_cast<size_t>(rows));
+    parallel_for(n_chunks, [&](int c) {
+        std::mt19937 chunk_rng(seeds[static_cast<size_t>(c)]);
+        const int first = c * kChunkRows, n = std::min(kChunkRows, rows - first);
+        const std::vector<uint8_t> part = test::random_weight_rows(type, n, cols, chunk_rng);
+        std::memcpy(out.data() + static_cast<size_t>(first) * row_bytes, part.data(), part.size());
+    });
+    return out;
 }
 
 template <class T>
@@ -89,18 +125,21 @@ std::vector<double> reference(GgmlType type, const std::vector<uint8_t>& W, int 
     if (x_fp16)
         for (float& v : xr) v = cpu::fp16_to_fp32(cpu::fp32_to_fp16(v));
     std::vector<double> y(static_cast<size_t>(n_tokens) * rows);
-    std::vector<float> w(static_cast<size_t>(cols));
-    for (int r = 0; r < rows; ++r) {
-        cpu::dequantize_row(type, W.data() + static_cast<size_t>(r) * row_bytes, w.data(), cols);
-        if (w_fp16)
-            for (float& v : w) v = cpu::fp16_to_fp32(cpu::fp32_to_fp16(v));
-        for (int t = 0; t < n_tokens; ++t) {
-            double acc = 0;
-            const float* xt = &xr[static_cast<size_t>(picks[t]) * cols];
-            for (int k = 0; k < cols; ++k) acc += static_cast<double>(w[k]) * xt[k];
-            y[static_cast<size_t>(t) * rows + r] = acc;
+    constexpr int kChunkRows = 64;
+    parallel_for((rows + kChunkRows - 1) / kChunkRows, [&](int c) {
+        std::vector<float> w(static_cast<size_t>(cols));
+        for (int r = c * kChunkRows; r < std::min(rows, (c + 1) * kChunkRows); ++r) {
+            cpu::dequantize_row(type, W.data() + static_cast<size_t>(r) * row_bytes, w.data(), cols);
+            if (w_fp16)
+                for (float& v : w) v = cpu::fp16_to_fp32(cpu::fp32_to_fp16(v));
+            for (int t = 0; t < n_tokens; ++t) {
+                double acc = 0;
+                const float* xt = &xr[static_cast<size_t>(picks[t]) * cols];
+                for (int k = 0; k < cols; ++k) acc += static_cast<double>(w[k]) * xt[k];
+                y[static_cast<size_t>(t) * rows + r] = acc;
+            }
         }
-    }
+    });
     return y;
 }
 
@@ -126,7 +165,7 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
             CAPTURE(s.rows);
             CAPTURE(s.cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
-            const std::vector<uint8_t> W = test::random_weight_rows(type, s.rows, s.cols, rng);
+            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
             const cuda::DeviceBuffer dW = upload(W);
             const int gemm_tokens = cuda::device_is_emulated() ? 5 : 77;
             const int n_x = std::max(gemm_tokens, 16);  // the matvec calls below take up to 16 tokens
@@ -176,7 +215,7 @@ TEST_CASE("cuda ops through device memory: the int8 tensor-core GEMM for every t
             CAPTURE(s.cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
             const int n = cuda::device_is_emulated() ? 5 : 77;
-            const std::vector<uint8_t> W = test::random_weight_rows(type, s.rows, s.cols, rng);
+            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
             const std::vector<float> x = test::random_floats(static_cast<int64_t>(n) * s.cols, rng);
             const cuda::DeviceBuffer dW = upload(W), dx = upload(x);
             cuda::DeviceBuffer dxq(cuda::q8_activation_row_bytes(GgmlType::Q8_0, s.cols) * n);
@@ -209,7 +248,7 @@ TEST_CASE("cuda ops through device memory: the fp16 GEMM route (cuBLAS on a GPU)
             CAPTURE(s.cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(s.cols));
             const int n = cuda::device_is_emulated() ? 6 : 300;
-            const std::vector<uint8_t> W = test::random_weight_rows(type, s.rows, s.cols, rng);
+            const std::vector<uint8_t> W = random_weights(type, s.rows, s.cols, rng);
             const std::vector<float> x = test::random_floats(static_cast<int64_t>(n) * s.cols, rng);
             const cuda::DeviceBuffer dW = upload(W), dx = upload(x);
             cuda::DeviceBuffer dx16(x.size() * 2);
@@ -246,7 +285,7 @@ TEST_CASE("cuda ops through device memory: embedding rows of every type are the 
         CAPTURE(std::string(ggml_type_name(type)));
         const int n_vocab = cuda::device_is_emulated() ? 50 : 32000, dim = cuda::device_is_emulated() ? 256 : 2048;
         const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
-        const std::vector<uint8_t> table = test::random_weight_rows(type, n_vocab, dim, rng);
+        const std::vector<uint8_t> table = random_weights(type, n_vocab, dim, rng);
         const std::vector<int> tokens = {0, n_vocab - 1, 7, 7, n_vocab / 2};
         const cuda::DeviceBuffer dt = upload(table), dtok = upload(tokens);
         cuda::DeviceBuffer out = poisoned_floats(tokens.size() * dim);
@@ -278,7 +317,7 @@ TEST_CASE("cuda ops through device memory: matvec into wider rows, matvec_rows a
         const size_t stride = static_cast<size_t>(rows) + 5;  // past the matrix's rows: must stay untouched too
         const std::vector<int> picked = {rows - 1, first, rows - 2, first + 3};  // unsorted, as any order works
         const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
-        const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
+        const std::vector<uint8_t> W = random_weights(type, rows, cols, rng);
         const cuda::DeviceBuffer dW = upload(W), dpicked = upload(picked);
         for (int n : {1, 5, 13}) {
             CAPTURE(n);
