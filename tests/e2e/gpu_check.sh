@@ -173,6 +173,15 @@ check "ncu: graphs off, direct and staged" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TAND
 check "ncu: skips the first step's launches" [ "$(rows '--launch-skip 180 --launch-count 40' "$calls/ncu")" -eq 2 ]
 check "summary: profiled kernels counted" grep -q 'ncu: 3 kernels profiled' "$out/summary.txt"
 check "stdout: the tables at the end" grep -q 'tg128, int8 activations, staged matvec' "$out.stdout"
+# The seconds of every step, for planning the next device call.
+steps_timed() {  # steps_timed SUMMARY STEP...: a "time: STEP: N s" line for each
+    local summary=$1 step; shift
+    for step in "$@"; do grep -qF "gpu-check: time: $step: " "$summary" || return 1; done
+}
+check "summary: every step timed" steps_timed "$out/summary.txt" "device tests" "greedy text" "kernel bench" \
+    "synthetic models (1b)" "benchmarks per model" "graphs-off, SIMT and int8 GEMM rows" "default pair" "unfused rows" \
+    "ncu" "total"
+check "summary: times in whole seconds" [ "$(grep -c 'gpu-check: time: .*: [0-9][0-9]* s$' "$out/summary.txt")" -eq 10 ]
 
 # 2. The second call: --bench-only --sizes 7b appends to the same tables, runs no checks and no pair.
 device_test_runs=$(wc -l <"$calls/device-tests")
@@ -182,6 +191,8 @@ check "bench-only run: no device tests" [ "$(wc -l <"$calls/device-tests")" -eq 
 check "bench-only run: 7B models made, no pair" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] && [ "$(rows '--make-synthetic qwen' "$c")" -eq 2 ]
 check "bench-only run: bench.md still one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
 check "bench-only run: 7B rows appended" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 8 ]
+check "bench-only run: its own steps timed, no checks" steps_timed "$out/summary.txt" "synthetic models (7b)" &&
+    [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] && [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
 check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
 
 # 3. Failed checks make the exit status non-zero; benchmarks never do.
