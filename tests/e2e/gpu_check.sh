@@ -178,10 +178,11 @@ steps_timed() {  # steps_timed SUMMARY STEP...: a "time: STEP: N s" line for eac
     local summary=$1 step; shift
     for step in "$@"; do grep -qF "gpu-check: time: $step: " "$summary" || return 1; done
 }
-check "summary: every step timed" steps_timed "$out/summary.txt" "device tests" "greedy text" "kernel bench" \
+check "summary: every step timed" steps_timed "$out/summary.txt" "device and copy bandwidth" "device tests" \
+    "greedy text" "kernel bench" \
     "synthetic models (1b)" "benchmarks per model" "graphs-off, SIMT and int8 GEMM rows" "default pair" "unfused rows" \
     "ncu" "total"
-check "summary: times in whole seconds" [ "$(grep -c 'gpu-check: time: .*: [0-9][0-9]* s$' "$out/summary.txt")" -eq 10 ]
+check "summary: times in whole seconds" [ "$(grep -c 'gpu-check: time: .*: [0-9][0-9]* s$' "$out/summary.txt")" -eq 11 ]
 
 # 2. The second call: --bench-only --sizes 7b appends to the same tables, runs no checks and no pair.
 device_test_runs=$(wc -l <"$calls/device-tests")
