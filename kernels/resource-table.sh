@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints a per-kernel resource table (registers, shared memory, stack frame, spill bytes) for every architecture.
-#   kernels/resource-table.sh [library.a]      ARCHS="80 86 89 90" NVCC=nvcc
+#   kernels/resource-table.sh [library.a | build dir]      ARCHS="80 86 89 90" NVCC=nvcc
 # Its sources, best first: the ptxas reports the build kept beside the library's objects (<object>.ptxas, written by
 # ptxas-report.sh, the build's nvcc launcher); cuobjdump on the library (full CUDA toolkit); or, with neither, a
 # recompile of each kernels/*.cu to a cubin per architecture with ptxas' report, which takes as long as the build.
@@ -9,6 +9,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 nvcc=${NVCC:-nvcc}
 archs=${ARCHS:-80 86 89 90}
 lib=${1:-}
+# A build directory names its library (searching the directory's parent would take other builds' reports too).
+if [ -n "$lib" ] && [ -d "$lib" ]; then lib="$lib/kernels/libtandem_cuda.a"; fi
 demangle() { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
 
 # ptxas -v / --resource-usage lines -> normalised records (below).
