@@ -41,6 +41,9 @@
 
 namespace {
 
+// The presets of --make-synthetic (synthetic_model.h synthetic_preset), for its help and its error.
+constexpr const char* kSyntheticPresets = "tiny, 1b, 7b, qwen1.5b, qwen0.5b";
+
 using Clock = std::chrono::steady_clock;
 
 using tandem::bench::median;
@@ -390,8 +393,9 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
     app.add_option("--chunk", chunk, "prefill chunk size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
-    app.add_option("--make-synthetic", synth_name, "write a synthetic model: tiny, 1b, 7b, qwen1.5b or qwen0.5b");
-    app.add_option("--type", synth_type, "weight type of the synthetic model (f32, f16, q8_0, q4_0)")
+    app.add_option("--make-synthetic", synth_name, std::string("write a synthetic model: ") + kSyntheticPresets);
+    app.add_option("--type", synth_type,
+                   "weight type of the synthetic model (any type the CPU backend reads; k-quants get random codes)")
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
     std::string draft_path, prompts_path;
@@ -452,7 +456,7 @@ int main(int argc, char** argv) {
         if (!synth_name.empty()) {
             auto shape = tandem::synthetic_preset(synth_name);
             if (!shape)
-                throw tandem::Error("unknown synthetic preset '" + synth_name + "' (tiny, 1b, 7b, qwen1.5b, qwen0.5b)");
+                throw tandem::Error("unknown synthetic preset '" + synth_name + "' (" + kSyntheticPresets + ")");
             auto type = tandem::ggml_type_from_name(synth_type);
             if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
             if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");

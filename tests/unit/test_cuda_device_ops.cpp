@@ -8,7 +8,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +18,7 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
+#include "cpu/thread_pool.h"
 #include "device.h"
 #include "ggml_types.h"
 #include "kernels.h"
@@ -41,20 +41,15 @@ std::vector<Shape> shapes() {
     return {{1536, 1536}, {8960 + 3, 1536}, {1539, 8960}, {32000, 2048}};
 }
 
-// The host's share of the suite spread over its cores. On a GPU machine the random weights and the double
-// references at real-model shapes are most of the run (about 100 s on one core for every type), and that machine's
-// minutes are few; f(i) runs once for each i < n, on some thread.
+// The host's share of the suite, spread over its cores: on a GPU machine the random weights and the double
+// references at real-model shapes are most of the run (the matvec case's alone took 43 s on one core of a 2-core
+// development machine), and that machine's minutes are few. f(i) runs once for each i < n.
 template <class F>
 void parallel_for(int n, F&& f) {
-    const int n_threads = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, std::max(n, 1));
-    std::atomic<int> next{0};
-    auto work = [&] {
-        for (int i = next++; i < n; i = next++) f(i);
-    };
-    std::vector<std::thread> threads;
-    for (int t = 1; t < n_threads; ++t) threads.emplace_back(work);
-    work();
-    for (std::thread& t : threads) t.join();
+    static cpu::ThreadPool pool(std::max(1, static_cast<int>(std::thread::hardware_concurrency())));
+    pool.parallel_for(n, [&](int64_t begin, int64_t end, int) {
+        for (int64_t i = begin; i < end; ++i) f(static_cast<int>(i));
+    });
 }
 
 // test::random_weight_rows in chunks of rows generated in parallel, each from its own seed drawn from rng in order:
