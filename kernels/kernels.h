@@ -44,10 +44,16 @@ void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, fl
 // ---- quantized matrix-vector products (matvec.cu) --------------------------------------------------------------
 constexpr int kMatvecMaxTokens = 16;
 bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K
-// How the block types' kernels read W; the sums are bitwise the same either way. Direct: each lane loads its 2-4
-// bytes of a block from global memory. Staged: each warp copies its row into shared memory, 2 KiB at a time with
-// 16-byte loads issued together, and the lanes decode the copy. (F32, F16 and BF16 always load directly.)
-enum class MatvecLoads { Direct, Staged };
+// How the block types' kernels read W. Direct: a warp per row, each lane loading its 2-4 bytes of a block from
+// global memory. Staged: each warp copies its row into shared memory, 2 KiB at a time with 16-byte loads issued
+// together, and the lanes decode the copy; bitwise the direct sums. Split: a row's walk divided among a block's four
+// warps (4x the warps in flight, each a quarter of the row), the partial sums added in warp order: another order
+// than direct, fixed by the row width, so still bitwise the same for any token count, launch or row subset.
+// (F32, F16 and BF16 always load directly.)
+enum class MatvecLoads { Direct, Staged, Split };
+inline const char* matvec_loads_name(MatvecLoads loads) {  // as TANDEM_CUDA_MATVEC spells it
+    return loads == MatvecLoads::Staged ? "staged" : loads == MatvecLoads::Split ? "split" : "direct";
+}
 // y[t][r] = dot(row r of W, x[t]) for t < n_tokens (<= kMatvecMaxTokens), r < rows. x is [n_tokens][cols] and must
 // be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart). y's rows are y_stride floats apart (0: rows),
 // so the first rows of a matrix can write into rows as wide as the whole (restricted logits).

@@ -1,14 +1,15 @@
 // The matvec kernels, whatever the weight type and the activations' form: a Dot (a weight type's walk over a row,
 // reading fp32 activations in matvec.cu, 8-bit quantized ones in matvec_q8.cu) plugs into the direct kernel (each
 // lane loads its share of the row from global memory) or the staged one (each warp streams its row through shared
-// memory with 16-byte loads). Included by those two files only.
+// memory with 16-byte loads) or the split one (a row's walk divided among a block's warps). Included by those two
+// files only.
 //
-// One warp per weight row (kWarps rows per block); a launch may cover up to three matrices of one type that read
-// the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The lanes of a warp cover
-// consecutive bytes of the row so each iteration reads one contiguous stretch; every lane keeps one partial sum per
-// token (NT registers), and a warp shuffle reduction finishes each token's dot product. The tokens share every
-// weight load, which is what makes a few tokens (speculative verification, small prefill chunks) cost about as
-// much as one.
+// One warp per weight row (kWarps rows per block; split: a block per row); a launch may cover up to three matrices
+// of one type that read the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The
+// lanes of a warp cover consecutive bytes of the row so each iteration reads one contiguous stretch; every lane
+// keeps one partial sum per token (NT registers), and a warp shuffle reduction finishes each token's dot product.
+// The tokens share every weight load, which is what makes a few tokens (speculative verification, small prefill
+// chunks) cost about as much as one.
 //
 // A Dot provides
 //   using X;                                   the activation element (float, or uint8_t for quantized blocks)
@@ -294,18 +295,94 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
         write_sums(acc, n_tok, lane, row, job, s);
 }
 
-template <class Dot, bool kStaged, int NT>
+// ---- split rows ---------------------------------------------------------------------------------------------------
+// Why: the direct kernel gives a row one warp, whose walk over a 7B row waits out the memory latency some 32 times
+// one after another, and a 7B matvec has only ~31 warps per SM to hide those waits behind (kernels/README: on an
+// H100 giving each warp more rows made it 2-3.6x slower). Split, a block's kWarps warps share one row: each takes a
+// contiguous range of whole walk steps (a quarter of the walk), its partial sums meet the others' in shared memory
+// and one thread per token adds them in warp order. Four times the warps, each a quarter of the waits. The sums
+// are in another order than the direct kernel's, so not its bits; but the order is fixed by the row's width alone,
+// so a row's sum is bitwise the same for any token count, launch, row subset (matvec_rows) and fused or separate
+// launch (matvec_multi, matvec_swiglu), which speculative verification and the graphs rely on.
+//
+// The rows of one block: one row of the job's grid, or with the SwiGLU epilogue the gate row and then the up row of
+// the same index (each warp walks its range of both), so the pair meets in the block's shared memory.
+//
+// Registers: left to itself, ptxas held the eight-token Q3_K kernel at 56 registers on sm_80 and spilled 8 bytes (a
+// build error here); a minimum of 8 blocks per SM (64 registers) lets it keep everything. One token keeps ptxas'
+// own choice (0: no minimum; 32-56 registers): a minimum of 1 let it take 64-72, a minimum of 12 (40) spilled
+// Q3_K on sm_80, and one token is where occupancy matters most.
+template <int NT>
+constexpr int kSplitMinBlocks = NT == 1 ? 0 : 8;
+
+template <class Dot, int NT>
+__global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT>)
+    matvec_split_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
+    TANDEM_SHARED(float, part, 2 * kWarps * NT);  // [gate or the row, up][warp][token]
+    detail::wait_for_inputs();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int n_blocks = cols / Dot::kBlockCols;
+    const int steps = (n_blocks + Dot::kStepBlocks - 1) / Dot::kStepBlocks;
+    const int per_warp = (steps + kWarps - 1) / kWarps * Dot::kStepBlocks;  // blocks
+    const int first = warp * per_warp < n_blocks ? warp * per_warp : n_blocks;
+    const int last = first + per_warp < n_blocks ? first + per_warp : n_blocks;
+    const int n_mat = job.swiglu ? 2 : 1;
+    for (int m = 0; m < n_mat; ++m) {
+        int row = blockIdx.x;
+        const int s = job.swiglu ? m : segment_of(job, row);
+        float acc[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+        if (last > first)
+            Dot::template dot<NT>(row_of(job, s, row) + static_cast<size_t>(first) * Dot::kBlockBytes,
+                                  (last - first) * Dot::kBlockCols, x + Dot::x_units(first * Dot::kBlockCols),
+                                  Dot::x_units(cols), n_tok, lane, acc);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const float sum = detail::warp_sum(acc[t]);
+            if (lane == 0) part[(m * kWarps + warp) * NT + t] = sum;
+        }
+    }
+    __syncthreads();
+    const int t = threadIdx.x;  // warp 0's first n_tok threads write a token each
+    if (t >= n_tok) return;
+    const auto total = [&](int m) {
+        float v = part[m * kWarps * NT + t];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += part[(m * kWarps + w) * NT + t];
+        return v;
+    };
+    int row = blockIdx.x;
+    if (job.swiglu) {
+        job.seg0.y[static_cast<size_t>(t) * job.seg0.y_stride + row] = detail::silu_times(total(0), total(1));
+        return;
+    }
+    const int s = segment_of(job, row);
+    float* y = pick(s, job.seg0.y, job.seg1.y, job.seg2.y);
+    const size_t stride = pick(s, job.seg0.y_stride, job.seg1.y_stride, job.seg2.y_stride);
+    const float* bias = pick(s, job.seg0.bias, job.seg1.bias, job.seg2.bias);
+    const float sum = total(0);
+    y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
+}
+
+template <class Dot, MatvecLoads kLoads, int NT>
 auto kernel_for() {
-    if constexpr (kStaged)
+    if constexpr (kLoads == MatvecLoads::Staged)
         return matvec_staged_kernel<Dot, NT>;
+    else if constexpr (kLoads == MatvecLoads::Split)
+        return matvec_split_kernel<Dot, NT>;
     else
         return matvec_kernel<Dot, NT>;
 }
 
-template <class Dot, bool kStaged>
+template <class Dot, MatvecLoads kLoads>
 void launch_type(const char* name, const MatvecJob& job, int cols, const typename Dot::X* x, int n_tok,
                  Stream stream) {
-    const dim3 grid(grid_blocks(job)), block(kWarps * 32);
+    // Split: a block per row (per gate / up pair with the SwiGLU epilogue); else kWarps rows (pairs) per block.
+    const unsigned blocks = kLoads != MatvecLoads::Split ? grid_blocks(job)
+                            : job.swiglu                 ? static_cast<unsigned>(job.seg0.rows)
+                                                         : static_cast<unsigned>(job.total_rows);
+    const dim3 grid(blocks), block(kWarps * 32);
     // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
     // two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
@@ -314,20 +391,31 @@ void launch_type(const char* name, const MatvecJob& job, int cols, const typenam
         MatvecJob jt = job;
         for (MatvecSegment* s : {&jt.seg0, &jt.seg1, &jt.seg2})
             if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
-        const auto kernel = n == 1 ? kernel_for<Dot, kStaged, 1>() : n <= 4 ? kernel_for<Dot, kStaged, 4>()
-                                                                            : kernel_for<Dot, kStaged, 8>();
+        const auto kernel = n == 1 ? kernel_for<Dot, kLoads, 1>() : n <= 4 ? kernel_for<Dot, kLoads, 4>()
+                                                                          : kernel_for<Dot, kLoads, 8>();
         detail::launch_kernel(name, kernel, grid, block, 0, stream, jt, cols, xt, n);
     }
 }
 
-// The block types either way (the float types, whose F16 walk already streams 8-byte loads, always directly).
+// A block type's kernel names, one per MatvecLoads (for launch errors and profiles).
+struct KernelNames {
+    const char* direct;
+    const char* staged;
+    const char* split;
+};
+
+// The block types any way (the float types, whose F16 walk already streams 8-byte loads, always directly).
 template <class Dot>
-void launch_blocks(const char* name, const char* staged_name, MatvecLoads loads, const MatvecJob& job, int cols,
+void launch_blocks(const KernelNames& names, MatvecLoads loads, const MatvecJob& job, int cols,
                    const typename Dot::X* x, int n_tok, Stream stream) {
-    if (loads == MatvecLoads::Staged)
-        launch_type<Dot, true>(staged_name, job, cols, x, n_tok, stream);
-    else
-        launch_type<Dot, false>(name, job, cols, x, n_tok, stream);
+    switch (loads) {
+        case MatvecLoads::Staged:
+            return launch_type<Dot, MatvecLoads::Staged>(names.staged, job, cols, x, n_tok, stream);
+        case MatvecLoads::Split:
+            return launch_type<Dot, MatvecLoads::Split>(names.split, job, cols, x, n_tok, stream);
+        case MatvecLoads::Direct: break;
+    }
+    launch_type<Dot, MatvecLoads::Direct>(names.direct, job, cols, x, n_tok, stream);
 }
 
 }  // namespace tandem::cuda::matvec_detail

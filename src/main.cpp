@@ -138,7 +138,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
                          "tandem: CUDA kernels: %s matvec loads (TANDEM_CUDA_MATVEC), %s activations "
                          "(TANDEM_CUDA_INT8), overlapping launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s "
                          "(TANDEM_CUDA_GEMM)\n",
-                         options.matvec_loads == tandem::cuda::MatvecLoads::Staged ? "staged" : "direct",
+                         tandem::cuda::matvec_loads_name(options.matvec_loads),
                          options.int8_activations ? "8-bit" : "fp32", options.overlap_launches ? "on" : "off",
                          options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT");
         }

@@ -170,7 +170,10 @@ bool cuda_graphs_from_env() {
 
 cuda::MatvecLoads cuda_matvec_loads_from_env() {
     const char* env = std::getenv("TANDEM_CUDA_MATVEC");
-    return env && std::string(env) == "staged" ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Direct;
+    const std::string value = env ? env : "";
+    return value == "staged" ? cuda::MatvecLoads::Staged
+           : value == "split" ? cuda::MatvecLoads::Split
+                              : cuda::MatvecLoads::Direct;
 }
 
 bool cuda_fused_matvecs_from_env() {

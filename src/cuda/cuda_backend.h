@@ -76,8 +76,8 @@ struct CudaPrefillOptions {
 
 // False when env TANDEM_CUDA_GRAPHS is "0" (the default of CudaOptions::graphs).
 bool cuda_graphs_from_env();
-// TANDEM_CUDA_MATVEC=staged: the block types' matvecs stage each row through shared memory (default: direct loads
-// until a GPU has measured which is faster).
+// TANDEM_CUDA_MATVEC=staged: the block types' matvecs stage each row through shared memory; =split: four warps
+// share each row (default: direct loads, a warp per row, until a GPU has measured which is faster).
 cuda::MatvecLoads cuda_matvec_loads_from_env();
 // False when env TANDEM_CUDA_FUSED_MATVECS is "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
 bool cuda_fused_matvecs_from_env();
@@ -96,7 +96,8 @@ struct CudaOptions {
     cuda::KvType kv_type = cuda::KvType::F16;  // storage of the KV cache (--kv-type; Q8_0 needs kv_dim % 32 == 0)
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
-    cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();  // same sums either way (kernels.h)
+    // Direct and staged give the same sums; split another fixed order (kernels.h).
+    cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();
     // Q/K/V (with their biases) in one launch and gate/up with SwiGLU in another where their types match (4 kernels
     // fewer per layer, 7 for qwen2; with 8-bit activations for ffn_down, SwiGLU stays a launch that quantizes its
     // output), and with int8_activations the norms quantize their output for the matvecs that read it (3 quantize

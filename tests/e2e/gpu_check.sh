@@ -124,8 +124,9 @@ check "bench.md: F16 and Q8_0 pp512 and tg128" [ "$(rows '^\| synthetic-tiny-(f1
 check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128), baseline abc1234 \|' "$b")" -eq 8 ]
 check "bench.md: PDL rows, every type" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 4 ]
 check "bench.md: staged rows, quantized types" [ "$(rows '\| tg128, staged matvec \|' "$b")" -eq 3 ]
+check "bench.md: split rows, quantized types" [ "$(rows '\| tg128, split matvec \|' "$b")" -eq 3 ]
 check "bench.md: staged + PDL rows" [ "$(rows '\| tg128, staged matvec, PDL \|' "$b")" -eq 3 ]
-check "bench.md: int8 activation rows, both loads" [ "$(rows '\| tg128, int8 activations, (direct|staged) matvec \|' "$b")" -eq 6 ]
+check "bench.md: int8 activation rows, each loads" [ "$(rows '\| tg128, int8 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
 check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -eq 1 ]
 check "bench.md: SIMT GEMM row" [ "$(rows '\| pp512, SIMT GEMM \|' "$b")" -eq 1 ]
 check "bench.md: int8 GEMM rows" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$b")" -eq 3 ]
@@ -134,9 +135,10 @@ check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and S
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
 check "calls: staged loads under TANDEM_CUDA_MATVEC=staged" [ "$(rows '^TANDEM_CUDA_MATVEC=staged \| ' "$c")" -eq 3 ]
+check "calls: split rows under TANDEM_CUDA_MATVEC=split" [ "$(rows '^TANDEM_CUDA_MATVEC=split \| ' "$c")" -eq 3 ]
 check "calls: PDL alone" [ "$(rows '^TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 4 ]
 check "calls: PDL with staged loads" [ "$(rows '^TANDEM_CUDA_MATVEC=staged TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 3 ]
-check "calls: int8 activations, both loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged) \| ' "$c")" -eq 6 ]
+check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
 check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
 check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
 check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
@@ -167,10 +169,10 @@ EOF
 }
 check "side-by-side.md: ratio = tandem / llama.cpp" ratios_ok "$s"
 
-# Nsight Compute (7): both loads, graphs off, past one decode step of the 1B model's 22 layers.
-check "ncu: two runs" [ "$(wc -l <"$calls/ncu")" -eq 2 ]
-check "ncu: graphs off, direct and staged" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TANDEM_CUDA_MATVEC=(direct|staged) \| ' "$calls/ncu")" -eq 2 ]
-check "ncu: skips the first step's launches" [ "$(rows '--launch-skip 180 --launch-count 40' "$calls/ncu")" -eq 2 ]
+# Nsight Compute (7): each loads, graphs off, past one decode step of the 1B model's 22 layers.
+check "ncu: three runs" [ "$(wc -l <"$calls/ncu")" -eq 3 ]
+check "ncu: graphs off, direct, split and staged" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TANDEM_CUDA_MATVEC=(direct|split|staged) \| ' "$calls/ncu")" -eq 3 ]
+check "ncu: skips the first step's launches" [ "$(rows '--launch-skip 180 --launch-count 40' "$calls/ncu")" -eq 3 ]
 check "summary: profiled kernels counted" grep -q 'ncu: 3 kernels profiled' "$out/summary.txt"
 check "stdout: the tables at the end" grep -q 'tg128, int8 activations, staged matvec' "$out.stdout"
 # The seconds of every step, for planning the next device call.

@@ -592,6 +592,42 @@ TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct l
     }
 }
 
+TEST_CASE("cuda backend: split matvec rows stay near the CPU backend and give a verification call the bits of single tokens" * doctest::test_suite("emu-variants")) {
+    // TANDEM_CUDA_MATVEC=split sums each row in another fixed order than the direct kernel (kernels.h). On a
+    // synthetic one-layer Q4_0 model whose rows are 2 and 4 walk steps (Q/K/V, gate/up: 256 columns; ffn_down: 512),
+    // so that the warps of a row really share it: on the fp32 route, logits within the backends' usual agreement
+    // through prefill, decode, a truncate and a verification call (the kernel tests hold the 8-bit route to the
+    // CPU's integer products); on both routes, through CUDA graphs, what speculative decoding relies on: a 5-token
+    // verification call bitwise equal to the same 5 tokens decoded one at a time. (Split launches a block per row,
+    // four times the direct kernel's emulated threads, so the test keeps to these; graphs against direct launches
+    // are the capture's property, tested with the other loads.)
+    auto model = synthetic({"split", 256, 512, 1, 4, 2, 320, 64}, GgmlType::Q4_0, 13);
+    const int n_vocab = model->config.n_vocab;
+    for (bool int8 : {false, true}) {
+        CAPTURE(int8);
+        CudaOptions split;
+        split.attention_split = 4;
+        split.matvec_loads = cuda::MatvecLoads::Split;
+        split.int8_activations = int8;
+        if (!int8) {
+            const Diff d = compare_backends(*model, 48, split);
+            MESSAGE("synthetic q4_0, split rows: max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel,
+                    " of the logit range)");
+            CHECK(d.worst_rel <= 1e-2);
+        }
+        CudaBackend gpu(*model, 32, {}, split);
+        auto together = gpu.new_cache(32), apart = gpu.new_cache(32);
+        const std::vector<int> prompt = test_prompt(6, n_vocab), next = {17, 100, 5, 42, 99};
+        std::vector<float> logits(static_cast<size_t>(5) * n_vocab, std::nanf("")), one(logits.size(), std::nanf(""));
+        gpu.forward(prompt, *together, 1, logits.data());
+        gpu.forward(prompt, *apart, 1, one.data());
+        gpu.forward(next, *together, 5, logits.data());
+        for (int i = 0; i < 5; ++i) gpu.forward(std::vector<int>{next[i]}, *apart, 1, one.data() + i * n_vocab);
+        for (float v : logits) REQUIRE(std::isfinite(v));
+        CHECK(std::memcmp(logits.data(), one.data(), logits.size() * 4) == 0);
+    }
+}
+
 namespace {
 
 // The device-side picks of a few steps (argmax, argmax with confidence, top-k candidates with extra ids, restricted
@@ -765,12 +801,15 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
 }
 
-TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged selects staged loads") {
+TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged or split selects those loads") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
     setenv("TANDEM_CUDA_MATVEC", "staged", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Staged);
     CHECK(CudaOptions{}.matvec_loads == cuda::MatvecLoads::Staged);
+    setenv("TANDEM_CUDA_MATVEC", "split", 1);
+    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Split);
+    CHECK(std::string(cuda::matvec_loads_name(CudaOptions{}.matvec_loads)) == "split");
     setenv("TANDEM_CUDA_MATVEC", "direct", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
 }

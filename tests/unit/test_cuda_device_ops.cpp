@@ -169,6 +169,7 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
             std::vector<int> first16(16);
             for (int t = 0; t < 16; ++t) first16[t] = t;
             const std::vector<double> ref16 = reference(type, W, s.rows, s.cols, x, first16, false, false);
+            std::vector<float> split_alone;
             for (int n : {1, 3, 16}) {
                 CAPTURE(n);
                 cuda::DeviceBuffer dy = poisoned_floats(static_cast<size_t>(n) * s.rows);
@@ -184,6 +185,20 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
                              cuda::MatvecLoads::Staged);
                 const std::vector<float> ys = download(ds);
                 CHECK(std::memcmp(ys.data(), y.data(), y.size() * 4) == 0);
+                // Split rows (TANDEM_CUDA_MATVEC=split; the float types load directly): another fixed order, as
+                // close to the reference; the first token's sums bitwise those of the token alone (n = 1, the first
+                // pass, kept in split_alone).
+                cuda::DeviceBuffer dp = poisoned_floats(static_cast<size_t>(n) * s.rows);
+                cuda::matvec(type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), n, dp.as<float>(), nullptr, 0,
+                             cuda::MatvecLoads::Split);
+                const std::vector<float> yp = download(dp);
+                const double ep =
+                    relative_error(yp, std::vector<double>(ref16.begin(), ref16.begin() + yp.size()), finite);
+                CHECK(finite);
+                CHECK(ep < 1e-5);
+                if (n == 1) split_alone = yp;
+                REQUIRE(split_alone.size() == static_cast<size_t>(s.rows));
+                CHECK(std::memcmp(yp.data(), split_alone.data(), split_alone.size() * 4) == 0);  // token 0's rows
             }
             const std::vector<int> picks = checked_tokens(gemm_tokens);
             const std::vector<double> ref = reference(type, W, s.rows, s.cols, x, picks, false, false);

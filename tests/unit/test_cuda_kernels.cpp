@@ -258,9 +258,71 @@ TEST_CASE("cuda kernels: staged matvec loads give bitwise the direct loads' sums
     }
 }
 
+TEST_CASE("cuda kernels: split matvec rows are within rounding of a double dot and bitwise alike for any token count") {
+    // Split (TANDEM_CUDA_MATVEC=split): a block's four warps share one row, each walking a contiguous range of whole
+    // walk steps, and one thread per token adds the four partial sums in warp order. The widths: one walk step (the
+    // other three warps idle), steps that do not divide by four (33 legacy blocks: ranges of 12, 12, 9 and none;
+    // 5 super-blocks: 2, 2, 1, none), and 7680 columns. Each sum is another fp32 order than the direct kernel's, so
+    // the check against the double reference is the direct one's; and the order depends on the row's width alone,
+    // so a token's sums are bitwise the same whether it came in a call of 13 tokens (launches of 8 and 5), of 3 or
+    // alone (the three instantiations), and a picked row (matvec_rows) is bitwise the whole matrix's.
+    const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                              GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+    constexpr auto kSplit = cuda::MatvecLoads::Split;
+    std::mt19937 rng(44);
+    for (GgmlType type : types) {
+        const bool legacy = ggml_type_info(type).block_size == 32;
+        for (int cols : {legacy ? 96 : 256, legacy ? 1056 : 1280, 7680}) {
+            const int rows = cols == 7680 ? 3 : 5, n = 13;
+            CAPTURE(ggml_type_name(type));
+            CAPTURE(cols);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
+            std::vector<float> dq(static_cast<size_t>(cols));
+            const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
+            std::vector<double> ref(static_cast<size_t>(n) * rows), bound(ref.size());
+            for (int r = 0; r < rows; ++r) {
+                cpu::dequantize_row(type, W.data() + r * row_bytes, dq.data(), cols);
+                for (int t = 0; t < n; ++t) {
+                    double sum = 0.0, abs_sum = 0.0;
+                    for (int i = 0; i < cols; ++i) {
+                        const double p = static_cast<double>(dq[i]) * x[static_cast<size_t>(t) * cols + i];
+                        sum += p;
+                        abs_sum += std::abs(p);
+                    }
+                    ref[static_cast<size_t>(t) * rows + r] = sum;
+                    bound[static_cast<size_t>(t) * rows + r] = abs_sum;
+                }
+            }
+            const std::vector<int> picked = {rows - 1, 0};
+            for (const LaunchOptions& o : (cols == 7680 ? kTwoOrders : kOrders)) {
+                ScopedLaunchOptions scope(o);
+                INFO("thread order " << std::string(order_name(o)));
+                std::vector<float> y(ref.size(), kNaN);
+                cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, y.data(), nullptr, 0, kSplit);
+                for (size_t i = 0; i < y.size(); ++i) REQUIRE(std::abs(y[i] - ref[i]) <= 1e-5 * bound[i] + 1e-30);
+                // Tokens 4..6 in a call of 3, token 12 alone, every token's picked rows.
+                std::vector<float> three(static_cast<size_t>(3) * rows, kNaN), one(rows, kNaN);
+                cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data() + 4 * cols, 3, three.data(), nullptr, 0,
+                             kSplit);
+                cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data() + 12 * cols, 1, one.data(), nullptr, 0,
+                             kSplit);
+                CHECK(std::memcmp(three.data(), y.data() + 4 * rows, three.size() * 4) == 0);
+                CHECK(std::memcmp(one.data(), y.data() + 12 * rows, one.size() * 4) == 0);
+                std::vector<float> picked_y(y.size(), kNaN), want(y.size(), kNaN);
+                cuda::matvec_rows(type, W.data(), row_bytes, cols, picked.data(), 2, x.data(), n, picked_y.data(),
+                                  rows, nullptr, kSplit);
+                for (int t = 0; t < n; ++t)
+                    for (int r : picked) want[static_cast<size_t>(t) * rows + r] = y[static_cast<size_t>(t) * rows + r];
+                CHECK(std::memcmp(picked_y.data(), want.data(), want.size() * 4) == 0);  // NaN where not picked
+            }
+        }
+    }
+}
+
 TEST_CASE("cuda kernels: matvec_multi is bitwise the separate matvecs, with add_bias where a target has a bias") {
     // Q/K/V-like targets (36, 12 and 12 rows; one without a bias) and gate/up-like ones (two of 20 rows) for a float
-    // and two block types, both loads, 1 to 16 tokens (16: two launches of 8).
+    // and two block types, each loads, 1 to 16 tokens (16: two launches of 8).
     std::mt19937 rng(43);
     for (GgmlType type : {GgmlType::F16, GgmlType::Q4_0, GgmlType::Q6_K}) {
         const int cols = 256;
@@ -278,8 +340,9 @@ TEST_CASE("cuda kernels: matvec_multi is bitwise the separate matvecs, with add_
             for (int n : {1, 5, 16}) {
                 CAPTURE(n);
                 const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
-                for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged}) {
-                    ScopedLaunchOptions scope(kTwoOrders[loads == cuda::MatvecLoads::Staged ? 1 : 0]);
+                for (cuda::MatvecLoads loads :
+                     {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged, cuda::MatvecLoads::Split}) {
+                    ScopedLaunchOptions scope(kTwoOrders[loads == cuda::MatvecLoads::Direct ? 0 : 1]);
                     std::vector<std::vector<float>> want, got;
                     std::vector<cuda::MatvecTarget> targets;
                     for (int i = 0; i < n_targets; ++i) {
@@ -312,7 +375,7 @@ TEST_CASE("cuda kernels: matvec_multi is bitwise the separate matvecs, with add_
 
 TEST_CASE("cuda kernels: matvec_swiglu is bitwise matvec_multi followed by swiglu") {
     // Odd and even row counts (the last block of 21 rows has a gate/up pair without a row), 1 to 16 tokens (16: two
-    // launches of 8), both loads, the fp32 route for a float and two block types and the 8-bit route for two.
+    // launches of 8), each loads, the fp32 route for a float and two block types and the 8-bit route for two.
     std::mt19937 rng(47);
     const int cols = 256;
     struct Case {
@@ -337,8 +400,9 @@ TEST_CASE("cuda kernels: matvec_swiglu is bitwise matvec_multi followed by swigl
                     cuda::quantize_activations(c.type, x.data(), cols, n, xq.data(), nullptr);
                 }
                 const void* xq_arg = c.int8 ? xq.data() : nullptr;
-                for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged}) {
-                    ScopedLaunchOptions scope(kTwoOrders[loads == cuda::MatvecLoads::Staged ? 1 : 0]);
+                for (cuda::MatvecLoads loads :
+                     {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged, cuda::MatvecLoads::Split}) {
+                    ScopedLaunchOptions scope(kTwoOrders[loads == cuda::MatvecLoads::Direct ? 0 : 1]);
                     std::vector<float> g(static_cast<size_t>(n) * rows, kNaN), u(g.size(), kNaN), want(g.size(), kNaN);
                     const cuda::MatvecTarget targets[] = {{gate.data(), row_bytes, rows, g.data(), nullptr},
                                                           {up.data(), row_bytes, rows, u.data(), nullptr}};

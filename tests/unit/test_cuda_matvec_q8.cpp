@@ -131,9 +131,12 @@ TEST_CASE("cuda q8: the integer route matches the CPU's integer kernels for ever
                 for (const LaunchOptions& o : kTwoOrders) {
                     ScopedLaunchOptions scope(o);
                     const std::vector<uint8_t> xq = quantize_on_device(type, x, cols, n);
+                    // Split rows add the same integer-scaled terms in another float order: the same bound.
+                    const auto loads = &o == &kTwoOrders[0] ? cuda::MatvecLoads::Direct : cuda::MatvecLoads::Split;
+                    CAPTURE(std::string(cuda::matvec_loads_name(loads)));
                     std::vector<float> y(want.size(), kNaN);
-                    cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, y.data(), nullptr, 0,
-                                 cuda::MatvecLoads::Direct, xq.data());
+                    cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, y.data(), nullptr, 0, loads,
+                                 xq.data());
                     size_t bad = y.size();
                     for (size_t i = 0; i < y.size() && bad == y.size(); ++i)
                         if (!(std::abs(double{y[i]} - want[i]) <= 2e-6 * bound[i] + 1e-30)) bad = i;
@@ -145,17 +148,19 @@ TEST_CASE("cuda q8: the integer route matches the CPU's integer kernels for ever
     }
 }
 
-TEST_CASE("cuda q8: staged loads, matvec_rows and matvec_multi are bitwise the direct matvec") {
+TEST_CASE("cuda q8: staged loads, matvec_rows and matvec_multi are bitwise the matvec of their loads") {
     // The staged kernel decodes a shared-memory copy in whole walk steps (rows of one partial chunk and of several,
-    // 7680 columns); matvec_rows computes picked rows with the same sum; matvec_multi Q/K/V-like targets with a
-    // bias where add_bias would add it.
+    // 7680 columns): bitwise the direct matvec. Split rows add their warps' partial sums in another fixed order: the
+    // split matvec is the reference of its own matvec_rows and matvec_multi, and a token alone gets the bits it got
+    // in a call of 5 or 16. matvec_rows computes picked rows with the same sum; matvec_multi Q/K/V-like targets
+    // with a bias where add_bias would add it.
     std::mt19937 rng(53);
     for (GgmlType type : kQ8Types) {
         const int block = ggml_type_info(type).block_size;
         for (int cols : {block == 32 ? 96 : 256, 7680}) {
             const int rows = cols == 7680 ? 3 : 9;
             const std::string type_name = ggml_type_name(type);
-        CAPTURE(type_name);
+            CAPTURE(type_name);
             CAPTURE(cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
             const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
@@ -166,36 +171,58 @@ TEST_CASE("cuda q8: staged loads, matvec_rows and matvec_multi are bitwise the d
                 CAPTURE(n);
                 const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
                 const std::vector<uint8_t> xq = quantize_on_device(type, x, cols, n);
-                std::vector<float> direct(static_cast<size_t>(n) * rows, kNaN), direct2(static_cast<size_t>(n) * 2, kNaN);
-                std::vector<float> picked_direct(direct.size(), kNaN);
-                cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, direct.data(), nullptr, 0,
-                             cuda::MatvecLoads::Direct, xq.data());
-                cuda::matvec(type, W2.data(), row_bytes, 2, cols, x.data(), n, direct2.data(), nullptr, 0,
-                             cuda::MatvecLoads::Direct, xq.data());
-                cuda::add_bias(direct2.data(), bias.data(), n, 2, nullptr);
-                cuda::matvec_rows(type, W.data(), row_bytes, cols, picked.data(), 3, x.data(), n, picked_direct.data(),
-                                  rows, nullptr, cuda::MatvecLoads::Direct, xq.data());
-                for (float v : direct) REQUIRE(std::isfinite(v));
+                // The references of a loads: the matrix, the biased two-row target, the picked rows.
+                struct Reference {
+                    std::vector<float> y, y2, picked;
+                };
+                const auto reference = [&](cuda::MatvecLoads loads) {
+                    Reference ref{std::vector<float>(static_cast<size_t>(n) * rows, kNaN),
+                                  std::vector<float>(static_cast<size_t>(n) * 2, kNaN),
+                                  std::vector<float>(static_cast<size_t>(n) * rows, kNaN)};
+                    cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, ref.y.data(), nullptr, 0, loads,
+                                 xq.data());
+                    cuda::matvec(type, W2.data(), row_bytes, 2, cols, x.data(), n, ref.y2.data(), nullptr, 0, loads,
+                                 xq.data());
+                    cuda::add_bias(ref.y2.data(), bias.data(), n, 2, nullptr);
+                    for (int t = 0; t < n; ++t)
+                        for (int r : picked) {
+                            const size_t i = static_cast<size_t>(t) * rows + r;
+                            ref.picked[i] = ref.y[i];
+                        }
+                    for (float v : ref.y) REQUIRE(std::isfinite(v));
+                    return ref;
+                };
+                const Reference direct = reference(cuda::MatvecLoads::Direct);
+                const Reference split = reference(cuda::MatvecLoads::Split);
                 for (const LaunchOptions& o : kTwoOrders) {
                     ScopedLaunchOptions scope(o);
-                    for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged}) {
-                        const bool staged = loads == cuda::MatvecLoads::Staged;
-                        CAPTURE(staged);
-                        std::vector<float> y(direct.size(), kNaN), y2(direct2.size(), kNaN), picked_y(direct.size(), kNaN);
-                        if (staged) {
-                            cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, y.data(), nullptr, 0, loads,
-                                         xq.data());
-                            CHECK(std::memcmp(y.data(), direct.data(), direct.size() * 4) == 0);
+                    for (cuda::MatvecLoads loads :
+                         {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged, cuda::MatvecLoads::Split}) {
+                        CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                        const Reference& want = loads == cuda::MatvecLoads::Split ? split : direct;
+                        std::vector<float> y(want.y.size(), kNaN), y2(want.y2.size(), kNaN);
+                        std::vector<float> picked_y(want.y.size(), kNaN);
+                        if (loads == cuda::MatvecLoads::Staged) {
+                            cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, y.data(), nullptr, 0,
+                                         loads, xq.data());
+                            CHECK(std::memcmp(y.data(), want.y.data(), want.y.size() * 4) == 0);
+                        }
+                        if (loads == cuda::MatvecLoads::Split && n > 1) {  // the last token alone
+                            std::vector<float> one(rows, kNaN);
+                            const size_t xq_row = cuda::q8_activation_row_bytes(type, cols);
+                            cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), 1, one.data(), nullptr, 0,
+                                         loads, xq.data() + (n - 1) * xq_row);
+                            CHECK(std::memcmp(one.data(), want.y.data() + (n - 1) * rows, one.size() * 4) == 0);
                         }
                         cuda::matvec_rows(type, W.data(), row_bytes, cols, picked.data(), 3, x.data(), n,
                                           picked_y.data(), rows, nullptr, loads, xq.data());
-                        CHECK(std::memcmp(picked_y.data(), picked_direct.data(), direct.size() * 4) == 0);
+                        CHECK(std::memcmp(picked_y.data(), want.picked.data(), want.y.size() * 4) == 0);
                         std::fill(y.begin(), y.end(), kNaN);
                         const cuda::MatvecTarget targets[] = {{W.data(), row_bytes, rows, y.data(), nullptr},
                                                               {W2.data(), row_bytes, 2, y2.data(), bias.data()}};
                         cuda::matvec_multi(type, targets, 2, cols, x.data(), n, nullptr, loads, xq.data());
-                        CHECK(std::memcmp(y.data(), direct.data(), direct.size() * 4) == 0);
-                        CHECK(std::memcmp(y2.data(), direct2.data(), direct2.size() * 4) == 0);
+                        CHECK(std::memcmp(y.data(), want.y.data(), want.y.size() * 4) == 0);
+                        CHECK(std::memcmp(y2.data(), want.y2.data(), want.y2.size() * 4) == 0);
                     }
                 }
             }
