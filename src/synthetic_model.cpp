@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cpu/fp16.h"
@@ -126,7 +127,8 @@ void add_vocabulary(GgufWriter& w, int n_vocab) {
 uint64_t SyntheticShape::n_params() const {
     const uint64_t head_dim = static_cast<uint64_t>(dim) / n_heads;
     const uint64_t kv = head_dim * n_kv_heads;
-    const uint64_t per_layer = 2ull * dim + 2ull * dim * dim + 2ull * dim * kv + 3ull * dim * hidden_dim;
+    const uint64_t biases = arch == "qwen2" ? dim + 2 * kv : 0;
+    const uint64_t per_layer = 2ull * dim + 2ull * dim * dim + 2ull * dim * kv + 3ull * dim * hidden_dim + biases;
     return per_layer * n_layers + static_cast<uint64_t>(dim) * n_vocab * (tied_output ? 1 : 2) + dim;
 }
 
@@ -134,8 +136,8 @@ std::optional<SyntheticShape> synthetic_preset(const std::string& name) {
     if (name == "tiny") return SyntheticShape{"tiny", 256, 768, 4, 8, 2, 1024, 512, false};
     if (name == "1b") return SyntheticShape{"1b", 2048, 5632, 22, 32, 4, 32000, 2048, false};
     if (name == "7b") return SyntheticShape{"7b", 4096, 11008, 32, 32, 32, 32000, 4096, false};
-    if (name == "qwen1.5b") return SyntheticShape{"qwen1.5b", 1536, 8960, 28, 12, 2, 151936, 4096, false};
-    if (name == "qwen0.5b") return SyntheticShape{"qwen0.5b", 896, 4864, 24, 14, 2, 151936, 4096, false};
+    if (name == "qwen1.5b") return SyntheticShape{"qwen1.5b", 1536, 8960, 28, 12, 2, 151936, 4096, false, "qwen2"};
+    if (name == "qwen0.5b") return SyntheticShape{"qwen0.5b", 896, 4864, 24, 14, 2, 151936, 4096, false, "qwen2"};
     return std::nullopt;
 }
 
@@ -144,23 +146,26 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
         throw Error(std::string("synthetic models of type ") + ggml_type_name(type) + " are not supported");
     if (s.dim % s.n_heads || s.n_heads % s.n_kv_heads)
         throw Error("synthetic shape: dim must be a multiple of heads, and heads of kv heads");
+    if (s.arch != "llama" && s.arch != "qwen2") throw Error("synthetic shape: architecture '" + s.arch + "' unknown");
+    const bool qwen2 = s.arch == "qwen2";
     Rng rng{seed};
     const int64_t block = ggml_type_info(type).block_size;
     auto matrix_type = [&](int64_t cols) { return cols % block == 0 ? type : GgmlType::F16; };
     const int64_t kv_dim = static_cast<int64_t>(s.dim) / s.n_heads * s.n_kv_heads;
 
     GgufWriter w;
-    w.add_string("general.architecture", "llama");
+    const std::string a = s.arch + ".";
+    w.add_string("general.architecture", s.arch);
     w.add_string("general.name", "synthetic-" + s.name + "-" + ggml_type_name(type));
-    w.add_u32("llama.context_length", static_cast<uint32_t>(s.context_length));
-    w.add_u32("llama.embedding_length", static_cast<uint32_t>(s.dim));
-    w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(s.hidden_dim));
-    w.add_u32("llama.block_count", static_cast<uint32_t>(s.n_layers));
-    w.add_u32("llama.attention.head_count", static_cast<uint32_t>(s.n_heads));
-    w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
-    w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(s.dim / s.n_heads));
-    w.add_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    w.add_f32("llama.rope.freq_base", 10000.0f);
+    w.add_u32(a + "context_length", static_cast<uint32_t>(s.context_length));
+    w.add_u32(a + "embedding_length", static_cast<uint32_t>(s.dim));
+    w.add_u32(a + "feed_forward_length", static_cast<uint32_t>(s.hidden_dim));
+    w.add_u32(a + "block_count", static_cast<uint32_t>(s.n_layers));
+    w.add_u32(a + "attention.head_count", static_cast<uint32_t>(s.n_heads));
+    w.add_u32(a + "attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
+    w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(s.dim / s.n_heads));
+    w.add_f32(a + "attention.layer_norm_rms_epsilon", qwen2 ? 1e-6f : 1e-5f);
+    w.add_f32(a + "rope.freq_base", qwen2 ? 1e6f : 10000.0f);
     add_vocabulary(w, s.n_vocab);
 
     auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
@@ -177,6 +182,11 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
         add_matrix(p + "attn_q.weight", s.dim, s.dim);
         add_matrix(p + "attn_k.weight", s.dim, kv_dim);
         add_matrix(p + "attn_v.weight", s.dim, kv_dim);
+        if (qwen2)
+            for (const auto& [name, n] : {std::pair{"attn_q.bias", int64_t{s.dim}}, std::pair{"attn_k.bias", kv_dim},
+                                          std::pair{"attn_v.bias", kv_dim}})
+                w.add_tensor(p + name, GgmlType::F32, {static_cast<uint64_t>(n)},
+                             random_matrix(rng, GgmlType::F32, n, 1));
         add_matrix(p + "attn_output.weight", s.dim, s.dim);
         w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
         add_matrix(p + "ffn_gate.weight", s.dim, s.hidden_dim);

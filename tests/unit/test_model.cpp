@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include "cpu/cpu_backend.h"
+#include "error.h"
 #include "generator.h"
+#include "gguf.h"
 #include "model.h"
 #include "reference_files.h"
 #include "synthetic_model.h"
@@ -171,6 +173,42 @@ TEST_CASE("generator: stop strings are cut and held back across pieces") {
     s += g.flush();
     CHECK(s == "xxab");
     CHECK_FALSE(g.stopped());
+}
+
+TEST_CASE("model: a synthetic qwen2 model has the architecture's biases, RoPE and constants, and counts its parameters") {
+    // The qwen1.5b / qwen0.5b presets stand in for the default pair on a lent GPU, so they carry what makes a qwen2
+    // step cost what it does: Q/K/V biases and NEOX RoPE (the loader's rule for the architecture), with Qwen2.5's
+    // RoPE base and RMSNorm epsilon. A small shape of that architecture here.
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("tandem-synth-qwen2-" + std::to_string(::getpid()) + ".gguf")).string();
+    SyntheticShape shape = *synthetic_preset("tiny");
+    shape.arch = "qwen2";
+    write_synthetic_model(path, shape, GgmlType::Q8_0, 3);
+    {
+        auto model = Model::load(path);
+        const ModelConfig& c = model->config;
+        CHECK(c.arch == "qwen2");
+        CHECK(c.qkv_bias);
+        CHECK(c.rope_style == RopeStyle::Neox);
+        CHECK(c.rope_theta == 1e6f);
+        CHECK(c.rms_eps == 1e-6f);
+        for (const LayerWeights& L : model->weights.layers) {
+            REQUIRE(L.bq.data != nullptr);
+            REQUIRE(L.bk.data != nullptr);
+            REQUIRE(L.bv.data != nullptr);
+        }
+        uint64_t in_file = 0;
+        for (const GgufTensorInfo& t : GgufFile::open(path)->tensors()) in_file += t.n_elements();
+        CHECK(shape.n_params() == in_file);
+        CHECK(synthetic_preset("qwen1.5b")->arch == "qwen2");
+        CHECK(synthetic_preset("qwen0.5b")->arch == "qwen2");
+        CHECK(synthetic_preset("7b")->arch == "llama");
+    }
+    std::filesystem::remove(path);
+    shape.arch = "gpt2";
+    CHECK_THROWS_WITH_AS(write_synthetic_model(path, shape, GgmlType::Q8_0, 3),
+                         doctest::Contains("architecture 'gpt2'"), Error);
+    CHECK_FALSE(std::filesystem::exists(path));
 }
 
 // Restricted logits (a draft model's): ids below n_first and the extra ids bitwise the unrestricted ones, every other

@@ -175,8 +175,8 @@ TEST_CASE("real: Qwen2.5-Coder-1.5B logits are bitwise the same with repacked we
 
 TEST_CASE("real: the qwen1.5b and qwen0.5b synthetic presets have the default pair's shapes") {
     // What a lent GPU times in their place (scripts/gpu-check): the same matrices and vocabulary, and like the GGUF
-    // files an output matrix of its own (Qwen2.5's configs tie it, the llama.cpp conversions do not), so the steps
-    // cost what the real pair's do (less the Q/K/V biases, three vector adds a layer).
+    // files an output matrix of its own (Qwen2.5's configs tie it, the llama.cpp conversions do not), and the same
+    // architecture (Q/K/V biases, NEOX RoPE, its RoPE base), so the steps cost what the real pair's do.
     for (const auto& [preset, name] : {std::pair{"qwen1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m"},
                                        std::pair{"qwen0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"}}) {
         const std::string preset_name = preset;
@@ -193,5 +193,7 @@ TEST_CASE("real: the qwen1.5b and qwen0.5b synthetic presets have the default pa
         CHECK(shape->dim / shape->n_heads == c.head_dim);
         CHECK(shape->n_vocab == c.n_vocab);
         CHECK(shape->tied_output == model->weights.tied_output);
+        CHECK(shape->arch == c.arch);
+        CHECK(c.rope_theta == 1e6f);  // what the synthetic qwen2 files carry
     }
 }
