@@ -198,7 +198,8 @@ TEST_CASE("model: a synthetic qwen2 model has the architecture's biases, RoPE an
             REQUIRE(L.bv.data != nullptr);
         }
         uint64_t in_file = 0;
-        for (const GgufTensorInfo& t : GgufFile::open(path)->tensors()) in_file += t.n_elements();
+        const auto file = GgufFile::open(path);
+        for (const GgufTensorInfo& t : file->tensors()) in_file += t.n_elements();
         CHECK(shape.n_params() == in_file);
         CHECK(synthetic_preset("qwen1.5b")->arch == "qwen2");
         CHECK(synthetic_preset("qwen0.5b")->arch == "qwen2");
