@@ -170,7 +170,7 @@ TEST_CASE("cuda kernels: matvec matches dequantize_row and vec_dot_scalar for ev
     };
     std::mt19937 rng(3);
     for (const Case& c : cases) {
-        CAPTURE(ggml_type_name(c.type));
+        CAPTURE(std::string(ggml_type_name(c.type)));
         CAPTURE(c.rows);
         CAPTURE(c.cols);
         REQUIRE(cuda::matvec_supports(c.type));
@@ -228,7 +228,7 @@ TEST_CASE("cuda kernels: staged matvec loads give bitwise the direct loads' sums
         const int block = ggml_type_info(type).block_size;
         for (int cols : {block == 32 ? 96 : 256, 512, 7680}) {
             const int rows = cols == 7680 ? 3 : 9;
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
             const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
@@ -274,7 +274,7 @@ TEST_CASE("cuda kernels: split matvec rows are within rounding of a double dot a
         const bool legacy = ggml_type_info(type).block_size == 32;
         for (int cols : {legacy ? 96 : 256, legacy ? 1056 : 1280, 7680}) {
             const int rows = cols == 7680 ? 3 : 5, n = 13;
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(cols);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
             const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
@@ -329,7 +329,7 @@ TEST_CASE("cuda kernels: matvec_multi is bitwise the separate matvecs, with add_
         const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
         for (const std::vector<int>& rows : {std::vector<int>{36, 12, 12}, std::vector<int>{20, 20}, std::vector<int>{9}}) {
             const int n_targets = static_cast<int>(rows.size());
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(n_targets);
             std::vector<std::vector<uint8_t>> W;
             std::vector<std::vector<float>> bias;
@@ -384,7 +384,7 @@ TEST_CASE("cuda kernels: matvec_swiglu is bitwise matvec_multi followed by swigl
     };
     for (const Case c : {Case{GgmlType::F16, false}, Case{GgmlType::Q4_0, false}, Case{GgmlType::Q6_K, false},
                          Case{GgmlType::Q4_0, true}, Case{GgmlType::Q4_K, true}}) {
-        CAPTURE(ggml_type_name(c.type));
+        CAPTURE(std::string(ggml_type_name(c.type)));
         CAPTURE(c.int8);
         const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(cols));
         for (int rows : {20, 21}) {
@@ -522,7 +522,7 @@ TEST_CASE("cuda kernels: embedding gather dequantizes rows of every matvec type"
         for (int dim : {32, 96, 37, 512}) {
             REQUIRE(cuda::embedding_supports(type));
             if (dim % static_cast<int>(ggml_type_info(type).block_size)) continue;
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(dim);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(dim));
             const std::vector<uint8_t> table = test::random_weight_rows(type, n_vocab, dim, rng);
@@ -806,7 +806,7 @@ TEST_CASE("cuda kernels: prefill GEMM matches dequantize_row and a double dot fo
                                 {33, block == 256 ? 512 : 160, 100},
                                 {128, block == 256 ? 256 : 64, 33}};
         for (const Shape& sh : shapes) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(sh.rows);
             CAPTURE(sh.cols);
             CAPTURE(sh.n);
@@ -853,7 +853,7 @@ TEST_CASE("cuda kernels: dequantize_f16 and convert_f16 round like fp32_to_fp16"
     for (GgmlType type : kAllTypes) {
         const int block = static_cast<int>(ggml_type_info(type).block_size);
         const int rows = 7, cols = block == 256 ? 512 : block == 32 ? 96 : 37, row0 = 2, n_rows = 4;
-        CAPTURE(ggml_type_name(type));
+        CAPTURE(std::string(ggml_type_name(type)));
         const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
         const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
         const std::vector<float> dq = dequantize_matrix(type, W, rows, cols);
@@ -887,7 +887,7 @@ TEST_CASE("cuda kernels: the fp16 GEMM route (the emulated mirror of cuBLAS) mat
                           {GgmlType::Q8_0, 70, 96, 100, 32 * 96}, {GgmlType::Q4_0, 33, 64, 17, 1000000},
                           {GgmlType::Q4_K, 65, 256, 40, 20 * 256}, {GgmlType::Q6_K, 9, 512, 65, 4 * 512 + 7}};
     for (const Case& c : cases) {
-        CAPTURE(ggml_type_name(c.type));
+        CAPTURE(std::string(ggml_type_name(c.type)));
         CAPTURE(c.rows);
         CAPTURE(c.n);
         const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(c.cols));

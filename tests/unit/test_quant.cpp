@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/fp16.h"
@@ -396,7 +397,7 @@ TEST_CASE("quant vec_dot matches a double-precision reference, SIMD and scalar")
         if (type == GgmlType::F32 || type == GgmlType::F16)
             for (int64_t n : {1, 7, 33, 172, 4100}) sizes.push_back(n);  // any length: exercises the tails
         for (int64_t n : sizes) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(n);
             const std::vector<uint8_t> row = random_row(type, n, rng);
             const std::vector<float> x = random_floats(n, rng);
@@ -434,7 +435,7 @@ TEST_CASE("matmul equals vec_dot (or vec_dot_q8 with 8-bit activations) row by r
         std::vector<Shape> shapes = {{32, 3, 1}, {96, 17, 7}, {4128, 5, 6}, {2048, 300, 12}};
         if (type == GgmlType::F32 || type == GgmlType::F16) shapes.push_back({172, 9, 5});
         for (const Shape& s : shapes) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(act == Activations::Int8);
             CAPTURE(s.cols);
             CAPTURE(s.rows);
@@ -470,7 +471,7 @@ TEST_CASE("matmul is batch invariant: bitwise equal per token for any batch size
         shapes.push_back({4128, 130});  // several row chunks of the prefill loop
         if (type == GgmlType::F32 || type == GgmlType::F16) shapes.push_back({172, 17});
         for (auto [cols, rows] : shapes) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(act == Activations::Int8);
             CAPTURE(cols);
             CAPTURE(rows);

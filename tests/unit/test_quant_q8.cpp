@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/fp16.h"
@@ -85,7 +86,7 @@ TEST_CASE("q8 activations: codes are the rounded scaled values, scales and sums 
 TEST_CASE("q8 kernels: every quantized type has one, and it matches a double-precision dot (AVX2 and scalar)") {
     std::mt19937 rng(88);
     for (GgmlType type : kIntegerTypes) {
-        CAPTURE(ggml_type_name(type));
+        CAPTURE(std::string(ggml_type_name(type)));
         const Q8TypeKernels* k = find_q8_kernels(type);
         REQUIRE(k != nullptr);
         CHECK(k->act == expected_format(type));
@@ -127,7 +128,7 @@ TEST_CASE("q8 kernels: the driver is batch invariant (any token count, place in 
         REQUIRE(k != nullptr);
         const int64_t bs = std::max<int64_t>(ggml_type_info(type).block_size, act_block_size(k->act));
         for (auto [cols, rows] : {std::pair<int64_t, int64_t>{bs, 5}, {bs * 3, 17}, {bs == 32 ? 4128 : 4352, 130}}) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(cols);
             const std::vector<uint8_t> W = random_blocks(type, cols, rows, rng);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
@@ -168,7 +169,7 @@ TEST_CASE("q8 kernels: the AVX-512 VNNI kernels are bitwise equal to the AVX2 on
         ++checked;
         const int64_t bs = std::max<int64_t>(ggml_type_info(type).block_size, act_block_size(k->act));
         for (auto [cols, rows] : {std::pair<int64_t, int64_t>{bs, 3}, {bs * 3, 19}, {bs == 32 ? 4128 : 4352, 67}}) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(cols);
             const std::vector<uint8_t> W = random_blocks(type, cols, rows, rng);
             const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));

@@ -87,7 +87,7 @@ std::vector<Fixture> all_fixtures() {
 
 TEST_CASE("quant types: the CPU supports every common GGUF type and quantizes only to the four it writes") {
     for (GgmlType t : kAllTypes) {
-        CAPTURE(ggml_type_name(t));
+        CAPTURE(std::string(ggml_type_name(t)));
         CHECK(cpu_supports(t));
         CHECK(ggml_type_info(t).supported);
         const bool writes = t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_0;
@@ -126,7 +126,7 @@ TEST_CASE("quant types: dequantize_row equals the gguf package's numpy values bi
         CHECK(mismatches == 0);
     }
     for (GgmlType t : kAllTypes) {
-        CAPTURE(ggml_type_name(t));
+        CAPTURE(std::string(ggml_type_name(t)));
         CHECK(random_per_type[t] == 1);
     }
     MESSAGE(fixtures.size() << " reference fixtures checked");
@@ -174,7 +174,7 @@ TEST_CASE("quant types: fp32-activation matmul is batch invariant and equals vec
         shapes.push_back({bs * 3, 17});
         shapes.push_back({bs == 32 ? 4128 : 4352, 130});  // several row chunks of the prefill loop
         for (auto [cols, rows] : shapes) {
-            CAPTURE(ggml_type_name(type));
+            CAPTURE(std::string(ggml_type_name(type)));
             CAPTURE(cols);
             CAPTURE(rows);
             const std::vector<uint8_t> W = random_blocks(type, cols, rows, rng);
@@ -222,7 +222,7 @@ TEST_CASE("quant types: the weights loader accepts a model whose matrices are of
     write_synthetic_model(base, *shape, GgmlType::F32, 3);
     std::mt19937 rng(8);
     for (GgmlType type : kAllTypes) {
-        CAPTURE(ggml_type_name(type));
+        CAPTURE(std::string(ggml_type_name(type)));
         {
             const auto in = GgufFile::open(base);
             GgufWriter w;
@@ -275,7 +275,7 @@ TEST_CASE("quant types: synthetic models of the types tandem cannot write have r
                               ("tandem-qt-" + std::to_string(::getpid()) + "-codes.gguf")).string();
     for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
                           GgmlType::BF16}) {
-        CAPTURE(ggml_type_name(type));
+        CAPTURE(std::string(ggml_type_name(type)));
         write_synthetic_model(path, *shape, type, 4);
         const auto f = GgufFile::open(path);
         int matrices = 0;

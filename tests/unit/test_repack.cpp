@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -139,7 +140,7 @@ TEST_CASE("repack: a requantized copy is the Q4_0 kernel on the rows decoded and
         // The 0.5B's width (896) where the type allows it; Q6_K rows are whole super-blocks.
         const int64_t wide = from == GgmlType::Q6_K ? 768 : 896;
         for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 256}, {16, wide}}) {
-            CAPTURE(ggml_type_name(from));
+            CAPTURE(std::string(ggml_type_name(from)));
             CAPTURE(rows);
             CAPTURE(cols);
             const std::vector<uint8_t> w = random_weight_rows(from, static_cast<int>(rows), static_cast<int>(cols), rng);
@@ -265,7 +266,7 @@ TEST_CASE("repack: waiting repacks beside the background thread, each matrix pub
         std::lock_guard<std::mutex> lock(m);
         CHECK(std::count(released.begin(), released.end(), views[i].data) == 1);
         if (i % kPerType != 0) continue;
-        CAPTURE(ggml_type_name(views[i].type));
+        CAPTURE(std::string(ggml_type_name(views[i].type)));
         std::vector<float> want(static_cast<size_t>(kRows) * 3), got(want.size());
         matmul(views[i].type, views[i].data, kCols, kRows, x.data(), 3, want.data(), pool, Activations::Int8);
         matmul(*R, x.data(), 3, got.data(), pool);
