@@ -18,6 +18,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <string_view>
 #include <unordered_map>
 
 #include "error.h"
@@ -163,43 +165,49 @@ CudaOptions on_this_device(CudaOptions o) {
 
 }  // namespace
 
-bool cuda_graphs_from_env() {
-    const char* env = std::getenv("TANDEM_CUDA_GRAPHS");
-    return !(env && std::string(env) == "0");
+namespace {
+
+// The value of a TANDEM_CUDA_* switch as its index in `values`; unset or empty is values[0], the default. Any other
+// value is an error naming the variable and what it takes: a typo (TANDEM_CUDA_MATVEC=splt) must not quietly run
+// the default route under a benchmark row that names another.
+size_t env_switch(const char* name, std::initializer_list<std::string_view> values) {
+    const char* env = std::getenv(name);
+    const std::string_view value = env ? env : "";
+    if (value.empty()) return 0;
+    std::string accepted;
+    size_t index = 0;
+    for (std::string_view v : values) {
+        if (v == value) return index;
+        accepted += std::string(index == 0 ? "" : index + 1 == values.size() ? " or " : ", ") + std::string(v);
+        ++index;
+    }
+    throw Error(std::string(name) + "=" + std::string(value) + ": expected " + accepted);
 }
+
+}  // namespace
+
+bool cuda_graphs_from_env() { return env_switch("TANDEM_CUDA_GRAPHS", {"1", "0"}) == 0; }
 
 cuda::MatvecLoads cuda_matvec_loads_from_env() {
-    const char* env = std::getenv("TANDEM_CUDA_MATVEC");
-    const std::string value = env ? env : "";
-    return value == "staged" ? cuda::MatvecLoads::Staged
-           : value == "split" ? cuda::MatvecLoads::Split
-                              : cuda::MatvecLoads::Direct;
+    constexpr cuda::MatvecLoads kLoads[] = {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged,
+                                            cuda::MatvecLoads::Split};
+    return kLoads[env_switch("TANDEM_CUDA_MATVEC", {"direct", "staged", "split"})];
 }
 
-bool cuda_fused_matvecs_from_env() {
-    const char* env = std::getenv("TANDEM_CUDA_FUSED_MATVECS");
-    return !(env && std::string(env) == "0");
-}
+bool cuda_fused_matvecs_from_env() { return env_switch("TANDEM_CUDA_FUSED_MATVECS", {"1", "0"}) == 0; }
 
-bool cuda_int8_activations_from_env() {
-    const char* env = std::getenv("TANDEM_CUDA_INT8");
-    return env && std::string(env) == "1";
-}
+bool cuda_int8_activations_from_env() { return env_switch("TANDEM_CUDA_INT8", {"0", "1"}) == 1; }
 
-bool cuda_int8_gemm_from_env() {
-    const char* env = std::getenv("TANDEM_CUDA_GEMM");
-    return env && std::string(env) == "int8";
-}
+// TANDEM_CUDA_GEMM picks one of three prefill routes; these two functions each ask about one of them.
+const std::initializer_list<std::string_view> kGemmRoutes = {"cublas", "int8", "simt"};
 
-bool cuda_overlap_launches_from_env() {
-    const char* env = std::getenv("TANDEM_CUDA_PDL");
-    return env && std::string(env) == "1";
-}
+bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 1; }
+
+bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"0", "1"}) == 1; }
 
 bool CudaBackend::use_blas() {
-    if (!cuda::blas_available()) return false;
-    const char* env = std::getenv("TANDEM_CUDA_GEMM");
-    return !(env && std::string(env) == "simt");
+    const bool simt_asked = env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 2;  // a typo is an error even here
+    return !simt_asked && cuda::blas_available();
 }
 
 CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type)

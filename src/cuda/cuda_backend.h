@@ -74,20 +74,23 @@ struct CudaPrefillOptions {
     int matvec_max_call = 64;  // calls of up to this many tokens keep matvec + split-K
 };
 
-// False when env TANDEM_CUDA_GRAPHS is "0" (the default of CudaOptions::graphs).
+// The TANDEM_CUDA_* switches below are benchmark switches for routes a GPU has yet to choose between. Each takes the
+// values its comment names (unset or empty: the first, the default); any other value throws Error naming the
+// variable, so that a typo never measures the default under another route's name.
+// TANDEM_CUDA_GRAPHS=1|0: false for "0" (the default of CudaOptions::graphs).
 bool cuda_graphs_from_env();
-// TANDEM_CUDA_MATVEC=staged: the block types' matvecs stage each row through shared memory; =split: four warps
-// share each row (default: direct loads, a warp per row, until a GPU has measured which is faster).
+// TANDEM_CUDA_MATVEC=direct|staged|split. staged: the block types' matvecs stage each row through shared memory;
+// split: four warps share each row (default: direct loads, a warp per row, until a GPU has measured which is faster).
 cuda::MatvecLoads cuda_matvec_loads_from_env();
-// False when env TANDEM_CUDA_FUSED_MATVECS is "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
+// TANDEM_CUDA_FUSED_MATVECS=1|0: false for "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
 bool cuda_fused_matvecs_from_env();
-// True when env TANDEM_CUDA_INT8 is "1": the block types' matvecs take 8-bit activations (the default of
+// TANDEM_CUDA_INT8=0|1: true for "1": the block types' matvecs take 8-bit activations (the default of
 // CudaOptions::int8_activations; off until a GPU has measured it).
 bool cuda_int8_activations_from_env();
-// True when env TANDEM_CUDA_GEMM is "int8": the prefill GEMM of the block types whose codes fit int8 runs on int8
-// tensor cores (the default of CudaOptions::int8_gemm; off until a GPU has measured it against cuBLAS).
+// TANDEM_CUDA_GEMM=cublas|int8|simt: true for "int8": the prefill GEMM of the block types whose codes fit int8 runs
+// on int8 tensor cores (the default of CudaOptions::int8_gemm; off until a GPU has measured it against cuBLAS).
 bool cuda_int8_gemm_from_env();
-// True when env TANDEM_CUDA_PDL is "1": kernels overlap the tail of the kernel before them (the default of
+// TANDEM_CUDA_PDL=0|1: true for "1": kernels overlap the tail of the kernel before them (the default of
 // CudaOptions::overlap_launches; off until a GPU has measured it).
 bool cuda_overlap_launches_from_env();
 

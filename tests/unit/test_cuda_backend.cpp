@@ -814,6 +814,43 @@ TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged or split selects those loads"
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
 }
 
+TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an error naming the variable") {
+    struct Switch {
+        const char* name;
+        const char* typo;
+        const char* accepted;
+        bool (*read)();
+    };
+    const Switch switches[] = {
+        {"TANDEM_CUDA_GRAPHS", "off", "expected 1 or 0", [] { return cuda_graphs_from_env(); }},
+        {"TANDEM_CUDA_MATVEC", "splt", "expected direct, staged or split",
+         [] { return cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct; }},
+        {"TANDEM_CUDA_FUSED_MATVECS", "no", "expected 1 or 0", [] { return cuda_fused_matvecs_from_env(); }},
+        {"TANDEM_CUDA_INT8", "yes", "expected 0 or 1", [] { return cuda_int8_activations_from_env(); }},
+        {"TANDEM_CUDA_GEMM", "Int8", "expected cublas, int8 or simt", [] { return cuda_int8_gemm_from_env(); }},
+        {"TANDEM_CUDA_PDL", "2", "expected 0 or 1", [] { return cuda_overlap_launches_from_env(); }},
+    };
+    for (const Switch& sw : switches) {
+        CAPTURE(std::string(sw.name));
+        const UnsetEnvAtExit restore(sw.name);
+        const bool unset = sw.read();
+        setenv(sw.name, "", 1);
+        CHECK(sw.read() == unset);  // empty is the default, as unset
+        setenv(sw.name, sw.typo, 1);
+        std::string message;
+        try {
+            sw.read();
+        } catch (const Error& e) {
+            message = e.what();
+        }
+        CHECK(message == std::string(sw.name) + "=" + sw.typo + ": " + sw.accepted);
+        CHECK_THROWS_AS(CudaOptions{}, Error);
+    }
+    const UnsetEnvAtExit restore("TANDEM_CUDA_GEMM");
+    setenv("TANDEM_CUDA_GEMM", "cuBLAS", 1);
+    CHECK_THROWS_AS(CudaBackend::use_blas(), Error);
+}
+
 TEST_CASE("cuda backend: TANDEM_CUDA_INT8=1 selects 8-bit activations") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_INT8");
     CHECK_FALSE(cuda_int8_activations_from_env());
