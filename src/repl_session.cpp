@@ -259,6 +259,8 @@ namespace {
 // Just enough JSON for the conversation file: strings kept, other values validated and skipped.
 class JsonReader {
 public:
+    static constexpr int kMaxDepth = 256;  // nesting of skipped values (what /save writes has 3 levels)
+
     explicit JsonReader(std::string_view s) : s_(s) {}
 
     [[noreturn]] void fail(const std::string& what) const {
@@ -332,7 +334,10 @@ public:
         }
     }
 
-    void skip_value() {
+    // Skips a value of a key the reader does not know. Nesting is bounded: each level is a stack frame here, so
+    // a file of a million '[' would otherwise end the REPL with a stack overflow instead of an error.
+    void skip_value(int depth = 0) {
+        if (depth > kMaxDepth) fail("values nested more than " + std::to_string(kMaxDepth) + " deep");
         const char c = peek();
         if (c == '"') {
             string();
@@ -342,13 +347,13 @@ public:
             do {
                 string();
                 expect(':');
-                skip_value();
+                skip_value(depth + 1);
             } while (eat(','));
             expect('}');
         } else if (c == '[') {
             expect('[');
             if (eat(']')) return;
-            do skip_value();
+            do skip_value(depth + 1);
             while (eat(','));
             expect(']');
         } else if (literal("true") || literal("false") || literal("null")) {

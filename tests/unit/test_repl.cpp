@@ -193,6 +193,19 @@ TEST_CASE("repl: conversation JSON round trip with tricky strings") {
         CAPTURE(bad);
         CHECK_THROWS_AS(conversation_from_json(bad, &sys2, &msgs2), Error);
     }
+
+    // Deep nesting in an unknown key is an error, not a stack overflow (a million levels overflowed the stack).
+    for (const char* open : {"[", "{\"k\": "}) {
+        std::string deep = "{\"messages\": [], \"x\": ";
+        for (int i = 0; i < 1000000; ++i) deep += open;
+        CHECK_THROWS_WITH_AS(conversation_from_json(deep, &sys2, &msgs2),
+                             doctest::Contains("nested more than 256 deep"), Error);
+    }
+    std::string nested_256 = "{\"messages\": [], \"x\": ";
+    for (int i = 0; i < 256; ++i) nested_256 += "[";
+    for (int i = 0; i < 256; ++i) nested_256 += "]";
+    conversation_from_json(nested_256 + "}", &sys2, &msgs2);
+    CHECK(msgs2.empty());
 }
 
 TEST_CASE("repl: /load replaces the conversation and keeps the matching cache prefix") {
