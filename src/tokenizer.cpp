@@ -46,6 +46,15 @@ int optional_token_id(const GgufFile& gguf, std::string_view key, int n_vocab) {
     return static_cast<int>(id);
 }
 
+// A .model file's piece must be non-empty and free of NUL bytes: libsentencepiece keys a unigram model's trie by
+// C strings and aborted the process (an uncaught Darts exception) on a piece that is empty as one. (The model
+// built from a GGUF vocabulary is a BPE one, whose pieces go into no such trie; that path checks emptiness.)
+void check_piece_text(const std::string& path, size_t id, std::string_view text) {
+    if (text.empty()) throw Error(path + ": token " + std::to_string(id) + " is an empty string");
+    if (text.find('\0') != std::string_view::npos)
+        throw Error(path + ": token " + std::to_string(id) + " contains a NUL byte");
+}
+
 std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw Error(path + ": cannot open tokenizer model file");
@@ -199,6 +208,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
 
     auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
     for (const spm::Piece& p : proto.pieces) {
+        check_piece_text(path, tok->texts_.size(), p.piece);
         tok->texts_.push_back(p.piece);
         tok->types_.push_back(static_cast<int>(p.type));
     }
@@ -212,7 +222,12 @@ std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
 }
 
 void Tokenizer::load(const std::string& serialized, const std::string& source) {
-    const sentencepiece::util::Status status = sp_->LoadFromSerializedProto(serialized);
+    sentencepiece::util::Status status;
+    try {
+        status = sp_->LoadFromSerializedProto(serialized);
+    } catch (const std::exception& e) {  // what the checks above missed must still be an error, not an abort
+        throw Error(source + ": sentencepiece failed on the vocabulary: " + e.what());
+    }
     if (!status.ok()) throw Error(source + ": sentencepiece rejected the vocabulary: " + status.ToString());
     if (sp_->GetPieceSize() != n_vocab())
         throw Error(source + ": sentencepiece loaded " + std::to_string(sp_->GetPieceSize()) + " pieces, expected " +

@@ -563,6 +563,26 @@ TEST_CASE("tokenizer errors: inconsistent GGUF vocabularies") {
         CHECK(message.find(path) != std::string::npos);
         CHECK(message.find("sentencepiece rejected") != std::string::npos);
     }
+    SUBCASE("an empty token") {
+        VocabSpec v;
+        v.tokens[262] = "";
+        CHECK(load_error("empty", v).find("token 262 is an empty string") != std::string::npos);
+    }
+    SUBCASE("a .model file whose piece is empty or holds a NUL byte") {
+        // A unigram model's trie aborted the process on either (found by tests/fuzz/fuzz_spm_model.cpp).
+        spm::ModelProto proto = spm::parse(slurp(kData + "/tok512.model"));
+        proto.trainer_spec.model_type = spm::ModelType::UNIGRAM;
+        const std::string path = std::string(TANDEM_BUILD_DIR) + "/test_tokenizer_bad_piece.model";
+        for (const std::string& text : {std::string("\0a", 2), std::string()}) {
+            spm::ModelProto bad = proto;
+            bad.pieces[300].piece = text;
+            std::ofstream(path, std::ios::binary) << spm::serialize(bad);
+            const std::string message = error_of([&] { Tokenizer::from_model_file(path); });
+            CAPTURE(message);
+            CHECK(message.find(path + ": token 300 ") != std::string::npos);
+            CHECK(message.find(text.empty() ? "is an empty string" : "contains a NUL byte") != std::string::npos);
+        }
+    }
     SUBCASE("a missing or invalid .model file") {
         CHECK(error_of([] { Tokenizer::from_model_file(kData + "/no-such.model"); }).find("cannot open") !=
               std::string::npos);
