@@ -1,0 +1,91 @@
+// Fuzz target: arbitrary bytes as a GGUF model file. The file is opened, loaded as a model (header, metadata,
+// tensor table, config, weights, tokenizer), and when that succeeds the CPU backend runs a forward of two tokens
+// with logits for both. Every input must either work or be refused with tandem::Error: "anything missing or
+// inconsistent is an error", so an accepted file whose forward then reads out of bounds is a loader bug the
+// sanitizers report.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+#include "error.h"
+#include "fuzz_target.h"
+#include "model.h"
+#include "synthetic_model.h"
+
+namespace {
+
+// The bytes as a file without touching the disk: an anonymous memory file, named through /proc.
+class MemoryFile {
+public:
+    MemoryFile(const uint8_t* data, size_t size) : fd_(memfd_create("fuzz.gguf", 0)) {
+        if (fd_ < 0) tandem::fuzz::fail("memfd_create failed");
+        for (size_t done = 0; done < size;) {
+            const ssize_t n = write(fd_, data + done, size - done);
+            if (n <= 0) tandem::fuzz::fail("write to the memory file failed");
+            done += static_cast<size_t>(n);
+        }
+    }
+    ~MemoryFile() { close(fd_); }
+    std::string path() const { return "/proc/self/fd/" + std::to_string(fd_); }
+
+private:
+    int fd_;
+};
+
+void run_two_tokens(const tandem::Model& model) {
+    const int n_vocab = model.config.n_vocab;
+    tandem::CpuBackend backend(model, 1, 2, tandem::cpu::Activations::Int8, /*repack=*/false);
+    auto cache = backend.new_cache(4);
+    const int tokens[] = {0, n_vocab - 1};
+    std::vector<float> logits(static_cast<size_t>(n_vocab) * 2);
+    backend.forward(tokens, *cache, 2, logits.data());
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const MemoryFile file(data, size);
+    try {
+        auto model = tandem::Model::load(file.path());
+        run_two_tokens(*model);
+    } catch (const tandem::Error&) {
+    }
+    return 0;
+}
+
+namespace tandem::fuzz {
+
+std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
+    // Small synthetic models of both architectures, in a float and two block types (dims of whole blocks), and one
+    // whose rows are shorter than a block (its matrices fall back to f16).
+    struct Seed {
+        const char* name;
+        SyntheticShape shape;
+        GgmlType type;
+    };
+    const Seed seeds[] = {
+        {"llama-q8_0.gguf", {"s", 64, 96, 1, 4, 2, 300, 16, false, "llama"}, GgmlType::Q8_0},
+        {"llama-tied-q4_0.gguf", {"s", 64, 64, 2, 2, 1, 270, 16, true, "llama"}, GgmlType::Q4_0},
+        {"qwen2-f16.gguf", {"s", 32, 64, 1, 4, 2, 260, 16, false, "qwen2"}, GgmlType::F16},
+        {"llama-q4_k-f16-fallback.gguf", {"s", 16, 32, 1, 2, 2, 260, 8, true, "llama"}, GgmlType::Q4_K},
+    };
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("tandem-fuzz-seeds-" +
+                                                                                 std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const Seed& seed : seeds) {
+        const std::string path = (dir / seed.name).string();
+        write_synthetic_model(path, seed.shape, seed.type);
+        std::ifstream in(path, std::ios::binary);
+        out.emplace_back(seed.name, std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    std::filesystem::remove_all(dir);
+    return out;
+}
+
+}  // namespace tandem::fuzz

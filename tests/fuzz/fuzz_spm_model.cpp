@@ -1,0 +1,46 @@
+// Fuzz target: arbitrary bytes as a sentencepiece .model file (the --tokenizer override): our protobuf reader
+// (sentencepiece_proto.h), then libsentencepiece on what it accepted. Loading either works or throws
+// tandem::Error; a tokenizer that loads encodes and decodes a fixed text, and streams its ids as decode() renders
+// them.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "error.h"
+#include "fuzz_target.h"
+#include "tokenizer.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+    const int fd = memfd_create("fuzz.model", 0);
+    if (fd < 0) tandem::fuzz::fail("memfd_create failed");
+    if (size > 0 && write(fd, data, size) != static_cast<ssize_t>(size)) tandem::fuzz::fail("write failed");
+    try {
+        const auto tok = tandem::Tokenizer::from_model_file("/proc/self/fd/" + std::to_string(fd));
+        const std::vector<int> ids = tok->encode("Hello world, caf\xc3\xa9 \xe2\x96\x81 \xf0\x9f\x98\x80\n", true);
+        for (int id : ids)
+            if (id < 0 || id >= tok->n_vocab()) tandem::fuzz::fail("encode gave id " + std::to_string(id));
+        const std::string whole = tok->decode(ids);
+        tandem::TokenStreamDecoder stream(*tok);
+        std::string joined;
+        for (int id : ids) joined += stream.push(id);
+        joined += stream.flush();
+        if (joined != whole) tandem::fuzz::fail("streamed text differs from decode()");
+    } catch (const tandem::Error&) {
+    }
+    close(fd);
+    return 0;
+}
+
+namespace tandem::fuzz {
+
+std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
+    // tok512.model: a 512-piece llama2.c tokenizer (tests/data/PROVENANCE.md).
+    std::ifstream in(data_dir() + "/tok512.model", std::ios::binary);
+    return {{"tok512.model", std::string(std::istreambuf_iterator<char>(in), {})}};
+}
+
+}  // namespace tandem::fuzz

@@ -1,0 +1,36 @@
+// What every fuzz target in tests/fuzz/ provides besides libFuzzer's entry point: seed inputs, written by
+// `replay --write-seeds DIR` into a fresh corpus (scripts/fuzz) and run by the replay build as a test.
+//
+// A target is one .cpp file defining LLVMFuzzerTestOneInput (which must return 0 and may only let tandem::Error
+// escape as an expected outcome, caught inside) and fuzz_seeds(). Built two ways from the same file: with clang's
+// -fsanitize=fuzzer for a campaign (scripts/fuzz, CMake option TANDEM_FUZZ), and always, with replay_main.cpp,
+// into `fuzz-replay-NAME`, which ctest runs over the seeds and the committed inputs in tests/fuzz/corpus/NAME/
+// (each a case a campaign found, kept so it stays fixed), under the sanitizer build in CI too.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace tandem::fuzz {
+
+// (file name, bytes) of inputs that reach deep into the target, for a campaign's starting corpus.
+std::vector<std::pair<std::string, std::string>> fuzz_seeds();
+
+// Where the test data lives (tests/data), set at compile time.
+inline std::string data_dir() { return TANDEM_TEST_DATA; }
+
+// A property the target checks failed: prints `what` on stderr and aborts, which libFuzzer reports as a crash
+// with the input that caused it.
+[[noreturn]] inline void fail(const std::string& what) {
+    std::fprintf(stderr, "fuzz: property failed: %s\n", what.c_str());
+    std::fflush(stderr);
+    std::abort();
+}
+
+}  // namespace tandem::fuzz
