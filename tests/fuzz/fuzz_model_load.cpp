@@ -1,9 +1,8 @@
-// Fuzz target: arbitrary bytes as a GGUF model file. The file is opened, loaded as a model (header, metadata,
-// tensor table, config, weights, tokenizer), and when that succeeds the CPU backend runs a forward of two tokens
-// with logits for both. Every input must either work or be refused with tandem::Error: "anything missing or
-// inconsistent is an error", so an accepted file whose forward then reads out of bounds is a loader bug the
-// sanitizers report.
-#include <sys/mman.h>
+// Fuzz target: arbitrary bytes as a GGUF model file. The file is opened (and its metadata and tensor table
+// rendered as text, as tandem-inspect prints them), loaded as a model (config, weights, tokenizer), and when that
+// succeeds the CPU backend runs a forward of two tokens with logits for both. Every input must either work or be
+// refused with tandem::Error: "anything missing or inconsistent is an error", so an accepted file whose forward
+// then reads out of bounds is a loader bug the sanitizers report.
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,28 +13,11 @@
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "fuzz_target.h"
+#include "gguf.h"
 #include "model.h"
 #include "synthetic_model.h"
 
 namespace {
-
-// The bytes as a file without touching the disk: an anonymous memory file, named through /proc.
-class MemoryFile {
-public:
-    MemoryFile(const uint8_t* data, size_t size) : fd_(memfd_create("fuzz.gguf", 0)) {
-        if (fd_ < 0) tandem::fuzz::fail("memfd_create failed");
-        for (size_t done = 0; done < size;) {
-            const ssize_t n = write(fd_, data + done, size - done);
-            if (n <= 0) tandem::fuzz::fail("write to the memory file failed");
-            done += static_cast<size_t>(n);
-        }
-    }
-    ~MemoryFile() { close(fd_); }
-    std::string path() const { return "/proc/self/fd/" + std::to_string(fd_); }
-
-private:
-    int fd_;
-};
 
 void run_two_tokens(const tandem::Model& model) {
     const int n_vocab = model.config.n_vocab;
@@ -49,8 +31,12 @@ void run_two_tokens(const tandem::Model& model) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-    const MemoryFile file(data, size);
+    const tandem::fuzz::MemoryFile file(data, size);
     try {
+        // What tandem-inspect prints of a file that opens: every value and tensor shape as text.
+        const auto gguf = tandem::GgufFile::open(file.path());
+        for (const auto& [key, value] : gguf->metadata()) (void)value.to_string(8);
+        for (const tandem::GgufTensorInfo& t : gguf->tensors()) (void)t.shape_string();
         auto model = tandem::Model::load(file.path());
         run_two_tokens(*model);
     } catch (const tandem::Error&) {

@@ -7,6 +7,9 @@
 // into `fuzz-replay-NAME`, which ctest runs over the seeds and the committed inputs in tests/fuzz/corpus/NAME/
 // (each a case a campaign found, kept so it stays fixed), under the sanitizer build in CI too.
 #pragma once
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -32,5 +35,26 @@ inline std::string data_dir() { return TANDEM_TEST_DATA; }
     std::fflush(stderr);
     std::abort();
 }
+
+// The input as a file without touching the disk, for the readers that take a path: an anonymous memory file,
+// named through /proc.
+class MemoryFile {
+public:
+    MemoryFile(const uint8_t* data, size_t size) : fd_(memfd_create("fuzz-input", 0)) {
+        if (fd_ < 0) fail("memfd_create failed");
+        for (size_t done = 0; done < size;) {
+            const ssize_t n = write(fd_, data + done, size - done);
+            if (n <= 0) fail("write to the memory file failed");
+            done += static_cast<size_t>(n);
+        }
+    }
+    ~MemoryFile() { close(fd_); }
+    MemoryFile(const MemoryFile&) = delete;
+    MemoryFile& operator=(const MemoryFile&) = delete;
+    std::string path() const { return "/proc/self/fd/" + std::to_string(fd_); }
+
+private:
+    int fd_;
+};
 
 }  // namespace tandem::fuzz
