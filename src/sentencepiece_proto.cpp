@@ -16,7 +16,7 @@ namespace {
 enum WireType : uint32_t { VARINT = 0, FIXED64 = 1, LENGTH_DELIMITED = 2, FIXED32 = 5 };
 
 // ModelProto
-constexpr uint32_t kModelPieces = 1, kModelTrainerSpec = 2, kModelNormalizerSpec = 3;
+constexpr uint32_t kModelPieces = 1, kModelTrainerSpec = 2, kModelNormalizerSpec = 3, kModelDenormalizerSpec = 5;
 // ModelProto.SentencePiece
 constexpr uint32_t kPieceText = 1, kPieceScore = 2, kPieceType = 3;
 // TrainerSpec
@@ -25,8 +25,8 @@ constexpr uint32_t kTrainerModelType = 3, kTrainerVocabSize = 4, kTrainerByteFal
                    kTrainerUnkSurface = 44, kTrainerUnkPiece = 45, kTrainerBosPiece = 46,
                    kTrainerEosPiece = 47, kTrainerPadPiece = 48;
 // NormalizerSpec
-constexpr uint32_t kNormName = 1, kNormAddDummyPrefix = 3, kNormRemoveExtraWhitespaces = 4,
-                   kNormEscapeWhitespaces = 5;
+constexpr uint32_t kNormName = 1, kNormPrecompiledCharsmap = 2, kNormAddDummyPrefix = 3,
+                   kNormRemoveExtraWhitespaces = 4, kNormEscapeWhitespaces = 5;
 
 // ---- writing ------------------------------------------------------------------------------------------------
 
@@ -221,6 +221,14 @@ TrainerSpec parse_trainer(std::string_view bytes) {
     return t;
 }
 
+// Appends the precompiled_charsmap fields of a (de)normalizer spec message to `out`.
+void collect_charsmaps(std::string_view bytes, std::vector<std::string>& out) {
+    for (Reader r(bytes); !r.done();) {
+        const Field f = r.next();
+        if (f.number == kNormPrecompiledCharsmap && f.type == LENGTH_DELIMITED) out.emplace_back(f.bytes);
+    }
+}
+
 NormalizerSpec parse_normalizer(std::string_view bytes) {
     NormalizerSpec n;
     n.name.clear();                    // proto default
@@ -267,7 +275,12 @@ ModelProto parse(std::string_view bytes) {
             case kModelNormalizerSpec:
                 if (!message) malformed("normalizer_spec is not a message");
                 model.normalizer_spec = parse_normalizer(f.bytes);
+                collect_charsmaps(f.bytes, model.charsmaps);
                 have_normalizer = true;
+                break;
+            case kModelDenormalizerSpec:
+                if (!message) malformed("denormalizer_spec is not a message");
+                collect_charsmaps(f.bytes, model.charsmaps);
                 break;
             default: break;
         }

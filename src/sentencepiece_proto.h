@@ -64,6 +64,11 @@ struct ModelProto {
     std::vector<Piece> pieces;        // field 1 (repeated)
     TrainerSpec trainer_spec;         // field 2
     NormalizerSpec normalizer_spec;   // field 3
+    // Read only, never written: every precompiled_charsmap (NormalizerSpec field 2) of every normalizer_spec and
+    // denormalizer_spec (field 5) occurrence in the file. libsentencepiece walks these tries without bounds checks,
+    // so a reader of untrusted files checks each one first (tokenizer.cpp); protobuf merges repeated
+    // sub-messages, so whichever the library ends up with is among them.
+    std::vector<std::string> charsmaps;
 };
 
 // Serializes to protobuf wire format. Every field above is written explicitly (defaults included, except a

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cassert>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 
@@ -53,6 +55,61 @@ void check_piece_text(const std::string& path, size_t id, std::string_view text)
     if (text.empty()) throw Error(path + ": token " + std::to_string(id) + " is an empty string");
     if (text.find('\0') != std::string_view::npos)
         throw Error(path + ": token " + std::to_string(id) + " contains a NUL byte");
+}
+
+// A precompiled charsmap is a uint32 (little-endian) byte count, a darts-clone double-array trie of that many
+// bytes, then the normalized strings, NUL-terminated, that the trie's values index. libsentencepiece walks the
+// trie and reads the strings without any bounds check (a corrupt .model made it read wild memory), so before it
+// sees one, every path it can take is walked here: the root, then, from each node that matches a byte, all 256
+// children's slots it may read, each leaf's value unit, and the string a value points at.
+// (darts-clone units: bit 8 has_leaf, label = bits 0-7 plus bit 31, value = bits 0-30, offset = bits 10-31
+// shifted left by 8 when bit 9 is set.)
+void check_charsmap(const std::string& path, std::string_view blob) {
+    const auto fail = [&](const std::string& what) {
+        throw Error(path + ": the normalization rules (precompiled_charsmap) are corrupt: " + what);
+    };
+    if (blob.empty()) return;  // no rules (the identity normalizer): libsentencepiece builds no trie
+    uint32_t trie_bytes = 0;
+    if (blob.size() <= sizeof trie_bytes) fail("too short");
+    std::memcpy(&trie_bytes, blob.data(), sizeof trie_bytes);
+    if (trie_bytes >= blob.size() - sizeof trie_bytes) fail("the trie is longer than the rules");
+    const size_t n_units = trie_bytes / 4;
+    const std::string_view strings = blob.substr(sizeof trie_bytes + trie_bytes);
+    const auto unit = [&](size_t i) {
+        uint32_t u;
+        std::memcpy(&u, blob.data() + sizeof trie_bytes + 4 * i, 4);
+        return u;
+    };
+    const auto offset = [](uint32_t u) { return (u >> 10) << ((u & (1u << 9)) >> 6); };
+    // A node's children sit at base ^ c for bytes c: the slots base | 0..255 must all exist.
+    const auto check_base = [&](size_t base) {
+        if ((base | 0xFF) >= n_units) fail("a node's children lie outside the trie");
+    };
+    if (n_units == 0) fail("the trie is empty");
+    std::vector<bool> seen(n_units, false);
+    std::vector<size_t> bases = {offset(unit(0))};
+    check_base(bases[0]);
+    seen[bases[0]] = true;
+    while (!bases.empty()) {
+        const size_t base = bases.back();
+        bases.pop_back();
+        for (uint32_t c = 0; c < 256; ++c) {
+            const size_t pos = base ^ c;
+            const uint32_t u = unit(pos);
+            if ((u & ((1u << 31) | 0xFF)) != c) continue;  // not a child for byte c: the walk stops there
+            const size_t next = pos ^ offset(u);
+            check_base(next);
+            if (u & (1u << 8)) {  // has a leaf: its value unit is at `next`
+                const uint32_t value = unit(next) & ((1u << 31) - 1);
+                if (value >= strings.size() || strings.find('\0', value) == std::string_view::npos)
+                    fail("a value points past the normalized strings");
+            }
+            if (!seen[next]) {
+                seen[next] = true;
+                bases.push_back(next);
+            }
+        }
+    }
 }
 
 std::string read_file(const std::string& path) {
@@ -205,6 +262,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
         throw Error(path + ": " + e.what());
     }
     if (proto.pieces.empty()) throw Error(path + ": not a sentencepiece model (no pieces)");
+    for (const std::string& charsmap : proto.charsmaps) check_charsmap(path, charsmap);
 
     auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
     for (const spm::Piece& p : proto.pieces) {

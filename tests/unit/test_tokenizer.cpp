@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -582,6 +583,36 @@ TEST_CASE("tokenizer errors: inconsistent GGUF vocabularies") {
             CHECK(message.find(path + ": token 300 ") != std::string::npos);
             CHECK(message.find(text.empty() ? "is an empty string" : "contains a NUL byte") != std::string::npos);
         }
+    }
+    SUBCASE("a .model file whose normalization trie is corrupt") {
+        // nfkc512.model (sentencepiece's own trainer, nmt_nfkc rules) loads and normalizes; corrupt copies of its
+        // precompiled charsmap are refused before libsentencepiece walks them (a fuzzed one made it read wild
+        // memory: tests/fuzz/corpus/spm_model/denormalizer-charsmap-wild-read).
+        const std::string bytes = slurp(kData + "/nfkc512.model");
+        const spm::ModelProto proto = spm::parse(bytes);
+        REQUIRE(proto.charsmaps.size() == 1);
+        const std::string& charsmap = proto.charsmaps[0];
+        const size_t at = bytes.find(charsmap);
+        REQUIRE(at != std::string::npos);
+        const auto good = Tokenizer::from_model_file(kData + "/nfkc512.model");
+        CHECK(good->encode("\xef\xbd\x97\xef\xbd\x8f\xef\xbd\x92\xef\xbd\x8c\xef\xbd\x84", false) ==
+              good->encode("world", false));  // full-width letters NFKC-normalized
+        const std::string path = std::string(TANDEM_BUILD_DIR) + "/test_tokenizer_bad_charsmap.model";
+        const auto patched_error = [&](size_t offset, uint32_t value) {
+            std::string bad = bytes;
+            std::memcpy(bad.data() + at + offset, &value, 4);
+            std::ofstream(path, std::ios::binary) << bad;
+            return error_of([&] { Tokenizer::from_model_file(path); });
+        };
+        uint32_t trie_bytes, root;
+        std::memcpy(&trie_bytes, charsmap.data(), 4);
+        std::memcpy(&root, charsmap.data() + 4, 4);
+        CHECK(patched_error(0, static_cast<uint32_t>(charsmap.size())).find("longer than the rules") !=
+              std::string::npos);
+        CHECK(patched_error(0, 0).find("the trie is empty") != std::string::npos);
+        // The root's offset moved past the trie (bits 10-30; bit 9 clear: not shifted).
+        CHECK(patched_error(4, (root & 0x1FF) | ((trie_bytes / 4) << 10)).find("outside the trie") !=
+              std::string::npos);
     }
     SUBCASE("a missing or invalid .model file") {
         CHECK(error_of([] { Tokenizer::from_model_file(kData + "/no-such.model"); }).find("cannot open") !=
