@@ -32,9 +32,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 namespace tandem::fuzz {
 
 std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
-    // tok512.model: a 512-piece llama2.c tokenizer (tests/data/PROVENANCE.md).
-    std::ifstream in(data_dir() + "/tok512.model", std::ios::binary);
-    return {{"tok512.model", std::string(std::istreambuf_iterator<char>(in), {})}};
+    // tok512.model: a 512-piece llama2.c tokenizer (identity rules); nfkc512.model: sentencepiece's own trainer
+    // with its nmt_nfkc rules, so a real normalization trie (tests/data/PROVENANCE.md).
+    std::vector<std::pair<std::string, std::string>> out;
+    for (const char* name : {"tok512.model", "nfkc512.model"}) {
+        std::ifstream in(data_dir() + "/" + name, std::ios::binary);
+        out.emplace_back(name, std::string(std::istreambuf_iterator<char>(in), {}));
+    }
+    return out;
 }
 
 }  // namespace tandem::fuzz
