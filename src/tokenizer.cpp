@@ -48,12 +48,13 @@ int optional_token_id(const GgufFile& gguf, std::string_view key, int n_vocab) {
     return static_cast<int>(id);
 }
 
-// A .model file's piece must be non-empty and free of NUL bytes: libsentencepiece keys a unigram model's trie by
-// C strings and aborted the process (an uncaught Darts exception) on a piece that is empty as one. (The model
-// built from a GGUF vocabulary is a BPE one, whose pieces go into no such trie; that path checks emptiness.)
-void check_piece_text(const std::string& path, size_t id, std::string_view text) {
+// A sentencepiece piece must not be empty (both vocabulary sources). A .model file's must also be free of NUL
+// bytes (`nul_allowed` false): libsentencepiece keys a unigram model's trie by C strings and aborted the process
+// (an uncaught Darts exception) on a piece that is empty as one. The model built from a GGUF vocabulary is a BPE
+// one, whose pieces go into no such trie.
+void check_piece_text(const std::string& path, size_t id, std::string_view text, bool nul_allowed) {
     if (text.empty()) throw Error(path + ": token " + std::to_string(id) + " is an empty string");
-    if (text.find('\0') != std::string_view::npos)
+    if (!nul_allowed && text.find('\0') != std::string_view::npos)
         throw Error(path + ": token " + std::to_string(id) + " contains a NUL byte");
 }
 
@@ -152,7 +153,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
         const int64_t type = types[i];
         if (type < static_cast<int64_t>(spm::PieceType::NORMAL) || type > static_cast<int64_t>(spm::PieceType::BYTE))
             throw Error(path + ": token " + std::to_string(i) + " has unknown token type " + std::to_string(type));
-        if (tokens[i].empty()) throw Error(path + ": token " + std::to_string(i) + " is an empty string");
+        check_piece_text(path, i, tokens[i], /*nul_allowed=*/true);
         if (type == static_cast<int64_t>(spm::PieceType::BYTE)) {
             if (parse_byte_piece(tokens[i]) < 0)
                 throw Error(path + ": token " + std::to_string(i) + " \"" + std::string(tokens[i]) +
@@ -266,7 +267,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
 
     auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
     for (const spm::Piece& p : proto.pieces) {
-        check_piece_text(path, tok->texts_.size(), p.piece);
+        check_piece_text(path, tok->texts_.size(), p.piece, /*nul_allowed=*/false);
         tok->texts_.push_back(p.piece);
         tok->types_.push_back(static_cast<int>(p.type));
     }

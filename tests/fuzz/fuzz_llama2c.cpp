@@ -6,9 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
 #include "error.h"
-#include "fuzz_target.h"
+#include "fuzz_checks.h"
 #include "llama2c.h"
 #include "model.h"
 
@@ -48,12 +47,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const tandem::fuzz::MemoryFile file(gguf.data(), gguf.size());
     try {
-        const auto model = tandem::Model::load(file.path());
-        tandem::CpuBackend backend(*model, 1, 2, tandem::cpu::Activations::Int8, /*repack=*/false);
-        auto cache = backend.new_cache(4);
-        const int tokens[] = {0, model->config.n_vocab - 1};
-        std::vector<float> logits(static_cast<size_t>(model->config.n_vocab) * 2);
-        backend.forward(tokens, *cache, 2, logits.data());
+        tandem::fuzz::run_two_tokens(*tandem::Model::load(file.path()));
     } catch (const tandem::Error& e) {
         tandem::fuzz::fail(std::string("a converted checkpoint does not load: ") + e.what());
     }

@@ -6,29 +6,13 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <vector>
 
-#include "cpu/cpu_backend.h"
 #include "error.h"
-#include "fuzz_target.h"
+#include "fuzz_checks.h"
 #include "gguf.h"
 #include "model.h"
 #include "synthetic_model.h"
-
-namespace {
-
-void run_two_tokens(const tandem::Model& model) {
-    const int n_vocab = model.config.n_vocab;
-    tandem::CpuBackend backend(model, 1, 2, tandem::cpu::Activations::Int8, /*repack=*/false);
-    auto cache = backend.new_cache(4);
-    const int tokens[] = {0, n_vocab - 1};
-    std::vector<float> logits(static_cast<size_t>(n_vocab) * 2);
-    backend.forward(tokens, *cache, 2, logits.data());
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const tandem::fuzz::MemoryFile file(data, size);
@@ -38,7 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         for (const auto& [key, value] : gguf->metadata()) (void)value.to_string(8);
         for (const tandem::GgufTensorInfo& t : gguf->tensors()) (void)t.shape_string();
         auto model = tandem::Model::load(file.path());
-        run_two_tokens(*model);
+        tandem::fuzz::run_two_tokens(*model);
     } catch (const tandem::Error&) {
     }
     return 0;
@@ -67,8 +51,7 @@ std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
     for (const Seed& seed : seeds) {
         const std::string path = (dir / seed.name).string();
         write_synthetic_model(path, seed.shape, seed.type);
-        std::ifstream in(path, std::ios::binary);
-        out.emplace_back(seed.name, std::string(std::istreambuf_iterator<char>(in), {}));
+        out.emplace_back(seed.name, read_file(path));
     }
     std::filesystem::remove_all(dir);
     return out;

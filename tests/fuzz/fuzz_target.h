@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,13 @@ inline std::string data_dir() { return TANDEM_TEST_DATA; }
     std::fprintf(stderr, "fuzz: property failed: %s\n", what.c_str());
     std::fflush(stderr);
     std::abort();
+}
+
+// A whole file's bytes; a file that cannot be read fails the run (a seed's data file, a replayed input).
+inline std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("cannot read " + path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // The input as a file without touching the disk, for the readers that take a path: an anonymous memory file,

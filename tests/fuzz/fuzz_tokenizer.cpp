@@ -12,27 +12,19 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "bpe_tokenizer.h"
 #include "error.h"
-#include "fuzz_target.h"
+#include "fuzz_checks.h"
 #include "gguf.h"
 #include "tokenizer.h"
 
 namespace {
 
 using tandem::Tokenizer;
-
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // tests/data/NAME, or NAME.xz unpacked once into a temp directory.
 std::unique_ptr<Tokenizer> load_vocabulary(const std::string& name) {
@@ -68,19 +60,6 @@ const std::vector<Vocabulary>& vocabularies() {
     return all;
 }
 
-void check_stream(const Tokenizer& tok, const std::vector<int>& ids) {
-    const std::string whole = tok.decode(ids);
-    tandem::TokenStreamDecoder stream(tok);
-    std::string joined;
-    for (size_t i = 0; i <= ids.size(); ++i) {
-        const std::string part = i < ids.size() ? stream.push(ids[i]) : stream.flush();
-        if (tandem::utf8::sanitize(part) != part)
-            tandem::fuzz::fail("a streamed piece is not whole UTF-8 characters, after id " + std::to_string(i));
-        joined += part;
-    }
-    if (joined != whole) tandem::fuzz::fail("streamed text differs from decode(): '" + joined + "' vs '" + whole + "'");
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -104,7 +83,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             ids.push_back(static_cast<int>(v % static_cast<uint32_t>(tok.n_vocab())));
         }
     }
-    check_stream(tok, ids);
+    tandem::fuzz::check_stream(tok, ids);
     return 0;
 }
 

@@ -7,7 +7,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <string>
 #include <vector>
 
@@ -16,15 +15,6 @@
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_file(const fs::path& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-        std::fprintf(stderr, "fuzz-replay: cannot read %s\n", path.c_str());
-        std::exit(2);
-    }
-    return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 void run(const std::string& bytes) {
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
@@ -63,7 +53,7 @@ int main(int argc, char** argv) {
         }
         for (const fs::path& file : files) {
             std::fprintf(stderr, "input %s\n", file.c_str());
-            run(read_file(file));
+            run(tandem::fuzz::read_file(file.string()));
             ++inputs;
         }
     }
