@@ -198,6 +198,23 @@ check "bench-only run: its own steps timed, no checks" steps_timed "$out/summary
     [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] && [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
 check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
 
+# 2b. --types narrows a call to some weight types (a short second call: the 7B Q4_0 and Q4_K models only). Without
+# Q4_0 the rows made from the Q4_0 model (graphs off, SIMT, unfused, ncu) are left out, even when an earlier call
+# left that file behind.
+before=$(wc -l <"$c")
+ncu_before=$(wc -l <"$calls/ncu")
+run_check "$tmp/typed" --bench-only --sizes 7b --types "q4_k q8_0" --profile
+check "--types run: exit 0" [ $? -eq 0 ]
+t="$tmp/typed/bench.md" new_calls=$(tail -n +$((before + 1)) "$c")
+check "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b-\(q4_k\|q8_0\)\.gguf' <<<"$new_calls")" -gt 0 ] &&
+    [ "$(grep -- ' -m ' <<<"$new_calls" | grep -vc -- '/7b-\(q4_k\|q8_0\)\.gguf')" -eq 0 ]
+check "--types run: PDL rows for the two types" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$t")" -eq 2 ]
+check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
+check "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] &&
+    [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] && [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]
+run_check "$tmp/badtype" --types "q4_0 q5_k"
+check "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] && grep -q "q5_k" "$tmp/badtype.stderr"
+
 # 3. Failed checks make the exit status non-zero; benchmarks never do.
 STUB_DEVICE_TESTS_FAIL=1 run_check "$tmp/fail1" --quick
 check "failed device tests: exit non-zero" [ $? -ne 0 ]
