@@ -47,6 +47,7 @@ args=() cuda=0
 while [[ \$# -gt 0 ]]; do
     case "\$1" in
         --backend) [[ \$2 == cuda ]] && cuda=1; args+=(--backend cpu); shift 2 ;;
+        --draft-backend) args+=(--draft-backend cpu); shift 2 ;;
         *) args+=("\$1"); shift ;;
     esac
 done
@@ -112,7 +113,8 @@ check "summary: the device" grep -q '^gpu-check: device: NVIDIA Stub GPU' "$out/
 check "summary: device tests passed" grep -q 'tandem_cuda_device_tests: exit 0; \[doctest\] test cases: *40 | *40 passed' "$out/summary.txt"
 check "device tests: real-model cases excluded without the fetched models" grep -q -- "--test-case-exclude=real:\*" "$calls/device-tests"
 check "summary: fp16 route reported" grep -q 'fp16 route on NVIDIA Stub GPU' "$out/summary.txt"
-check "summary: greedy text equal for both prompts" [ "$(rows 'cuda == cpu' "$out/summary.txt")" -eq 2 ]
+check "summary: greedy text equal for both prompts" [ "$(rows "greedy stories260K '.*': cuda == cpu" "$out/summary.txt")" -eq 2 ]
+check "summary: speculative greedy equal, draft on either backend" [ "$(rows 'speculative greedy stories260K, draft on (cuda|cpu): cuda == cpu' "$out/summary.txt")" -eq 2 ]
 check "kernel-bench.md: the matvec table" grep -qE '^\| q4_0 \| 8 x 256 \| 1 \|' "$out/kernel-bench.md"
 check "kernel-bench.md: the GEMM table" grep -qE '^\| q4_0 \| 8 x 256 \| 3 \| int8 tensor-core \|' "$out/kernel-bench.md"
 
@@ -222,6 +224,7 @@ check "failed device tests: in the summary" grep -q 'tandem_cuda_device_tests: e
 STUB_GREEDY_DIFFERS=1 run_check "$tmp/fail2" --quick
 check "greedy mismatch: exit non-zero" [ $? -ne 0 ]
 check "greedy mismatch: in the summary" grep -q "cuda differs from cpu" "$tmp/fail2/summary.txt"
+check "greedy mismatch: the speculative runs too" [ "$(rows 'speculative .*: cuda differs from cpu' "$tmp/fail2/summary.txt")" -eq 2 ]
 check "greedy mismatch: both texts in greedy.log" grep -q '^cpu: ' "$tmp/fail2/greedy.log" &&
     grep -q 'something else' "$tmp/fail2/greedy.log"
 run_check "$tmp/bad" --sizez 1b
