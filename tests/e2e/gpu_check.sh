@@ -170,6 +170,11 @@ for line in open(sys.argv[1]):
 EOF
 }
 check "side-by-side.md: ratio = tandem / llama.cpp" ratios_ok "$s"
+v="$out/variants.md"
+check "variants.md: every variant row of bench.md beside its default" \
+    [ "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$v")" -eq "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$b")" ] &&
+    [ "$(rows '^\| synthetic-tiny-q4_0 \| tg128, staged matvec \|' "$v")" -eq 1 ]
+check "variants.md: ratio = variant / default" ratios_ok "$v"
 
 # Nsight Compute (7): each loads, graphs off, past one decode step of the 1B model's 22 layers.
 check "ncu: three runs" [ "$(wc -l <"$calls/ncu")" -eq 3 ]
