@@ -138,8 +138,12 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
                          "tandem: CUDA kernels: %s matvec loads (TANDEM_CUDA_MATVEC), %s activations "
                          "(TANDEM_CUDA_INT8), overlapping launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s "
                          "(TANDEM_CUDA_GEMM)\n",
-                         tandem::cuda::matvec_loads_name(options.matvec_loads),
-                         options.int8_activations ? "8-bit" : "fp32", options.overlap_launches ? "on" : "off",
+                         options.matvec_loads ? tandem::cuda::matvec_loads_name(*options.matvec_loads)
+                                              : "per-type (Q4_0 staged, others direct)",
+                         !options.int8_activations ? "per-type (Q4_0 8-bit, others fp32)"
+                         : *options.int8_activations ? "8-bit"
+                                                     : "fp32",
+                         options.overlap_launches ? "on" : "off",
                          options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT");
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);

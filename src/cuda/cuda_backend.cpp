@@ -188,15 +188,33 @@ size_t env_switch(const char* name, std::initializer_list<std::string_view> valu
 
 bool cuda_graphs_from_env() { return env_switch("TANDEM_CUDA_GRAPHS", {"1", "0"}) == 0; }
 
-cuda::MatvecLoads cuda_matvec_loads_from_env() {
+std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env() {
     constexpr cuda::MatvecLoads kLoads[] = {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged,
                                             cuda::MatvecLoads::Split};
-    return kLoads[env_switch("TANDEM_CUDA_MATVEC", {"direct", "staged", "split"})];
+    const size_t i = env_switch("TANDEM_CUDA_MATVEC", {"auto", "direct", "staged", "split"});
+    if (i == 0) return std::nullopt;
+    return kLoads[i - 1];
 }
 
 bool cuda_fused_matvecs_from_env() { return env_switch("TANDEM_CUDA_FUSED_MATVECS", {"1", "0"}) == 0; }
 
-bool cuda_int8_activations_from_env() { return env_switch("TANDEM_CUDA_INT8", {"0", "1"}) == 1; }
+std::optional<bool> cuda_int8_activations_from_env() {
+    const size_t i = env_switch("TANDEM_CUDA_INT8", {"auto", "0", "1"});
+    if (i == 0) return std::nullopt;
+    return i == 2;
+}
+
+MatvecRoute measured_matvec_route(GgmlType type) {
+    if (type == GgmlType::Q4_0) return {true, cuda::MatvecLoads::Staged};
+    return {};
+}
+
+MatvecRoute CudaOptions::matvec_route(GgmlType type) const {
+    MatvecRoute route = measured_matvec_route(type);
+    if (int8_activations) route.int8 = *int8_activations;
+    if (matvec_loads) route.loads = *matvec_loads;
+    return route;
+}
 
 // TANDEM_CUDA_GEMM picks one of three prefill routes; these two functions each ask about one of them.
 const std::initializer_list<std::string_view> kGemmRoutes = {"cublas", "int8", "simt"};
@@ -464,7 +482,7 @@ cuda::MatvecTarget CudaBackend::target(const DeviceMatrix& W, float* y, const fl
 }
 
 const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int cols) {
-    if (!options_.int8_activations || !cuda::matvec_q8_supports(type) || n > kStepTokens) return nullptr;
+    if (!options_.matvec_route(type).int8 || !cuda::matvec_q8_supports(type) || n > kStepTokens) return nullptr;
     if (xq_format_ == cuda::q8_activation_format(type) && cols == xq_cols_ && x >= xq_of_ &&
         x < xq_of_ + static_cast<ptrdiff_t>(kStepTokens) * cols) {
         const ptrdiff_t offset = x - xq_of_;
@@ -477,7 +495,7 @@ const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int col
 }
 
 bool CudaBackend::fuses_quant(GgmlType next, int n, bool prefill) const {
-    return !prefill && options_.fused_matvecs && options_.int8_activations && cuda::matvec_q8_supports(next) &&
+    return !prefill && options_.fused_matvecs && options_.matvec_route(next).int8 && cuda::matvec_q8_supports(next) &&
            n <= kStepTokens;
 }
 
@@ -492,7 +510,7 @@ CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, Ggm
 
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
     if (!prefill)
-        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, options_.matvec_loads,
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, loads(W.type),
                      quantized(W.type, x, n, W.cols));
     else if (uses_int8_gemm(W.type))
         cuda::gemm_q8(W.type, W.data, W.row_bytes, W.rows, W.cols, xq_, n, y, stream_);  // xq_: gemm_input's
@@ -579,7 +597,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr),
                                               target(L.wk, k_, b ? L.bk : nullptr),
                                               target(L.wv, v_, b ? L.bv : nullptr)};
-            cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, options_.matvec_loads,
+            cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, loads(L.wq.type),
                                quantized(L.wq.type, xb_, n, dim));
         } else {
             matmul(L.wq, xb_, n, q_, prefill);
@@ -621,12 +639,12 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             // holds xb_'s rows, which nothing here rewrites).
             const void* xq = quantized(L.w_gate.type, xb_, n, dim);
             cuda::matvec_swiglu(L.w_gate.type, L.w_gate.data, L.w_up.data, L.w_gate.row_bytes, c.hidden_dim, dim, xb_,
-                                n, gate_, stream_, options_.matvec_loads, xq);
+                                n, gate_, stream_, loads(L.w_gate.type), xq);
         } else {
             // SwiGLU on its own, which can also quantize its output for ffn_down's 8-bit route.
             if (fused_gate_up) {
                 const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
-                cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, options_.matvec_loads,
+                cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, loads(L.w_gate.type),
                                    quantized(L.w_gate.type, xb_, n, dim));
             } else {
                 matmul(L.w_gate, xb_, n, gate_, prefill);
@@ -682,16 +700,15 @@ void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
     const DeviceMatrix& W = output_;
     const void* xq = quantized(W.type, x, rows, W.cols);  // one quantization for every matvec below
     if (logit_first_ >= n_vocab) {
-        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_, 0, options_.matvec_loads,
-                     xq);
+        cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, rows, logits_, stream_, 0, loads(W.type), xq);
     } else {
         if (logit_first_ > 0)
             cuda::matvec(W.type, W.data, W.row_bytes, logit_first_, W.cols, x, rows, logits_, stream_, n_vocab,
-                         options_.matvec_loads, xq);
+                         loads(W.type), xq);
         cuda::fill_columns(logits_, rows, n_vocab, logit_first_, n_vocab, -INFINITY, stream_);
         if (n_extra_logits_ > 0)
             cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
-                              n_vocab, stream_, options_.matvec_loads, xq);
+                              n_vocab, stream_, loads(W.type), xq);
     }
     if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
     if (picks == Picks::ArgmaxConfidence)

@@ -79,14 +79,26 @@ struct CudaPrefillOptions {
 // variable, so that a typo never measures the default under another route's name.
 // TANDEM_CUDA_GRAPHS=1|0: false for "0" (the default of CudaOptions::graphs).
 bool cuda_graphs_from_env();
-// TANDEM_CUDA_MATVEC=direct|staged|split. staged: the block types' matvecs stage each row through shared memory;
-// split: four warps share each row (default: direct loads, a warp per row, until a GPU has measured which is faster).
-cuda::MatvecLoads cuda_matvec_loads_from_env();
+// TANDEM_CUDA_MATVEC=auto|direct|staged|split: every block type's matvecs with these loads (staged: each row
+// through shared memory; split: four warps share each row); auto (nullopt) leaves each type its measured route.
+std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env();
 // TANDEM_CUDA_FUSED_MATVECS=1|0: false for "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
 bool cuda_fused_matvecs_from_env();
-// TANDEM_CUDA_INT8=0|1: true for "1": the block types' matvecs take 8-bit activations (the default of
-// CudaOptions::int8_activations; off until a GPU has measured it).
-bool cuda_int8_activations_from_env();
+// TANDEM_CUDA_INT8=auto|0|1: every block type's matvecs with 8-bit ("1") or fp32 ("0") activations; auto (nullopt)
+// leaves each type its measured route.
+std::optional<bool> cuda_int8_activations_from_env();
+
+// How the decode and verification matvecs of one weight type run. One route per type for every token count, so
+// that verification stays bitwise one-token decoding.
+struct MatvecRoute {
+    bool int8 = false;                                     // 8-bit activations (kernels.h matvec_q8), else fp32
+    cuda::MatvecLoads loads = cuda::MatvecLoads::Direct;   // ignored by the float types (always direct)
+};
+// The route measured fastest for `type` on a GPU (an H200, 2026-11-27; kernels/README "Routes chosen"): Q4_0 takes
+// 8-bit activations with staged loads (decode +9% on a 1.1B model, +12% on a 6.7B one, and 1.7x faster 5- and
+// 16-token verification matvecs); every other type fp32 activations with direct loads, which no other route beat
+// for one token on both model sizes.
+MatvecRoute measured_matvec_route(GgmlType type);
 // TANDEM_CUDA_GEMM=cublas|int8|simt: true for "int8": the prefill GEMM of the block types whose codes fit int8 runs
 // on int8 tensor cores (the default of CudaOptions::int8_gemm; off until a GPU has measured it against cuBLAS).
 bool cuda_int8_gemm_from_env();
@@ -99,17 +111,18 @@ struct CudaOptions {
     cuda::KvType kv_type = cuda::KvType::F16;  // storage of the KV cache (--kv-type; Q8_0 needs kv_dim % 32 == 0)
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
+    // Overrides of the measured per-type routes (measured_matvec_route) for every block type; nullopt keeps them.
     // Direct and staged give the same sums; split another fixed order (kernels.h).
-    cuda::MatvecLoads matvec_loads = cuda_matvec_loads_from_env();
+    std::optional<cuda::MatvecLoads> matvec_loads = cuda_matvec_loads_from_env();
     // Q/K/V (with their biases) in one launch and gate/up with SwiGLU in another where their types match (4 kernels
     // fewer per layer, 7 for qwen2; with 8-bit activations for ffn_down, SwiGLU stays a launch that quantizes its
     // output), and with int8_activations the norms quantize their output for the matvecs that read it (3 quantize
     // launches fewer); false launches them one by one (the same bits; tests compare the two).
     bool fused_matvecs = cuda_fused_matvecs_from_env();
-    // Decode and verification matvecs of the block types through the 8-bit route (kernels.h matvec_q8): each
-    // input quantized once per matvec launch, as the CPU backend does; false: fp32 activations. Not bitwise the
-    // same, but within float rounding of the CPU backend's integer products.
-    bool int8_activations = cuda_int8_activations_from_env();
+    // true: decode and verification matvecs of every block type through the 8-bit route (kernels.h matvec_q8):
+    // each input quantized once per matvec launch, as the CPU backend does; false: fp32 activations; nullopt: each
+    // type's measured route. Not bitwise the same, but within float rounding of the CPU backend's integer products.
+    std::optional<bool> int8_activations = cuda_int8_activations_from_env();
     // Programmatic dependent launch on sm_90 and later (kernels/device.h stream_create): each kernel of a step is
     // scheduled while the one before it finishes and waits on the device for its inputs, which hides launch latency
     // and ramp-up, and lets the staged matvec request its first weights early. The same bits either way; ignored
@@ -121,6 +134,9 @@ struct CudaOptions {
     // rounding of the CPU backend's integer products, not bitwise the fp16 route. Ignored before sm_80 (no int8
     // mma.sync).
     bool int8_gemm = cuda_int8_gemm_from_env();
+
+    // The route of `type`'s matvecs: the measured one with the overrides above applied.
+    MatvecRoute matvec_route(GgmlType type) const;
 };
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
@@ -281,6 +297,8 @@ private:
     void gemm_input(const float* x, int n, int cols, std::initializer_list<GgmlType> readers);
     // Whether a prefill GEMM of this weight type runs on int8 tensor cores (CudaOptions::int8_gemm).
     bool uses_int8_gemm(GgmlType type) const;
+    // The loads of a decode or verification matvec of this weight type (CudaOptions::matvec_route).
+    cuda::MatvecLoads loads(GgmlType type) const { return options_.matvec_route(type).loads; }
     void ensure_workspace(int n_ctx);
 
     const Model& model_;

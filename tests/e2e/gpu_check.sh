@@ -125,9 +125,8 @@ check "bench.md: pp512 and tg128 of the 4 types and the pair" [ "$(rows '^\| syn
 check "bench.md: F16 and Q8_0 pp512 and tg128" [ "$(rows '^\| synthetic-tiny-(f16|q8_0) \| .* \| (pp512|tg128) \|' "$b")" -eq 4 ]
 check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128), baseline abc1234 \|' "$b")" -eq 8 ]
 check "bench.md: PDL rows, every type" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 4 ]
-check "bench.md: staged rows, quantized types" [ "$(rows '\| tg128, staged matvec \|' "$b")" -eq 3 ]
-check "bench.md: split rows, quantized types" [ "$(rows '\| tg128, split matvec \|' "$b")" -eq 3 ]
-check "bench.md: staged + PDL rows" [ "$(rows '\| tg128, staged matvec, PDL \|' "$b")" -eq 3 ]
+check "bench.md: fp32 rows, each loads, quantized types" [ "$(rows '\| tg128, fp32 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
+check "bench.md: staged + PDL rows" [ "$(rows '\| tg128, fp32 activations, staged matvec, PDL \|' "$b")" -eq 3 ]
 check "bench.md: int8 activation rows, each loads" [ "$(rows '\| tg128, int8 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
 check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -eq 1 ]
 check "bench.md: SIMT GEMM row" [ "$(rows '\| pp512, SIMT GEMM \|' "$b")" -eq 1 ]
@@ -136,10 +135,9 @@ check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and S
 
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
-check "calls: staged loads under TANDEM_CUDA_MATVEC=staged" [ "$(rows '^TANDEM_CUDA_MATVEC=staged \| ' "$c")" -eq 3 ]
-check "calls: split rows under TANDEM_CUDA_MATVEC=split" [ "$(rows '^TANDEM_CUDA_MATVEC=split \| ' "$c")" -eq 3 ]
+check "calls: fp32 rows under TANDEM_CUDA_INT8=0, each loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
 check "calls: PDL alone" [ "$(rows '^TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 4 ]
-check "calls: PDL with staged loads" [ "$(rows '^TANDEM_CUDA_MATVEC=staged TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 3 ]
+check "calls: PDL with staged loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=staged TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 3 ]
 check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
 check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
 check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
@@ -173,7 +171,7 @@ check "side-by-side.md: ratio = tandem / llama.cpp" ratios_ok "$s"
 v="$out/variants.md"
 check "variants.md: every variant row of bench.md beside its default" \
     [ "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$v")" -eq "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$b")" ] &&
-    [ "$(rows '^\| synthetic-tiny-q4_0 \| tg128, staged matvec \|' "$v")" -eq 1 ]
+    [ "$(rows '^\| synthetic-tiny-q4_0 \| tg128, fp32 activations, staged matvec \|' "$v")" -eq 1 ]
 check "variants.md: ratio = variant / default" ratios_ok "$v"
 
 # Nsight Compute (7): each loads, graphs off, past one decode step of the 1B model's 22 layers.

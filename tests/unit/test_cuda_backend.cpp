@@ -73,6 +73,14 @@ struct Diff {
 // Runs the same calls on both backends and compares every logit row they return. The schedule: a prefill of 37
 // tokens in chunks of 20 and 17 (CUDA splits each into 16-token steps), 6 single-token decodes, a truncate back
 // by 4 positions (a rejected draft), a 5-token verification-sized call, then 3 more decodes.
+// Options with fp32 activations for every type (tests of the float route on models whose type, Q4_0, measured faster
+// with 8-bit activations).
+CudaOptions fp32_route() {
+    CudaOptions o;
+    o.int8_activations = false;
+    return o;
+}
+
 Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {},
                       cpu::Activations cpu_activations = cpu::Activations::Float, bool repack = true) {
     const int n_vocab = model.config.n_vocab;
@@ -155,11 +163,12 @@ TEST_CASE("cuda backend: stories260K f32 logits match the CPU backend through pr
     CHECK(d.worst_rel <= 1e-2);
 }
 
-TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CPU backend" * doctest::test_suite("emu-variants")) {
+TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CPU backend on the fp32 route" * doctest::test_suite("emu-variants")) {
+    // fp32 activations for both types (Q4_0's measured route is 8-bit: the test below holds it to the CPU's Int8).
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
         CAPTURE(std::string(ggml_type_name(type)));
         auto model = Model::load(requantized(type));
-        const Diff d = compare_backends(*model, 48);
+        const Diff d = compare_backends(*model, 48, fp32_route());
         const std::string name = std::string("stories260K ") + ggml_type_name(type);
         MESSAGE(name, ": max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel, " of the logit range)");
         CHECK(d.worst_rel <= 1e-2);
@@ -178,7 +187,7 @@ TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int
         CudaOptions int8;
         int8.int8_activations = true;
         const Diff with_int8 = compare_backends(*model, 48, int8, cpu::Activations::Int8);
-        const Diff fp32_vs_cpu_fp32 = compare_backends(*model, 48, {}, cpu::Activations::Float);
+        const Diff fp32_vs_cpu_fp32 = compare_backends(*model, 48, fp32_route(), cpu::Activations::Float);
         const Diff int8_vs_cpu_fp32 = compare_backends(*model, 48, int8, cpu::Activations::Float);
         MESSAGE("stories260K ", ggml_type_name(type), ": cuda int8 vs cpu int8: worst ", with_int8.worst_rel,
                 ", median ", with_int8.median_rel(), " of the logit range; cuda fp32 vs cpu fp32: median ",
@@ -278,10 +287,12 @@ TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU ba
         auto model = synthetic_model ? synthetic({"q6k", 256, 512, 2, 4, 2, 512, 128}, type, 13)
                                      : Model::load(requantized(type));
         REQUIRE(model->weights.layers[0].wq.type == type);
-        CudaOptions int8;
+        // The output projection after the chunk is a matvec: fp32 activations for it on both sides (Q4_0's
+        // measured matvec route is 8-bit), so that only the GEMM differs.
+        CudaOptions int8 = fp32_route();
         int8.int8_gemm = true;
         const PrefillRun with_int8 = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8, cpu::Activations::Int8);
-        const PrefillRun float_run = run_prefill(*model, kPrefillFrom17, {100}, 0, 128);
+        const PrefillRun float_run = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, fp32_route());
         const PrefillRun int8_vs_float = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8);
         const std::string model_name =
             std::string(synthetic_model ? "synthetic " : "stories260K ") + ggml_type_name(type);
@@ -582,7 +593,7 @@ TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct l
     for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
         CAPTURE(std::string(ggml_type_name(type)));
         auto model = Model::load(requantized(type));
-        CudaOptions staged, direct;
+        CudaOptions staged = fp32_route(), direct = fp32_route();  // the 8-bit route's staged loads: check_int8_fusion
         staged.attention_split = direct.attention_split = 4;
         staged.matvec_loads = cuda::MatvecLoads::Staged;
         direct.matvec_loads = cuda::MatvecLoads::Direct;
@@ -591,6 +602,26 @@ TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct l
         check_same_logits(s, d);
     }
 }
+
+namespace {
+
+// What speculative decoding relies on: a 5-token verification call after a 6-token prompt gives bitwise the logits of
+// the same 5 tokens decoded one at a time (through CUDA graphs, both short calls).
+void check_verification_bits(const Model& model, const CudaOptions& options) {
+    const int n_vocab = model.config.n_vocab;
+    CudaBackend gpu(model, 32, {}, options);
+    auto together = gpu.new_cache(32), apart = gpu.new_cache(32);
+    const std::vector<int> prompt = test_prompt(6, n_vocab), next = {17, 100, 5, 42, 99};
+    std::vector<float> logits(static_cast<size_t>(5) * n_vocab, std::nanf("")), one(logits.size(), std::nanf(""));
+    gpu.forward(prompt, *together, 1, logits.data());
+    gpu.forward(prompt, *apart, 1, one.data());
+    gpu.forward(next, *together, 5, logits.data());
+    for (int i = 0; i < 5; ++i) gpu.forward(std::vector<int>{next[i]}, *apart, 1, one.data() + i * n_vocab);
+    for (float v : logits) REQUIRE(std::isfinite(v));
+    CHECK(std::memcmp(logits.data(), one.data(), logits.size() * 4) == 0);
+}
+
+}  // namespace
 
 TEST_CASE("cuda backend: split matvec rows stay near the CPU backend and give a verification call the bits of single tokens" * doctest::test_suite("emu-variants")) {
     // TANDEM_CUDA_MATVEC=split sums each row in another fixed order than the direct kernel (kernels.h). On a
@@ -602,7 +633,6 @@ TEST_CASE("cuda backend: split matvec rows stay near the CPU backend and give a 
     // four times the direct kernel's emulated threads, so the test keeps to these; graphs against direct launches
     // are the capture's property, tested with the other loads.)
     auto model = synthetic({"split", 256, 512, 1, 4, 2, 320, 64}, GgmlType::Q4_0, 13);
-    const int n_vocab = model->config.n_vocab;
     for (bool int8 : {false, true}) {
         CAPTURE(int8);
         CudaOptions split;
@@ -615,17 +645,18 @@ TEST_CASE("cuda backend: split matvec rows stay near the CPU backend and give a 
                     " of the logit range)");
             CHECK(d.worst_rel <= 1e-2);
         }
-        CudaBackend gpu(*model, 32, {}, split);
-        auto together = gpu.new_cache(32), apart = gpu.new_cache(32);
-        const std::vector<int> prompt = test_prompt(6, n_vocab), next = {17, 100, 5, 42, 99};
-        std::vector<float> logits(static_cast<size_t>(5) * n_vocab, std::nanf("")), one(logits.size(), std::nanf(""));
-        gpu.forward(prompt, *together, 1, logits.data());
-        gpu.forward(prompt, *apart, 1, one.data());
-        gpu.forward(next, *together, 5, logits.data());
-        for (int i = 0; i < 5; ++i) gpu.forward(std::vector<int>{next[i]}, *apart, 1, one.data() + i * n_vocab);
-        for (float v : logits) REQUIRE(std::isfinite(v));
-        CHECK(std::memcmp(logits.data(), one.data(), logits.size() * 4) == 0);
+        check_verification_bits(*model, split);
     }
+}
+
+TEST_CASE("cuda backend: Q4_0's measured route (8-bit with staged loads) gives a verification call the bits of single tokens" * doctest::test_suite("emu-variants")) {
+    // The route a Q4_0 model takes by default (cuda_backend.h measured_matvec_route), through CUDA graphs.
+    auto model = synthetic({"split", 256, 512, 1, 4, 2, 320, 64}, GgmlType::Q4_0, 13);
+    CudaOptions measured;
+    measured.attention_split = 4;
+    REQUIRE(measured.matvec_route(GgmlType::Q4_0).int8);
+    REQUIRE(measured.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);
+    check_verification_bits(*model, measured);
 }
 
 namespace {
@@ -702,8 +733,9 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     // stories260K q4_0 given random Q/K/V biases, as a qwen2 model carries them: the CUDA backend adds them inside
     // the fused Q/K/V launch; its logits must follow the CPU backend's (which adds them after its matmuls) and be
     // bitwise those of the separate launches + add_bias. Without biases the fused launches are compared too.
+    // On the fp32 route (Q4_0's measured route is 8-bit, whose launches the node counts below do not describe).
     auto model = Model::load(requantized(GgmlType::Q4_0));
-    const Diff plain = compare_backends(*model, 48);
+    const Diff plain = compare_backends(*model, 48, fp32_route());
     std::mt19937 rng(5);
     std::normal_distribution<float> normal(0.0f, 0.5f);
     std::vector<std::vector<float>> biases;
@@ -715,11 +747,11 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
             *b = WeightView{biases.back().data(), GgmlType::F32, width, 1};
         }
     model->config.qkv_bias = true;
-    const Diff d = compare_backends(*model, 48);
+    const Diff d = compare_backends(*model, 48, fp32_route());
     MESSAGE("stories260K q4_0 with Q/K/V biases: max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel,
             " of the logit range; without biases ", plain.worst_rel, ")");
     CHECK(d.worst_rel <= 1e-2);
-    CudaOptions fused, separate;
+    CudaOptions fused = fp32_route(), separate = fp32_route();
     fused.attention_split = separate.attention_split = 4;
     separate.fused_matvecs = false;
     const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
@@ -803,15 +835,42 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
 
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged or split selects those loads") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
-    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
+    CHECK_FALSE(cuda_matvec_loads_from_env().has_value());  // unset: each type's measured loads
+    setenv("TANDEM_CUDA_MATVEC", "auto", 1);
+    CHECK_FALSE(cuda_matvec_loads_from_env().has_value());
     setenv("TANDEM_CUDA_MATVEC", "staged", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Staged);
     CHECK(CudaOptions{}.matvec_loads == cuda::MatvecLoads::Staged);
+    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Staged);
     setenv("TANDEM_CUDA_MATVEC", "split", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Split);
-    CHECK(std::string(cuda::matvec_loads_name(CudaOptions{}.matvec_loads)) == "split");
+    CHECK(std::string(cuda::matvec_loads_name(*CudaOptions{}.matvec_loads)) == "split");
     setenv("TANDEM_CUDA_MATVEC", "direct", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
+    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Direct);
+}
+
+// The defaults a GPU measured (cuda_backend.h measured_matvec_route): Q4_0 8-bit and staged, the rest fp32 and
+// direct; the two switches override each half for every type.
+TEST_CASE("cuda backend: each weight type takes its measured matvec route unless a switch overrides it") {
+    const UnsetEnvAtExit restore_loads("TANDEM_CUDA_MATVEC");
+    const UnsetEnvAtExit restore_int8("TANDEM_CUDA_INT8");
+    const CudaOptions measured;
+    CHECK(measured.matvec_route(GgmlType::Q4_0).int8);
+    CHECK(measured.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);
+    for (GgmlType t : {GgmlType::F16, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_K,
+                       GgmlType::Q6_K}) {
+        CAPTURE(std::string(ggml_type_name(t)));
+        CHECK_FALSE(measured.matvec_route(t).int8);
+        CHECK(measured.matvec_route(t).loads == cuda::MatvecLoads::Direct);
+    }
+    CudaOptions fp32;
+    fp32.int8_activations = false;
+    CHECK_FALSE(fp32.matvec_route(GgmlType::Q4_0).int8);
+    CHECK(fp32.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);  // loads still measured
+    setenv("TANDEM_CUDA_INT8", "1", 1);
+    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).int8);
+    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Direct);
 }
 
 TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an error naming the variable") {
@@ -823,10 +882,11 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
     };
     const Switch switches[] = {
         {"TANDEM_CUDA_GRAPHS", "off", "expected 1 or 0", [] { return cuda_graphs_from_env(); }},
-        {"TANDEM_CUDA_MATVEC", "splt", "expected direct, staged or split",
-         [] { return cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct; }},
+        {"TANDEM_CUDA_MATVEC", "splt", "expected auto, direct, staged or split",
+         [] { return cuda_matvec_loads_from_env().has_value(); }},
         {"TANDEM_CUDA_FUSED_MATVECS", "no", "expected 1 or 0", [] { return cuda_fused_matvecs_from_env(); }},
-        {"TANDEM_CUDA_INT8", "yes", "expected 0 or 1", [] { return cuda_int8_activations_from_env(); }},
+        {"TANDEM_CUDA_INT8", "yes", "expected auto, 0 or 1",
+         [] { return cuda_int8_activations_from_env().has_value(); }},
         {"TANDEM_CUDA_GEMM", "Int8", "expected cublas, int8 or simt", [] { return cuda_int8_gemm_from_env(); }},
         {"TANDEM_CUDA_PDL", "2", "expected 0 or 1", [] { return cuda_overlap_launches_from_env(); }},
     };
@@ -853,12 +913,14 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
 
 TEST_CASE("cuda backend: TANDEM_CUDA_INT8=1 selects 8-bit activations") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_INT8");
-    CHECK_FALSE(cuda_int8_activations_from_env());
+    CHECK_FALSE(cuda_int8_activations_from_env().has_value());  // unset: each type's measured route
     setenv("TANDEM_CUDA_INT8", "1", 1);
-    CHECK(cuda_int8_activations_from_env());
-    CHECK(CudaOptions{}.int8_activations);
+    CHECK(cuda_int8_activations_from_env() == true);
+    CHECK(CudaOptions{}.int8_activations == true);
     setenv("TANDEM_CUDA_INT8", "0", 1);
-    CHECK_FALSE(cuda_int8_activations_from_env());
+    CHECK(cuda_int8_activations_from_env() == false);
+    setenv("TANDEM_CUDA_INT8", "auto", 1);
+    CHECK_FALSE(cuda_int8_activations_from_env().has_value());
 }
 
 TEST_CASE("cuda backend: TANDEM_CUDA_FUSED_MATVECS=0 launches Q/K/V and gate/up one by one") {
