@@ -221,7 +221,7 @@ const std::initializer_list<std::string_view> kGemmRoutes = {"cublas", "int8", "
 
 bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 1; }
 
-bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"0", "1"}) == 1; }
+bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"1", "0"}) == 0; }
 
 bool CudaBackend::use_blas() {
     const bool simt_asked = env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 2;  // a typo is an error even here

@@ -124,9 +124,8 @@ check "bench.md: one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
 check "bench.md: pp512 and tg128 of the 4 types and the pair" [ "$(rows '^\| synthetic-tiny-[A-Za-z0-9_]+ \| .* \| (pp512|tg128) \|' "$b")" -eq 11 ]
 check "bench.md: F16 and Q8_0 pp512 and tg128" [ "$(rows '^\| synthetic-tiny-(f16|q8_0) \| .* \| (pp512|tg128) \|' "$b")" -eq 4 ]
 check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128), baseline abc1234 \|' "$b")" -eq 8 ]
-check "bench.md: PDL rows, every type" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 4 ]
+check "bench.md: PDL-off rows, every type" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 4 ]
 check "bench.md: fp32 rows, each loads, quantized types" [ "$(rows '\| tg128, fp32 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
-check "bench.md: staged + PDL rows" [ "$(rows '\| tg128, fp32 activations, staged matvec, PDL \|' "$b")" -eq 3 ]
 check "bench.md: int8 activation rows, each loads" [ "$(rows '\| tg128, int8 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
 check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -eq 1 ]
 check "bench.md: SIMT GEMM row" [ "$(rows '\| pp512, SIMT GEMM \|' "$b")" -eq 1 ]
@@ -136,8 +135,7 @@ check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and S
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
 check "calls: fp32 rows under TANDEM_CUDA_INT8=0, each loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
-check "calls: PDL alone" [ "$(rows '^TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 4 ]
-check "calls: PDL with staged loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=staged TANDEM_CUDA_PDL=1 \| ' "$c")" -eq 3 ]
+check "calls: PDL off" [ "$(rows '^TANDEM_CUDA_PDL=0 \| ' "$c")" -eq 4 ]
 check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
 check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
 check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
@@ -198,7 +196,7 @@ check "bench-only run: exit 0" [ $? -eq 0 ]
 check "bench-only run: no device tests" [ "$(wc -l <"$calls/device-tests")" -eq "$device_test_runs" ]
 check "bench-only run: 7B models made, no pair" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] && [ "$(rows '--make-synthetic qwen' "$c")" -eq 2 ]
 check "bench-only run: bench.md still one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
-check "bench-only run: 7B rows appended" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$b")" -eq 8 ]
+check "bench-only run: 7B rows appended" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 8 ]
 check "bench-only run: its own steps timed, no checks" steps_timed "$out/summary.txt" "synthetic models (7b)" &&
     [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] && [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
 check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
@@ -213,7 +211,7 @@ check "--types run: exit 0" [ $? -eq 0 ]
 t="$tmp/typed/bench.md" new_calls=$(tail -n +$((before + 1)) "$c")
 check "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b-\(q4_k\|q8_0\)\.gguf' <<<"$new_calls")" -gt 0 ] &&
     [ "$(grep -- ' -m ' <<<"$new_calls" | grep -vc -- '/7b-\(q4_k\|q8_0\)\.gguf')" -eq 0 ]
-check "--types run: PDL rows for the two types" [ "$(rows '\| tg128, overlapping launches \(PDL\) \|' "$t")" -eq 2 ]
+check "--types run: PDL rows for the two types" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$t")" -eq 2 ]
 check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
 check "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] &&
     [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] && [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]

@@ -718,15 +718,15 @@ TEST_CASE("cuda backend: overlapping launches give the same bits and every kerne
     }
 }
 
-TEST_CASE("cuda backend: TANDEM_CUDA_PDL=1 turns overlapping launches on") {
+TEST_CASE("cuda backend: overlapping launches are on unless TANDEM_CUDA_PDL=0") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_PDL");
-    CHECK_FALSE(cuda_overlap_launches_from_env());
-    CHECK_FALSE(CudaOptions{}.overlap_launches);
-    setenv("TANDEM_CUDA_PDL", "1", 1);
     CHECK(cuda_overlap_launches_from_env());
     CHECK(CudaOptions{}.overlap_launches);
     setenv("TANDEM_CUDA_PDL", "0", 1);
     CHECK_FALSE(cuda_overlap_launches_from_env());
+    CHECK_FALSE(CudaOptions{}.overlap_launches);
+    setenv("TANDEM_CUDA_PDL", "1", 1);
+    CHECK(cuda_overlap_launches_from_env());
 }
 
 TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches" * doctest::test_suite("emu-variants")) {
@@ -888,7 +888,7 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
         {"TANDEM_CUDA_INT8", "yes", "expected auto, 0 or 1",
          [] { return cuda_int8_activations_from_env().has_value(); }},
         {"TANDEM_CUDA_GEMM", "Int8", "expected cublas, int8 or simt", [] { return cuda_int8_gemm_from_env(); }},
-        {"TANDEM_CUDA_PDL", "2", "expected 0 or 1", [] { return cuda_overlap_launches_from_env(); }},
+        {"TANDEM_CUDA_PDL", "2", "expected 1 or 0", [] { return cuda_overlap_launches_from_env(); }},
     };
     for (const Switch& sw : switches) {
         CAPTURE(std::string(sw.name));
