@@ -74,7 +74,7 @@ struct CudaPrefillOptions {
     int matvec_max_call = 64;  // calls of up to this many tokens keep matvec + split-K
 };
 
-// The TANDEM_CUDA_* switches below are benchmark switches for routes a GPU has yet to choose between. Each takes the
+// The TANDEM_CUDA_* switches below are benchmark switches that force a route other than the measured default. Each takes the
 // values its comment names (unset or empty: the first, the default); any other value throws Error naming the
 // variable, so that a typo never measures the default under another route's name.
 // TANDEM_CUDA_GRAPHS=1|0: false for "0" (the default of CudaOptions::graphs).
@@ -100,7 +100,8 @@ struct MatvecRoute {
 // for one token on both model sizes.
 MatvecRoute measured_matvec_route(GgmlType type);
 // TANDEM_CUDA_GEMM=cublas|int8|simt: true for "int8": the prefill GEMM of the block types whose codes fit int8 runs
-// on int8 tensor cores (the default of CudaOptions::int8_gemm; off until a GPU has measured it against cuBLAS).
+// on int8 tensor cores (the default of CudaOptions::int8_gemm is off: an H200 measured it at 0.49-0.63x of cuBLAS's
+// pp512, 2026-11-27).
 bool cuda_int8_gemm_from_env();
 // TANDEM_CUDA_PDL=1|0: false for "0": kernels wait for the kernel before them to finish (the default of
 // CudaOptions::overlap_launches is to overlap; an H200 measured it faster on every model, 2026-11-27).
