@@ -133,7 +133,8 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
             std::fprintf(stderr, "tandem: CUDA graphs for decode / verification steps: %s\n",
                          tandem::cuda_graphs_from_env() ? "on (TANDEM_CUDA_GRAPHS=0 turns them off)"
                                                         : "off (TANDEM_CUDA_GRAPHS=0)");
-            // The choices still waiting for a GPU to pick their defaults, so a benchmark log says what ran.
+            // The routes in use (measured defaults unless a TANDEM_CUDA_* switch forces another), so that a
+            // benchmark log says what ran.
             std::fprintf(stderr,
                          "tandem: CUDA kernels: %s matvec loads (TANDEM_CUDA_MATVEC), %s activations "
                          "(TANDEM_CUDA_INT8), overlapping launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s "
