@@ -136,15 +136,9 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
             // The routes in use (measured defaults unless a TANDEM_CUDA_* switch forces another), so that a
             // benchmark log says what ran.
             std::fprintf(stderr,
-                         "tandem: CUDA kernels: %s matvec loads (TANDEM_CUDA_MATVEC), %s activations "
-                         "(TANDEM_CUDA_INT8), overlapping launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s "
-                         "(TANDEM_CUDA_GEMM)\n",
-                         options.matvec_loads ? tandem::cuda::matvec_loads_name(*options.matvec_loads)
-                                              : "per-type (Q4_0 staged, others direct)",
-                         !options.int8_activations ? "per-type (Q4_0 8-bit, others fp32)"
-                         : *options.int8_activations ? "8-bit"
-                                                     : "fp32",
-                         options.overlap_launches ? "on" : "off",
+                         "tandem: CUDA kernels: matvecs with %s (TANDEM_CUDA_INT8, TANDEM_CUDA_MATVEC), overlapping "
+                         "launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s (TANDEM_CUDA_GEMM)\n",
+                         tandem::describe_matvec_routes(options).c_str(), options.overlap_launches ? "on" : "off",
                          options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT");
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);

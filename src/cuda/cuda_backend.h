@@ -141,6 +141,10 @@ struct CudaOptions {
     MatvecRoute matvec_route(GgmlType type) const;
 };
 
+// The block types' matvec routes in words, for -v: the route most of them take, then the others', e.g. "fp32
+// activations, direct loads (q4_0: 8-bit activations, staged loads)".
+std::string describe_matvec_routes(const CudaOptions& options);
+
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
 struct CudaGraphStats {
     int captures = 0;        // steps recorded into a graph: instantiations + updates

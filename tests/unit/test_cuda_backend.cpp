@@ -868,9 +868,15 @@ TEST_CASE("cuda backend: each weight type takes its measured matvec route unless
     fp32.int8_activations = false;
     CHECK_FALSE(fp32.matvec_route(GgmlType::Q4_0).int8);
     CHECK(fp32.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);  // loads still measured
+    CHECK(describe_matvec_routes(measured) ==
+          "fp32 activations, direct loads (q4_0: 8-bit activations, staged loads)");
     setenv("TANDEM_CUDA_INT8", "1", 1);
     CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).int8);
     CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Direct);
+    CHECK(describe_matvec_routes(CudaOptions{}) ==
+          "8-bit activations, direct loads (q4_0: 8-bit activations, staged loads)");
+    setenv("TANDEM_CUDA_MATVEC", "split", 1);
+    CHECK(describe_matvec_routes(CudaOptions{}) == "8-bit activations, split loads");
 }
 
 TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an error naming the variable") {
