@@ -215,8 +215,8 @@ check "--types run: PDL rows for the two types" [ "$(rows '\| tg128, no overlapp
 check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
 check "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] &&
     [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] && [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]
-run_check "$tmp/badtype" --types "q4_0 q5_k"
-check "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] && grep -q "q5_k" "$tmp/badtype.stderr"
+run_check "$tmp/badtype" --types "q4_0 q7_k"
+check "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] && grep -q "'q7_k' is not one of" "$tmp/badtype.stderr"
 
 # 3. Failed checks make the exit status non-zero; benchmarks never do.
 STUB_DEVICE_TESTS_FAIL=1 run_check "$tmp/fail1" --quick
