@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <iterator>
 #include <string_view>
 #include <unordered_map>
 
@@ -220,27 +221,22 @@ std::string describe_matvec_routes(const CudaOptions& options) {
     constexpr GgmlType kBlockTypes[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
                                         GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
                                         GgmlType::Q5_K, GgmlType::Q6_K};
+    constexpr size_t kN = std::size(kBlockTypes);
+    MatvecRoute routes[kN];
+    for (size_t i = 0; i < kN; ++i) routes[i] = options.matvec_route(kBlockTypes[i]);
+    // The route most block types take, then the types that take another.
+    const MatvecRoute common = *std::max_element(routes, routes + kN, [&](MatvecRoute a, MatvecRoute b) {
+        return std::count(routes, routes + kN, a) < std::count(routes, routes + kN, b);
+    });
     const auto words = [](MatvecRoute r) {
         return std::string(r.int8 ? "8-bit" : "fp32") + " activations, " + cuda::matvec_loads_name(r.loads) +
                " loads";
     };
-    const auto same = [](MatvecRoute a, MatvecRoute b) { return a.int8 == b.int8 && a.loads == b.loads; };
-    // The route most block types take, then the types that take another.
-    MatvecRoute common = options.matvec_route(kBlockTypes[0]);
-    int best = 0;
-    for (GgmlType t : kBlockTypes) {
-        int n = 0;
-        for (GgmlType u : kBlockTypes) n += same(options.matvec_route(t), options.matvec_route(u));
-        if (n > best) {
-            best = n;
-            common = options.matvec_route(t);
-        }
-    }
     std::string exceptions;
-    for (GgmlType t : kBlockTypes)
-        if (!same(options.matvec_route(t), common))
-            exceptions += std::string(exceptions.empty() ? "" : "; ") + ggml_type_name(t) + ": " +
-                          words(options.matvec_route(t));
+    for (size_t i = 0; i < kN; ++i)
+        if (!(routes[i] == common))
+            exceptions += std::string(exceptions.empty() ? "" : "; ") + ggml_type_name(kBlockTypes[i]) + ": " +
+                          words(routes[i]);
     return words(common) + (exceptions.empty() ? "" : " (" + exceptions + ")");
 }
 

@@ -93,11 +93,12 @@ std::optional<bool> cuda_int8_activations_from_env();
 struct MatvecRoute {
     bool int8 = false;                                     // 8-bit activations (kernels.h matvec_q8), else fp32
     cuda::MatvecLoads loads = cuda::MatvecLoads::Direct;   // ignored by the float types (always direct)
+    bool operator==(const MatvecRoute&) const = default;
 };
 // The route measured fastest for `type` on a GPU (an H200, 2026-11-27; kernels/README "Routes chosen"): Q4_0 takes
-// 8-bit activations with staged loads (decode +9% on a 1.1B model, +12% on a 6.7B one, and 1.7x faster 5- and
-// 16-token verification matvecs); every other type fp32 activations with direct loads, which no other route beat
-// for one token on both model sizes.
+// 8-bit activations with staged loads (decode +5.5-9.4% on a 1.1B model, +10.8-12.1% on a 6.7B one over two calls,
+// and 1.7x faster 5- and 16-token verification matvecs); every other type fp32 activations with direct loads, which
+// no other route beat for one token on both model sizes.
 MatvecRoute measured_matvec_route(GgmlType type);
 // TANDEM_CUDA_GEMM=cublas|int8|simt: true for "int8": the prefill GEMM of the block types whose codes fit int8 runs
 // on int8 tensor cores (the default of CudaOptions::int8_gemm is off: an H200 measured it at 0.49-0.63x of cuBLAS's

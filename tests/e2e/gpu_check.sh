@@ -201,7 +201,7 @@ check "bench-only run: its own steps timed, no checks" steps_timed "$out/summary
     [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] && [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
 check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
 
-# 2b. --types narrows a call to some weight types (a short second call: the 7B Q4_0 and Q4_K models only). Without
+# 2b. --types narrows a call to some weight types (a short follow-up call, say the 7B Q4_K and Q8_0 models). Without
 # Q4_0 the rows made from the Q4_0 model (graphs off, SIMT, unfused, ncu) are left out, even when an earlier call
 # left that file behind.
 before=$(wc -l <"$c")
@@ -211,7 +211,7 @@ check "--types run: exit 0" [ $? -eq 0 ]
 t="$tmp/typed/bench.md" new_calls=$(tail -n +$((before + 1)) "$c")
 check "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b-\(q4_k\|q8_0\)\.gguf' <<<"$new_calls")" -gt 0 ] &&
     [ "$(grep -- ' -m ' <<<"$new_calls" | grep -vc -- '/7b-\(q4_k\|q8_0\)\.gguf')" -eq 0 ]
-check "--types run: PDL rows for the two types" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$t")" -eq 2 ]
+check "--types run: PDL-off rows for the two types" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$t")" -eq 2 ]
 check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
 check "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] &&
     [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] && [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]

@@ -70,9 +70,6 @@ struct Diff {
     }
 };
 
-// Runs the same calls on both backends and compares every logit row they return. The schedule: a prefill of 37
-// tokens in chunks of 20 and 17 (CUDA splits each into 16-token steps), 6 single-token decodes, a truncate back
-// by 4 positions (a rejected draft), a 5-token verification-sized call, then 3 more decodes.
 // Options with fp32 activations for every type (tests of the float route on models whose type, Q4_0, measured faster
 // with 8-bit activations).
 CudaOptions fp32_route() {
@@ -81,6 +78,9 @@ CudaOptions fp32_route() {
     return o;
 }
 
+// Runs the same calls on both backends and compares every logit row they return. The schedule: a prefill of 37
+// tokens in chunks of 20 and 17 (CUDA splits each into 16-token steps), 6 single-token decodes, a truncate back
+// by 4 positions (a rejected draft), a 5-token verification-sized call, then 3 more decodes.
 Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {},
                       cpu::Activations cpu_activations = cpu::Activations::Float, bool repack = true) {
     const int n_vocab = model.config.n_vocab;
@@ -864,10 +864,8 @@ TEST_CASE("cuda backend: each weight type takes its measured matvec route unless
         CHECK_FALSE(measured.matvec_route(t).int8);
         CHECK(measured.matvec_route(t).loads == cuda::MatvecLoads::Direct);
     }
-    CudaOptions fp32;
-    fp32.int8_activations = false;
-    CHECK_FALSE(fp32.matvec_route(GgmlType::Q4_0).int8);
-    CHECK(fp32.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);  // loads still measured
+    CHECK_FALSE(fp32_route().matvec_route(GgmlType::Q4_0).int8);
+    CHECK(fp32_route().matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);  // loads still measured
     CHECK(describe_matvec_routes(measured) ==
           "fp32 activations, direct loads (q4_0: 8-bit activations, staged loads)");
     setenv("TANDEM_CUDA_INT8", "1", 1);
