@@ -117,6 +117,13 @@ bool device_has_programmatic_launch() { return compute_capability_major() >= 9; 
 
 bool device_has_int8_mma() { return compute_capability_major() >= 8; }
 
+int multiprocessor_count() {
+    int device = 0, count = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    return count;
+}
+
 Stream stream_create(bool overlap_launches) {
     cudaStream_t s = nullptr;
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -311,6 +318,8 @@ int device_count(std::string*) { return 1; }
 std::string device_name() { return "CUDA emulation"; }
 
 bool device_has_int8_mma() { return true; }
+
+int multiprocessor_count() { return 1; }
 
 DeviceMemory device_memory() {
     const size_t limit = emulated_limit() ? emulated_limit() : std::numeric_limits<size_t>::max();

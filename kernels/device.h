@@ -32,6 +32,9 @@ std::string device_name();
 // The current device has the int8 tensor-core instructions gemm_q8 uses (mma.sync m16n8k32 / m16n8k16 .s8:
 // sm_80 and later). The emulation computes them, so it has them.
 bool device_has_int8_mma();
+// Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount): what a persistent kernel's grid
+// is sized by. The emulation runs one block at a time, so it reports one.
+int multiprocessor_count();
 
 struct DeviceMemory {
     size_t free_bytes = 0, total_bytes = 0;

@@ -49,10 +49,18 @@ bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 // together, and the lanes decode the copy; bitwise the direct sums. Split: a row's walk divided among a block's four
 // warps (4x the warps in flight, each a quarter of the row), the partial sums added in warp order: another order
 // than direct, fixed by the row width, so still bitwise the same for any token count, launch or row subset.
-// (F32, F16 and BF16 always load directly.)
-enum class MatvecLoads { Direct, Staged, Split };
+// Persistent: staged, with only as many blocks as the device holds at once, each walking rows of the grid one after
+// another and requesting the next row's first chunk before it decodes the current row's last; bitwise the staged
+// (so the direct) sums. (F32, F16 and BF16 always load directly.)
+enum class MatvecLoads { Direct, Staged, Split, Persistent };
 inline const char* matvec_loads_name(MatvecLoads loads) {  // as TANDEM_CUDA_MATVEC spells it
-    return loads == MatvecLoads::Staged ? "staged" : loads == MatvecLoads::Split ? "split" : "direct";
+    switch (loads) {
+        case MatvecLoads::Staged: return "staged";
+        case MatvecLoads::Split: return "split";
+        case MatvecLoads::Persistent: return "persistent";
+        case MatvecLoads::Direct: break;
+    }
+    return "direct";
 }
 // y[t][r] = dot(row r of W, x[t]) for t < n_tokens (<= kMatvecMaxTokens), r < rows. x is [n_tokens][cols] and must
 // be 16-byte aligned; W 16-byte aligned (rows are row_bytes apart). y's rows are y_stride floats apart (0: rows),

@@ -86,22 +86,27 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
 
 constexpr int kSwigluPairs = kWarps / 2;  // (gate, up) row pairs per block with the SwiGLU epilogue
 
-// The warp's segment and row within it; false: the warp has no row (it still reaches a SwiGLU block's barrier).
-__device__ __forceinline__ bool warp_row(const MatvecJob& job, int& s, int& row) {
+// The warp's segment and row within it in the grid's block-row `block` (blockIdx.x, but for the persistent kernel);
+// false: the warp has no row (it still reaches a SwiGLU block's barrier).
+__device__ __forceinline__ bool warp_row_in(const MatvecJob& job, unsigned block, int& s, int& row) {
     const int warp = threadIdx.x / 32;
     if (job.swiglu) {
         s = warp / kSwigluPairs;
-        row = blockIdx.x * kSwigluPairs + warp % kSwigluPairs;
+        row = static_cast<int>(block) * kSwigluPairs + warp % kSwigluPairs;
         return row < job.seg0.rows;
     }
-    row = blockIdx.x * kWarps + warp;
+    row = static_cast<int>(block) * kWarps + warp;
     if (row >= job.total_rows) return false;
     s = segment_of(job, row);
     return true;
 }
 
+__device__ __forceinline__ bool warp_row(const MatvecJob& job, int& s, int& row) {
+    return warp_row_in(job, blockIdx.x, s, row);
+}
+
 // Blocks a launch takes for the job's rows.
-inline unsigned grid_blocks(const MatvecJob& job) {
+__host__ __device__ inline unsigned grid_blocks(const MatvecJob& job) {
     return job.swiglu ? (job.seg0.rows + kSwigluPairs - 1) / kSwigluPairs : (job.total_rows + kWarps - 1) / kWarps;
 }
 
@@ -225,16 +230,46 @@ __device__ __forceinline__ uint4 load_slot(const uint8_t* p, const uint8_t* end)
 // types and architectures depending on how equivalent code was written (a build error here). A minimum of blocks
 // per SM gives it an explicit budget instead: 8 blocks (64 registers, 32 warps per SM: a 7B matvec's 31 warps in
 // one wave) for one token, 6 blocks (85 registers) for more, where each warp has more arithmetic per byte.
-template <int NT>
-constexpr int kStagedMinBlocks = NT == 1 ? 8 : 6;
+// The persistent variant (below) keeps a little more across its walk of several rows, and at those budgets ptxas
+// spilled its Q3_K, Q5_K and Q6_K instances; it gets 6 blocks (80 registers) for one token, 5 (96) for more: 24 or
+// 20 warps per SM, each keeping a chunk in flight all the time.
+template <int NT, bool kPersistent = false>
+constexpr int kStagedMinBlocks = kPersistent ? (NT == 1 ? 6 : 5) : (NT == 1 ? 8 : 6);
 
-template <class Dot, int NT>
-__global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
+// Where a staged warp's row lies: its first 16-byte slot (rows are 2-byte aligned, slots 16: the `lead` bytes
+// before the row in that slot belong to the previous row; W itself is 16-byte aligned) and its end (bytes past it in
+// the last slot are never read: load_slot).
+struct StagedRow {
+    const uint8_t* base;
+    const uint8_t* end;
+    int lead;
+};
+
+__device__ __forceinline__ StagedRow staged_row(const MatvecJob& job, int s, int row) {
+    const uint8_t* begin = row_of(job, s, row);
+    const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(begin) % 16);
+    return {begin - lead, begin + pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes), lead};
+}
+
+// ---- persistent grid ------------------------------------------------------------------------------------------------
+// Why: a matvec of more rows than the device holds warps at once runs in waves (a 7B model's gate/up with SwiGLU:
+// 5,504 blocks against 1,056 resident on an H200 at 8 per SM; Q/K/V 3,072), and every wave's warps begin by waiting
+// out a whole memory latency for their first chunk, then end in a reduction and a block exit while nothing of the
+// next wave is in flight. The persistent variant (kPersistent) launches only the blocks that fit at once (the SMs x
+// kStagedMinBlocks, the budget ptxas was held to) and each walks the grid's block-rows blockIdx.x, + gridDim.x, ...;
+// a warp requests the next row's first chunk before it decodes the current row's last, so its loads stay in flight
+// from one row to the next. Each row's chunks, walk and reduction are the staged kernel's: bitwise its sums. With
+// the SwiGLU epilogue the block meets at a barrier once per block-row, and the up sums alternate between two
+// buffers, so a warp writing the next block-row's never overwrites what a gate warp has yet to read (a race the
+// emulation cannot show: there a thread runs from the barrier to its read without another thread in between).
+template <class Dot, int NT, bool kPersistent>
+__global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>)
     matvec_staged_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
+    constexpr int kUpBuffers = kPersistent ? 2 : 1;
     TANDEM_SHARED(uint4, stage, kWarps * kStageSlots);
-    TANDEM_SHARED(float, up, kSwigluPairs * NT);
+    TANDEM_SHARED(float, up, kUpBuffers * kSwigluPairs * NT);
     int s = 0, row = 0;
     const int lane = threadIdx.x % 32;
     // With overlapping launches (common.cuh wait_for_inputs), the first chunk of W is requested before the wait, while
@@ -244,55 +279,62 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT>)
     if (!load_before_wait) detail::wait_for_inputs();
     // A warp without a row walks no chunk and goes on to the SwiGLU epilogue's barrier (or returns). Written so,
     // not as the direct kernel's early return: that way ptxas spilled Q6_K's one-token kernel under its
-    // 64-register budget.
-    const bool valid = warp_row(job, s, row);
+    // 64-register budget. (Only the grid's last block-row has such warps, so a persistent block has no row after.)
+    bool valid = warp_row(job, s, row);
     if (!valid && !job.swiglu) {
         if (load_before_wait) detail::wait_for_inputs();
         return;
     }
-    if (!valid) row = 0;  // a pointer into the matrix, never read
-    const uint8_t* row_begin = row_of(job, s, row);
-    const uint8_t* row_end = row_begin + pick(s, job.seg0.row_bytes, job.seg1.row_bytes, job.seg2.row_bytes);
-    // Slots are 16-byte aligned; the bytes before row_begin in its first slot belong to the previous row (W itself
-    // is 16-byte aligned), and those past row_end in the last one are never read (load_slot).
-    const int lead = static_cast<int>(reinterpret_cast<uintptr_t>(row_begin) % 16);
-    const uint8_t* base = row_begin - lead;
     uint4* my_stage = stage + (threadIdx.x / 32) * kStageSlots;
     const int n_blocks = cols / Dot::kBlockCols;
-    const int n_chunks = valid ? (n_blocks + kChunkBlocks - 1) / kChunkBlocks : 0;
-    auto slots_of = [&](int c) {  // slots chunk c spans, from base + c * kChunkBytes
-        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
-        return (lead + blocks * Dot::kBlockBytes + 15) / 16;
-    };
+    const int n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
+    auto chunk_blocks = [&](int c) { return n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks
+                                                                                       : kChunkBlocks; };
+    auto slots_of = [&](const StagedRow& r, int c) { return (r.lead + chunk_blocks(c) * Dot::kBlockBytes + 15) / 16; };
     uint4 buf[kStagePerLane];
-    auto load_chunk = [&](int c) {
-        const int n = slots_of(c);
-        const uint8_t* first = base + static_cast<size_t>(c) * kChunkBytes;
+    auto load_chunk = [&](const StagedRow& r, int c) {  // chunk c spans slots_of(r, c) slots from base + c * kChunkBytes
+        const int n = slots_of(r, c);
+        const uint8_t* first = r.base + static_cast<size_t>(c) * kChunkBytes;
 #pragma unroll
         for (int k = 0; k < kStagePerLane; ++k)
-            if (lane + 32 * k < n) buf[k] = load_slot(first + 16 * (lane + 32 * k), row_end);
+            if (lane + 32 * k < n) buf[k] = load_slot(first + 16 * (lane + 32 * k), r.end);
     };
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    if (n_chunks > 0) load_chunk(0);
+    if (valid) load_chunk(staged_row(job, s, row), 0);
     if (load_before_wait) detail::wait_for_inputs();  // x, y and the SwiGLU pairs' y belong to other kernels
-    for (int c = 0; c < n_chunks; ++c) {
-        const int n = slots_of(c);
+    // Registers: the 64-register budget of one token leaves little room, so what the persistent walk adds is
+    // recomputed where needed (the grid's block-rows from the job, the turn's parity from b) rather than kept.
+    for (unsigned b = blockIdx.x;;) {
+        const StagedRow r = staged_row(job, s, valid ? row : 0);  // invalid: a pointer into the matrix, never read
+        const unsigned next = b + gridDim.x;
+        float acc[NT];
 #pragma unroll
-        for (int k = 0; k < kStagePerLane; ++k)
-            if (lane + 32 * k < n) my_stage[lane + 32 * k] = buf[k];
-        __syncwarp();
-        if (c + 1 < n_chunks) load_chunk(c + 1);  // in flight while this chunk is decoded
-        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
-        Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + lead, blocks * Dot::kBlockCols,
-                              x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok, lane, acc);
-        __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
+        for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+        for (int c = 0; c < (valid ? n_chunks : 0); ++c) {
+            const int n = slots_of(r, c);
+#pragma unroll
+            for (int k = 0; k < kStagePerLane; ++k)
+                if (lane + 32 * k < n) my_stage[lane + 32 * k] = buf[k];
+            __syncwarp();
+            if (c + 1 < n_chunks) {
+                load_chunk(r, c + 1);  // in flight while this chunk is decoded
+            } else if (kPersistent && next < grid_blocks(job)) {
+                int next_s = 0, next_row = 0;  // the next row's first chunk, in flight while this row's last is decoded
+                if (warp_row_in(job, next, next_s, next_row)) load_chunk(staged_row(job, next_s, next_row), 0);
+            }
+            Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + r.lead, chunk_blocks(c) * Dot::kBlockCols,
+                                  x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok, lane, acc);
+            __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
+        }
+        if (job.swiglu)
+            write_swiglu(acc, n_tok, lane, row, valid, job, s,
+                         up + (kPersistent ? (b / gridDim.x) % 2 : 0) * kSwigluPairs * NT);
+        else
+            write_sums(acc, n_tok, lane, row, job, s);
+        if (!kPersistent || next >= grid_blocks(job)) break;
+        b = next;
+        valid = warp_row_in(job, b, s, row);
+        if (!valid && !job.swiglu) break;
     }
-    if (job.swiglu)
-        write_swiglu(acc, n_tok, lane, row, valid, job, s, up);
-    else
-        write_sums(acc, n_tok, lane, row, job, s);
 }
 
 // ---- split rows ---------------------------------------------------------------------------------------------------
@@ -367,8 +409,8 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT>)
 
 template <class Dot, MatvecLoads kLoads, int NT>
 auto kernel_for() {
-    if constexpr (kLoads == MatvecLoads::Staged)
-        return matvec_staged_kernel<Dot, NT>;
+    if constexpr (kLoads == MatvecLoads::Staged || kLoads == MatvecLoads::Persistent)
+        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent>;
     else if constexpr (kLoads == MatvecLoads::Split)
         return matvec_split_kernel<Dot, NT>;
     else
@@ -378,11 +420,14 @@ auto kernel_for() {
 template <class Dot, MatvecLoads kLoads>
 void launch_type(const char* name, const MatvecJob& job, int cols, const typename Dot::X* x, int n_tok,
                  Stream stream) {
-    // Split: a block per row (per gate / up pair with the SwiGLU epilogue); else kWarps rows (pairs) per block.
+    // Split: a block per row (per gate / up pair with the SwiGLU epilogue); else kWarps rows (pairs) per block,
+    // persistent: no more blocks than the device holds at once (kStagedMinBlocks per SM, the register budget ptxas
+    // kept), each taking every gridDim.x-th block-row.
     const unsigned blocks = kLoads != MatvecLoads::Split ? grid_blocks(job)
                             : job.swiglu                 ? static_cast<unsigned>(job.seg0.rows)
                                                          : static_cast<unsigned>(job.total_rows);
-    const dim3 grid(blocks), block(kWarps * 32);
+    const unsigned sms = kLoads == MatvecLoads::Persistent ? static_cast<unsigned>(multiprocessor_count()) : 0;
+    const dim3 block(kWarps * 32);
     // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
     // two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
@@ -393,7 +438,13 @@ void launch_type(const char* name, const MatvecJob& job, int cols, const typenam
             if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
         const auto kernel = n == 1 ? kernel_for<Dot, kLoads, 1>() : n <= 4 ? kernel_for<Dot, kLoads, 4>()
                                                                           : kernel_for<Dot, kLoads, 8>();
-        detail::launch_kernel(name, kernel, grid, block, 0, stream, jt, cols, xt, n);
+        unsigned grid = blocks;
+        if (kLoads == MatvecLoads::Persistent) {
+            const unsigned resident = sms * static_cast<unsigned>(n == 1 ? kStagedMinBlocks<1, true>
+                                                                         : kStagedMinBlocks<8, true>);
+            grid = blocks < resident ? blocks : resident;
+        }
+        detail::launch_kernel(name, kernel, dim3(grid), block, 0, stream, jt, cols, xt, n);
     }
 }
 
@@ -402,6 +453,7 @@ struct KernelNames {
     const char* direct;
     const char* staged;
     const char* split;
+    const char* persistent;
 };
 
 // The block types any way (the float types, whose F16 walk already streams 8-byte loads, always directly).
@@ -413,6 +465,8 @@ void launch_blocks(const KernelNames& names, MatvecLoads loads, const MatvecJob&
             return launch_type<Dot, MatvecLoads::Staged>(names.staged, job, cols, x, n_tok, stream);
         case MatvecLoads::Split:
             return launch_type<Dot, MatvecLoads::Split>(names.split, job, cols, x, n_tok, stream);
+        case MatvecLoads::Persistent:
+            return launch_type<Dot, MatvecLoads::Persistent>(names.persistent, job, cols, x, n_tok, stream);
         case MatvecLoads::Direct: break;
     }
     launch_type<Dot, MatvecLoads::Direct>(names.direct, job, cols, x, n_tok, stream);

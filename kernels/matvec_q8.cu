@@ -270,25 +270,35 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
     };
     switch (type) {
         case GgmlType::Q8_0: return blocks(launch_blocks<DotQ8_0Q8>,
-                          {"matvec_q8<Q8_0>", "matvec_q8_staged<Q8_0>", "matvec_q8_split<Q8_0>"});
+                          {"matvec_q8<Q8_0>", "matvec_q8_staged<Q8_0>", "matvec_q8_split<Q8_0>",
+                           "matvec_q8_persistent<Q8_0>"});
         case GgmlType::Q4_0: return blocks(launch_blocks<DotQ4_0Q8>,
-                          {"matvec_q8<Q4_0>", "matvec_q8_staged<Q4_0>", "matvec_q8_split<Q4_0>"});
+                          {"matvec_q8<Q4_0>", "matvec_q8_staged<Q4_0>", "matvec_q8_split<Q4_0>",
+                           "matvec_q8_persistent<Q4_0>"});
         case GgmlType::Q4_1: return blocks(launch_blocks<DotQ4_1Q8>,
-                          {"matvec_q8<Q4_1>", "matvec_q8_staged<Q4_1>", "matvec_q8_split<Q4_1>"});
+                          {"matvec_q8<Q4_1>", "matvec_q8_staged<Q4_1>", "matvec_q8_split<Q4_1>",
+                           "matvec_q8_persistent<Q4_1>"});
         case GgmlType::Q5_0: return blocks(launch_blocks<DotQ5_0Q8>,
-                          {"matvec_q8<Q5_0>", "matvec_q8_staged<Q5_0>", "matvec_q8_split<Q5_0>"});
+                          {"matvec_q8<Q5_0>", "matvec_q8_staged<Q5_0>", "matvec_q8_split<Q5_0>",
+                           "matvec_q8_persistent<Q5_0>"});
         case GgmlType::Q5_1: return blocks(launch_blocks<DotQ5_1Q8>,
-                          {"matvec_q8<Q5_1>", "matvec_q8_staged<Q5_1>", "matvec_q8_split<Q5_1>"});
+                          {"matvec_q8<Q5_1>", "matvec_q8_staged<Q5_1>", "matvec_q8_split<Q5_1>",
+                           "matvec_q8_persistent<Q5_1>"});
         case GgmlType::Q2_K: return blocks(launch_blocks<DotQ2_KQ8>,
-                          {"matvec_q8<Q2_K>", "matvec_q8_staged<Q2_K>", "matvec_q8_split<Q2_K>"});
+                          {"matvec_q8<Q2_K>", "matvec_q8_staged<Q2_K>", "matvec_q8_split<Q2_K>",
+                           "matvec_q8_persistent<Q2_K>"});
         case GgmlType::Q3_K: return blocks(launch_blocks<DotQ3_KQ8>,
-                          {"matvec_q8<Q3_K>", "matvec_q8_staged<Q3_K>", "matvec_q8_split<Q3_K>"});
+                          {"matvec_q8<Q3_K>", "matvec_q8_staged<Q3_K>", "matvec_q8_split<Q3_K>",
+                           "matvec_q8_persistent<Q3_K>"});
         case GgmlType::Q4_K: return blocks(launch_blocks<DotQ4_KQ8>,
-                          {"matvec_q8<Q4_K>", "matvec_q8_staged<Q4_K>", "matvec_q8_split<Q4_K>"});
+                          {"matvec_q8<Q4_K>", "matvec_q8_staged<Q4_K>", "matvec_q8_split<Q4_K>",
+                           "matvec_q8_persistent<Q4_K>"});
         case GgmlType::Q5_K: return blocks(launch_blocks<DotQ5_KQ8>,
-                          {"matvec_q8<Q5_K>", "matvec_q8_staged<Q5_K>", "matvec_q8_split<Q5_K>"});
+                          {"matvec_q8<Q5_K>", "matvec_q8_staged<Q5_K>", "matvec_q8_split<Q5_K>",
+                           "matvec_q8_persistent<Q5_K>"});
         case GgmlType::Q6_K: return blocks(launch_blocks<DotQ6_KQ8>,
-                          {"matvec_q8<Q6_K>", "matvec_q8_staged<Q6_K>", "matvec_q8_split<Q6_K>"});
+                          {"matvec_q8<Q6_K>", "matvec_q8_staged<Q6_K>", "matvec_q8_split<Q6_K>",
+                           "matvec_q8_persistent<Q6_K>"});
         default: detail::require(false, "matvec: the type has no 8-bit route");
     }
 }

@@ -191,8 +191,8 @@ bool cuda_graphs_from_env() { return env_switch("TANDEM_CUDA_GRAPHS", {"1", "0"}
 
 std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env() {
     constexpr cuda::MatvecLoads kLoads[] = {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged,
-                                            cuda::MatvecLoads::Split};
-    const size_t i = env_switch("TANDEM_CUDA_MATVEC", {"auto", "direct", "staged", "split"});
+                                            cuda::MatvecLoads::Split, cuda::MatvecLoads::Persistent};
+    const size_t i = env_switch("TANDEM_CUDA_MATVEC", {"auto", "direct", "staged", "split", "persistent"});
     if (i == 0) return std::nullopt;
     return kLoads[i - 1];
 }

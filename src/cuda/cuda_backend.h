@@ -79,8 +79,9 @@ struct CudaPrefillOptions {
 // variable, so that a typo never measures the default under another route's name.
 // TANDEM_CUDA_GRAPHS=1|0: false for "0" (the default of CudaOptions::graphs).
 bool cuda_graphs_from_env();
-// TANDEM_CUDA_MATVEC=auto|direct|staged|split: every block type's matvecs with these loads (staged: each row
-// through shared memory; split: four warps share each row); auto (nullopt) leaves each type its measured route.
+// TANDEM_CUDA_MATVEC=auto|direct|staged|split|persistent: every block type's matvecs with these loads (staged:
+// each row through shared memory; split: four warps share each row; persistent: staged, with only the blocks the
+// device holds at once, each streaming row after row); auto (nullopt) leaves each type its measured route.
 std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env();
 // TANDEM_CUDA_FUSED_MATVECS=1|0: false for "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
 bool cuda_fused_matvecs_from_env();
@@ -114,7 +115,7 @@ struct CudaOptions {
     bool graphs = cuda_graphs_from_env();  // CUDA graphs for short calls (see the file comment)
     int attention_split = 64;              // key positions per split-K split (tests make it small to move the grid)
     // Overrides of the measured per-type routes (measured_matvec_route) for every block type; nullopt keeps them.
-    // Direct and staged give the same sums; split another fixed order (kernels.h).
+    // Direct, staged and persistent give the same sums; split another fixed order (kernels.h).
     std::optional<cuda::MatvecLoads> matvec_loads = cuda_matvec_loads_from_env();
     // Q/K/V (with their biases) in one launch and gate/up with SwiGLU in another where their types match (4 kernels
     // fewer per layer, 7 for qwen2; with 8-bit activations for ffn_down, SwiGLU stays a launch that quantizes its

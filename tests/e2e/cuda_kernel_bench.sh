@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of tandem-cuda-kernel-bench, the CUDA matvec benchmark that scripts/gpu-check runs on a lent
 # GPU: on the emulation (the -emu build beside an nvcc build, or the tool itself without nvcc) it prints a row per
-# type x shape x tokens x activations x loads (direct, staged, split), each but fp32-direct with its ratio to that; the GEMM table a row
+# type x shape x tokens x activations x loads (direct, staged, split, persistent), each but fp32-direct with its ratio to that; the GEMM table a row
 # per type x shape x chunk x route, the int8 route's with its ratio to the fp16 route's; bad flags are errors;
 # --acts picks the activations; and the nvcc build,
 # here without a usable device, says so and fails instead of printing figures.
@@ -20,10 +20,11 @@ small=(--types q4_0,q6_k --shapes 8x256,5x512 --tokens 1,3 --launches 2 --reps 1
 check "emulated run: exit 0" [ $? -eq 0 ]
 check "emulated run: device line" grep -q '^device: CUDA emulation' "$tmp/out"
 check "emulated run: copy bandwidth line" grep -q '^device-to-device copy: ' "$tmp/out"
-check "emulated run: 2 types x 2 shapes x 2 token counts x 2 activations x 3 loads rows" [ "$(grep -c '^| q[46]_[0K] |' "$tmp/out")" -eq 48 ]
-check "emulated run: rows other than fp32 direct carry a ratio to it" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| (int8 \| direct|[a-z0-9]+ \| (staged|split)) \| .* \| [0-9.]+x \|$' "$tmp/out")" -eq 40 ]
-check "emulated run: int8 rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| int8 \| ' "$tmp/out")" -eq 24 ]
+check "emulated run: 2 types x 2 shapes x 2 token counts x 2 activations x 4 loads rows" [ "$(grep -c '^| q[46]_[0K] |' "$tmp/out")" -eq 64 ]
+check "emulated run: rows other than fp32 direct carry a ratio to it" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| (int8 \| direct|[a-z0-9]+ \| (staged|split|persistent)) \| .* \| [0-9.]+x \|$' "$tmp/out")" -eq 56 ]
+check "emulated run: int8 rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| int8 \| ' "$tmp/out")" -eq 32 ]
 check "emulated run: split rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| (f32|int8) \| split \| ' "$tmp/out")" -eq 16 ]
+check "emulated run: persistent rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| (f32|int8) \| persistent \| ' "$tmp/out")" -eq 16 ]
 "$emu" "${small[@]}" --acts int8 --loads staged >"$tmp/out" 2>"$tmp/err"
 check "--acts int8 --loads staged: 8 such rows" [ "$(grep -cE '^\| q[46]_[0K] \| .* \| int8 \| staged \| ' "$tmp/out")" -eq 8 ]
 check "--acts int8 --loads staged: no others" [ "$(grep -c '^| q[46]_[0K] |' "$tmp/out")" -eq 8 ]

@@ -125,8 +125,8 @@ check "bench.md: pp512 and tg128 of the 4 types and the pair" [ "$(rows '^\| syn
 check "bench.md: F16 and Q8_0 pp512 and tg128" [ "$(rows '^\| synthetic-tiny-(f16|q8_0) \| .* \| (pp512|tg128) \|' "$b")" -eq 4 ]
 check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128), baseline abc1234 \|' "$b")" -eq 8 ]
 check "bench.md: PDL-off rows, every type" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 4 ]
-check "bench.md: fp32 rows, each loads, quantized types" [ "$(rows '\| tg128, fp32 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
-check "bench.md: int8 activation rows, each loads" [ "$(rows '\| tg128, int8 activations, (direct|staged|split) matvec \|' "$b")" -eq 9 ]
+check "bench.md: fp32 rows, each loads, quantized types" [ "$(rows '\| tg128, fp32 activations, (direct|staged|split|persistent) matvec \|' "$b")" -eq 12 ]
+check "bench.md: int8 activation rows, each loads" [ "$(rows '\| tg128, int8 activations, (direct|staged|split|persistent) matvec \|' "$b")" -eq 12 ]
 check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -eq 1 ]
 check "bench.md: SIMT GEMM row" [ "$(rows '\| pp512, SIMT GEMM \|' "$b")" -eq 1 ]
 check "bench.md: int8 GEMM rows" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$b")" -eq 3 ]
@@ -134,9 +134,9 @@ check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and S
 
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
-check "calls: fp32 rows under TANDEM_CUDA_INT8=0, each loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
+check "calls: fp32 rows under TANDEM_CUDA_INT8=0, each loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
 check "calls: PDL off" [ "$(rows '^TANDEM_CUDA_PDL=0 \| ' "$c")" -eq 4 ]
-check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split) \| ' "$c")" -eq 9 ]
+check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
 check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
 check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
 check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
@@ -173,9 +173,9 @@ check "variants.md: every variant row of bench.md beside its default" \
 check "variants.md: ratio = variant / default" ratios_ok "$v"
 
 # Nsight Compute (7): each loads, graphs off, past one decode step of the 1B model's 22 layers.
-check "ncu: three runs" [ "$(wc -l <"$calls/ncu")" -eq 3 ]
-check "ncu: graphs off, direct, split and staged" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TANDEM_CUDA_MATVEC=(direct|split|staged) \| ' "$calls/ncu")" -eq 3 ]
-check "ncu: skips the first step's launches" [ "$(rows '--launch-skip 180 --launch-count 40' "$calls/ncu")" -eq 3 ]
+check "ncu: four runs" [ "$(wc -l <"$calls/ncu")" -eq 4 ]
+check "ncu: graphs off, direct, split, staged and persistent" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TANDEM_CUDA_MATVEC=(direct|split|staged|persistent) \| ' "$calls/ncu")" -eq 4 ]
+check "ncu: skips the first step's launches" [ "$(rows '--launch-skip 180 --launch-count 40' "$calls/ncu")" -eq 4 ]
 check "summary: profiled kernels counted" grep -q 'ncu: 3 kernels profiled' "$out/summary.txt"
 check "stdout: the tables at the end" grep -q 'tg128, int8 activations, staged matvec' "$out.stdout"
 # The seconds of every step, for planning the next device call.

@@ -587,19 +587,23 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
             g.back().stats.nodes, "-node graphs");
 }
 
-TEST_CASE("cuda backend: staged matvec loads give bitwise the logits of direct loads" * doctest::test_suite("emu-variants")) {
+TEST_CASE("cuda backend: staged and persistent matvec loads give bitwise the logits of direct loads" * doctest::test_suite("emu-variants")) {
     // The graph schedule (decodes, a verification call, a truncate, the prefill path, two caches) on stories260K
-    // requantized to q4_0 and q8_0, whose matvecs are the block kernels that TANDEM_CUDA_MATVEC=staged changes.
+    // requantized to q4_0 and q8_0, whose matvecs are the block kernels that TANDEM_CUDA_MATVEC=staged|persistent
+    // change (persistent: the emulated device's 8 or 6 blocks walk the 16 to 128 block-rows of its matrices).
     for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
         CAPTURE(std::string(ggml_type_name(type)));
         auto model = Model::load(requantized(type));
-        CudaOptions staged = fp32_route(), direct = fp32_route();  // the 8-bit route's staged loads: check_int8_fusion
-        staged.attention_split = direct.attention_split = 4;
-        staged.matvec_loads = cuda::MatvecLoads::Staged;
+        CudaOptions direct = fp32_route();  // the 8-bit route's staged loads: check_int8_fusion
+        direct.attention_split = 4;
         direct.matvec_loads = cuda::MatvecLoads::Direct;
-        const std::vector<Call> s = run_graph_schedule(*model, staged, {emu::ThreadOrder::Reverse, 0});
         const std::vector<Call> d = run_graph_schedule(*model, direct, {emu::ThreadOrder::Forward, 0});
-        check_same_logits(s, d);
+        for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Staged, cuda::MatvecLoads::Persistent}) {
+            CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+            CudaOptions other = direct;
+            other.matvec_loads = loads;
+            check_same_logits(run_graph_schedule(*model, other, {emu::ThreadOrder::Reverse, 0}), d);
+        }
     }
 }
 
@@ -833,7 +837,7 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
 }
 
-TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged or split selects those loads") {
+TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged split or persistent selects those loads") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
     CHECK_FALSE(cuda_matvec_loads_from_env().has_value());  // unset: each type's measured loads
     setenv("TANDEM_CUDA_MATVEC", "auto", 1);
@@ -845,6 +849,9 @@ TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged or split selects those loads"
     setenv("TANDEM_CUDA_MATVEC", "split", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Split);
     CHECK(std::string(cuda::matvec_loads_name(*CudaOptions{}.matvec_loads)) == "split");
+    setenv("TANDEM_CUDA_MATVEC", "persistent", 1);
+    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Persistent);
+    CHECK(std::string(cuda::matvec_loads_name(*CudaOptions{}.matvec_loads)) == "persistent");
     setenv("TANDEM_CUDA_MATVEC", "direct", 1);
     CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
     CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Direct);
@@ -886,7 +893,7 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
     };
     const Switch switches[] = {
         {"TANDEM_CUDA_GRAPHS", "off", "expected 1 or 0", [] { return cuda_graphs_from_env(); }},
-        {"TANDEM_CUDA_MATVEC", "splt", "expected auto, direct, staged or split",
+        {"TANDEM_CUDA_MATVEC", "splt", "expected auto, direct, staged, split or persistent",
          [] { return cuda_matvec_loads_from_env().has_value(); }},
         {"TANDEM_CUDA_FUSED_MATVECS", "no", "expected 1 or 0", [] { return cuda_fused_matvecs_from_env(); }},
         {"TANDEM_CUDA_INT8", "yes", "expected auto, 0 or 1",

@@ -179,12 +179,16 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
                 const double e = relative_error(y, std::vector<double>(ref16.begin(), ref16.begin() + y.size()), finite);
                 CHECK(finite);
                 CHECK(e < 1e-5);  // fp32 sums of exactly dequantized products
-                // Staged loads (TANDEM_CUDA_MATVEC=staged): bitwise the same sums.
-                cuda::DeviceBuffer ds = poisoned_floats(static_cast<size_t>(n) * s.rows);
-                cuda::matvec(type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), n, ds.as<float>(), nullptr, 0,
-                             cuda::MatvecLoads::Staged);
-                const std::vector<float> ys = download(ds);
-                CHECK(std::memcmp(ys.data(), y.data(), y.size() * 4) == 0);
+                // Staged loads (TANDEM_CUDA_MATVEC=staged) and the persistent grid (=persistent; on a GPU, blocks
+                // walking several block-rows where the matrix has more rows than fit at once): bitwise the same sums.
+                for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Staged, cuda::MatvecLoads::Persistent}) {
+                    CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                    cuda::DeviceBuffer ds = poisoned_floats(static_cast<size_t>(n) * s.rows);
+                    cuda::matvec(type, dW.get(), row_bytes, s.rows, s.cols, dx.as<float>(), n, ds.as<float>(), nullptr,
+                                 0, loads);
+                    const std::vector<float> ys = download(ds);
+                    CHECK(std::memcmp(ys.data(), y.data(), y.size() * 4) == 0);
+                }
                 // Split rows (TANDEM_CUDA_MATVEC=split; the float types load directly): another fixed order, as
                 // close to the reference; the first token's sums bitwise those of the token alone (n = 1, the first
                 // pass, kept in split_alone).
@@ -208,6 +212,49 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
             const double e = relative_error(picked_rows(download(dy), picks, s.rows), ref, finite);
             CHECK(finite);
             CHECK(e < 1e-5);
+        }
+    }
+}
+
+TEST_CASE("cuda ops through device memory: persistent matvec blocks give bitwise the direct sums, SwiGLU and 8-bit too") {
+    // TANDEM_CUDA_MATVEC=persistent launches the blocks the device holds at once, each walking block-rows one after
+    // another; with the SwiGLU epilogue its up sums alternate between two shared buffers, a race only real
+    // concurrency could show (on a GPU these shapes give every block several block-rows: a 1.5B model's FFN, 8,960
+    // rows of gate and up, and Q/K/V-like targets). Both activations; every row against the direct kernel's bits.
+    std::mt19937 rng(71);
+    const int rows = cuda::device_is_emulated() ? 37 : 8960, cols = cuda::device_is_emulated() ? 256 : 1536;
+    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+        const cuda::DeviceBuffer gate = upload(random_weights(type, rows, cols, rng));
+        const cuda::DeviceBuffer up = upload(random_weights(type, rows, cols, rng));
+        for (int n : {1, 5}) {
+            CAPTURE(n);
+            const cuda::DeviceBuffer dx = upload(test::random_floats(static_cast<int64_t>(n) * cols, rng));
+            cuda::DeviceBuffer dxq(cuda::q8_activation_row_bytes(type, cols) * n);
+            cuda::quantize_activations(type, dx.as<float>(), cols, n, dxq.get(), nullptr);
+            for (bool int8 : {false, true}) {
+                CAPTURE(int8);
+                const void* xq = int8 ? dxq.get() : nullptr;
+                const auto run = [&](cuda::MatvecLoads loads) {
+                    cuda::DeviceBuffer g = poisoned_floats(static_cast<size_t>(n) * rows);
+                    cuda::DeviceBuffer qkv = poisoned_floats(static_cast<size_t>(n) * rows);
+                    cuda::DeviceBuffer k = poisoned_floats(static_cast<size_t>(n) * rows);
+                    cuda::matvec_swiglu(type, gate.get(), up.get(), row_bytes, rows, cols, dx.as<float>(), n,
+                                        g.as<float>(), nullptr, loads, xq);
+                    const cuda::MatvecTarget targets[] = {{gate.get(), row_bytes, rows, qkv.as<float>(), nullptr},
+                                                          {up.get(), row_bytes, rows, k.as<float>(), nullptr}};
+                    cuda::matvec_multi(type, targets, 2, cols, dx.as<float>(), n, nullptr, loads, xq);
+                    return std::vector<std::vector<float>>{download(g), download(qkv), download(k)};
+                };
+                const std::vector<std::vector<float>> want = run(cuda::MatvecLoads::Direct);
+                const std::vector<std::vector<float>> got = run(cuda::MatvecLoads::Persistent);
+                for (size_t i = 0; i < want.size(); ++i) {
+                    CAPTURE(i);  // SwiGLU, gate, up
+                    for (float v : want[i]) REQUIRE(std::isfinite(v));
+                    CHECK(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4) == 0);
+                }
+            }
         }
     }
 }

@@ -18,6 +18,7 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
+#include "device.h"
 #include "emu/cuda_emu.h"
 #include "ggml_types.h"
 #include "kernels.h"
@@ -252,6 +253,82 @@ TEST_CASE("cuda kernels: staged matvec loads give bitwise the direct loads' sums
                     CHECK(std::memcmp(staged.data(), direct.data(), direct.size() * 4) == 0);
                     // NaN where no row was picked in both: compare bytes.
                     CHECK(std::memcmp(picked_staged.data(), picked_direct.data(), direct.size() * 4) == 0);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: persistent matvec blocks walk several block-rows and give bitwise the direct loads' sums") {
+    // TANDEM_CUDA_MATVEC=persistent launches only the blocks the device holds at once (the emulation reports one
+    // SM: 8 blocks for one token, 6 for more), each walking every gridDim.x-th block-row and requesting the next
+    // row's first chunk before decoding the current row's last. The shapes give blocks two to five block-rows: a
+    // matrix of 70 rows (18 block-rows, the last half full), a picked subset of 41 rows, Q/K/V-like targets of 36,
+    // 12 and 12 rows, and gate/up with SwiGLU of 37 rows (19 blocks of two pairs: the up sums' two buffers
+    // alternate), on rows of one chunk and of several (7680 columns). fp32 and 8-bit activations; every sum must
+    // be the direct kernel's bits, and every row written.
+    REQUIRE(cuda::multiprocessor_count() == 1);
+    const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                              GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+    constexpr auto kDirect = cuda::MatvecLoads::Direct, kPersistent = cuda::MatvecLoads::Persistent;
+    std::mt19937 rng(53);
+    for (GgmlType type : types) {
+        const int block = ggml_type_info(type).block_size;
+        const bool fused_too = type == GgmlType::Q4_0 || type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+        for (int cols : {block == 32 ? 96 : 256, 7680}) {
+            const int rows = cols == 7680 ? 37 : 70;
+            CAPTURE(std::string(ggml_type_name(type)));
+            CAPTURE(cols);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
+            const std::vector<uint8_t> W2 = test::random_weight_rows(type, rows, cols, rng);
+            std::vector<int> picked;
+            for (int r = rows - 1; r >= 0; r -= 2) picked.push_back(r);
+            const std::vector<int> qkv = {rows / 2, rows / 4, rows / 4};
+            std::vector<std::vector<uint8_t>> W_qkv;  // each 16-byte aligned, as matvec requires
+            for (int r : qkv) W_qkv.push_back(test::random_weight_rows(type, r, cols, rng));
+            for (int n : {1, 5, 13}) {
+                CAPTURE(n);
+                const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
+                std::vector<uint8_t> xq(cuda::q8_activation_row_bytes(type, cols) * n);
+                cuda::quantize_activations(type, x.data(), cols, n, xq.data(), nullptr);
+                for (bool int8 : {false, true}) {
+                    CAPTURE(int8);
+                    const void* xq_arg = int8 ? xq.data() : nullptr;
+                    const auto run = [&](cuda::MatvecLoads loads) {
+                        std::vector<std::vector<float>> out;
+                        out.emplace_back(static_cast<size_t>(n) * rows, kNaN);
+                        cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), n, out.back().data(), nullptr, 0,
+                                     loads, xq_arg);
+                        out.emplace_back(static_cast<size_t>(n) * rows, kNaN);
+                        cuda::matvec_rows(type, W.data(), row_bytes, cols, picked.data(),
+                                          static_cast<int>(picked.size()), x.data(), n, out.back().data(), rows,
+                                          nullptr, loads, xq_arg);
+                        if (!fused_too) return out;
+                        std::vector<cuda::MatvecTarget> targets;
+                        for (size_t i = 0; i < qkv.size(); ++i) {
+                            out.emplace_back(static_cast<size_t>(n) * qkv[i], kNaN);
+                            targets.push_back({W_qkv[i].data(), row_bytes, qkv[i], out.back().data(), nullptr});
+                        }
+                        cuda::matvec_multi(type, targets.data(), 3, cols, x.data(), n, nullptr, loads, xq_arg);
+                        out.emplace_back(static_cast<size_t>(n) * rows, kNaN);
+                        cuda::matvec_swiglu(type, W.data(), W2.data(), row_bytes, rows, cols, x.data(), n,
+                                            out.back().data(), nullptr, loads, xq_arg);
+                        return out;
+                    };
+                    const std::vector<std::vector<float>> want = run(kDirect);
+                    for (size_t i = 0; i < want.size(); ++i)
+                        for (size_t j = 0; j < want[i].size(); ++j)
+                            REQUIRE(std::isnan(want[i][j]) == (i == 1 && (j % rows) % 2 != (rows - 1) % 2));
+                    for (const LaunchOptions& o : kTwoOrders) {
+                        ScopedLaunchOptions scope(o);
+                        INFO("thread order " << std::string(order_name(o)));
+                        const std::vector<std::vector<float>> got = run(kPersistent);
+                        for (size_t i = 0; i < want.size(); ++i) {
+                            CAPTURE(i);  // matvec, matvec_rows, Q/K/V, gate/up with SwiGLU
+                            CHECK(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4) == 0);
+                        }
+                    }
                 }
             }
         }
