@@ -22,6 +22,7 @@ using namespace matvec_detail;
 using q8::kQ8_1Bytes;
 using q8::kQ8_KBytes;
 using q8::kQ8_KCodes;
+using q8::kQ8_KSums;
 constexpr int kOnes = 0x01010101;  // dp4a(kOnes, x, 0): the sum of x's four codes
 
 // ---- activation quantizer: one warp per block (quantize_q8.cuh), kQuantWarps blocks per CUDA block ------------
@@ -126,36 +127,71 @@ struct DotQ8_0Q8 : Q8_1Input {
 
 __device__ __forceinline__ float load_f32(const uint8_t* p) { return *reinterpret_cast<const float*>(p); }
 
-// Q4_K (144 bytes) and Q5_K (176): one super-block per warp iteration; lane l, p = l / 8, i = 4(l % 8), reads 4
-// bytes of qs at 32p + i: low nibbles are elements i.. of chunk 2p (sub-block 2p), high nibbles of chunk 2p + 1.
-// Q5_K's fifth bits: bit c of qh[e] for element e of chunk c.
+// Q4_K (144 bytes) and Q5_K (176): eight lanes per super-block, four super-blocks per warp iteration. Both sizes are
+// multiples of 16 and W is 16-byte aligned (dispatch_q8 checks the rows), so a lane reads whole 16-byte words: the
+// block's first 16 bytes (d, dmin and the twelve bytes of 6-bit scales and mins) and, with k = l % 8, p = k / 2 and
+// h = k % 2, the 16 bytes of qs at kQs + 32p + 16h, whose low nibbles are elements 16h.. of chunk 2p (sub-block 2p)
+// and high nibbles the same elements of chunk 2p + 1; Q5_K also the 16 bytes of qh at 16 + 16h, a word at a time
+// (bit c of qh[e]: the fifth bit of element e of chunk c). The mins' offset takes the activations' sums of those 16 codes from the
+// Q8_K block (bsums: exact, as the CPU's). Why this walk and not one 4-byte word of codes per lane and super-block
+// (until 2026-11-28): a 4096-wide row is 4 warp iterations instead of 16, each lane's loads are 16-byte words
+// instead of a word and six single scale bytes, and a lane's products are one exact integer sum per sub-block.
 template <int kBytes, int kQs, bool kFifth>
 struct DotQK4Q8 : Q8_KInput {
-    static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 1;
+    static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 4;
+    // Sub-block j's 6-bit scale and min (ggml's get_scale_min_k4) from the twelve scale bytes in three words: bytes
+    // 0-3 (a), 4-7 (b), 8-11 (c); j's byte in each is j % 4. Shifts, not an indexed array (local memory).
+    static __device__ __forceinline__ void scale_min(uint32_t a, uint32_t b, uint32_t c, int j, int& sc, int& m) {
+        const int shift = 8 * (j % 4);
+        const int sa = static_cast<int>((a >> shift) & 0xFF), sb = static_cast<int>((b >> shift) & 0xFF);
+        const int sc_hi = static_cast<int>((c >> shift) & 0xFF);
+        if (j < 4) {
+            sc = sa & 63;
+            m = sb & 63;
+        } else {
+            sc = (sc_hi & 0xF) | ((sa >> 6) << 4);
+            m = (sc_hi >> 4) | ((sb >> 6) << 4);
+        }
+    }
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
-        const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
-        for (int ib = 0; ib < nb; ++ib) {
+        const int nb = cols / 256, k = lane % 8, p = k / 2, h = k % 2;
+        for (int ib = lane / 8; ib < nb; ib += 4) {
             const uint8_t* blk = row + kBytes * ib;
-            const float d = detail::load_half(blk), dmin = detail::load_half(blk + 2);
+            const uint4 head = *reinterpret_cast<const uint4*>(blk);
+            const uint4 q = *reinterpret_cast<const uint4*>(blk + kQs + 32 * p + 16 * h);
+            const float d = tandem_half_to_float(static_cast<uint16_t>(head.x & 0xFFFF));
+            const float dmin = tandem_half_to_float(static_cast<uint16_t>(head.x >> 16));
             int sc0, m0, sc1, m1;
-            detail::scale_min_k4(blk + 4, 2 * p, sc0, m0);
-            detail::scale_min_k4(blk + 4, 2 * p + 1, sc1, m1);
-            const uint32_t q = detail::load_u32_from_u16(blk + kQs + 32 * p + i);
-            int lo = static_cast<int>(q & 0x0F0F0F0Fu), hi = static_cast<int>((q >> 4) & 0x0F0F0F0Fu);
-            if (kFifth) {
-                const uint32_t qh = detail::load_u32_from_u16(blk + 16 + i);
-                lo |= static_cast<int>(((qh >> (2 * p)) & 0x01010101u) << 4);
-                hi |= static_cast<int>(((qh >> (2 * p + 1)) & 0x01010101u) << 4);
+            scale_min(head.y, head.z, head.w, 2 * p, sc0, m0);
+            scale_min(head.y, head.z, head.w, 2 * p + 1, sc1, m1);
+            const uint32_t words[4] = {q.x, q.y, q.z, q.w};
+            int lo[4], hi[4];
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+                lo[n] = static_cast<int>(words[n] & 0x0F0F0F0Fu);
+                hi[n] = static_cast<int>((words[n] >> 4) & 0x0F0F0F0Fu);
+                if (kFifth) {  // word by word: a 16-byte qh beside the codes spilled the staged one-token kernel
+                    const uint32_t fifth = *reinterpret_cast<const uint32_t*>(blk + 16 + 16 * h + 4 * n);
+                    lo[n] |= static_cast<int>(((fifth >> (2 * p)) & 0x01010101u) << 4);
+                    hi[n] |= static_cast<int>(((fifth >> (2 * p + 1)) & 0x01010101u) << 4);
+                }
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
                 if (t >= n_tok) break;
                 const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
-                const int xl = load_i32(xb + kQ8_KCodes + 64 * p + i), xh = load_i32(xb + kQ8_KCodes + 64 * p + 32 + i);
-                const int sumi = sc0 * __dp4a(lo, xl, 0) + sc1 * __dp4a(hi, xh, 0);
-                const int summ = m0 * __dp4a(kOnes, xl, 0) + m1 * __dp4a(kOnes, xh, 0);
+                const uint8_t* xa = xb + kQ8_KCodes + 64 * p + 16 * h;  // chunk 2p's codes; 2p + 1's 32 bytes on
+                const int16_t* bsums = reinterpret_cast<const int16_t*>(xb + kQ8_KSums);
+                const int summ = m0 * bsums[4 * p + h] + m1 * bsums[4 * p + 2 + h];
+                int dot_a = 0, dot_b = 0;
+#pragma unroll
+                for (int n = 0; n < 4; ++n) {
+                    dot_a = __dp4a(lo[n], load_i32(xa + 4 * n), dot_a);
+                    dot_b = __dp4a(hi[n], load_i32(xa + 32 + 4 * n), dot_b);
+                }
+                const int sumi = sc0 * dot_a + sc1 * dot_b;
                 const float dx = load_f32(xb);
                 acc[t] = fmaf(d * dx, static_cast<float>(sumi), acc[t]);
                 acc[t] = fmaf(-(dmin * dx), static_cast<float>(summ), acc[t]);
@@ -265,6 +301,10 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
     check_job(job, cols, n_tokens);
     q8_activation_row_bytes(type, cols);  // checks the type and the width
     detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, "matvec: quantized x must be 4-byte aligned");
+    if (type == GgmlType::Q4_K || type == GgmlType::Q5_K)  // their walk reads 16-byte words (DotQK4Q8)
+        for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2})
+            if (seg - &job.seg0 < job.n_seg)
+                detail::require(seg->row_bytes % 16 == 0, "matvec: Q4_K / Q5_K rows must be 16-byte aligned");
     const auto blocks = [&](auto launch, const KernelNames& names) {
         launch(names, loads, job, cols, xq, n_tokens, stream);
     };
