@@ -333,4 +333,15 @@ TEST_CASE("cuda q8: the float types ignore quantized x, and bad shapes are refus
     CHECK_THROWS_AS(cuda::matvec(GgmlType::Q4_0, Wq.data(), 54, 2, 96, xs.data(), 1, y.data(), nullptr, 0,
                                  cuda::MatvecLoads::Direct, xq.data() + 2),
                     std::invalid_argument);
+    // Q4_K / Q5_K's walk reads 16-byte words: a row stride that is not a multiple of 16 (padded rows) is refused
+    // on the 8-bit route; the fp32 route takes it.
+    const std::vector<uint8_t> Wk = test::random_weight_rows(GgmlType::Q4_K, 2, 256, rng);
+    std::vector<uint8_t> padded(2 * 148);
+    for (int r = 0; r < 2; ++r) std::memcpy(padded.data() + r * 148, Wk.data() + r * 144, 144);
+    std::vector<uint8_t> xk(292);
+    cuda::quantize_activations(GgmlType::Q4_K, xs.data(), 256, 1, xk.data(), nullptr);
+    CHECK_THROWS_AS(cuda::matvec(GgmlType::Q4_K, padded.data(), 148, 2, 256, xs.data(), 1, y.data(), nullptr, 0,
+                                 cuda::MatvecLoads::Direct, xk.data()),
+                    std::invalid_argument);
+    CHECK_NOTHROW(cuda::matvec(GgmlType::Q4_K, padded.data(), 148, 2, 256, xs.data(), 1, y.data(), nullptr));
 }
