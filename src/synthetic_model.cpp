@@ -122,7 +122,57 @@ void add_vocabulary(GgufWriter& w, int n_vocab) {
     w.add_bool("tokenizer.ggml.add_bos_token", true);
 }
 
+// The embedding of a next-token model (synthetic_model.h): row t is output row successor[t], dequantized, centred
+// per 32 columns (k-quant rows have per-sub-block offsets that would otherwise favour some rows over the
+// successor's), in f16.
+std::vector<uint8_t> successor_embedding(const std::vector<uint8_t>& output, GgmlType output_type, int64_t dim,
+                                         const std::vector<int>& successor) {
+    const size_t row_bytes = ggml_row_bytes(output_type, static_cast<uint64_t>(dim));
+    std::vector<uint8_t> out(successor.size() * static_cast<size_t>(dim) * 2);
+    std::vector<float> row(static_cast<size_t>(dim));
+    for (size_t t = 0; t < successor.size(); ++t) {
+        cpu::dequantize_row(output_type, output.data() + row_bytes * static_cast<size_t>(successor[t]), row.data(),
+                            dim);
+        for (int64_t g = 0; g < dim; g += 32) {
+            const int64_t end = std::min<int64_t>(dim, g + 32);
+            double mean = 0;
+            for (int64_t i = g; i < end; ++i) mean += row[static_cast<size_t>(i)];
+            mean /= static_cast<double>(end - g);
+            for (int64_t i = g; i < end; ++i) row[static_cast<size_t>(i)] -= static_cast<float>(mean);
+        }
+        for (int64_t i = 0; i < dim; ++i) {
+            const uint16_t h = cpu::fp32_to_fp16(row[static_cast<size_t>(i)]);
+            std::memcpy(out.data() + 2 * (t * static_cast<size_t>(dim) + static_cast<size_t>(i)), &h, 2);
+        }
+    }
+    return out;
+}
+
 }  // namespace
+
+std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rule) {
+    if (n_vocab < 5) throw Error("synthetic next-token rule: the vocabulary needs at least 5 tokens");
+    if (!(rule.agreement >= 0.0 && rule.agreement <= 1.0))
+        throw Error("synthetic next-token rule: agreement must be in [0, 1]");
+    // The cycle: ids 3..end-1 in an order fixed by the vocabulary size alone (Fisher-Yates, fixed seed).
+    const int end = std::min(n_vocab, rule.cycle_ids);
+    if (end < 5) throw Error("synthetic next-token rule: the cycle needs at least 2 ids");
+    std::vector<int> order;
+    for (int t = 3; t < end; ++t) order.push_back(t);
+    Rng cycle_rng{0x5eed0000ull + static_cast<uint64_t>(n_vocab)};
+    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[cycle_rng.next() % (i + 1)]);
+    std::vector<int> cycle(static_cast<size_t>(n_vocab), order[0]);  // ids outside the cycle lead into it
+    for (size_t i = 0; i < order.size(); ++i) cycle[static_cast<size_t>(order[i])] = order[(i + 1) % order.size()];
+    if (rule.agreement >= 1.0) return cycle;
+    std::vector<int> successor(cycle.size());
+    Rng rng{rule.seed};
+    for (size_t t = 0; t < cycle.size(); ++t) {
+        const double u = static_cast<double>(rng.next() >> 11) * (1.0 / 9007199254740992.0);
+        const int next = cycle[t];
+        successor[t] = u < rule.agreement ? next : cycle[static_cast<size_t>(next)];
+    }
+    return successor;
+}
 
 uint64_t SyntheticShape::n_params() const {
     const uint64_t head_dim = static_cast<uint64_t>(dim) / n_heads;
@@ -141,12 +191,15 @@ std::optional<SyntheticShape> synthetic_preset(const std::string& name) {
     return std::nullopt;
 }
 
-void write_synthetic_model(const std::string& path, const SyntheticShape& s, GgmlType type, uint64_t seed) {
+void write_synthetic_model(const std::string& path, const SyntheticShape& s, GgmlType type, uint64_t seed,
+                           const std::optional<SyntheticNextToken>& next) {
     if (!cpu::find_kernels(type))
         throw Error(std::string("synthetic models of type ") + ggml_type_name(type) + " are not supported");
     if (s.dim % s.n_heads || s.n_heads % s.n_kv_heads)
         throw Error("synthetic shape: dim must be a multiple of heads, and heads of kv heads");
     if (s.arch != "llama" && s.arch != "qwen2") throw Error("synthetic shape: architecture '" + s.arch + "' unknown");
+    if (next && s.tied_output) throw Error("synthetic next-token models need a separate output matrix");
+    const std::vector<int> successor = next ? synthetic_successors(s.n_vocab, *next) : std::vector<int>{};
     const bool qwen2 = s.arch == "qwen2";
     Rng rng{seed};
     const int64_t block = ggml_type_info(type).block_size;
@@ -156,7 +209,7 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
     GgufWriter w;
     const std::string a = s.arch + ".";
     w.add_string("general.architecture", s.arch);
-    w.add_string("general.name", "synthetic-" + s.name + "-" + ggml_type_name(type));
+    w.add_string("general.name", "synthetic-" + s.name + "-" + ggml_type_name(type) + (next ? "-next-token" : ""));
     w.add_u32(a + "context_length", static_cast<uint32_t>(s.context_length));
     w.add_u32(a + "embedding_length", static_cast<uint32_t>(s.dim));
     w.add_u32(a + "feed_forward_length", static_cast<uint32_t>(s.hidden_dim));
@@ -173,9 +226,27 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
         w.add_tensor(name, t, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
                      random_matrix(rng, t, cols, rows));
     };
-    add_matrix("token_embd.weight", s.dim, s.n_vocab);
-    w.add_tensor("output_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
-    if (!s.tied_output) add_matrix("output.weight", s.dim, s.n_vocab);
+    // A next-token model's output projections are zero (its layers add nothing to the residual stream), and its
+    // embedding is derived from its output matrix.
+    auto add_projection = [&](const std::string& name, int64_t cols, int64_t rows) {
+        if (!next) return add_matrix(name, cols, rows);
+        const GgmlType t = matrix_type(cols);
+        w.add_tensor(name, t, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
+                     std::vector<uint8_t>(ggml_row_bytes(t, static_cast<uint64_t>(cols)) * static_cast<size_t>(rows)));
+    };
+    const uint64_t dim = static_cast<uint64_t>(s.dim), n_vocab = static_cast<uint64_t>(s.n_vocab);
+    if (next) {
+        const GgmlType t = matrix_type(s.dim);
+        std::vector<uint8_t> output = random_matrix(rng, t, s.dim, s.n_vocab);
+        w.add_tensor("token_embd.weight", GgmlType::F16, {dim, n_vocab},
+                     successor_embedding(output, t, s.dim, successor));
+        w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, ones_f32(s.dim));
+        w.add_tensor("output.weight", t, {dim, n_vocab}, std::move(output));
+    } else {
+        add_matrix("token_embd.weight", s.dim, s.n_vocab);
+        w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, ones_f32(s.dim));
+        if (!s.tied_output) add_matrix("output.weight", s.dim, s.n_vocab);
+    }
     for (int l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         w.add_tensor(p + "attn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
@@ -187,11 +258,11 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
                                           std::pair{"attn_v.bias", kv_dim}})
                 w.add_tensor(p + name, GgmlType::F32, {static_cast<uint64_t>(n)},
                              random_matrix(rng, GgmlType::F32, n, 1));
-        add_matrix(p + "attn_output.weight", s.dim, s.dim);
+        add_projection(p + "attn_output.weight", s.dim, s.dim);
         w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
         add_matrix(p + "ffn_gate.weight", s.dim, s.hidden_dim);
         add_matrix(p + "ffn_up.weight", s.dim, s.hidden_dim);
-        add_matrix(p + "ffn_down.weight", s.hidden_dim, s.dim);
+        add_projection(p + "ffn_down.weight", s.hidden_dim, s.dim);
     }
     w.write(path);
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ggml_types.h"
 
@@ -25,9 +26,31 @@ struct SyntheticShape {
 // lent GPU times the pair's steps on them, as the real files are too large to travel there).
 std::optional<SyntheticShape> synthetic_preset(const std::string& name);
 
+// A rule that makes a synthetic model's greedy next token a function of the last token alone, so that two models
+// of different shapes can agree on it to a chosen degree: a synthetic speculative pair with a known acceptance
+// rate, whose steps cost what its shapes cost (every layer still reads all its weights and the KV cache). The
+// ids 3..cycle_ids-1 form one cycle, the same for every model of that vocabulary size (the other ids lead into it;
+// nothing leads to ids 0-2, so generation never meets end-of-sequence; the cycle stays below the ids a draft's
+// restricted logits cover, SpeculativeParams::draft_vocab, as a real vocabulary's frequent tokens do); a model with
+// agreement a follows the cycle from a fraction a of the tokens (picked by `seed`) and skips one cycle step from
+// the others. A draft made with agreement a beside a target made with 1 proposes each token the target would pick
+// with probability a, independently of the position (tokens are visited along the cycle).
+struct SyntheticNextToken {
+    double agreement = 1.0;
+    uint64_t seed = 1;
+    int cycle_ids = 32768;  // the cycle's ids are 3..min(cycle_ids, n_vocab)-1
+};
+// The successor of each token id under the rule (what the model's greedy decoding picks after it).
+std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rule);
+
 // Writes a model of `shape` whose 2-D matrices are of `type` (norms f32; rows whose length is not a multiple of
 // the type's block size fall back to f16): random values quantized for the types tandem can write, random codes
 // with scales fitted to the same RMS for the others (the k-quants). Deterministic for a given seed.
-void write_synthetic_model(const std::string& path, const SyntheticShape& shape, GgmlType type, uint64_t seed = 1);
+// With `next`: the layers' output projections (attn_output, ffn_down) are zero, so the residual stream leaving
+// the last layer is the token's embedding, and the embedding (f16, which costs a step nothing: it is gathered, not
+// multiplied) of token t is output row succ(t) centred per 32 columns: its logit is that row's squared norm over
+// its RMS, some sqrt(dim) standard deviations above any other row's (not tied_output).
+void write_synthetic_model(const std::string& path, const SyntheticShape& shape, GgmlType type, uint64_t seed = 1,
+                           const std::optional<SyntheticNextToken>& next = std::nullopt);
 
 }  // namespace tandem

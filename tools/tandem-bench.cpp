@@ -3,7 +3,7 @@
 // decode. It can also write synthetic llama models of a given shape and type (random weights) so that speed is
 // measurable on sizes no real file here has.
 //   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS] [--chunk 256]
-//   tandem-bench --make-synthetic 1b --type q4_0 -o /tmp/1b-q4_0.gguf
+//   tandem-bench --make-synthetic 1b --type q4_0 -o /tmp/1b-q4_0.gguf [--next-token 1|0.9]
 //   tandem-bench -m TARGET.gguf --draft DRAFT.gguf [--lookup] [--prompts FILE] [-n 128]   (speculative vs plain)
 //   tandem-bench -m MODEL.gguf --serve [-p 512] [-n 128] [-t THREADS]   (one run per "pp"/"tg" line on stdin)
 //   tandem-bench -m TARGET.gguf --draft DRAFT.gguf|--lookup --prompts FILE --serve   (one generation per
@@ -26,6 +26,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "bench_util.h"
@@ -398,6 +399,12 @@ int main(int argc, char** argv) {
                    "weight type of the synthetic model (any type the CPU backend reads; k-quants get random codes)")
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
+    double next_token = -1.0;
+    app.add_option("--next-token", next_token,
+                   "the synthetic model's greedy next token follows the last token alone, along one cycle over the "
+                   "vocabulary from this fraction of tokens (1 for a target, e.g. 0.9 for a draft beside it: a pair "
+                   "with that acceptance rate and the shapes' step costs; synthetic_model.h)")
+        ->check(CLI::Range(0.0, 1.0));
     std::string draft_path, prompts_path;
     bool lookup = false, json = false, serve = false, bandwidth = false, unescape = false;
     size_t bandwidth_mib = 1024;
@@ -460,9 +467,11 @@ int main(int argc, char** argv) {
             auto type = tandem::ggml_type_from_name(synth_type);
             if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
             if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");
-            std::fprintf(stderr, "writing %s: %.2fB parameters, %s\n", synth_out.c_str(), shape->n_params() / 1e9,
-                         synth_type.c_str());
-            tandem::write_synthetic_model(synth_out, *shape, *type);
+            std::fprintf(stderr, "writing %s: %.2fB parameters, %s%s\n", synth_out.c_str(), shape->n_params() / 1e9,
+                         synth_type.c_str(), next_token >= 0 ? ", next-token rule" : "");
+            std::optional<tandem::SyntheticNextToken> rule;
+            if (next_token >= 0) rule = tandem::SyntheticNextToken{next_token, 2};
+            tandem::write_synthetic_model(synth_out, *shape, *type, 1, rule);
             if (model_path.empty()) return 0;
         }
         if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

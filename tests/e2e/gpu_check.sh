@@ -121,7 +121,7 @@ check "kernel-bench.md: the GEMM table" grep -qE '^\| q4_0 \| 8 x 256 \| 3 \| in
 b="$out/bench.md"
 check "bench.md: one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
 # The pair's target (Q4_K) and draft (Q4_0) add 3 such rows to the 4 types' 8: all are the tiny preset here.
-check "bench.md: pp512 and tg128 of the 4 types and the pair" [ "$(rows '^\| synthetic-tiny-[A-Za-z0-9_]+ \| .* \| (pp512|tg128) \|' "$b")" -eq 11 ]
+check "bench.md: pp512 and tg128 of the 4 types and the pair" [ "$(rows '^\| synthetic-tiny-[A-Za-z0-9_-]+ \| .* \| (pp512|tg128) \|' "$b")" -eq 11 ]
 check "bench.md: F16 and Q8_0 pp512 and tg128" [ "$(rows '^\| synthetic-tiny-(f16|q8_0) \| .* \| (pp512|tg128) \|' "$b")" -eq 4 ]
 check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128), baseline abc1234 \|' "$b")" -eq 8 ]
 check "bench.md: PDL-off rows, every type" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 4 ]
@@ -146,7 +146,10 @@ check "calls: 1B models of 4 types and the pair made" [ "$(rows '--make-syntheti
 check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
 
 # The default pair's shapes (4c).
-check "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] && [ "$(rows "qwen0.5b-q4_0.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k-next.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] && [ "$(rows "qwen0.5b-q4_0-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check "calls: the pair made as next-token models, the draft agreeing on 90%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k --next-token 1 ' "$c")" -eq 1 ] && [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.9 ' "$c")" -eq 1 ]
+check "calls: the pair's speculative run on the GPU" [ "$(rows '--draft .*qwen0.5b-q4_0-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
+check "pair-speculative.md: a row per built-in prompt, with its speedup" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 3 ]
 check "pair-verify.md: a row per token count" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 10 ]
 
 # llama.cpp beside tandem (5): llama-bench on the same files, and the ratio of medians.

@@ -22,6 +22,7 @@
 #include "quantize_model.h"
 #include "reference_files.h"
 #include "speculative.h"
+#include "synthetic_model.h"
 #include "vocab_check.h"
 
 using namespace tandem;
@@ -1037,4 +1038,76 @@ TEST_CASE("speculative: verify_proposal over sparse distributions gives the dens
     g = verify_proposal(std::vector<int>{4, 5}, target, {}, true, s);
     CHECK(g.n_accepted == 1);
     CHECK(g.next_token == 9);
+}
+
+TEST_CASE("speculative: a synthetic next-token pair picks the rule's successors and its draft is accepted where they agree") {
+    // tandem-bench --make-synthetic NAME --next-token A (synthetic_model.h): the pair a lent GPU runs to measure
+    // speculative decoding at the real pair's shapes with a known acceptance rate. Target: the tiny shape in Q8_0
+    // and, for the k-quants' per-sub-block offsets, Q4_K, following the cycle; draft: a smaller shape in Q4_0 that
+    // agrees on 75% of the tokens. Each model's argmax after a token must be the rule's successor, on every row.
+    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-next-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    const SyntheticShape tiny = *synthetic_preset("tiny");
+    const SyntheticShape small{"tiny-draft", 128, 384, 2, 4, 2, tiny.n_vocab, tiny.context_length, false};
+    const SyntheticNextToken target_rule{1.0, 2}, draft_rule{0.75, 2};
+    write_synthetic_model(dir + "/target.gguf", tiny, GgmlType::Q8_0, 5, target_rule);
+    write_synthetic_model(dir + "/target-q4_k.gguf", tiny, GgmlType::Q4_K, 6, target_rule);
+    write_synthetic_model(dir + "/draft.gguf", small, GgmlType::Q4_0, 7, draft_rule);
+    const std::vector<int> succ = synthetic_successors(tiny.n_vocab, target_rule);
+    const std::vector<int> draft_succ = synthetic_successors(tiny.n_vocab, draft_rule);
+
+    // The rule: one cycle through ids 3..n_vocab-1 (the vocabulary is under cycle_ids), nothing leads to 0-2;
+    // the draft agrees on ~75% of the ids and otherwise skips one step.
+    int t = succ[0], steps = 0;
+    do {
+        REQUIRE(t >= 3);
+        t = succ[static_cast<size_t>(t)];
+        ++steps;
+    } while (t != succ[0] && steps <= tiny.n_vocab);
+    CHECK(steps == tiny.n_vocab - 3);
+    int agree = 0;
+    for (int id = 0; id < tiny.n_vocab; ++id) {
+        const int next = succ[static_cast<size_t>(id)], d = draft_succ[static_cast<size_t>(id)];
+        agree += d == next;
+        if (d != next) CHECK(d == succ[static_cast<size_t>(next)]);
+    }
+    CHECK(std::abs(static_cast<double>(agree) / tiny.n_vocab - 0.75) < 0.05);
+
+    std::vector<int> probe;
+    for (int id = 0; id < 64; ++id) probe.push_back(id * 16 + 1);  // every part of the vocabulary, specials too
+    for (const auto& [file, rule] : {std::pair{"target.gguf", &succ}, std::pair{"target-q4_k.gguf", &succ},
+                                     std::pair{"draft.gguf", &draft_succ}}) {
+        const std::string name = file;
+        CAPTURE(name);
+        auto model = Model::load(dir + "/" + name);
+        CpuBackend backend(*model, 1, 64);
+        auto cache = backend.new_cache(128);
+        std::vector<float> logits(probe.size() * static_cast<size_t>(tiny.n_vocab));
+        backend.forward(probe, *cache, static_cast<int>(probe.size()), logits.data());
+        for (size_t i = 0; i < probe.size(); ++i) {
+            const float* row = logits.data() + i * static_cast<size_t>(tiny.n_vocab);
+            CAPTURE(probe[i]);
+            CHECK(std::max_element(row, row + tiny.n_vocab) - row == (*rule)[static_cast<size_t>(probe[i])]);
+        }
+    }
+
+    // Greedy generation follows the cycle, and speculative decoding gives the same tokens, accepting some drafts
+    // and rejecting others.
+    auto target = Model::load(dir + "/target.gguf");
+    const std::vector<int> prompt = {1, 100, 200};
+    const Run plain = generate(*target, "", prompt, greedy_params(120));
+    REQUIRE(plain.tokens.size() == 120);
+    int last = prompt.back();
+    for (int id : plain.tokens) {
+        CHECK(id == succ[static_cast<size_t>(last)]);
+        last = id;
+    }
+    GenerationParams p = greedy_params(120);
+    p.speculative.draft_min = 1;  // draft every round
+    const Run spec = generate(*target, dir + "/draft.gguf", prompt, p);
+    CHECK(spec.tokens == plain.tokens);
+    REQUIRE(spec.stats.speculative);
+    CHECK(spec.stats.spec.accepted > 0);
+    CHECK(spec.stats.spec.accepted < spec.stats.spec.drafted);
+    std::filesystem::remove_all(dir);
 }
