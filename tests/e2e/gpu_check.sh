@@ -204,12 +204,13 @@ check "bench-only run: its own steps timed, no checks" steps_timed "$out/summary
     [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] && [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
 check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
 
-# 2b. --types narrows a call to some weight types (a short follow-up call, say the 7B Q4_K and Q8_0 models). Without
+# 2b. --types narrows a call to some weight types (a short follow-up call, say the 7B Q4_K and Q8_0 models), --loads
+# the forced-route rows to some loads. Without
 # Q4_0 the rows made from the Q4_0 model (graphs off, SIMT, unfused, ncu) are left out, even when an earlier call
 # left that file behind.
 before=$(wc -l <"$c")
 ncu_before=$(wc -l <"$calls/ncu")
-run_check "$tmp/typed" --bench-only --sizes 7b --types "q4_k q8_0" --profile
+run_check "$tmp/typed" --bench-only --sizes 7b --types "q4_k q8_0" --loads persistent --profile
 check "--types run: exit 0" [ $? -eq 0 ]
 t="$tmp/typed/bench.md" new_calls=$(tail -n +$((before + 1)) "$c")
 check "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b-\(q4_k\|q8_0\)\.gguf' <<<"$new_calls")" -gt 0 ] &&
@@ -218,6 +219,10 @@ check "--types run: PDL-off rows for the two types" [ "$(rows '\| tg128, no over
 check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
 check "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] &&
     [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] && [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]
+check "--loads persistent: only those forced rows, both activations" [ "$(rows '\| tg128, (fp32|int8) activations, persistent matvec \|' "$t")" -eq 4 ] &&
+    [ "$(rows '\| tg128, (fp32|int8) activations, (direct|staged|split) matvec \|' "$t")" -eq 0 ]
+run_check "$tmp/badloads" --loads "staged wide"
+check "--loads: unknown loads are refused with exit 2" [ $? -eq 2 ] && grep -q "'wide' is not one of" "$tmp/badloads.stderr"
 run_check "$tmp/badtype" --types "q4_0 q7_k"
 check "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] && grep -q "'q7_k' is not one of" "$tmp/badtype.stderr"
 
