@@ -1,8 +1,8 @@
 // The matvec kernels, whatever the weight type and the activations' form: a Dot (a weight type's walk over a row,
 // reading fp32 activations in matvec.cu, 8-bit quantized ones in matvec_q8.cu) plugs into the direct kernel (each
 // lane loads its share of the row from global memory) or the staged one (each warp streams its row through shared
-// memory with 16-byte loads) or the split one (a row's walk divided among a block's warps). Included by those two
-// files only.
+// memory with 16-byte loads; its persistent variant launches only the blocks the device holds and streams row after
+// row) or the split one (a row's walk divided among a block's warps). Included by those two files only.
 //
 // One warp per weight row (kWarps rows per block; split: a block per row); a launch may cover up to three matrices
 // of one type that read the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The
