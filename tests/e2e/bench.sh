@@ -27,7 +27,7 @@ check "--serve: one line per request" [ "$(wc -l <"$tmp/serve")" -eq 5 ]
 check "--serve: unknown request is an error line" grep -q '"error"' "$tmp/serve"
 check "--serve: tokens/s reported" [ "$(grep -c '"tokens_per_s"' "$tmp/serve")" -eq 3 ]
 printf 'pp\n' | "$bench" -m "$model" --serve -p 16 -n 4 -t 1 >"$tmp/eof" 2>/dev/null
-check "--serve: ends at EOF" [ $? -eq 0 ] && [ "$(wc -l <"$tmp/eof")" -eq 2 ]
+check_all "--serve: ends at EOF" [ $? -eq 0 ] ::: [ "$(wc -l <"$tmp/eof")" -eq 2 ]
 
 "$bench" --bandwidth --bandwidth-mib 32 -r 2 -t 2 --json >"$tmp/bw" 2>/dev/null
 check "--bandwidth: exit 0" [ $? -eq 0 ]

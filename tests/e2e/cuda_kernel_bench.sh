@@ -48,7 +48,7 @@ check "17 tokens are refused" [ $? -eq 2 ]
 "$emu" --acts int4 >/dev/null 2>"$tmp/err"
 check "unknown activations are refused" [ $? -eq 2 ]
 "$emu" --loads direct,wide >/dev/null 2>"$tmp/err"
-check "unknown loads are refused, named" [ $? -eq 2 ] && grep -q "'wide'" "$tmp/err"
+check_all "unknown loads are refused, named" [ $? -eq 2 ] ::: grep -q "'wide'" "$tmp/err"
 "$emu" --types q4_0 --shapes 8x48 --tokens 1 --launches 1 --reps 1 --rotate-mib 0 --copy-mib 0 >"$tmp/out" 2>"$tmp/err"
 check "columns that are not whole blocks: skipped with a note" grep -q 'not whole blocks' "$tmp/err"
 

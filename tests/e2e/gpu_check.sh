@@ -142,14 +142,14 @@ check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
 check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
 check "calls: unfused" [ "$(rows '^TANDEM_CUDA_FUSED_MATVECS=0 \| ' "$c")" -eq 1 ]
 check "calls: every benchmark on the GPU" [ "$(grep -v -- '--make-synthetic' "$c" | grep -vc -- '--backend cuda')" -eq 0 ]
-check "calls: 1B models of 4 types and the pair made" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 6 ]
+check "calls: 1B models of 4 types and the pair made (two drafts)" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 7 ]
 check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
 
 # The default pair's shapes (4c).
-check "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k-next.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] && [ "$(rows "qwen0.5b-q4_0-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
-check "calls: the pair made as next-token models, the draft agreeing on 90%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k --next-token 1 ' "$c")" -eq 1 ] && [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.9 ' "$c")" -eq 1 ]
-check "calls: the pair's speculative run on the GPU" [ "$(rows '--draft .*qwen0.5b-q4_0-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
-check "pair-speculative.md: a row per built-in prompt, with its speedup" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 3 ]
+check_all "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k-next.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "qwen0.5b-q4_0-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check_all "calls: the pair made as next-token models, drafts agreeing on 90% and 95%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k --next-token 1 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.9 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.95 ' "$c")" -eq 1 ]
+check "calls: the pair's speculative runs on the GPU, each draft" [ "$(rows '--draft .*qwen0.5b-q4_0-next9[05].gguf --backend cuda -n 128' "$c")" -eq 2 ]
+check_all "pair-speculative.md: a row per built-in prompt and draft, with its speedup" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 6 ] ::: [ "$(rows '^next-token pair .* (90|95)% of tokens' "$out/pair-speculative.md")" -eq 2 ]
 check "pair-verify.md: a row per token count" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 10 ]
 
 # llama.cpp beside tandem (5): llama-bench on the same files, and the ratio of medians.
@@ -170,8 +170,8 @@ EOF
 }
 check "side-by-side.md: ratio = tandem / llama.cpp" ratios_ok "$s"
 v="$out/variants.md"
-check "variants.md: every variant row of bench.md beside its default" \
-    [ "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$v")" -eq "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$b")" ] &&
+check_all "variants.md: every variant row of bench.md beside its default" \
+    [ "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$v")" -eq "$(rows '^\| synthetic-.* \| (tg128|pp512), ' "$b")" ] ::: \
     [ "$(rows '^\| synthetic-tiny-q4_0 \| tg128, fp32 activations, staged matvec \|' "$v")" -eq 1 ]
 check "variants.md: ratio = variant / default" ratios_ok "$v"
 
@@ -197,12 +197,12 @@ device_test_runs=$(wc -l <"$calls/device-tests")
 run_check "$out" --bench-only --sizes 7b --llamacpp "$llama"
 check "bench-only run: exit 0" [ $? -eq 0 ]
 check "bench-only run: no device tests" [ "$(wc -l <"$calls/device-tests")" -eq "$device_test_runs" ]
-check "bench-only run: 7B models made, no pair" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] && [ "$(rows '--make-synthetic qwen' "$c")" -eq 2 ]
+check_all "bench-only run: 7B models made, no pair (still the first call's three)" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] ::: [ "$(rows '--make-synthetic qwen' "$c")" -eq 3 ]
 check "bench-only run: bench.md still one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
 check "bench-only run: 7B rows appended" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 8 ]
-check "bench-only run: its own steps timed, no checks" steps_timed "$out/summary.txt" "synthetic models (7b)" &&
-    [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] && [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
-check "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] && [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
+check_all "bench-only run: its own steps timed, no checks" steps_timed "$out/summary.txt" "synthetic models (7b)" ::: \
+    [ "$(grep -c 'time: device tests' "$out/summary.txt")" -eq 1 ] ::: [ "$(grep -c 'time: default pair' "$out/summary.txt")" -eq 1 ]
+check_all "bench-only run: side-by-side.md gains the 7B rows" [ "$(rows '^\| 7b-' "$s")" -eq 8 ] ::: [ "$(rows '^\| model \| test \|' "$s")" -eq 1 ]
 
 # 2b. --types narrows a call to some weight types (a short follow-up call, say the 7B Q4_K and Q8_0 models), --loads
 # the forced-route rows to some loads. Without
@@ -213,18 +213,18 @@ ncu_before=$(wc -l <"$calls/ncu")
 run_check "$tmp/typed" --bench-only --sizes 7b --types "q4_k q8_0" --loads persistent --profile
 check "--types run: exit 0" [ $? -eq 0 ]
 t="$tmp/typed/bench.md" new_calls=$(tail -n +$((before + 1)) "$c")
-check "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b-\(q4_k\|q8_0\)\.gguf' <<<"$new_calls")" -gt 0 ] &&
+check_all "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b-\(q4_k\|q8_0\)\.gguf' <<<"$new_calls")" -gt 0 ] ::: \
     [ "$(grep -- ' -m ' <<<"$new_calls" | grep -vc -- '/7b-\(q4_k\|q8_0\)\.gguf')" -eq 0 ]
 check "--types run: PDL-off rows for the two types" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$t")" -eq 2 ]
 check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
-check "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] &&
-    [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] && [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]
-check "--loads persistent: only those forced rows, both activations" [ "$(rows '\| tg128, (fp32|int8) activations, persistent matvec \|' "$t")" -eq 4 ] &&
+check_all "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] ::: \
+    [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] ::: [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]
+check_all "--loads persistent: only those forced rows, both activations" [ "$(rows '\| tg128, (fp32|int8) activations, persistent matvec \|' "$t")" -eq 4 ] ::: \
     [ "$(rows '\| tg128, (fp32|int8) activations, (direct|staged|split) matvec \|' "$t")" -eq 0 ]
 run_check "$tmp/badloads" --loads "staged wide"
-check "--loads: unknown loads are refused with exit 2" [ $? -eq 2 ] && grep -q "'wide' is not one of" "$tmp/badloads.stderr"
+check_all "--loads: unknown loads are refused with exit 2" [ $? -eq 2 ] ::: grep -q "'wide' is not one of" "$tmp/badloads.stderr"
 run_check "$tmp/badtype" --types "q4_0 q7_k"
-check "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] && grep -q "'q7_k' is not one of" "$tmp/badtype.stderr"
+check_all "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] ::: grep -q "'q7_k' is not one of" "$tmp/badtype.stderr"
 
 # 3. Failed checks make the exit status non-zero; benchmarks never do.
 STUB_DEVICE_TESTS_FAIL=1 run_check "$tmp/fail1" --quick
@@ -234,7 +234,7 @@ STUB_GREEDY_DIFFERS=1 run_check "$tmp/fail2" --quick
 check "greedy mismatch: exit non-zero" [ $? -ne 0 ]
 check "greedy mismatch: in the summary" grep -q "cuda differs from cpu" "$tmp/fail2/summary.txt"
 check "greedy mismatch: the speculative runs too" [ "$(rows 'speculative .*: cuda differs from cpu' "$tmp/fail2/summary.txt")" -eq 2 ]
-check "greedy mismatch: both texts in greedy.log" grep -q '^cpu: ' "$tmp/fail2/greedy.log" &&
+check_all "greedy mismatch: both texts in greedy.log" grep -q '^cpu: ' "$tmp/fail2/greedy.log" ::: \
     grep -q 'something else' "$tmp/fail2/greedy.log"
 run_check "$tmp/bad" --sizez 1b
 check "unknown argument: exit 2" [ $? -eq 2 ]

@@ -34,7 +34,7 @@ check "--stats keeps stdout to text" bash -c "! grep -q drafted '$tmp/out'"
 "$build/tandem-bench" --make-synthetic tiny --type q8_0 -o "$tmp/other-vocab.gguf" 2>/dev/null
 "$tandem" -m "$model" -p "Once upon a time" -n 10 --draft "$tmp/other-vocab.gguf" >"$tmp/out" 2>"$tmp/err"
 rc=$?
-check "vocabulary mismatch: non-zero exit" [ $rc -ne 0 ] && [ $rc -lt 128 ]
+check_all "vocabulary mismatch: non-zero exit" [ $rc -ne 0 ] ::: [ $rc -lt 128 ]
 check "vocabulary mismatch: nothing on stdout" [ ! -s "$tmp/out" ]
 check "vocabulary mismatch: the error says why" grep -q "vocabulary" "$tmp/err"
 "$tandem" -m "$model" -p hi --draft-min 5 --draft-max 2 >/dev/null 2>"$tmp/err"

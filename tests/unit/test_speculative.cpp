@@ -1109,5 +1109,13 @@ TEST_CASE("speculative: a synthetic next-token pair picks the rule's successors 
     REQUIRE(spec.stats.speculative);
     CHECK(spec.stats.spec.accepted > 0);
     CHECK(spec.stats.spec.accepted < spec.stats.spec.drafted);
+
+    // What the rule cannot do: a tied output (the embedding is derived from the output matrix), an agreement
+    // outside [0, 1], a cycle of fewer than two ids.
+    SyntheticShape tied = tiny;
+    tied.tied_output = true;
+    CHECK_THROWS_AS(write_synthetic_model(dir + "/tied.gguf", tied, GgmlType::Q8_0, 1, target_rule), Error);
+    CHECK_THROWS_AS(synthetic_successors(tiny.n_vocab, {1.5, 1}), Error);
+    CHECK_THROWS_AS(synthetic_successors(tiny.n_vocab, {1.0, 1, 4}), Error);
     std::filesystem::remove_all(dir);
 }
