@@ -19,6 +19,21 @@ __device__ __forceinline__ void scale_min_k4(const uint8_t* s, int j, int& sc, i
     }
 }
 
+// The same from the twelve scale bytes held in three words, bytes 0-3 (a), 4-7 (b) and 8-11 (c): j's byte in each
+// is j % 4, picked with shifts (an array indexed by a lane-dependent j would go to local memory).
+__device__ __forceinline__ void scale_min_k4_words(uint32_t a, uint32_t b, uint32_t c, int j, int& sc, int& m) {
+    const int shift = 8 * (j % 4);
+    const int sa = static_cast<int>((a >> shift) & 0xFF), sb = static_cast<int>((b >> shift) & 0xFF);
+    const int s_hi = static_cast<int>((c >> shift) & 0xFF);  // byte j + 4 for j >= 4
+    if (j < 4) {
+        sc = sa & 63;
+        m = sb & 63;
+    } else {
+        sc = (s_hi & 0xF) | ((sa >> 6) << 4);
+        m = (s_hi >> 4) | ((sb >> 6) << 4);
+    }
+}
+
 // Bit j (j < 4) of b moved to bit 4 of byte j: the fifth bits of four Q5_0 / Q5_1 codes.
 __device__ __forceinline__ int spread_fifth_bits(uint32_t b) {
     return static_cast<int>(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25));

@@ -53,6 +53,8 @@ bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 // another and requesting the next row's first chunk before it decodes the current row's last; bitwise the staged
 // (so the direct) sums. (F32, F16 and BF16 always load directly.)
 enum class MatvecLoads { Direct, Staged, Split, Persistent };
+constexpr MatvecLoads kAllMatvecLoads[] = {MatvecLoads::Direct, MatvecLoads::Staged, MatvecLoads::Split,
+                                           MatvecLoads::Persistent};
 inline const char* matvec_loads_name(MatvecLoads loads) {  // as TANDEM_CUDA_MATVEC spells it
     switch (loads) {
         case MatvecLoads::Staged: return "staged";

@@ -382,54 +382,34 @@ void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int
             return launch_type<DotBF16, kDirect>("matvec_kernel<BF16>", job, cols, x, n_tokens, stream);
         case GgmlType::Q8_0:
             detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ8_0>,
-                          {"matvec_kernel<Q8_0>", "matvec_staged_kernel<Q8_0>", "matvec_split_kernel<Q8_0>",
-                           "matvec_persistent_kernel<Q8_0>"});
+            return blocks(launch_blocks<DotQ8_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q8_0));
         case GgmlType::Q4_0:
             detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ4_0>,
-                          {"matvec_kernel<Q4_0>", "matvec_staged_kernel<Q4_0>", "matvec_split_kernel<Q4_0>",
-                           "matvec_persistent_kernel<Q4_0>"});
+            return blocks(launch_blocks<DotQ4_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_0));
         case GgmlType::Q4_1:
             detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ4_1>,
-                          {"matvec_kernel<Q4_1>", "matvec_staged_kernel<Q4_1>", "matvec_split_kernel<Q4_1>",
-                           "matvec_persistent_kernel<Q4_1>"});
+            return blocks(launch_blocks<DotQ4_1>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_1));
         case GgmlType::Q5_0:
             detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ5_0>,
-                          {"matvec_kernel<Q5_0>", "matvec_staged_kernel<Q5_0>", "matvec_split_kernel<Q5_0>",
-                           "matvec_persistent_kernel<Q5_0>"});
+            return blocks(launch_blocks<DotQ5_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_0));
         case GgmlType::Q5_1:
             detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ5_1>,
-                          {"matvec_kernel<Q5_1>", "matvec_staged_kernel<Q5_1>", "matvec_split_kernel<Q5_1>",
-                           "matvec_persistent_kernel<Q5_1>"});
+            return blocks(launch_blocks<DotQ5_1>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_1));
         case GgmlType::Q2_K:
             detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ2_K>,
-                          {"matvec_kernel<Q2_K>", "matvec_staged_kernel<Q2_K>", "matvec_split_kernel<Q2_K>",
-                           "matvec_persistent_kernel<Q2_K>"});
+            return blocks(launch_blocks<DotQ2_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q2_K));
         case GgmlType::Q3_K:
             detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ3_K>,
-                          {"matvec_kernel<Q3_K>", "matvec_staged_kernel<Q3_K>", "matvec_split_kernel<Q3_K>",
-                           "matvec_persistent_kernel<Q3_K>"});
+            return blocks(launch_blocks<DotQ3_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q3_K));
         case GgmlType::Q4_K:
             detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q4_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ4_K>,
-                          {"matvec_kernel<Q4_K>", "matvec_staged_kernel<Q4_K>", "matvec_split_kernel<Q4_K>",
-                           "matvec_persistent_kernel<Q4_K>"});
+            return blocks(launch_blocks<DotQ4_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_K));
         case GgmlType::Q5_K:
             detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q5_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ5_K>,
-                          {"matvec_kernel<Q5_K>", "matvec_staged_kernel<Q5_K>", "matvec_split_kernel<Q5_K>",
-                           "matvec_persistent_kernel<Q5_K>"});
+            return blocks(launch_blocks<DotQ5_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_K));
         case GgmlType::Q6_K:
             detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ6_K>,
-                          {"matvec_kernel<Q6_K>", "matvec_staged_kernel<Q6_K>", "matvec_split_kernel<Q6_K>",
-                           "matvec_persistent_kernel<Q6_K>"});
+            return blocks(launch_blocks<DotQ6_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q6_K));
         default: detail::require(false, "matvec: unsupported weight type");
     }
 }

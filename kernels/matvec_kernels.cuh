@@ -292,7 +292,8 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
                                                                                        : kChunkBlocks; };
     auto slots_of = [&](const StagedRow& r, int c) { return (r.lead + chunk_blocks(c) * Dot::kBlockBytes + 15) / 16; };
     uint4 buf[kStagePerLane];
-    auto load_chunk = [&](const StagedRow& r, int c) {  // chunk c spans slots_of(r, c) slots from base + c * kChunkBytes
+    // Chunk c of row r into buf: slots_of(r, c) slots from r.base + c * kChunkBytes.
+    auto load_chunk = [&](const StagedRow& r, int c) {
         const int n = slots_of(r, c);
         const uint8_t* first = r.base + static_cast<size_t>(c) * kChunkBytes;
 #pragma unroll
@@ -321,8 +322,9 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
                 int next_s = 0, next_row = 0;  // the next row's first chunk, in flight while this row's last is decoded
                 if (warp_row_in(job, next, next_s, next_row)) load_chunk(staged_row(job, next_s, next_row), 0);
             }
-            Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + r.lead, chunk_blocks(c) * Dot::kBlockCols,
-                                  x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok, lane, acc);
+            Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + r.lead,
+                                  chunk_blocks(c) * Dot::kBlockCols, x + Dot::x_units(c * kChunkCols),
+                                  Dot::x_units(cols), n_tok, lane, acc);
             __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
         }
         if (job.swiglu)
@@ -455,6 +457,13 @@ struct KernelNames {
     const char* split;
     const char* persistent;
 };
+// Those names from one spelling: TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_0) is matvec_kernel<Q4_0>,
+// matvec_staged_kernel<Q4_0>, ... (string literals: launch_kernel keeps only the pointer, for its error message).
+#define TANDEM_KERNEL_NAMES(prefix, suffix, type)                                          \
+    (::tandem::cuda::matvec_detail::KernelNames{prefix suffix "<" #type ">",               \
+                                                prefix "_staged" suffix "<" #type ">",     \
+                                                prefix "_split" suffix "<" #type ">",      \
+                                                prefix "_persistent" suffix "<" #type ">"})
 
 // The block types any way (the float types, whose F16 walk already streams 8-byte loads, always directly).
 template <class Dot>

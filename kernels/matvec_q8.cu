@@ -132,27 +132,13 @@ __device__ __forceinline__ float load_f32(const uint8_t* p) { return *reinterpre
 // block's first 16 bytes (d, dmin and the twelve bytes of 6-bit scales and mins) and, with k = l % 8, p = k / 2 and
 // h = k % 2, the 16 bytes of qs at kQs + 32p + 16h, whose low nibbles are elements 16h.. of chunk 2p (sub-block 2p)
 // and high nibbles the same elements of chunk 2p + 1; Q5_K also the 16 bytes of qh at 16 + 16h, a word at a time
-// (bit c of qh[e]: the fifth bit of element e of chunk c). The mins' offset takes the activations' sums of those 16 codes from the
-// Q8_K block (bsums: exact, as the CPU's). Why this walk and not one 4-byte word of codes per lane and super-block
+// (bit c of qh[e]: the fifth bit of element e of chunk c). The mins' offset takes the activations' sums of those 16
+// codes from the Q8_K block (bsums: exact, as the CPU's). Why this walk and not one 4-byte word of codes per lane and super-block
 // (until 2026-11-28): a 4096-wide row is 4 warp iterations instead of 16, each lane's loads are 16-byte words
 // instead of a word and six single scale bytes, and a lane's products are one exact integer sum per sub-block.
 template <int kBytes, int kQs, bool kFifth>
 struct DotQK4Q8 : Q8_KInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 4;
-    // Sub-block j's 6-bit scale and min (ggml's get_scale_min_k4) from the twelve scale bytes in three words: bytes
-    // 0-3 (a), 4-7 (b), 8-11 (c); j's byte in each is j % 4. Shifts, not an indexed array (local memory).
-    static __device__ __forceinline__ void scale_min(uint32_t a, uint32_t b, uint32_t c, int j, int& sc, int& m) {
-        const int shift = 8 * (j % 4);
-        const int sa = static_cast<int>((a >> shift) & 0xFF), sb = static_cast<int>((b >> shift) & 0xFF);
-        const int sc_hi = static_cast<int>((c >> shift) & 0xFF);
-        if (j < 4) {
-            sc = sa & 63;
-            m = sb & 63;
-        } else {
-            sc = (sc_hi & 0xF) | ((sa >> 6) << 4);
-            m = (sc_hi >> 4) | ((sb >> 6) << 4);
-        }
-    }
     template <int NT>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -164,8 +150,8 @@ struct DotQK4Q8 : Q8_KInput {
             const float d = tandem_half_to_float(static_cast<uint16_t>(head.x & 0xFFFF));
             const float dmin = tandem_half_to_float(static_cast<uint16_t>(head.x >> 16));
             int sc0, m0, sc1, m1;
-            scale_min(head.y, head.z, head.w, 2 * p, sc0, m0);
-            scale_min(head.y, head.z, head.w, 2 * p + 1, sc1, m1);
+            detail::scale_min_k4_words(head.y, head.z, head.w, 2 * p, sc0, m0);
+            detail::scale_min_k4_words(head.y, head.z, head.w, 2 * p + 1, sc1, m1);
             const uint32_t words[4] = {q.x, q.y, q.z, q.w};
             int lo[4], hi[4];
 #pragma unroll
@@ -309,36 +295,16 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
         launch(names, loads, job, cols, xq, n_tokens, stream);
     };
     switch (type) {
-        case GgmlType::Q8_0: return blocks(launch_blocks<DotQ8_0Q8>,
-                          {"matvec_q8<Q8_0>", "matvec_q8_staged<Q8_0>", "matvec_q8_split<Q8_0>",
-                           "matvec_q8_persistent<Q8_0>"});
-        case GgmlType::Q4_0: return blocks(launch_blocks<DotQ4_0Q8>,
-                          {"matvec_q8<Q4_0>", "matvec_q8_staged<Q4_0>", "matvec_q8_split<Q4_0>",
-                           "matvec_q8_persistent<Q4_0>"});
-        case GgmlType::Q4_1: return blocks(launch_blocks<DotQ4_1Q8>,
-                          {"matvec_q8<Q4_1>", "matvec_q8_staged<Q4_1>", "matvec_q8_split<Q4_1>",
-                           "matvec_q8_persistent<Q4_1>"});
-        case GgmlType::Q5_0: return blocks(launch_blocks<DotQ5_0Q8>,
-                          {"matvec_q8<Q5_0>", "matvec_q8_staged<Q5_0>", "matvec_q8_split<Q5_0>",
-                           "matvec_q8_persistent<Q5_0>"});
-        case GgmlType::Q5_1: return blocks(launch_blocks<DotQ5_1Q8>,
-                          {"matvec_q8<Q5_1>", "matvec_q8_staged<Q5_1>", "matvec_q8_split<Q5_1>",
-                           "matvec_q8_persistent<Q5_1>"});
-        case GgmlType::Q2_K: return blocks(launch_blocks<DotQ2_KQ8>,
-                          {"matvec_q8<Q2_K>", "matvec_q8_staged<Q2_K>", "matvec_q8_split<Q2_K>",
-                           "matvec_q8_persistent<Q2_K>"});
-        case GgmlType::Q3_K: return blocks(launch_blocks<DotQ3_KQ8>,
-                          {"matvec_q8<Q3_K>", "matvec_q8_staged<Q3_K>", "matvec_q8_split<Q3_K>",
-                           "matvec_q8_persistent<Q3_K>"});
-        case GgmlType::Q4_K: return blocks(launch_blocks<DotQ4_KQ8>,
-                          {"matvec_q8<Q4_K>", "matvec_q8_staged<Q4_K>", "matvec_q8_split<Q4_K>",
-                           "matvec_q8_persistent<Q4_K>"});
-        case GgmlType::Q5_K: return blocks(launch_blocks<DotQ5_KQ8>,
-                          {"matvec_q8<Q5_K>", "matvec_q8_staged<Q5_K>", "matvec_q8_split<Q5_K>",
-                           "matvec_q8_persistent<Q5_K>"});
-        case GgmlType::Q6_K: return blocks(launch_blocks<DotQ6_KQ8>,
-                          {"matvec_q8<Q6_K>", "matvec_q8_staged<Q6_K>", "matvec_q8_split<Q6_K>",
-                           "matvec_q8_persistent<Q6_K>"});
+        case GgmlType::Q8_0: return blocks(launch_blocks<DotQ8_0Q8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q8_0));
+        case GgmlType::Q4_0: return blocks(launch_blocks<DotQ4_0Q8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q4_0));
+        case GgmlType::Q4_1: return blocks(launch_blocks<DotQ4_1Q8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q4_1));
+        case GgmlType::Q5_0: return blocks(launch_blocks<DotQ5_0Q8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q5_0));
+        case GgmlType::Q5_1: return blocks(launch_blocks<DotQ5_1Q8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q5_1));
+        case GgmlType::Q2_K: return blocks(launch_blocks<DotQ2_KQ8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q2_K));
+        case GgmlType::Q3_K: return blocks(launch_blocks<DotQ3_KQ8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q3_K));
+        case GgmlType::Q4_K: return blocks(launch_blocks<DotQ4_KQ8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q4_K));
+        case GgmlType::Q5_K: return blocks(launch_blocks<DotQ5_KQ8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q5_K));
+        case GgmlType::Q6_K: return blocks(launch_blocks<DotQ6_KQ8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q6_K));
         default: detail::require(false, "matvec: the type has no 8-bit route");
     }
 }

@@ -1,6 +1,6 @@
 // tandem-cuda-kernel-bench: time per launch and weight bandwidth of the CUDA matvec kernels (kernels.h), fp32 and
-// 8-bit activations with direct, staged, split and persistent loads side by side, for each block type, shape and token count,
-// beside the device's own copy bandwidth; then the prefill GEMM's two routes on the same matrices: a kernel change
+// 8-bit activations with direct, staged, split and persistent loads side by side, for each block type, shape and
+// token count, beside the device's own copy bandwidth; then the prefill GEMM's two routes on the same matrices: a kernel change
 // measured on a lent GPU in seconds, without a model.
 //   tandem-cuda-kernel-bench [--types q4_0,q4_k] [--shapes 4096x4096,11008x4096] [--tokens 1,5,16]
 //                            [--acts f32,int8] [--loads direct,staged,split,persistent] [--launches 40] [--reps 7]
@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <random>
@@ -130,7 +131,8 @@ std::optional<Shape> parse_shape(const std::string& s) {
 int main(int argc, char** argv) {
     CLI::App app{"tandem-cuda-kernel-bench: CUDA matvec time per launch and weight bandwidth, by activations and loads"};
     std::string types_arg = "q4_0,q4_k,q8_0,q6_k,q5_k", shapes_arg = "4096x4096,11008x4096,4096x11008,1536x1536,8960x1536";
-    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged,split,persistent", acts_arg = "f32,int8", gemm_tokens_arg = "512";
+    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged,split,persistent", acts_arg = "f32,int8";
+    std::string gemm_tokens_arg = "512";
     int launches = 40, reps = 7, rotate_mib = 256, copy_mib = 512;
     unsigned seed = 1;
     app.add_option("--types", types_arg, "comma-separated block types (q4_0 q4_1 q5_0 q5_1 q8_0 q2_k..q6_k)")
@@ -194,11 +196,11 @@ int main(int argc, char** argv) {
     }
     std::vector<cuda::MatvecLoads> loads;
     for (const std::string& s : bench::split_list(loads_arg)) {
-        const auto known = {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged, cuda::MatvecLoads::Split,
-                            cuda::MatvecLoads::Persistent};
-        const auto l = std::find_if(known.begin(), known.end(), [&](auto k) { return s == cuda::matvec_loads_name(k); });
-        if (l == known.end()) {
-            std::fprintf(stderr, "tandem-cuda-kernel-bench: --loads takes direct, staged, split, persistent, got '%s'\n", s.c_str());
+        const auto known = std::begin(cuda::kAllMatvecLoads), known_end = std::end(cuda::kAllMatvecLoads);
+        const auto l = std::find_if(known, known_end, [&](auto k) { return s == cuda::matvec_loads_name(k); });
+        if (l == known_end) {
+            std::fprintf(stderr, "tandem-cuda-kernel-bench: --loads takes direct, staged, split, persistent, got '%s'\n",
+                         s.c_str());
             return 2;
         }
         loads.push_back(*l);

@@ -22,6 +22,7 @@
 #include <iterator>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "error.h"
 #include "kernels.h"
@@ -171,7 +172,7 @@ namespace {
 // The value of a TANDEM_CUDA_* switch as its index in `values`; unset or empty is values[0], the default. Any other
 // value is an error naming the variable and what it takes: a typo (TANDEM_CUDA_MATVEC=splt) must not quietly run
 // the default route under a benchmark row that names another.
-size_t env_switch(const char* name, std::initializer_list<std::string_view> values) {
+size_t env_switch(const char* name, const std::vector<std::string_view>& values) {
     const char* env = std::getenv(name);
     const std::string_view value = env ? env : "";
     if (value.empty()) return 0;
@@ -190,11 +191,11 @@ size_t env_switch(const char* name, std::initializer_list<std::string_view> valu
 bool cuda_graphs_from_env() { return env_switch("TANDEM_CUDA_GRAPHS", {"1", "0"}) == 0; }
 
 std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env() {
-    constexpr cuda::MatvecLoads kLoads[] = {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged,
-                                            cuda::MatvecLoads::Split, cuda::MatvecLoads::Persistent};
-    const size_t i = env_switch("TANDEM_CUDA_MATVEC", {"auto", "direct", "staged", "split", "persistent"});
+    std::vector<std::string_view> values = {"auto"};
+    for (cuda::MatvecLoads loads : cuda::kAllMatvecLoads) values.push_back(cuda::matvec_loads_name(loads));
+    const size_t i = env_switch("TANDEM_CUDA_MATVEC", values);
     if (i == 0) return std::nullopt;
-    return kLoads[i - 1];
+    return cuda::kAllMatvecLoads[i - 1];
 }
 
 bool cuda_fused_matvecs_from_env() { return env_switch("TANDEM_CUDA_FUSED_MATVECS", {"1", "0"}) == 0; }
@@ -241,7 +242,7 @@ std::string describe_matvec_routes(const CudaOptions& options) {
 }
 
 // TANDEM_CUDA_GEMM picks one of three prefill routes; these two functions each ask about one of them.
-const std::initializer_list<std::string_view> kGemmRoutes = {"cublas", "int8", "simt"};
+const std::vector<std::string_view> kGemmRoutes = {"cublas", "int8", "simt"};
 
 bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 1; }
 
