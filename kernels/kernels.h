@@ -50,8 +50,9 @@ bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 // warps (4x the warps in flight, each a quarter of the row), the partial sums added in warp order: another order
 // than direct, fixed by the row width, so still bitwise the same for any token count, launch or row subset.
 // Persistent: staged, with only as many blocks as the device holds at once, each walking rows of the grid one after
-// another and requesting the next row's first chunk before it decodes the current row's last; bitwise the staged
-// (so the direct) sums. (F32, F16 and BF16 always load directly.)
+// another and requesting the next row's first chunk before it decodes the current row's last, where a staged
+// launch would take more than one wave (else the staged kernel); bitwise the staged (so the direct) sums. (F32, F16
+// and BF16 always load directly.)
 enum class MatvecLoads { Direct, Staged, Split, Persistent };
 constexpr MatvecLoads kAllMatvecLoads[] = {MatvecLoads::Direct, MatvecLoads::Staged, MatvecLoads::Split,
                                            MatvecLoads::Persistent};

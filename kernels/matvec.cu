@@ -376,10 +376,12 @@ void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int
     };
     constexpr MatvecLoads kDirect = MatvecLoads::Direct;
     switch (type) {
-        case GgmlType::F32: return launch_type<DotF32, kDirect>("matvec_kernel<F32>", job, cols, x, n_tokens, stream);
-        case GgmlType::F16: return launch_type<DotF16, kDirect>("matvec_kernel<F16>", job, cols, x, n_tokens, stream);
+        case GgmlType::F32:
+            return launch_type<DotF32, kDirect>(direct_only("matvec_kernel<F32>"), job, cols, x, n_tokens, stream);
+        case GgmlType::F16:
+            return launch_type<DotF16, kDirect>(direct_only("matvec_kernel<F16>"), job, cols, x, n_tokens, stream);
         case GgmlType::BF16:
-            return launch_type<DotBF16, kDirect>("matvec_kernel<BF16>", job, cols, x, n_tokens, stream);
+            return launch_type<DotBF16, kDirect>(direct_only("matvec_kernel<BF16>"), job, cols, x, n_tokens, stream);
         case GgmlType::Q8_0:
             detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
             return blocks(launch_blocks<DotQ8_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q8_0));

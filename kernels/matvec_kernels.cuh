@@ -20,6 +20,8 @@
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
 // adds the same terms in the same order.
 #pragma once
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace tandem::cuda::matvec_detail {
@@ -419,12 +421,35 @@ auto kernel_for() {
         return matvec_kernel<Dot, NT>;
 }
 
+// A block type's kernel names, one per MatvecLoads (for launch errors and profiles).
+struct KernelNames {
+    const char* direct;
+    const char* staged;
+    const char* split;
+    const char* persistent;
+};
+// The float types' one kernel, whatever the route asks (their F16 walk already streams 8-byte loads).
+inline KernelNames direct_only(const char* name) { return {name, name, name, name}; }
+
+// The persistent route's grid for `blocks` block-rows of an n-token launch on `sms` SMs: 0 where the staged kernel's
+// blocks all fit at once (SMs x its kStagedMinBlocks), which then runs instead. Why: there the staged launch is a
+// single wave, one block-row per block at 8 blocks per SM for one token, where the persistent kernel's budget (6)
+// would leave some blocks two rows one after another (a 7B model's 4,096-row matrices: 1,024 block-rows, 1,056
+// staged blocks resident on an H200, 792 persistent ones). Otherwise the blocks it holds at once, each walking
+// every gridDim.x-th block-row. Either way the same sums, bit for bit.
+__host__ __device__ constexpr unsigned persistent_grid(unsigned blocks, int n_tok, unsigned sms) {
+    const int staged_per_sm = n_tok == 1 ? kStagedMinBlocks<1> : kStagedMinBlocks<8>;
+    const int per_sm = n_tok == 1 ? kStagedMinBlocks<1, true> : kStagedMinBlocks<8, true>;
+    const unsigned staged_resident = sms * static_cast<unsigned>(staged_per_sm);
+    const unsigned resident = sms * static_cast<unsigned>(per_sm);
+    return blocks <= staged_resident ? 0 : blocks < resident ? blocks : resident;
+}
+
 template <class Dot, MatvecLoads kLoads>
-void launch_type(const char* name, const MatvecJob& job, int cols, const typename Dot::X* x, int n_tok,
+void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const typename Dot::X* x, int n_tok,
                  Stream stream) {
-    // Split: a block per row (per gate / up pair with the SwiGLU epilogue); else kWarps rows (pairs) per block,
-    // persistent: no more blocks than the device holds at once (kStagedMinBlocks per SM, the register budget ptxas
-    // kept), each taking every gridDim.x-th block-row.
+    // Split: a block per row (per gate / up pair with the SwiGLU epilogue); else kWarps rows (pairs) per block;
+    // persistent: persistent_grid's blocks.
     const unsigned blocks = kLoads != MatvecLoads::Split ? grid_blocks(job)
                             : job.swiglu                 ? static_cast<unsigned>(job.seg0.rows)
                                                          : static_cast<unsigned>(job.total_rows);
@@ -438,25 +463,29 @@ void launch_type(const char* name, const MatvecJob& job, int cols, const typenam
         MatvecJob jt = job;
         for (MatvecSegment* s : {&jt.seg0, &jt.seg1, &jt.seg2})
             if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
-        const auto kernel = n == 1 ? kernel_for<Dot, kLoads, 1>() : n <= 4 ? kernel_for<Dot, kLoads, 4>()
-                                                                          : kernel_for<Dot, kLoads, 8>();
-        unsigned grid = blocks;
-        if (kLoads == MatvecLoads::Persistent) {
-            const unsigned resident = sms * static_cast<unsigned>(n == 1 ? kStagedMinBlocks<1, true>
-                                                                         : kStagedMinBlocks<8, true>);
-            grid = blocks < resident ? blocks : resident;
+        const auto pick_kernel = [n](auto loads) {
+            constexpr MatvecLoads kL = decltype(loads)::value;
+            return n == 1 ? kernel_for<Dot, kL, 1>() : n <= 4 ? kernel_for<Dot, kL, 4>() : kernel_for<Dot, kL, 8>();
+        };
+        using Mine = std::integral_constant<MatvecLoads, kLoads>;
+        if constexpr (kLoads == MatvecLoads::Persistent) {
+            if (const unsigned grid = persistent_grid(blocks, n, sms); grid > 0) {
+                detail::launch_kernel(names.persistent, pick_kernel(Mine{}), dim3(grid), block, 0, stream, jt, cols,
+                                      xt, n);
+            } else {
+                using Staged = std::integral_constant<MatvecLoads, MatvecLoads::Staged>;
+                detail::launch_kernel(names.staged, pick_kernel(Staged{}), dim3(blocks), block, 0, stream, jt, cols,
+                                      xt, n);
+            }
+        } else {
+            const char* name = kLoads == MatvecLoads::Staged ? names.staged
+                               : kLoads == MatvecLoads::Split ? names.split
+                                                              : names.direct;
+            detail::launch_kernel(name, pick_kernel(Mine{}), dim3(blocks), block, 0, stream, jt, cols, xt, n);
         }
-        detail::launch_kernel(name, kernel, dim3(grid), block, 0, stream, jt, cols, xt, n);
     }
 }
 
-// A block type's kernel names, one per MatvecLoads (for launch errors and profiles).
-struct KernelNames {
-    const char* direct;
-    const char* staged;
-    const char* split;
-    const char* persistent;
-};
 // Those names from one spelling: TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_0) is matvec_kernel<Q4_0>,
 // matvec_staged_kernel<Q4_0>, ... (string literals: launch_kernel keeps only the pointer, for its error message).
 #define TANDEM_KERNEL_NAMES(prefix, suffix, type)                                          \
@@ -470,15 +499,13 @@ template <class Dot>
 void launch_blocks(const KernelNames& names, MatvecLoads loads, const MatvecJob& job, int cols,
                    const typename Dot::X* x, int n_tok, Stream stream) {
     switch (loads) {
-        case MatvecLoads::Staged:
-            return launch_type<Dot, MatvecLoads::Staged>(names.staged, job, cols, x, n_tok, stream);
-        case MatvecLoads::Split:
-            return launch_type<Dot, MatvecLoads::Split>(names.split, job, cols, x, n_tok, stream);
+        case MatvecLoads::Staged: return launch_type<Dot, MatvecLoads::Staged>(names, job, cols, x, n_tok, stream);
+        case MatvecLoads::Split: return launch_type<Dot, MatvecLoads::Split>(names, job, cols, x, n_tok, stream);
         case MatvecLoads::Persistent:
-            return launch_type<Dot, MatvecLoads::Persistent>(names.persistent, job, cols, x, n_tok, stream);
+            return launch_type<Dot, MatvecLoads::Persistent>(names, job, cols, x, n_tok, stream);
         case MatvecLoads::Direct: break;
     }
-    launch_type<Dot, MatvecLoads::Direct>(names.direct, job, cols, x, n_tok, stream);
+    launch_type<Dot, MatvecLoads::Direct>(names, job, cols, x, n_tok, stream);
 }
 
 }  // namespace tandem::cuda::matvec_detail

@@ -265,7 +265,8 @@ TEST_CASE("cuda kernels: persistent matvec blocks walk several block-rows and gi
     // row's first chunk before decoding the current row's last. The shapes give blocks two to five block-rows: a
     // matrix of 70 rows (18 block-rows, the last half full), a picked subset of 41 rows, Q/K/V-like targets of 36,
     // 12 and 12 rows, and gate/up with SwiGLU of 37 rows (19 blocks of two pairs: the up sums' two buffers
-    // alternate), on rows of one chunk and of several (7680 columns). fp32 and 8-bit activations; every sum must
+    // alternate), on rows of one chunk and of several (7680 columns: 37 rows, whose one-token picked subset of 19
+    // fits the staged kernel's 8 blocks and runs it, the test below). fp32 and 8-bit activations; every sum must
     // be the direct kernel's bits, and every row written.
     REQUIRE(cuda::multiprocessor_count() == 1);
     const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
@@ -332,6 +333,52 @@ TEST_CASE("cuda kernels: persistent matvec blocks walk several block-rows and gi
                 }
             }
         }
+    }
+}
+
+TEST_CASE("cuda kernels: the persistent route runs the staged kernel where its blocks all fit at once") {
+    // Persistent loads launch the staged kernel when its grid is a single wave (SMs x 8 blocks for one token, x 6
+    // for more; the emulation reports one SM), since there each block has one block-row and the persistent budget
+    // (6 or 5 blocks per SM) would give some blocks two; past that, the persistent kernel. Read from captured
+    // launches (the kernel's name), then replayed: the sums are the direct kernel's bits either way. Block-rows:
+    // 4 rows each, 2 (gate, up) pairs with SwiGLU; tokens 13 launch 8 + 5.
+    REQUIRE(cuda::multiprocessor_count() == 1);
+    std::mt19937 rng(59);
+    const GgmlType type = GgmlType::Q4_0;
+    const int cols = 64;
+    const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+    struct Case {
+        int rows, n;
+        bool swiglu, persistent;
+    };
+    const Case cases[] = {{32, 1, false, false}, {33, 1, false, true},  {24, 5, false, false}, {25, 5, false, true},
+                          {24, 13, false, false}, {25, 13, false, true}, {16, 1, true, false},  {17, 1, true, true},
+                          {12, 4, true, false},  {13, 4, true, true}};
+    for (const Case& c : cases) {
+        CAPTURE(c.rows);
+        CAPTURE(c.n);
+        CAPTURE(c.swiglu);
+        const std::vector<uint8_t> W = test::random_weight_rows(type, c.rows, cols, rng);
+        const std::vector<uint8_t> W2 = test::random_weight_rows(type, c.rows, cols, rng);
+        const std::vector<float> x = random_floats(static_cast<size_t>(c.n) * cols, rng);
+        const auto launch = [&](cuda::MatvecLoads loads, float* y, void* stream) {
+            if (c.swiglu)
+                cuda::matvec_swiglu(type, W.data(), W2.data(), row_bytes, c.rows, cols, x.data(), c.n, y, stream, loads);
+            else
+                cuda::matvec(type, W.data(), row_bytes, c.rows, cols, x.data(), c.n, y, stream, 0, loads);
+        };
+        std::vector<float> want(static_cast<size_t>(c.n) * c.rows, kNaN), got = want;
+        launch(cuda::MatvecLoads::Direct, want.data(), nullptr);
+        void* stream = tandem::emu::stream_create();
+        tandem::emu::begin_capture(stream);
+        launch(cuda::MatvecLoads::Persistent, got.data(), stream);
+        const tandem::emu::Graph graph = tandem::emu::end_capture(stream);
+        const std::string name = c.persistent ? "matvec_persistent_kernel<Q4_0>" : "matvec_staged_kernel<Q4_0>";
+        REQUIRE(graph.nodes.size() == (c.n > 8 ? 2u : 1u));
+        for (const tandem::emu::GraphNode& node : graph.nodes) CHECK(node.name == name);
+        tandem::emu::graph_launch(graph, stream);
+        tandem::emu::stream_destroy(stream);
+        CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
     }
 }
 
