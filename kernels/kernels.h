@@ -96,9 +96,22 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
 // silu(dot(row r of W_gate, x[t])) * dot(row r of W_up, x[t]), out's rows `rows` floats apart. Bitwise matvec_multi
 // of the two followed by swiglu(): the same kernels compute the products and swiglu's expression combines them,
 // without the products going through memory or a second launch.
+// With `quant.out`, also the output quantized for the 8-bit matvec of `quant.q8_for` that reads it next, bitwise
+// quantize_activations(quant.q8_for, out, rows, n_tokens, quant.out): for a Q8_1 type (the 32-element ones) in the
+// launch itself on the 8-bit route (xq given) with staged or persistent loads and `quant.counters`
+// (matvec_swiglu_counters(rows) unsigneds of device memory, zero before the first call; each call leaves them
+// zero), by the last block to write each Q8_1 block's rows; otherwise (Q8_K for the k-quants too) by a quantize
+// launch after it. quant.out must not overlap xq: the launch reads xq while
+// its last blocks write quant.out.
+struct SwigluQuant {
+    GgmlType q8_for = GgmlType::F32;  // a type of the 8-bit route (matvec_q8_supports) when `out` is set
+    void* out = nullptr;
+    unsigned* counters = nullptr;
+};
+size_t matvec_swiglu_counters(int rows);
 void matvec_swiglu(GgmlType type, const void* W_gate, const void* W_up, size_t row_bytes, int rows, int cols,
                    const float* x, int n_tokens, float* out, Stream stream, MatvecLoads loads = MatvecLoads::Direct,
-                   const void* xq = nullptr);
+                   const void* xq = nullptr, const SwigluQuant& quant = {});
 
 // ---- 8-bit activations (matvec_q8.cu) -------------------------------------------------------------------------------
 // The integer route of matvec for the block types, as the CPU backend computes them (cpu/quant_q8.h) and as

@@ -4,6 +4,7 @@
 // public matvec functions also route to the 8-bit-activation Dots of matvec_q8.cu when given quantized x.
 #include "dequant.cuh"
 #include "matvec_kernels.cuh"
+#include "quantize_q8.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -485,8 +486,13 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
     route(type, job, cols, x, xq, n_tokens, loads, stream);
 }
 
+size_t matvec_swiglu_counters(int rows) {
+    return static_cast<size_t>(rows + q8::block_elems(false) - 1) / q8::block_elems(false);  // one per Q8_1 block
+}
+
 void matvec_swiglu(GgmlType type, const void* W_gate, const void* W_up, size_t row_bytes, int rows, int cols,
-                   const float* x, int n_tokens, float* out, Stream stream, MatvecLoads loads, const void* xq) {
+                   const float* x, int n_tokens, float* out, Stream stream, MatvecLoads loads, const void* xq,
+                   const SwigluQuant& quant) {
     detail::require(rows > 0, "matvec: empty shape");
     MatvecJob job{};
     const size_t stride = static_cast<size_t>(rows);
@@ -495,7 +501,21 @@ void matvec_swiglu(GgmlType type, const void* W_gate, const void* W_up, size_t r
     job.n_seg = 2;
     job.total_rows = 2 * rows;
     job.swiglu = true;
+    bool quantize_after = false;
+    if (quant.out) {
+        const bool k_quant = q8::checked_output(quant.q8_for, quant.out, rows,
+                                                "matvec_swiglu: the quantized output needs a type with the 8-bit "
+                                                "route, whole blocks, alignment");
+        const bool in_launch = !k_quant && xq && matvec_q8_supports(type) && quant.counters &&
+                               (loads == MatvecLoads::Staged || loads == MatvecLoads::Persistent);
+        if (in_launch) {
+            job.q8_out = static_cast<uint8_t*>(quant.out);
+            job.q8_counters = quant.counters;
+        }
+        quantize_after = !in_launch;
+    }
     route(type, job, cols, x, xq, n_tokens, loads, stream);
+    if (quantize_after) quantize_activations(quant.q8_for, out, rows, n_tokens, quant.out, stream);
 }
 
 }  // namespace tandem::cuda

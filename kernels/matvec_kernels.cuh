@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "quantize_q8.cuh"
 
 namespace tandem::cuda::matvec_detail {
 
@@ -52,6 +53,12 @@ struct MatvecJob {
     // row r, and seg1.y is not written. A block's first kWarps / 2 warps take gate rows, the others the same up
     // rows, so the pair meets in shared memory.
     bool swiglu;
+    // With the SwiGLU epilogue on the 8-bit route's staged and persistent kernels, the output also quantized (q8_out
+    // not null) as Q8_1 rows for the matvec that reads it next: the last block-row to write an activation block's
+    // rows quantizes it, counted in q8_counters (one per activation block, zero between launches; the last resets
+    // its counter). Saves the quantize launch between gate/up and down.
+    uint8_t* q8_out;
+    unsigned* q8_counters;
 };
 
 // The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
@@ -159,6 +166,36 @@ __device__ __forceinline__ void write_swiglu(float (&acc)[NT], int n_tok, int la
     }
 }
 
+// Bytes of one token's quantized SwiGLU output row (MatvecJob::q8_out: Q8_1).
+__host__ __device__ inline size_t swiglu_q8_row_bytes(const MatvecJob& job) {
+    return static_cast<size_t>(job.seg0.rows / q8::block_elems(false)) * q8::block_bytes(false);
+}
+
+// After write_swiglu of block-row `block` (rows kSwigluPairs * block..): count the block-row towards its Q8_1 block,
+// and if it is the last of that block's 16 to count, quantize the block for every token (warp w: tokens w,
+// w + kWarps, ...), reading the rows other blocks wrote past L1. The threadFenceReduction pattern, as attention's
+// split combine: each writer's fence before the count, the last block's fence after it. Every thread of the block
+// calls this (barriers). The job's rows are whole Q8_1 blocks (matvec_swiglu checks).
+__device__ __forceinline__ void quantize_if_last(const MatvecJob& job, unsigned block, int n_tok, int* is_last) {
+    constexpr int kGroupRows = q8::block_elems(false);
+    const int group = static_cast<int>(block) * kSwigluPairs / kGroupRows;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(job.q8_counters + group, 1u) + 1 == kGroupRows / kSwigluPairs;
+        if (last) job.q8_counters[group] = 0;  // every block-row of the group has counted
+        *is_last = last ? 1 : 0;
+    }
+    __syncthreads();
+    if (!*is_last) return;
+    __threadfence();
+    const size_t row_bytes = swiglu_q8_row_bytes(job);
+    for (int t = static_cast<int>(threadIdx.x / 32); t < n_tok; t += kWarps)
+        q8::quantize_block_q8_1<true>(job.seg0.y + static_cast<size_t>(t) * job.seg0.y_stride + kGroupRows * group,
+                                      job.q8_out + static_cast<size_t>(t) * row_bytes + q8::kQ8_1Bytes * group,
+                                      static_cast<int>(threadIdx.x % 32));
+}
+
 // The direct kernel's warp without a row returns as a whole (so the shuffles always have all 32 lanes); with the
 // SwiGLU epilogue it first takes part in the block's barrier there (the same call site as the other warps', which
 // the emulation requires). An early return, unlike the staged kernel's flag: with the flag around the walk ptxas
@@ -264,7 +301,11 @@ __device__ __forceinline__ StagedRow staged_row(const MatvecJob& job, int s, int
 // the SwiGLU epilogue the block meets at a barrier once per block-row, and the up sums alternate between two
 // buffers, so a warp writing the next block-row's never overwrites what a gate warp has yet to read (a race the
 // emulation cannot show: there a thread runs from the barrier to its read without another thread in between).
-template <class Dot, int NT, bool kPersistent>
+//
+// kQuantOut (SwiGLU jobs with q8_out, 8-bit Dots only): quantize_if_last after each block-row. A compile-time
+// variant, so the kernels without it keep their registers (as a run-time flag in every kernel it made ptxas spill,
+// kernels/README "SwiGLU's quantize in the gate/up launch").
+template <class Dot, int NT, bool kPersistent, bool kQuantOut = false>
 __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>)
     matvec_staged_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
@@ -272,6 +313,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
     constexpr int kUpBuffers = kPersistent ? 2 : 1;
     TANDEM_SHARED(uint4, stage, kWarps * kStageSlots);
     TANDEM_SHARED(float, up, kUpBuffers * kSwigluPairs * NT);
+    TANDEM_SHARED(int, is_last, 1);
     int s = 0, row = 0;
     const int lane = threadIdx.x % 32;
     // With overlapping launches (common.cuh wait_for_inputs), the first chunk of W is requested before the wait, while
@@ -329,11 +371,13 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
                                   Dot::x_units(cols), n_tok, lane, acc);
             __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
         }
-        if (job.swiglu)
+        if (job.swiglu) {
             write_swiglu(acc, n_tok, lane, row, valid, job, s,
                          up + (kPersistent ? (b / gridDim.x) % 2 : 0) * kSwigluPairs * NT);
-        else
+            if constexpr (kQuantOut) quantize_if_last(job, b, n_tok, is_last);
+        } else {
             write_sums(acc, n_tok, lane, row, job, s);
+        }
         if (!kPersistent || next >= grid_blocks(job)) break;
         b = next;
         valid = warp_row_in(job, b, s, row);
@@ -411,10 +455,10 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT>)
     y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
 }
 
-template <class Dot, MatvecLoads kLoads, int NT>
+template <class Dot, MatvecLoads kLoads, int NT, bool kQuantOut = false>
 auto kernel_for() {
     if constexpr (kLoads == MatvecLoads::Staged || kLoads == MatvecLoads::Persistent)
-        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent>;
+        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent, kQuantOut>;
     else if constexpr (kLoads == MatvecLoads::Split)
         return matvec_split_kernel<Dot, NT>;
     else
@@ -445,6 +489,15 @@ __host__ __device__ constexpr unsigned persistent_grid(unsigned blocks, int n_to
     return blocks <= staged_resident ? 0 : blocks < resident ? blocks : resident;
 }
 
+// The kernel for an n-token launch: three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle
+// accumulators.
+template <class Dot, MatvecLoads kLoads, bool kQuantOut = false>
+auto kernel_for_tokens(int n) {
+    return n == 1 ? kernel_for<Dot, kLoads, 1, kQuantOut>()
+           : n <= 4 ? kernel_for<Dot, kLoads, 4, kQuantOut>()
+                    : kernel_for<Dot, kLoads, 8, kQuantOut>();
+}
+
 template <class Dot, MatvecLoads kLoads>
 void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const typename Dot::X* x, int n_tok,
                  Stream stream) {
@@ -454,34 +507,39 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
                             : job.swiglu                 ? static_cast<unsigned>(job.seg0.rows)
                                                          : static_cast<unsigned>(job.total_rows);
     const unsigned sms = kLoads == MatvecLoads::Persistent ? static_cast<unsigned>(multiprocessor_count()) : 0;
-    const dim3 block(kWarps * 32);
-    // Three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle accumulators; 9..16 tokens take
-    // two launches.
+    constexpr bool kStagedKernel = kLoads == MatvecLoads::Staged || kLoads == MatvecLoads::Persistent;
+    constexpr bool kCanQuantize = kStagedKernel && std::is_same_v<typename Dot::X, uint8_t>;
+    detail::require(!job.q8_out || kCanQuantize, "matvec: only the 8-bit staged kernels quantize their output");
+    // 9..16 tokens take two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
         const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
         const typename Dot::X* xt = x + static_cast<size_t>(t0) * Dot::x_units(cols);
         MatvecJob jt = job;
         for (MatvecSegment* s : {&jt.seg0, &jt.seg1, &jt.seg2})
             if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
-        const auto pick_kernel = [n](auto loads) {
-            constexpr MatvecLoads kL = decltype(loads)::value;
-            return n == 1 ? kernel_for<Dot, kL, 1>() : n <= 4 ? kernel_for<Dot, kL, 4>() : kernel_for<Dot, kL, 8>();
+        if (jt.q8_out) jt.q8_out += static_cast<size_t>(t0) * swiglu_q8_row_bytes(job);
+        const auto launch = [&](auto kernel, const char* name, unsigned grid) {
+            detail::launch_kernel(name, kernel, dim3(grid), dim3(kWarps * 32), 0, stream, jt, cols, xt, n);
         };
-        using Mine = std::integral_constant<MatvecLoads, kLoads>;
-        if constexpr (kLoads == MatvecLoads::Persistent) {
-            if (const unsigned grid = persistent_grid(blocks, n, sms); grid > 0) {
-                detail::launch_kernel(names.persistent, pick_kernel(Mine{}), dim3(grid), block, 0, stream, jt, cols,
-                                      xt, n);
-            } else {
-                using Staged = std::integral_constant<MatvecLoads, MatvecLoads::Staged>;
-                detail::launch_kernel(names.staged, pick_kernel(Staged{}), dim3(blocks), block, 0, stream, jt, cols,
-                                      xt, n);
+        if constexpr (kStagedKernel) {
+            const unsigned grid = kLoads == MatvecLoads::Persistent ? persistent_grid(blocks, n, sms) : 0;
+            constexpr auto kPersistent = MatvecLoads::Persistent, kStaged = MatvecLoads::Staged;
+            if constexpr (kCanQuantize) {
+                if (jt.q8_out) {
+                    if (grid > 0)
+                        launch(kernel_for_tokens<Dot, kPersistent, true>(n), names.persistent, grid);
+                    else
+                        launch(kernel_for_tokens<Dot, kStaged, true>(n), names.staged, blocks);
+                    continue;
+                }
             }
+            if (grid > 0)
+                launch(kernel_for_tokens<Dot, kPersistent>(n), names.persistent, grid);
+            else
+                launch(kernel_for_tokens<Dot, kStaged>(n), names.staged, blocks);
         } else {
-            const char* name = kLoads == MatvecLoads::Staged ? names.staged
-                               : kLoads == MatvecLoads::Split ? names.split
-                                                              : names.direct;
-            detail::launch_kernel(name, pick_kernel(Mine{}), dim3(blocks), block, 0, stream, jt, cols, xt, n);
+            const char* name = kLoads == MatvecLoads::Split ? names.split : names.direct;
+            launch(kernel_for_tokens<Dot, kLoads>(n), name, blocks);
         }
     }
 }

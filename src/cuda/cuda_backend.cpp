@@ -77,15 +77,18 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // chunk's worth of rows would be 256 x n_vocab floats, mostly never asked for). step_in is the start position and
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
 // extra logit ids of restrict_logits (at most n_vocab); xq a step's input quantized for the 8-bit matvec route
-// (Q8_1 or Q8_K rows of the widest input); split_counters the decode attention's, one per (step token, head).
+// (Q8_1 or Q8_K rows of the widest input); xq_ffn SwiGLU's output quantized for ffn_down (gate/up reads xq while
+// its last blocks write it) and swiglu_counters their count of finished rows; split_counters the decode
+// attention's, one per (step token, head).
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
-        cand_ids, cand_extra_ids, cand_extra_logits, xq, split_counters, x16, w_tile;
+        cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters, split_counters, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
-                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, split_counters, x16, w_tile})
+                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters,
+                             split_counters, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -120,7 +123,9 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
-            ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4, S * c.n_heads,
+            ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4,
+            (S * q8_row_bytes_bound(static_cast<size_t>(c.hidden_dim)) + 3) / 4,
+            cuda::matvec_swiglu_counters(c.hidden_dim), S * c.n_heads,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -369,6 +374,9 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         cand_extra_ids_ = reinterpret_cast<int*>(take(s.cand_extra_ids));
         cand_extra_logits_ = take(s.cand_extra_logits);
         xq_ = reinterpret_cast<uint8_t*>(take(s.xq));
+        xq_ffn_ = reinterpret_cast<uint8_t*>(take(s.xq_ffn));
+        swiglu_counters_ = reinterpret_cast<unsigned*>(take(s.swiglu_counters));
+        cuda::device_memset(swiglu_counters_, 0, s.swiglu_counters * 4, stream_);  // matvec_swiglu leaves them at zero
         split_counters_ = reinterpret_cast<unsigned*>(take(s.split_counters));
         cuda::device_memset(split_counters_, 0, s.split_counters * 4, stream_);  // attention leaves them at zero
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
@@ -512,7 +520,7 @@ const void* CudaBackend::quantized(GgmlType type, const float* x, int n, int col
         x < xq_of_ + static_cast<ptrdiff_t>(kStepTokens) * cols) {
         const ptrdiff_t offset = x - xq_of_;
         if (offset % cols == 0 && offset / cols + n <= kStepTokens)  // whole rows the producer already quantized
-            return xq_ + static_cast<size_t>(offset / cols) * cuda::q8_activation_row_bytes(type, cols);
+            return xq_at_ + static_cast<size_t>(offset / cols) * cuda::q8_activation_row_bytes(type, cols);
     }
     cuda::quantize_activations(type, x, cols, n, xq_, stream_);
     xq_format_ = cuda::Q8Format::None;
@@ -524,13 +532,15 @@ bool CudaBackend::fuses_quant(GgmlType next, int n, bool prefill) const {
            n <= kStepTokens;
 }
 
-CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill) {
+CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill,
+                                                 uint8_t* into) {
     xq_format_ = cuda::Q8Format::None;  // the producer rewrites `out` either way
     if (!fuses_quant(next, n, prefill)) return {};
     xq_of_ = out;
     xq_cols_ = cols;
     xq_format_ = cuda::q8_activation_format(next);
-    return {next, xq_};
+    xq_at_ = into ? into : xq_;
+    return {next, xq_at_};
 }
 
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
@@ -659,22 +669,19 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
         if (prefill) gemm_input(xb_, n, dim, {L.w_gate.type, L.w_up.type});
         const bool fused_gate_up = !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
-        if (fused_gate_up && !fuses_quant(L.w_down.type, n, prefill)) {
-            // SwiGLU in the gate/up launch (bitwise the launches below); ffn_down reads its fp32 output (xq_ still
-            // holds xb_'s rows, which nothing here rewrites).
+        if (fused_gate_up) {
+            // SwiGLU in the gate/up launch (bitwise the launches below) and, for ffn_down's 8-bit route, its output
+            // quantized into xq_ffn_ (the launch reads xq_): by the launch's last blocks on the staged and persistent
+            // 8-bit routes, else by a quantize launch.
             const void* xq = quantized(L.w_gate.type, xb_, n, dim);
+            const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill, xq_ffn_);
             cuda::matvec_swiglu(L.w_gate.type, L.w_gate.data, L.w_up.data, L.w_gate.row_bytes, c.hidden_dim, dim, xb_,
-                                n, gate_, stream_, loads(L.w_gate.type), xq);
+                                n, gate_, stream_, loads(L.w_gate.type), xq,
+                                {sq.type, sq.xq, swiglu_counters_});
         } else {
             // SwiGLU on its own, which can also quantize its output for ffn_down's 8-bit route.
-            if (fused_gate_up) {
-                const cuda::MatvecTarget gate_up[] = {target(L.w_gate, gate_, nullptr), target(L.w_up, up_, nullptr)};
-                cuda::matvec_multi(L.w_gate.type, gate_up, 2, dim, xb_, n, stream_, loads(L.w_gate.type),
-                                   quantized(L.w_gate.type, xb_, n, dim));
-            } else {
-                matmul(L.w_gate, xb_, n, gate_, prefill);
-                matmul(L.w_up, xb_, n, up_, prefill);
-            }
+            matmul(L.w_gate, xb_, n, gate_, prefill);
+            matmul(L.w_up, xb_, n, up_, prefill);
             const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
             cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
         }

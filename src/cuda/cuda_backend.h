@@ -290,12 +290,12 @@ private:
     const void* quantized(GgmlType type, const float* x, int n, int cols);
     // What the kernel about to write `out` (n rows of cols: an RMSNorm's xb_, SwiGLU's output) should also quantize
     // it for (the type of the matvecs that read it next): with fused_matvecs and int8_activations on a short step,
-    // that type and xq_; else nothing. Records what xq_ will hold, for quantized().
+    // that type and `into` (xq_ when null); else nothing. Records what that buffer will hold, for quantized().
     struct FusedQuant {
         GgmlType type = GgmlType::F32;
         void* xq = nullptr;
     };
-    FusedQuant fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill);
+    FusedQuant fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill, uint8_t* into = nullptr);
     // Whether fused_quant would have a producer quantize its output for a matvec of `next`.
     bool fuses_quant(GgmlType next, int n, bool prefill) const;
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
@@ -338,9 +338,12 @@ private:
     uint64_t restriction_version_ = 0;
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
+    uint8_t* xq_ffn_ = nullptr;  // SwiGLU's output quantized for ffn_down (not xq_: the gate/up launch reads that)
+    unsigned* swiglu_counters_ = nullptr;  // matvec_swiglu's, zero between launches (cuda::SwigluQuant)
     unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
-    // What xq_ holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in xq_format_ (None: nothing
-    // known).
+    // What xq_at_ (xq_ or xq_ffn_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
+    // xq_format_ (None: nothing known).
+    uint8_t* xq_at_ = nullptr;
     const float* xq_of_ = nullptr;
     int xq_cols_ = 0;
     cuda::Q8Format xq_format_ = cuda::Q8Format::None;

@@ -19,6 +19,7 @@
 #include <span>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -771,8 +772,10 @@ namespace {
 // The 8-bit route with fused kernels (the producers quantize their output) against unfused launches with staged
 // loads, through CUDA graphs in two thread orders: bitwise the same logits, and the launches of the last step's
 // graph counted. Returns the two options.
-std::pair<CudaOptions, CudaOptions> check_int8_fusion(const Model& model, int fused_nodes, int separate_nodes) {
+std::pair<CudaOptions, CudaOptions> check_int8_fusion(const Model& model, int fused_nodes, int separate_nodes,
+                                                      std::optional<cuda::MatvecLoads> fused_loads = {}) {
     CudaOptions fused, separate;
+    if (fused_loads) fused.matvec_loads = *fused_loads;
     fused.attention_split = separate.attention_split = 4;
     fused.int8_activations = separate.int8_activations = true;
     separate.fused_matvecs = false;
@@ -807,10 +810,12 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     auto model = synthetic({"k256", 256, 512, 2, 4, 2, 512, 64}, GgmlType::Q4_K, 7);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_K);
     REQUIRE(model->weights.output.type == GgmlType::Q4_K);
-    // Per layer: fused, the 9 kernels of the fp32 route with SwiGLU on its own (it quantizes for ffn_down) and the
-    // attention output's quantize; separate, 12 and a quantize for each of Q, K, V, O, gate, up and down; plus the
-    // output projection's quantize.
+    // Per layer: fused, the 8 kernels of the fp32 route, a quantize launch after the gate/up launch for ffn_down
+    // (Q8_K: the gate/up launch quantizes only Q8_1 itself, whatever its loads) and the attention output's
+    // quantize; separate, 12 and a quantize for each of Q, K, V, O, gate, up and down; plus the output projection's
+    // quantize.
     const auto [fused, separate] = check_int8_fusion(*model, 2 + 2 * (9 + 1) + 1, 2 + 2 * (12 + 7) + 2);
+    check_int8_fusion(*model, 2 + 2 * (9 + 1) + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Persistent);
     const int n_vocab = model->config.n_vocab;
     std::vector<std::vector<float>> last_rows;
     for (const CudaOptions& o : {fused, separate}) {
@@ -824,7 +829,7 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     CHECK(std::memcmp(last_rows[0].data(), last_rows[1].data(), last_rows[0].size() * 4) == 0);
 }
 
-TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output quantized by its combine" * doctest::test_suite("emu-variants")) {
+TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output quantized by its combine and SwiGLU's by the gate/up launch" * doctest::test_suite("emu-variants")) {
     // A synthetic Q4_0 model with 64-wide heads: each head's output is two whole Q8_1 blocks, so attention's combine
     // writes attn_output's quantized input and no quantize launch is left in a layer. Fused against unfused +
     // staged loads through CUDA graphs, bitwise, with the launches counted.
@@ -832,9 +837,11 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     REQUIRE(model->weights.layers[0].wo.type == GgmlType::Q4_0);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_0);
     REQUIRE(model->config.head_dim == 64);
-    // Per layer: fused, the 8 kernels of the fp32 route and SwiGLU on its own (it quantizes for ffn_down);
-    // separate, 12 and a quantize for each of Q, K, V, O, gate, up and down; plus the output projection's quantize.
-    check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
+    // Per layer: fused, the 8 kernels of the fp32 route, ffn_down's input quantized by the gate/up launch's last
+    // blocks (Q4_0's measured loads are staged); separate, 12 and a quantize for each of Q, K, V, O, gate, up and
+    // down; plus the output projection's quantize. Direct loads quantize after the gate/up launch: one more.
+    check_int8_fusion(*model, 2 + 2 * 8 + 1, 2 + 2 * (12 + 7) + 2);
+    check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Direct);
 }
 
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged split or persistent selects those loads") {

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -254,6 +255,51 @@ TEST_CASE("cuda ops through device memory: persistent matvec blocks give bitwise
                     for (float v : want[i]) REQUIRE(std::isfinite(v));
                     CHECK(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4) == 0);
                 }
+            }
+        }
+    }
+}
+
+TEST_CASE("cuda ops through device memory: matvec_swiglu's in-launch quantization matches a quantize launch byte for byte") {
+    // On the 8-bit route with staged or persistent loads the last block to write an activation block's SwiGLU rows
+    // quantizes them (an atomic count and __threadfence on each side: a missing fence, or a stale L1 line of rows
+    // another SM wrote, shows only on a GPU). At a 1.5B model's FFN there (8,960 rows: 280 Q8_1 blocks), against the
+    // direct kernel's output quantized by quantize_activations; the counters zero after. (Q4_K gate/up with a Q4_0
+    // ffn_down: the Q8_1 output from the Q4_K kernels.)
+    std::mt19937 rng(73);
+    const int rows = cuda::device_is_emulated() ? 64 : 8960, cols = cuda::device_is_emulated() ? 256 : 1536;
+    for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K}) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        const GgmlType next = GgmlType::Q4_0;
+        const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+        const cuda::DeviceBuffer gate = upload(random_weights(type, rows, cols, rng));
+        const cuda::DeviceBuffer up = upload(random_weights(type, rows, cols, rng));
+        cuda::DeviceBuffer counters(cuda::matvec_swiglu_counters(rows) * sizeof(unsigned));
+        cuda::device_memset(counters.get(), 0, counters.size(), nullptr);
+        for (int n : {1, 5}) {
+            CAPTURE(n);
+            const cuda::DeviceBuffer dx = upload(test::random_floats(static_cast<int64_t>(n) * cols, rng));
+            cuda::DeviceBuffer dxq(cuda::q8_activation_row_bytes(type, cols) * n);
+            cuda::quantize_activations(type, dx.as<float>(), cols, n, dxq.get(), nullptr);
+            const size_t q_bytes = cuda::q8_activation_row_bytes(next, rows) * n;
+            cuda::DeviceBuffer want = poisoned_floats(static_cast<size_t>(n) * rows);
+            cuda::DeviceBuffer want_q = poisoned_floats(q_bytes / 4);
+            cuda::matvec_swiglu(type, gate.get(), up.get(), row_bytes, rows, cols, dx.as<float>(), n, want.as<float>(),
+                                nullptr, cuda::MatvecLoads::Direct, dxq.get());
+            cuda::quantize_activations(next, want.as<float>(), rows, n, want_q.get(), nullptr);
+            for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Staged, cuda::MatvecLoads::Persistent}) {
+                CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                cuda::DeviceBuffer got = poisoned_floats(static_cast<size_t>(n) * rows);
+                cuda::DeviceBuffer got_q = poisoned_floats(q_bytes / 4);
+                cuda::matvec_swiglu(type, gate.get(), up.get(), row_bytes, rows, cols, dx.as<float>(), n,
+                                    got.as<float>(), nullptr, loads, dxq.get(),
+                                    {next, got_q.get(), counters.as<unsigned>()});
+                const std::vector<float> y = download(got), y_want = download(want);
+                CHECK(std::memcmp(y.data(), y_want.data(), y.size() * 4) == 0);
+                const std::vector<float> q = download(got_q), q_want = download(want_q);
+                CHECK(std::memcmp(q.data(), q_want.data(), q.size() * 4) == 0);
+                const std::vector<float> c = download(counters);
+                CHECK(std::all_of(c.begin(), c.end(), [](float v) { return std::bit_cast<uint32_t>(v) == 0u; }));
             }
         }
     }

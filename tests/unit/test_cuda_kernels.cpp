@@ -320,7 +320,7 @@ TEST_CASE("cuda kernels: persistent matvec blocks walk several block-rows and gi
                     const std::vector<std::vector<float>> want = run(kDirect);
                     for (size_t i = 0; i < want.size(); ++i)
                         for (size_t j = 0; j < want[i].size(); ++j)
-                            REQUIRE(std::isnan(want[i][j]) == (i == 1 && (j % rows) % 2 != (rows - 1) % 2));
+                            REQUIRE(std::isnan(want[i][j]) == (i == 1 && static_cast<int>(j % rows) % 2 != (rows - 1) % 2));
                     for (const LaunchOptions& o : kTwoOrders) {
                         ScopedLaunchOptions scope(o);
                         INFO("thread order " << std::string(order_name(o)));
@@ -334,6 +334,79 @@ TEST_CASE("cuda kernels: persistent matvec blocks walk several block-rows and gi
             }
         }
     }
+}
+
+TEST_CASE("cuda kernels: matvec_swiglu quantizes its output for the next matvec bitwise as quantize_activations") {
+    // SwigluQuant: on the 8-bit route with staged or persistent loads the last block-row to write a Q8_1 block's rows
+    // quantizes it (16 block-rows counted); elsewhere, and for Q8_K, a quantize launch follows. Either
+    // way the bytes of quantize_activations on the launch's fp32 output, the output itself bitwise the call without
+    // SwigluQuant, and the counters back at zero (a graph replays the launch with them). Gate/up and the next
+    // matvec of the same or another format: Q4_0 -> Q4_0 (Q8_1), Q4_K -> Q6_K (Q8_K), Q4_K -> Q4_0 (Q8_1). Tokens 13
+    // launch 8 + 5 (the second launch's output rows and quantized rows start at token 8).
+    std::mt19937 rng(61);
+    struct Case {
+        GgmlType type, next;
+        int rows;
+    };
+    const Case cases[] = {{GgmlType::Q4_0, GgmlType::Q4_0, 96}, {GgmlType::Q4_K, GgmlType::Q6_K, 512},
+                          {GgmlType::Q4_K, GgmlType::Q4_0, 64}};
+    const int cols = 256;
+    for (const Case& c : cases) {
+        CAPTURE(std::string(ggml_type_name(c.type)));
+        CAPTURE(std::string(ggml_type_name(c.next)));
+        const size_t row_bytes = ggml_row_bytes(c.type, static_cast<uint64_t>(cols));
+        const std::vector<uint8_t> Wg = test::random_weight_rows(c.type, c.rows, cols, rng);
+        const std::vector<uint8_t> Wu = test::random_weight_rows(c.type, c.rows, cols, rng);
+        std::vector<unsigned> counters(cuda::matvec_swiglu_counters(c.rows), 0u);
+        for (int n : {1, 5, 13}) {
+            CAPTURE(n);
+            const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
+            std::vector<uint8_t> xq(cuda::q8_activation_row_bytes(c.type, cols) * n);
+            cuda::quantize_activations(c.type, x.data(), cols, n, xq.data(), nullptr);
+            const size_t q_bytes = cuda::q8_activation_row_bytes(c.next, c.rows) * n;
+            std::vector<float> want(static_cast<size_t>(n) * c.rows, kNaN);
+            cuda::matvec_swiglu(c.type, Wg.data(), Wu.data(), row_bytes, c.rows, cols, x.data(), n, want.data(),
+                                nullptr, cuda::MatvecLoads::Direct, xq.data());
+            std::vector<uint8_t> want_q(q_bytes, 0xAB);
+            cuda::quantize_activations(c.next, want.data(), c.rows, n, want_q.data(), nullptr);
+            for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Staged, cuda::MatvecLoads::Persistent,
+                                            cuda::MatvecLoads::Direct}) {
+                CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                for (const LaunchOptions& o : kTwoOrders) {
+                    ScopedLaunchOptions scope(o);
+                    INFO("thread order " << std::string(order_name(o)));
+                    std::vector<float> got(want.size(), kNaN);
+                    std::vector<uint8_t> got_q(q_bytes, 0xAB);
+                    cuda::matvec_swiglu(c.type, Wg.data(), Wu.data(), row_bytes, c.rows, cols, x.data(), n,
+                                        got.data(), nullptr, loads, xq.data(),
+                                        {c.next, got_q.data(), counters.data()});
+                    CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+                    CHECK(got_q == want_q);
+                    CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned v) { return v == 0; }));
+                }
+            }
+        }
+    }
+    // Rows that are not whole blocks of the format, and the fp32 route on staged loads (it has no in-launch
+    // quantizer: the quantize launch after it).
+    const std::vector<uint8_t> W = test::random_weight_rows(GgmlType::Q4_0, 48, cols, rng);
+    const std::vector<float> x = random_floats(cols, rng);
+    std::vector<float> out(48);
+    std::vector<uint8_t> q(cuda::q8_activation_row_bytes(GgmlType::Q4_0, 32) * 2);
+    std::vector<unsigned> counters(cuda::matvec_swiglu_counters(48), 0u);
+    CHECK_THROWS_WITH_AS(cuda::matvec_swiglu(GgmlType::Q4_0, W.data(), W.data(), ggml_row_bytes(GgmlType::Q4_0, cols),
+                                             48, cols, x.data(), 1, out.data(), nullptr, cuda::MatvecLoads::Staged,
+                                             nullptr, {GgmlType::Q4_K, q.data(), counters.data()}),
+                         doctest::Contains("whole blocks"), std::invalid_argument);
+    std::vector<float> want(32);
+    std::vector<uint8_t> want_q(q.size()), got_q(q.size());
+    cuda::matvec_swiglu(GgmlType::Q4_0, W.data(), W.data(), ggml_row_bytes(GgmlType::Q4_0, cols), 32, cols, x.data(),
+                        1, want.data(), nullptr);
+    cuda::quantize_activations(GgmlType::Q8_0, want.data(), 32, 1, want_q.data(), nullptr);
+    cuda::matvec_swiglu(GgmlType::Q4_0, W.data(), W.data(), ggml_row_bytes(GgmlType::Q4_0, cols), 32, cols, x.data(),
+                        1, out.data(), nullptr, cuda::MatvecLoads::Staged, nullptr,
+                        {GgmlType::Q8_0, got_q.data(), counters.data()});
+    CHECK(got_q == want_q);
 }
 
 TEST_CASE("cuda kernels: the persistent route runs the staged kernel where its blocks all fit at once") {
