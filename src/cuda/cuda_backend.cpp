@@ -205,6 +205,8 @@ std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env() {
 
 bool cuda_fused_matvecs_from_env() { return env_switch("TANDEM_CUDA_FUSED_MATVECS", {"1", "0"}) == 0; }
 
+bool cuda_gate_up_q8_from_env() { return env_switch("TANDEM_CUDA_GATE_UP_Q8", {"1", "0"}) == 0; }
+
 std::optional<bool> cuda_int8_activations_from_env() {
     const size_t i = env_switch("TANDEM_CUDA_INT8", {"auto", "0", "1"});
     if (i == 0) return std::nullopt;
@@ -672,12 +674,12 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         if (fused_gate_up) {
             // SwiGLU in the gate/up launch (bitwise the launches below) and, for ffn_down's 8-bit route, its output
             // quantized into xq_ffn_ (the launch reads xq_): by the launch's last blocks on the staged and persistent
-            // 8-bit routes, else by a quantize launch.
+            // 8-bit routes with gate_up_quantizes (given the counters), else by a quantize launch.
             const void* xq = quantized(L.w_gate.type, xb_, n, dim);
             const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill, xq_ffn_);
             cuda::matvec_swiglu(L.w_gate.type, L.w_gate.data, L.w_up.data, L.w_gate.row_bytes, c.hidden_dim, dim, xb_,
                                 n, gate_, stream_, loads(L.w_gate.type), xq,
-                                {sq.type, sq.xq, swiglu_counters_});
+                                {sq.type, sq.xq, options_.gate_up_quantizes ? swiglu_counters_ : nullptr});
         } else {
             // SwiGLU on its own, which can also quantize its output for ffn_down's 8-bit route.
             matmul(L.w_gate, xb_, n, gate_, prefill);

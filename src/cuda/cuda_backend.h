@@ -85,6 +85,8 @@ bool cuda_graphs_from_env();
 std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env();
 // TANDEM_CUDA_FUSED_MATVECS=1|0: false for "0" (the default of CudaOptions::fused_matvecs), to measure the fusion.
 bool cuda_fused_matvecs_from_env();
+// TANDEM_CUDA_GATE_UP_Q8=1|0: false for "0" (the default of CudaOptions::gate_up_quantizes), to measure it.
+bool cuda_gate_up_q8_from_env();
 // TANDEM_CUDA_INT8=auto|0|1: every block type's matvecs with 8-bit ("1") or fp32 ("0") activations; auto (nullopt)
 // leaves each type its measured route.
 std::optional<bool> cuda_int8_activations_from_env();
@@ -118,10 +120,13 @@ struct CudaOptions {
     // Direct, staged and persistent give the same sums; split another fixed order (kernels.h).
     std::optional<cuda::MatvecLoads> matvec_loads = cuda_matvec_loads_from_env();
     // Q/K/V (with their biases) in one launch and gate/up with SwiGLU in another where their types match (4 kernels
-    // fewer per layer, 7 for qwen2; with 8-bit activations for ffn_down, SwiGLU stays a launch that quantizes its
-    // output), and with int8_activations the norms quantize their output for the matvecs that read it (3 quantize
-    // launches fewer); false launches them one by one (the same bits; tests compare the two).
+    // fewer per layer, 7 for qwen2), and with int8_activations the norms quantize their output for the matvecs that
+    // read it (3 quantize launches fewer); false launches them one by one (the same bits; tests compare the two).
     bool fused_matvecs = cuda_fused_matvecs_from_env();
+    // With fused_matvecs and ffn_down on the 8-bit route (Q8_1), the gate/up launch's last blocks quantize its
+    // output (staged and persistent loads; kernels.h SwigluQuant); false: a quantize launch after it. The same
+    // bytes; on by default, one launch a layer fewer (not yet measured on a GPU, 2026-11-28).
+    bool gate_up_quantizes = cuda_gate_up_q8_from_env();
     // true: decode and verification matvecs of every block type through the 8-bit route (kernels.h matvec_q8):
     // each input quantized once per matvec launch, as the CPU backend does; false: fp32 activations; nullopt: each
     // type's measured route. Not bitwise the same, but within float rounding of the CPU backend's integer products.

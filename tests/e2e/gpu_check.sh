@@ -131,6 +131,7 @@ check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -
 check "bench.md: SIMT GEMM row" [ "$(rows '\| pp512, SIMT GEMM \|' "$b")" -eq 1 ]
 check "bench.md: int8 GEMM rows" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$b")" -eq 3 ]
 check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and SwiGLU \|' "$b")" -eq 1 ]
+check "bench.md: ffn_down quantize launch row" [ "$(rows '\| tg128, ffn_down quantize launch \|' "$b")" -eq 1 ]
 
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
@@ -141,6 +142,7 @@ check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
 check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
 check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
 check "calls: unfused" [ "$(rows '^TANDEM_CUDA_FUSED_MATVECS=0 \| ' "$c")" -eq 1 ]
+check "calls: gate/up without its quantize" [ "$(rows '^TANDEM_CUDA_GATE_UP_Q8=0 \| ' "$c")" -eq 1 ]
 check "calls: every benchmark on the GPU" [ "$(grep -v -- '--make-synthetic' "$c" | grep -vc -- '--backend cuda')" -eq 0 ]
 check "calls: 1B models of 4 types and the pair made (two drafts)" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 7 ]
 check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
@@ -220,7 +222,7 @@ check_all "--types run: only those models benchmarked" [ "$(grep -c -- '-m .*/7b
     [ "$(grep -- ' -m ' <<<"$new_calls" | grep -vc -- '/7b-\(q4_k\|q8_0\)\.gguf')" -eq 0 ]
 check "--types run: PDL-off rows for the two types" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$t")" -eq 2 ]
 check "--types run: int8 GEMM rows for the two types" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' "$t")" -eq 2 ]
-check_all "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU) \|' "$t")" -eq 0 ] ::: \
+check_all "--types run: no Q4_0 rows without Q4_0" [ "$(rows '\| tg128, (no CUDA graphs|separate Q/K/V, gate/up and SwiGLU|ffn_down quantize launch) \|' "$t")" -eq 0 ] ::: \
     [ "$(rows '\| pp512, SIMT GEMM \|' "$t")" -eq 0 ] ::: [ "$(wc -l <"$calls/ncu")" -eq "$ncu_before" ]
 check_all "--loads persistent: only those forced rows, both activations" [ "$(rows '\| tg128, (fp32|int8) activations, persistent matvec \|' "$t")" -eq 4 ] ::: \
     [ "$(rows '\| tg128, (fp32|int8) activations, (direct|staged|split) matvec \|' "$t")" -eq 0 ]

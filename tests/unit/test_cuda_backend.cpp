@@ -842,6 +842,10 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     // down; plus the output projection's quantize. Direct loads quantize after the gate/up launch: one more.
     check_int8_fusion(*model, 2 + 2 * 8 + 1, 2 + 2 * (12 + 7) + 2);
     check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Direct);
+    // TANDEM_CUDA_GATE_UP_Q8=0 (gate_up_quantizes false): the quantize launch after the staged gate/up launch.
+    const UnsetEnvAtExit restore("TANDEM_CUDA_GATE_UP_Q8");
+    setenv("TANDEM_CUDA_GATE_UP_Q8", "0", 1);
+    check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
 }
 
 TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged split or persistent selects those loads") {
@@ -907,6 +911,7 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
          [] { return cuda_int8_activations_from_env().has_value(); }},
         {"TANDEM_CUDA_GEMM", "Int8", "expected cublas, int8 or simt", [] { return cuda_int8_gemm_from_env(); }},
         {"TANDEM_CUDA_PDL", "2", "expected 1 or 0", [] { return cuda_overlap_launches_from_env(); }},
+        {"TANDEM_CUDA_GATE_UP_Q8", "no", "expected 1 or 0", [] { return cuda_gate_up_q8_from_env(); }},
     };
     for (const Switch& sw : switches) {
         CAPTURE(std::string(sw.name));
