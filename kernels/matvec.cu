@@ -33,7 +33,7 @@ struct DotF32 : FloatInput {
                 const float4 wv = *reinterpret_cast<const float4*>(w + i);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    if (t >= n_tok) break;
+                    if (!live_token<NT>(t, n_tok)) break;
                     const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
                     acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
                 }
@@ -44,7 +44,7 @@ struct DotF32 : FloatInput {
             const float wv = w[j];
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
+                if (live_token<NT>(t, n_tok)) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
         }
     }
 };
@@ -63,7 +63,7 @@ struct DotF16 : FloatInput {
                 const float w2 = tandem_half_to_float(raw.y & 0xFFFF), w3 = tandem_half_to_float(raw.y >> 16);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    if (t >= n_tok) break;
+                    if (!live_token<NT>(t, n_tok)) break;
                     const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
                     acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
                 }
@@ -74,7 +74,7 @@ struct DotF16 : FloatInput {
             const float wv = tandem_half_to_float(w[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
+                if (live_token<NT>(t, n_tok)) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
         }
     }
 };
@@ -94,7 +94,7 @@ struct DotQ8_0 : FloatInput {
                         q3 = detail::sbyte(q, 3);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + 32 * ib + j);
                 acc[t] += d * (q0 * xv.x + q1 * xv.y + q2 * xv.z + q3 * xv.w);
             }
@@ -120,7 +120,7 @@ struct DotQ4_0 : FloatInput {
             const float h1 = static_cast<float>(static_cast<int>((q >> 12) & 0xF) - 8);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const float* xb = x + static_cast<size_t>(t) * x_stride + 32 * ib;
                 const float2 lo = *reinterpret_cast<const float2*>(xb + j);
                 const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
@@ -146,7 +146,7 @@ struct DotBF16 : FloatInput {
                 const float w2 = widen(raw.y & 0xFFFF), w3 = widen(raw.y >> 16);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    if (t >= n_tok) break;
+                    if (!live_token<NT>(t, n_tok)) break;
                     const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
                     acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
                 }
@@ -157,7 +157,7 @@ struct DotBF16 : FloatInput {
             const float wv = widen(w[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (t < n_tok) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
+                if (live_token<NT>(t, n_tok)) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
         }
     }
 };
@@ -189,7 +189,7 @@ struct DotLegacy : FloatInput {
             const float g0 = static_cast<float>(h0 - kBias), g1 = static_cast<float>(h1 - kBias);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const float* xb = x + static_cast<size_t>(t) * x_stride + 32 * ib;
                 const float2 lo = *reinterpret_cast<const float2*>(xb + j);
                 const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
@@ -226,7 +226,7 @@ struct DotQ2_K : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + lane;
                 float s = 0.0f;
 #pragma unroll
@@ -261,7 +261,7 @@ struct DotQ3_K : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + lane;
                 float s = 0.0f;
 #pragma unroll
@@ -305,7 +305,7 @@ struct DotQK4 : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT, !kFifth>(t, n_tok)) break;
                 const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 64 * p + i;
                 const float4 xl = *reinterpret_cast<const float4*>(xb);
                 const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
@@ -350,7 +350,7 @@ struct DotQ6_K : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 128 * h + e;
                 float s = 0.0f;
 #pragma unroll

@@ -18,7 +18,7 @@
 //                                     int lane, float (&acc)[NT]);   acc[t] += this lane's share of row . x[t]
 // and, for the staged kernel, how it walks a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols columns) per
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
-// adds the same terms in the same order.
+// adds the same terms in the same order. A Dot asks live_token<NT>(t, n_tok) whether token t takes part.
 #pragma once
 #include <type_traits>
 
@@ -28,6 +28,22 @@
 namespace tandem::cuda::matvec_detail {
 
 constexpr int kWarps = 4;
+
+// Whether token t of an NT-token kernel takes part in the launch (t < n_tok). A one-token kernel only ever runs one
+// token (kernel_for_tokens), so its answer is a constant: with the run-time check nvcc unrolled the one-token walks
+// four blocks deep, but kept each unrolled block behind its own branch on n_tok, so no block's loads were issued
+// before the previous block's had arrived and been used (sm_90 SASS of the Q4_0 8-bit staged kernel: per block a
+// branch, then LDS, LDG, the wait, IDP, FFMA). A walk the 2026-11-27 H200 profile found waiting on L1TEX 67% of the
+// time. Without the branch nvcc issues the four blocks' loads together; the same operations, so the same sums.
+// kHoist false keeps the run-time check for one token too: for Q5_K (both routes) and Q3_K (8-bit) the hoisted loads
+// made ptxas spill under the staged kernel's 64-register budget, so those walks stay as they were.
+template <int NT, bool kHoist = true>
+__device__ __forceinline__ bool live_token(int t, int n_tok) {
+    if constexpr (kHoist && NT == 1)
+        return true;
+    else
+        return t < n_tok;
+}
 
 // One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
 // optional bias added to each (bitwise what add_bias would add afterwards).

@@ -81,7 +81,7 @@ struct DotLegacyQ8 : Q8_1Input {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_1Bytes * ib;
                 const int xl = load_i32(xb + 4 + i), xh = load_i32(xb + 20 + i);
                 int sumi = __dp4a(lo, xl, __dp4a(hi, xh, 0));
@@ -111,7 +111,7 @@ struct DotQ8_0Q8 : Q8_1Input {
             const int w0 = load_i32_from_u16(blk + 2 + j), w1 = load_i32_from_u16(blk + 6 + j);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_1Bytes * ib;
                 const int sumi = __dp4a(w0, load_i32(xb + 4 + j), __dp4a(w1, load_i32(xb + 8 + j), 0));
                 acc[t] = fmaf(static_cast<float>(sumi), d * detail::load_half(xb), acc[t]);
@@ -166,7 +166,7 @@ struct DotQK4Q8 : Q8_KInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT, !kFifth>(t, n_tok)) break;
                 const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
                 const uint8_t* xa = xb + kQ8_KCodes + 64 * p + 16 * h;  // chunk 2p's codes; 2p + 1's 32 bytes on
                 const int16_t* bsums = reinterpret_cast<const int16_t*>(xb + kQ8_KSums);
@@ -209,7 +209,7 @@ struct DotQ6_KQ8 : Q8_KInput {
             const int sa = scales[2 * ca + (i >= 16)], sb = scales[2 * cb + (i >= 16)];
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT>(t, n_tok)) break;
                 const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
                 const int xa = load_i32(xb + kQ8_KCodes + 32 * ca + i), xc = load_i32(xb + kQ8_KCodes + 32 * cb + i);
                 const int sumi = sa * (__dp4a(wa, xa, 0) - 32 * __dp4a(kOnes, xa, 0)) +
@@ -257,7 +257,7 @@ struct DotQ23_KQ8 : Q8_KInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (t >= n_tok) break;
+                if (!live_token<NT, !kQ3>(t, n_tok)) break;
                 const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
                 int sumi = 0, summ = 0;
 #pragma unroll
