@@ -1,6 +1,7 @@
 // Quantizing fp32 activations to the 8-bit route's blocks (kernels.h, matvec_q8): one warp per block, so any kernel
 // that has a row in global memory can quantize it in place of a separate launch (quantize_activations in
-// matvec_q8.cu; the fused outputs of rms_norm.cu and swiglu.cu). The operations are the CPU's (cpu/quant_q8.cpp): the
+// matvec_q8.cu; the fused outputs of rms_norm.cu and swiglu.cu), or, for Q8_1, eight lanes per block from float4s a
+// kernel holds in registers (rms_norm.cu's register kernel). The operations are the CPU's (cpu/quant_q8.cpp): the
 // maximum |x| (exact in any order), one IEEE division for the inverse scale, one rounding multiply, round half to
 // even, a clamp to +-127; so the codes and scales come out bitwise the same.
 #pragma once
@@ -68,6 +69,37 @@ __device__ __forceinline__ void quantize_block_q8_1(const float* xb, uint8_t* bl
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
     blk[4 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q));
     if (lane == 0) {
+        reinterpret_cast<uint16_t*>(blk)[0] = tandem_float_to_half(d);
+        reinterpret_cast<uint16_t*>(blk)[1] = tandem_float_to_half(d * static_cast<float>(sum));
+    }
+}
+
+// Q8_1 from registers, for a kernel that holds its row as float4s: lane j of each aligned group of eight lanes holds
+// elements 4j..4j+3 of one block (v) and writes them into the block at blk (`store`: the group's block is inside the
+// row; a group is all in or all out). The same operations as quantize_block_q8_1 (the maximum and the integer sum are
+// exact in any order), so the same bytes, without the block's round trip through memory and the barrier before it.
+// Every lane of the warp calls it.
+__device__ __forceinline__ void quantize_float4_q8_1(float4 v, uint8_t* blk, int part, bool store) {
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int offset = 4; offset > 0; offset >>= 1) amax = fmaxf(amax, __shfl_xor_sync(detail::kFullMask, amax, offset));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const float e[4] = {v.x, v.y, v.z, v.w};
+    uint32_t packed = 0;
+    int sum = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        int q = __float2int_rn(e[k] * id);
+        q = q < -127 ? -127 : q > 127 ? 127 : q;
+        sum += q;
+        packed |= static_cast<uint32_t>(q & 0xFF) << (8 * k);
+    }
+#pragma unroll
+    for (int offset = 4; offset > 0; offset >>= 1) sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
+    if (!store) return;
+    reinterpret_cast<uint32_t*>(blk + 4)[part] = packed;
+    if (part == 0) {
         reinterpret_cast<uint16_t*>(blk)[0] = tandem_float_to_half(d);
         reinterpret_cast<uint16_t*>(blk)[1] = tandem_float_to_half(d * static_cast<float>(sum));
     }

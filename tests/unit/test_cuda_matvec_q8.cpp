@@ -231,11 +231,13 @@ TEST_CASE("cuda q8: staged loads, matvec_rows and matvec_multi are bitwise the m
 }
 
 TEST_CASE("cuda q8: RMSNorm's quantized output is bitwise quantize_activations of its fp32 output") {
-    // rms_norm / add_rms_norm with xq: the warps quantize the row they just wrote (after a barrier), for a Q8_1 type
-    // (Q4_0) and a Q8_K one (Q4_K), rows of one and of several 256-blocks.
+    // rms_norm / add_rms_norm with xq, for a Q8_1 type (Q4_0: quantized from registers by groups of eight lanes) and a
+    // Q8_K one (Q4_K: the warps quantize the row they just wrote, after a barrier); rows of one and of several
+    // 256-blocks, with one, two and four float4s a thread (8,448: 2,112 float4s on 544 threads, so the last eight
+    // groups of the fourth slot are past the row).
     std::mt19937 rng(55);
     for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q4_K}) {
-        for (int cols : {256, 1280}) {
+        for (int cols : {256, 1280, 4608, 8448}) {
             const int rows = 3;
             const std::string type_name = ggml_type_name(type);
             CAPTURE(type_name);
