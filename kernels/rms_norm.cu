@@ -64,7 +64,6 @@ __global__ void __launch_bounds__(kMaxVecThreads)
     rms_norm_vec_kernel(float* __restrict__ x, const float* __restrict__ residual, const float* __restrict__ weight,
                         float* __restrict__ out, int cols, float eps, bool k_quant, uint8_t* __restrict__ xq,
                         size_t xq_row_bytes) {
-    detail::wait_for_inputs();
     TANDEM_SHARED(float, scratch, 32);
     const size_t row = blockIdx.x;
     const int n4 = cols / 4;
@@ -74,11 +73,15 @@ __global__ void __launch_bounds__(kMaxVecThreads)
     const int tid = threadIdx.x, n_threads = blockDim.x;
     const float4 zero = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float4 v[V], w[V];
+    // The weight is never written by a kernel, so with overlapping launches (common.cuh) its loads, from DRAM after a
+    // token's worth of other weights went through L2, are issued while the previous kernel still runs.
+#pragma unroll
+    for (int k = 0; k < V; ++k) w[k] = tid + k * n_threads < n4 ? w4[tid + k * n_threads] : zero;
+    detail::wait_for_inputs();
 #pragma unroll
     for (int k = 0; k < V; ++k) {  // every load of the thread issued before any is used
         const int i = tid + k * n_threads;
         v[k] = i < n4 ? xr[i] : zero;
-        w[k] = i < n4 ? w4[i] : zero;
         if (kAddResidual && i < n4) {
             const float4 r = rr[i];
             v[k] = make_float4(v[k].x + r.x, v[k].y + r.y, v[k].z + r.z, v[k].w + r.w);
