@@ -22,7 +22,7 @@ struct FloatInput {
 };
 
 struct DotF32 : FloatInput {
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const float* w = reinterpret_cast<const float*>(row);
@@ -33,8 +33,9 @@ struct DotF32 : FloatInput {
                 const float4 wv = *reinterpret_cast<const float4*>(w + i);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    if (!live_token<NT>(t, n_tok)) break;
-                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
+                    if (token_exit<kExit>(t, n_tok)) break;
+                    const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                    const float4 xv = *reinterpret_cast<const float4*>(x + xt + i);
                     acc[t] += wv.x * xv.x + wv.y * xv.y + wv.z * xv.z + wv.w * xv.w;
                 }
             }
@@ -44,13 +45,14 @@ struct DotF32 : FloatInput {
             const float wv = w[j];
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (live_token<NT>(t, n_tok)) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
+                if (!token_exit<kExit>(t, n_tok))
+                    acc[t] += wv * x[static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride + j];
         }
     }
 };
 
 struct DotF16 : FloatInput {
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
@@ -63,8 +65,9 @@ struct DotF16 : FloatInput {
                 const float w2 = tandem_half_to_float(raw.y & 0xFFFF), w3 = tandem_half_to_float(raw.y >> 16);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    if (!live_token<NT>(t, n_tok)) break;
-                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
+                    if (token_exit<kExit>(t, n_tok)) break;
+                    const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                    const float4 xv = *reinterpret_cast<const float4*>(x + xt + i);
                     acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
                 }
             }
@@ -74,7 +77,8 @@ struct DotF16 : FloatInput {
             const float wv = tandem_half_to_float(w[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (live_token<NT>(t, n_tok)) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
+                if (!token_exit<kExit>(t, n_tok))
+                    acc[t] += wv * x[static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride + j];
         }
     }
 };
@@ -82,7 +86,7 @@ struct DotF16 : FloatInput {
 // Q8_0 (34-byte blocks): 8 lanes per block, 4 weights per lane, 4 blocks per warp iteration.
 struct DotQ8_0 : FloatInput {
     static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 4;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 4 * (lane % 8);
@@ -94,8 +98,9 @@ struct DotQ8_0 : FloatInput {
                         q3 = detail::sbyte(q, 3);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + 32 * ib + j);
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const float4 xv = *reinterpret_cast<const float4*>(x + xt + 32 * ib + j);
                 acc[t] += d * (q0 * xv.x + q1 * xv.y + q2 * xv.z + q3 * xv.w);
             }
         }
@@ -106,7 +111,7 @@ struct DotQ8_0 : FloatInput {
 // 2j+16, 2j+17 (high nibbles).
 struct DotQ4_0 : FloatInput {
     static constexpr int kBlockBytes = 18, kBlockCols = 32, kStepBlocks = 4;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 2 * (lane % 8);
@@ -120,8 +125,9 @@ struct DotQ4_0 : FloatInput {
             const float h1 = static_cast<float>(static_cast<int>((q >> 12) & 0xF) - 8);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 32 * ib;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const float* xb = x + xt + 32 * ib;
                 const float2 lo = *reinterpret_cast<const float2*>(xb + j);
                 const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
                 acc[t] += d * (l0 * lo.x + l1 * lo.y + h0 * hi.x + h1 * hi.y);
@@ -133,7 +139,7 @@ struct DotQ4_0 : FloatInput {
 // BF16: the upper half of a binary32, so widening is a shift (exact). Same walk as F16.
 struct DotBF16 : FloatInput {
     static __device__ __forceinline__ float widen(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const uint16_t* w = reinterpret_cast<const uint16_t*>(row);
@@ -146,8 +152,9 @@ struct DotBF16 : FloatInput {
                 const float w2 = widen(raw.y & 0xFFFF), w3 = widen(raw.y >> 16);
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
-                    if (!live_token<NT>(t, n_tok)) break;
-                    const float4 xv = *reinterpret_cast<const float4*>(x + static_cast<size_t>(t) * x_stride + i);
+                    if (token_exit<kExit>(t, n_tok)) break;
+                    const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                    const float4 xv = *reinterpret_cast<const float4*>(x + xt + i);
                     acc[t] += w0 * xv.x + w1 * xv.y + w2 * xv.z + w3 * xv.w;
                 }
             }
@@ -157,7 +164,8 @@ struct DotBF16 : FloatInput {
             const float wv = widen(w[j]);
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                if (live_token<NT>(t, n_tok)) acc[t] += wv * x[static_cast<size_t>(t) * x_stride + j];
+                if (!token_exit<kExit>(t, n_tok))
+                    acc[t] += wv * x[static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride + j];
         }
     }
 };
@@ -168,7 +176,7 @@ struct DotBF16 : FloatInput {
 template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
 struct DotLegacy : FloatInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 4;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 2 * (lane % 8);
@@ -189,8 +197,9 @@ struct DotLegacy : FloatInput {
             const float g0 = static_cast<float>(h0 - kBias), g1 = static_cast<float>(h1 - kBias);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 32 * ib;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const float* xb = x + xt + 32 * ib;
                 const float2 lo = *reinterpret_cast<const float2*>(xb + j);
                 const float2 hi = *reinterpret_cast<const float2*>(xb + 16 + j);
                 float s = d * (f0 * lo.x + f1 * lo.y + g0 * hi.x + g1 * hi.y);
@@ -209,7 +218,7 @@ using DotQ5_1 = DotLegacy<24, 8, true, true, 4, 0>;
 // Element l of chunk c sits in sub-block 2c + (l >= 16), which picks its scale.
 struct DotQ2_K : FloatInput {
     static constexpr int kBlockBytes = 84, kBlockCols = 256, kStepBlocks = 1;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, half = lane >= 16;
@@ -226,8 +235,9 @@ struct DotQ2_K : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + lane;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const float* xb = x + xt + 256 * ib + lane;
                 float s = 0.0f;
 #pragma unroll
                 for (int c = 0; c < 8; ++c) s += w[c] * xb[32 * c];
@@ -245,7 +255,7 @@ struct DotQ3_K : FloatInput {
         const int hi = (s[8 + i % 4] >> (2 * (i / 4))) & 3;
         return (lo | (hi << 4)) - 32;
     }
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, half = lane >= 16;
@@ -261,8 +271,9 @@ struct DotQ3_K : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + lane;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const float* xb = x + xt + 256 * ib + lane;
                 float s = 0.0f;
 #pragma unroll
                 for (int c = 0; c < 8; ++c) s += w[c] * xb[32 * c];
@@ -278,9 +289,10 @@ struct DotQ3_K : FloatInput {
 template <int kBytes, int kQs, bool kFifth>
 struct DotQK4 : FloatInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 1;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
+        constexpr bool kStop = kExit || kFifth;  // token_exit: Q5_K keeps the exit
         const int nb = cols / 256, p = lane / 8, i = 4 * (lane % 8);
         for (int ib = 0; ib < nb; ++ib) {
             const uint8_t* blk = row + kBytes * ib;
@@ -305,8 +317,9 @@ struct DotQK4 : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT, !kFifth>(t, n_tok)) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 64 * p + i;
+                if (token_exit<kStop>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kStop>(t, n_tok)) * x_stride;
+                const float* xb = x + xt + 256 * ib + 64 * p + i;
                 const float4 xl = *reinterpret_cast<const float4*>(xb);
                 const float4 xh = *reinterpret_cast<const float4*>(xb + 32);
                 const float dot_lo = lo[0] * xl.x + lo[1] * xl.y + lo[2] * xl.z + lo[3] * xl.w;
@@ -324,7 +337,7 @@ using DotQ5_K = DotQK4<176, 48, true>;
 // element pair e = 2(l%16), e+1 of each of the four chunks c = 4h + k of that half.
 struct DotQ6_K : FloatInput {
     static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, h = lane / 16, e = 2 * (lane % 16);
@@ -350,8 +363,9 @@ struct DotQ6_K : FloatInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const float* xb = x + static_cast<size_t>(t) * x_stride + 256 * ib + 128 * h + e;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const float* xb = x + xt + 256 * ib + 128 * h + e;
                 float s = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {

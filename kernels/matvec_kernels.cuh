@@ -14,11 +14,14 @@
 // A Dot provides
 //   using X;                                   the activation element (float, or uint8_t for quantized blocks)
 //   static size_t x_units(int cols);           X elements holding `cols` columns of one token (a row's stride)
-//   template <int NT> static void dot(const uint8_t* row, int cols, const X* x, size_t x_stride, int n_tok,
-//                                     int lane, float (&acc)[NT]);   acc[t] += this lane's share of row . x[t]
+//   template <int NT, bool kExit> static void dot(const uint8_t* row, int cols, const X* x, size_t x_stride,
+//                                     int n_tok, int lane, float (&acc)[NT]);
+//                                              acc[t] += this lane's share of row . x[t] (kExit: token_exit)
 // and, for the staged kernel, how it walks a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols columns) per
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
-// adds the same terms in the same order. A Dot asks live_token<NT>(t, n_tok) whether token t takes part.
+// adds the same terms in the same order. Slot t of a walk reads the activations of token read_token<NT, kExit>(t,
+// n_tok), an index each walk multiplies by x_stride itself (through a helper returning the pointer, nvcc built the
+// kept walks' addresses differently, and ptxas spilled one of them).
 #pragma once
 #include <type_traits>
 
@@ -29,21 +32,44 @@ namespace tandem::cuda::matvec_detail {
 
 constexpr int kWarps = 4;
 
-// Whether token t of an NT-token kernel takes part in the launch (t < n_tok). A one-token kernel only ever runs one
-// token (kernel_for_tokens), so its answer is a constant: with the run-time check nvcc unrolled the one-token walks
-// four blocks deep, but kept each unrolled block behind its own branch on n_tok, so no block's loads were issued
-// before the previous block's had arrived and been used (sm_90 SASS of the Q4_0 8-bit staged kernel: per block a
-// branch, then LDS, LDG, the wait, IDP, FFMA). A walk the 2026-11-27 H200 profile found waiting on L1TEX 67% of the
-// time. Without the branch nvcc issues the four blocks' loads together; the same operations, so the same sums.
-// kHoist false keeps the run-time check for one token too: for Q5_K (both routes) and Q3_K (8-bit) the hoisted loads
-// made ptxas spill under the staged kernel's 64-register budget, so those walks stay as they were.
-template <int NT, bool kHoist = true>
-__device__ __forceinline__ bool live_token(int t, int n_tok) {
-    if constexpr (kHoist && NT == 1)
-        return true;
+// The token whose activations slot t of an NT-token walk reads: t while t < n_tok, and past the launch's last token
+// that last token again (in bounds; its rows are already in L1), summed into an acc[t] that nobody writes out. So a
+// walk has no branch per token: with one (`if (t >= n_tok) break;`, until 2026-11-28) nvcc kept every token's loads
+// behind its own branch, and a step's tokens waited for memory one after another (sm_90 SASS of the Q4_K fp32
+// 4-token kernel: per token a branch, two LDG.128, the FFMAs). The one-token kernels (kernel_for_tokens gives them
+// exactly one token) read token 0 as a constant, and there nvcc had kept a branch before each of the four blocks
+// it unrolled (Q4_0 8-bit staged: per block a branch, LDS, LDG, the wait, IDP, FFMA), in a walk the 2026-11-27
+// H200 profile found waiting on L1TEX 67% of the time. Without the branches nvcc issues the loads together; a
+// live token's operations are the same, so its sums are the same.
+// A walk that keeps the exit (kExit, below) has left the loop before any t >= n_tok, so it reads t itself: the
+// same code as before the change, for the kernels whose registers are tight.
+template <int NT, bool kExit>
+__device__ __forceinline__ int read_token(int t, int n_tok) {
+    if constexpr (NT == 1)
+        return 0;
+    else if constexpr (kExit)
+        return t;
     else
-        return t < n_tok;
+        return t < n_tok ? t : n_tok - 1;
 }
+
+// Where a walk keeps the run-time exit at the first token past n_tok (kKeep), as every walk did until 2026-11-28:
+// - the kernels with a register budget (staged, persistent, split: kExitWithBudget) for more than one token. There
+//   the branch-free walk issues every token's loads at once and ptxas spilled (sm_90: the Q4_K fp32 staged 8-token
+//   kernel 78 bytes, Q6_K 8-bit 74, the Q4_K 8-bit split one 48);
+// - the direct kernel (no budget) for eight tokens (kExitDirect): there ptxas held some walks at 48 registers and
+//   spilled 4 bytes (F16 and BF16 on sm_80, Q4_0 8-bit on sm_86 and sm_89). So verification of up to 4 tokens (a
+//   draft of up to 3) runs branch-free on the direct route;
+// - Q5_K (both routes) and Q3_K (8-bit) for one token too: without the exit ptxas spilled their staged one-token
+//   kernels under the 64-register budget (10-36 bytes).
+template <bool kKeep>
+__device__ __forceinline__ bool token_exit(int t, int n_tok) {
+    return kKeep && t >= n_tok;
+}
+template <int NT>
+constexpr bool kExitWithBudget = NT > 1;
+template <int NT>
+constexpr bool kExitDirect = NT > 4;
 
 // One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
 // optional bias added to each (bitwise what add_bias would add afterwards).
@@ -239,7 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    Dot::template dot<NT>(row_of(job, s, row), cols, x, Dot::x_units(cols), n_tok, lane, acc);
+    Dot::template dot<NT, kExitDirect<NT>>(row_of(job, s, row), cols, x, Dot::x_units(cols), n_tok, lane, acc);
     if (job.swiglu)
         write_swiglu(acc, n_tok, lane, row, true, job, s, up);
     else
@@ -382,9 +408,10 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
                 int next_s = 0, next_row = 0;  // the next row's first chunk, in flight while this row's last is decoded
                 if (warp_row_in(job, next, next_s, next_row)) load_chunk(staged_row(job, next_s, next_row), 0);
             }
-            Dot::template dot<NT>(reinterpret_cast<const uint8_t*>(my_stage) + r.lead,
-                                  chunk_blocks(c) * Dot::kBlockCols, x + Dot::x_units(c * kChunkCols),
-                                  Dot::x_units(cols), n_tok, lane, acc);
+            Dot::template dot<NT, kExitWithBudget<NT>>(reinterpret_cast<const uint8_t*>(my_stage) + r.lead,
+                                                       chunk_blocks(c) * Dot::kBlockCols,
+                                                       x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok,
+                                                       lane, acc);
             __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
         }
         if (job.swiglu) {
@@ -440,9 +467,9 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT>)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
         if (last > first)
-            Dot::template dot<NT>(row_of(job, s, row) + static_cast<size_t>(first) * Dot::kBlockBytes,
-                                  (last - first) * Dot::kBlockCols, x + Dot::x_units(first * Dot::kBlockCols),
-                                  Dot::x_units(cols), n_tok, lane, acc);
+            Dot::template dot<NT, kExitWithBudget<NT>>(
+                row_of(job, s, row) + static_cast<size_t>(first) * Dot::kBlockBytes, (last - first) * Dot::kBlockCols,
+                x + Dot::x_units(first * Dot::kBlockCols), Dot::x_units(cols), n_tok, lane, acc);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float sum = detail::warp_sum(acc[t]);

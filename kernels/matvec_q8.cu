@@ -64,7 +64,7 @@ __device__ __forceinline__ int load_i32_from_u16(const uint8_t* p) {
 template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
 struct DotLegacyQ8 : Q8_1Input {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 8;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, k = lane % 4, i = 4 * k;
@@ -81,8 +81,9 @@ struct DotLegacyQ8 : Q8_1Input {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_1Bytes * ib;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const uint8_t* xb = x + xt + kQ8_1Bytes * ib;
                 const int xl = load_i32(xb + 4 + i), xh = load_i32(xb + 20 + i);
                 int sumi = __dp4a(lo, xl, __dp4a(hi, xh, 0));
                 if (kBias) sumi -= kBias * __dp4a(kOnes, xl, __dp4a(kOnes, xh, 0));
@@ -101,7 +102,7 @@ using DotQ5_1Q8 = DotLegacyQ8<24, 8, true, true, 4, 0>;
 // Q8_0: four lanes per block, lane k = l % 4 takes codes 8k..8k+7.
 struct DotQ8_0Q8 : Q8_1Input {
     static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 8;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 32, j = 8 * (lane % 4);
@@ -111,8 +112,9 @@ struct DotQ8_0Q8 : Q8_1Input {
             const int w0 = load_i32_from_u16(blk + 2 + j), w1 = load_i32_from_u16(blk + 6 + j);
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_1Bytes * ib;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const uint8_t* xb = x + xt + kQ8_1Bytes * ib;
                 const int sumi = __dp4a(w0, load_i32(xb + 4 + j), __dp4a(w1, load_i32(xb + 8 + j), 0));
                 acc[t] = fmaf(static_cast<float>(sumi), d * detail::load_half(xb), acc[t]);
             }
@@ -139,9 +141,10 @@ __device__ __forceinline__ float load_f32(const uint8_t* p) { return *reinterpre
 template <int kBytes, int kQs, bool kFifth>
 struct DotQK4Q8 : Q8_KInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 4;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
+        constexpr bool kStop = kExit || kFifth;  // token_exit: Q5_K keeps the exit
         const int nb = cols / 256, k = lane % 8, p = k / 2, h = k % 2;
         for (int ib = lane / 8; ib < nb; ib += 4) {
             const uint8_t* blk = row + kBytes * ib;
@@ -166,8 +169,9 @@ struct DotQK4Q8 : Q8_KInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT, !kFifth>(t, n_tok)) break;
-                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
+                if (token_exit<kStop>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kStop>(t, n_tok)) * x_stride;
+                const uint8_t* xb = x + xt + kQ8_KBytes * ib;
                 const uint8_t* xa = xb + kQ8_KCodes + 64 * p + 16 * h;  // chunk 2p's codes; 2p + 1's 32 bytes on
                 const int16_t* bsums = reinterpret_cast<const int16_t*>(xb + kQ8_KSums);
                 const int summ = m0 * bsums[4 * p + h] + m1 * bsums[4 * p + 2 + h];
@@ -193,7 +197,7 @@ using DotQ5_KQ8 = DotQK4Q8<176, 48, true>;
 // 4 bytes of qh at 128 + 32h + i (bits 2kk and 2kk + 4 up: the two high bits of those chunks). Codes are u - 32.
 struct DotQ6_KQ8 : Q8_KInput {
     static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
         const int nb = cols / 256, h = lane / 16, kk = (lane / 8) % 2, i = 4 * (lane % 8);
@@ -209,8 +213,9 @@ struct DotQ6_KQ8 : Q8_KInput {
             const int sa = scales[2 * ca + (i >= 16)], sb = scales[2 * cb + (i >= 16)];
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT>(t, n_tok)) break;
-                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
+                if (token_exit<kExit>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kExit>(t, n_tok)) * x_stride;
+                const uint8_t* xb = x + xt + kQ8_KBytes * ib;
                 const int xa = load_i32(xb + kQ8_KCodes + 32 * ca + i), xc = load_i32(xb + kQ8_KCodes + 32 * cb + i);
                 const int sumi = sa * (__dp4a(wa, xa, 0) - 32 * __dp4a(kOnes, xa, 0)) +
                                  sb * (__dp4a(wb, xc, 0) - 32 * __dp4a(kOnes, xc, 0));
@@ -235,9 +240,10 @@ struct DotQ23_KQ8 : Q8_KInput {
         const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
         return (lo | (hi << 4)) - 32;
     }
-    template <int NT>
+    template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
+        constexpr bool kStop = kExit || kQ3;  // token_exit: Q3_K keeps the exit
         const int nb = cols / 256, r = lane % 16, g = r / 8, i = 4 * (r % 8), upper = i >= 16;
         for (int ib = lane / 16; ib < nb; ib += 2) {
             const uint8_t* blk = row + kBlockBytes * ib;
@@ -257,8 +263,9 @@ struct DotQ23_KQ8 : Q8_KInput {
             }
 #pragma unroll
             for (int t = 0; t < NT; ++t) {
-                if (!live_token<NT, !kQ3>(t, n_tok)) break;
-                const uint8_t* xb = x + static_cast<size_t>(t) * x_stride + kQ8_KBytes * ib;
+                if (token_exit<kStop>(t, n_tok)) break;
+                const size_t xt = static_cast<size_t>(read_token<NT, kStop>(t, n_tok)) * x_stride;
+                const uint8_t* xb = x + xt + kQ8_KBytes * ib;
                 int sumi = 0, summ = 0;
 #pragma unroll
                 for (int s = 0; s < 4; ++s) {
