@@ -55,6 +55,12 @@ __device__ __forceinline__ T load_input(const T* p) {
         return *p;
 }
 
+// One 8-bit code: v times the inverse scale, rounded half to even, clamped to +-127 (the CPU's operations).
+__device__ __forceinline__ int code_q8(float v, float inverse_scale) {
+    const int q = __float2int_rn(v * inverse_scale);
+    return q < -127 ? -127 : q > 127 ? 127 : q;
+}
+
 // Q8_1: lane j quantizes element j of the 32 at xb into the block at blk. Every lane of the warp calls it.
 template <bool kPastL1 = false>
 __device__ __forceinline__ void quantize_block_q8_1(const float* xb, uint8_t* blk, int lane) {
@@ -62,8 +68,7 @@ __device__ __forceinline__ void quantize_block_q8_1(const float* xb, uint8_t* bl
     const float amax = detail::warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int q = __float2int_rn(v * id);
-    q = q < -127 ? -127 : q > 127 ? 127 : q;
+    const int q = code_q8(v, id);
     int sum = q;
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(detail::kFullMask, sum, offset);
@@ -90,8 +95,7 @@ __device__ __forceinline__ void quantize_float4_q8_1(float4 v, uint8_t* blk, int
     int sum = 0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        int q = __float2int_rn(e[k] * id);
-        q = q < -127 ? -127 : q > 127 ? 127 : q;
+        const int q = code_q8(e[k], id);
         sum += q;
         packed |= static_cast<uint32_t>(q & 0xFF) << (8 * k);
     }
@@ -130,8 +134,7 @@ __device__ __forceinline__ void quantize_block_q8_k(const float* xb, uint8_t* bl
     int sum = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
-        int q = __float2int_rn(v[k] * iscale);
-        q = q < -127 ? -127 : q > 127 ? 127 : q;
+        const int q = code_q8(v[k], iscale);
         sum += q;
         packed[k / 4] |= static_cast<uint32_t>(q & 0xFF) << (8 * (k % 4));
     }
