@@ -86,6 +86,7 @@ struct DotF16 : FloatInput {
 // Q8_0 (34-byte blocks): 8 lanes per block, 4 weights per lane, 4 blocks per warp iteration.
 struct DotQ8_0 : FloatInput {
     static constexpr int kBlockBytes = 34, kBlockCols = 32, kStepBlocks = 4;
+    static constexpr bool kStagedExit = true;  // kExitStaged: its staged four-token walk spilled without the exit
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -289,6 +290,7 @@ struct DotQ3_K : FloatInput {
 template <int kBytes, int kQs, bool kFifth>
 struct DotQK4 : FloatInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 1;
+    static constexpr bool kStagedExit = true;  // kExitStaged: Q4_K's staged four-token walk spilled without the exit
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {

@@ -17,6 +17,7 @@
 //   template <int NT, bool kExit> static void dot(const uint8_t* row, int cols, const X* x, size_t x_stride,
 //                                     int n_tok, int lane, float (&acc)[NT]);
 //                                              acc[t] += this lane's share of row . x[t] (kExit: token_exit)
+//   optionally static constexpr bool kStagedExit = true;  its staged multi-token walk keeps the exit (kExitStaged)
 // and, for the staged kernel, how it walks a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols columns) per
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
 // adds the same terms in the same order. Slot t of a walk reads the activations of token read_token<NT, kExit>(t,
@@ -54,12 +55,14 @@ __device__ __forceinline__ int read_token(int t, int n_tok) {
 }
 
 // Where a walk keeps the run-time exit at the first token past n_tok (kKeep), as every walk did until 2026-11-28:
-// - the kernels with a register budget (staged, persistent, split: kExitWithBudget) for more than one token. There
-//   the branch-free walk issues every token's loads at once and ptxas spilled (sm_90: the Q4_K fp32 staged 8-token
-//   kernel 78 bytes, Q6_K 8-bit 74, the Q4_K 8-bit split one 48);
-// - the direct kernel (no budget) for eight tokens (kExitDirect): there ptxas held some walks at 48 registers and
-//   spilled 4 bytes (F16 and BF16 on sm_80, Q4_0 8-bit on sm_86 and sm_89). So verification of up to 4 tokens (a
-//   draft of up to 3) runs branch-free on the direct route;
+// - every kernel for eight tokens (kExitWithBudget, kExitDirect). There the branch-free walk issues every token's
+//   loads at once: under the register budgets of the staged, persistent and split kernels ptxas spilled (sm_90: the
+//   Q4_K fp32 staged 8-token kernel 78 bytes, Q6_K 8-bit 74, the Q4_K 8-bit split one 48), and in the direct
+//   kernel (no budget) it held some walks at 48 registers and spilled 4 bytes (F16 and BF16 on sm_80, Q4_0 8-bit
+//   on sm_86 and sm_89). So verification of up to 4 tokens (a draft of up to 3) runs branch-free;
+// - the staged kernel's four-token walk of the Dots that declare kStagedExit (kExitStaged): without the exit ptxas
+//   spilled 6-54 bytes of Q8_0 and Q4_K fp32 and of Q4_K and Q2_K 8-bit on some of sm_80-90 (2026-11-29; their
+//   persistent and split walks, under other budgets, did not spill);
 // - Q5_K (both routes) and Q3_K (8-bit) for one token too: without the exit ptxas spilled their staged one-token
 //   kernels under the 64-register budget (10-36 bytes).
 template <bool kKeep>
@@ -67,9 +70,15 @@ __device__ __forceinline__ bool token_exit(int t, int n_tok) {
     return kKeep && t >= n_tok;
 }
 template <int NT>
-constexpr bool kExitWithBudget = NT > 1;
+constexpr bool kExitWithBudget = NT > 4;
 template <int NT>
 constexpr bool kExitDirect = NT > 4;
+template <class Dot, class = void>
+constexpr bool kDotKeepsStagedExit = false;
+template <class Dot>
+constexpr bool kDotKeepsStagedExit<Dot, std::void_t<decltype(Dot::kStagedExit)>> = Dot::kStagedExit;
+template <class Dot, int NT, bool kPersistent>
+constexpr bool kExitStaged = kExitWithBudget<NT> || (NT > 1 && !kPersistent && kDotKeepsStagedExit<Dot>);
 
 // One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
 // optional bias added to each (bitwise what add_bias would add afterwards).
@@ -408,10 +417,9 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
                 int next_s = 0, next_row = 0;  // the next row's first chunk, in flight while this row's last is decoded
                 if (warp_row_in(job, next, next_s, next_row)) load_chunk(staged_row(job, next_s, next_row), 0);
             }
-            Dot::template dot<NT, kExitWithBudget<NT>>(reinterpret_cast<const uint8_t*>(my_stage) + r.lead,
-                                                       chunk_blocks(c) * Dot::kBlockCols,
-                                                       x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok,
-                                                       lane, acc);
+            Dot::template dot<NT, kExitStaged<Dot, NT, kPersistent>>(
+                reinterpret_cast<const uint8_t*>(my_stage) + r.lead, chunk_blocks(c) * Dot::kBlockCols,
+                x + Dot::x_units(c * kChunkCols), Dot::x_units(cols), n_tok, lane, acc);
             __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
         }
         if (job.swiglu) {

@@ -141,6 +141,7 @@ __device__ __forceinline__ float load_f32(const uint8_t* p) { return *reinterpre
 template <int kBytes, int kQs, bool kFifth>
 struct DotQK4Q8 : Q8_KInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 4;
+    static constexpr bool kStagedExit = true;  // kExitStaged: Q4_K's staged four-token walk spilled without the exit
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -233,6 +234,7 @@ struct DotQ6_KQ8 : Q8_KInput {
 template <bool kQ3>
 struct DotQ23_KQ8 : Q8_KInput {
     static constexpr int kBlockBytes = kQ3 ? 110 : 84, kBlockCols = 256, kStepBlocks = 2;
+    static constexpr bool kStagedExit = true;  // kExitStaged: Q2_K's staged four-token walk spilled without the exit
     static constexpr int kQs = kQ3 ? 32 : 16, kD = kQ3 ? 108 : 80;
     // Q3_K's sixteen 6-bit scales: low 4 bits in bytes 0..7 (two per byte), high 2 bits in bytes 8..11.
     static __device__ __forceinline__ int q3_scale(const uint8_t* s, int j) {

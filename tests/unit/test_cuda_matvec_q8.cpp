@@ -115,7 +115,7 @@ TEST_CASE("cuda q8: the integer route matches the CPU's integer kernels for ever
             std::vector<float> dq(static_cast<size_t>(rows) * cols);
             for (int r = 0; r < rows; ++r)
                 cpu::dequantize_row(type, W.data() + r * row_bytes, &dq[static_cast<size_t>(r) * cols], cols);
-            for (int n : {1, 6, 13}) {
+            for (int n : {1, 3, 6, 13}) {
                 CAPTURE(n);
                 const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
                 std::vector<float> want(static_cast<size_t>(n) * rows);
@@ -167,7 +167,7 @@ TEST_CASE("cuda q8: staged loads, matvec_rows and matvec_multi are bitwise the m
             const std::vector<uint8_t> W2 = test::random_weight_rows(type, 2, cols, rng);
             const std::vector<float> bias = random_floats(2, rng);
             const std::vector<int> picked = {rows - 1, 0, rows / 2};
-            for (int n : {1, 5, 16}) {
+            for (int n : {1, 3, 5, 16}) {
                 CAPTURE(n);
                 const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
                 const std::vector<uint8_t> xq = quantize_on_device(type, x, cols, n);
