@@ -2,7 +2,7 @@
 // 8-bit activations with direct, staged, split and persistent loads side by side, for each block type, shape and
 // token count, beside the device's own copy bandwidth; then the prefill GEMM's two routes on the same matrices: a kernel change
 // measured on a lent GPU in seconds, without a model.
-//   tandem-cuda-kernel-bench [--types q4_0,q4_k] [--shapes 4096x4096,11008x4096] [--tokens 1,5,16]
+//   tandem-cuda-kernel-bench [--types q4_0,q4_k] [--shapes 4096x4096,11008x4096] [--tokens 1,4,5,16]
 //                            [--acts f32,int8] [--loads direct,staged,split,persistent] [--launches 40] [--reps 7]
 //                            [--rotate-mib 256] [--copy-mib 512] [--gemm-tokens 512]
 // An int8 launch is the activations' quantize_activations and the matvec, as the backend runs them.
@@ -131,7 +131,7 @@ std::optional<Shape> parse_shape(const std::string& s) {
 int main(int argc, char** argv) {
     CLI::App app{"tandem-cuda-kernel-bench: CUDA matvec time per launch and weight bandwidth, by activations and loads"};
     std::string types_arg = "q4_0,q4_k,q8_0,q6_k,q5_k", shapes_arg = "4096x4096,11008x4096,4096x11008,1536x1536,8960x1536";
-    std::string tokens_arg = "1,5,16", loads_arg = "direct,staged,split,persistent", acts_arg = "f32,int8";
+    std::string tokens_arg = "1,4,5,16", loads_arg = "direct,staged,split,persistent", acts_arg = "f32,int8";
     std::string gemm_tokens_arg = "512";
     int launches = 40, reps = 7, rotate_mib = 256, copy_mib = 512;
     unsigned seed = 1;
