@@ -52,6 +52,7 @@ struct DotF32 : FloatInput {
 };
 
 struct DotF16 : FloatInput {
+    static constexpr bool kDirectExit = true;  // kExitDirect: its direct 8-token walk spilled without the exit
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -139,6 +140,7 @@ struct DotQ4_0 : FloatInput {
 
 // BF16: the upper half of a binary32, so widening is a shift (exact). Same walk as F16.
 struct DotBF16 : FloatInput {
+    static constexpr bool kDirectExit = true;  // kExitDirect: its direct 8-token walk spilled without the exit
     static __device__ __forceinline__ float widen(uint32_t bits16) { return __uint_as_float(bits16 << 16); }
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,

@@ -18,6 +18,7 @@
 //                                     int n_tok, int lane, float (&acc)[NT]);
 //                                              acc[t] += this lane's share of row . x[t] (kExit: token_exit)
 //   optionally static constexpr bool kStagedExit = true;  its staged multi-token walk keeps the exit (kExitStaged)
+//   optionally static constexpr bool kDirectExit = true;  its direct 8-token walk keeps the exit (kExitDirect)
 // and, for the staged kernel, how it walks a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols columns) per
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
 // adds the same terms in the same order. Slot t of a walk reads the activations of token read_token<NT, kExit>(t,
@@ -55,11 +56,14 @@ __device__ __forceinline__ int read_token(int t, int n_tok) {
 }
 
 // Where a walk keeps the run-time exit at the first token past n_tok (kKeep), as every walk did until 2026-11-28:
-// - every kernel for eight tokens (kExitWithBudget, kExitDirect). There the branch-free walk issues every token's
-//   loads at once: under the register budgets of the staged, persistent and split kernels ptxas spilled (sm_90: the
-//   Q4_K fp32 staged 8-token kernel 78 bytes, Q6_K 8-bit 74, the Q4_K 8-bit split one 48), and in the direct
-//   kernel (no budget) it held some walks at 48 registers and spilled 4 bytes (F16 and BF16 on sm_80, Q4_0 8-bit
-//   on sm_86 and sm_89). So verification of up to 4 tokens (a draft of up to 3) runs branch-free;
+// - the staged, persistent and split kernels for eight tokens (kExitWithBudget): there the branch-free walk issues
+//   every token's loads at once, and under those kernels' register budgets ptxas spilled (2026-11-29, sm_80-90:
+//   staged Q6_K and Q8_0 fp32, Q4_0, Q5_0 and Q8_0 8-bit, 6-50 bytes; persistent Q2_K 8-bit with the quantized
+//   output 100; split Q4_K fp32 4);
+// - the direct kernel's eight-token walk of the Dots that declare kDirectExit (kExitDirect): with no budget,
+//   ptxas held them at 48 registers and spilled 4 bytes (F16 and BF16 on sm_80, Q4_0 8-bit on sm_86 and sm_89).
+//   The other direct walks, the default target's types (Q4_K, Q6_K, Q8_0 fp32) among them, verify up to 8 tokens
+//   (a draft of up to 7) with no branch per token;
 // - the staged kernel's four-token walk of the Dots that declare kStagedExit (kExitStaged): without the exit ptxas
 //   spilled 6-54 bytes of Q8_0 and Q4_K fp32 and of Q4_K and Q2_K 8-bit on some of sm_80-90 (2026-11-29; their
 //   persistent and split walks, under other budgets, did not spill);
@@ -71,12 +75,16 @@ __device__ __forceinline__ bool token_exit(int t, int n_tok) {
 }
 template <int NT>
 constexpr bool kExitWithBudget = NT > 4;
-template <int NT>
-constexpr bool kExitDirect = NT > 4;
 template <class Dot, class = void>
 constexpr bool kDotKeepsStagedExit = false;
 template <class Dot>
 constexpr bool kDotKeepsStagedExit<Dot, std::void_t<decltype(Dot::kStagedExit)>> = Dot::kStagedExit;
+template <class Dot, class = void>
+constexpr bool kDotKeepsDirectExit = false;
+template <class Dot>
+constexpr bool kDotKeepsDirectExit<Dot, std::void_t<decltype(Dot::kDirectExit)>> = Dot::kDirectExit;
+template <class Dot, int NT>
+constexpr bool kExitDirect = NT > 4 && kDotKeepsDirectExit<Dot>;
 template <class Dot, int NT, bool kPersistent>
 constexpr bool kExitStaged = kExitWithBudget<NT> || (NT > 1 && !kPersistent && kDotKeepsStagedExit<Dot>);
 
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    Dot::template dot<NT, kExitDirect<NT>>(row_of(job, s, row), cols, x, Dot::x_units(cols), n_tok, lane, acc);
+    Dot::template dot<NT, kExitDirect<Dot, NT>>(row_of(job, s, row), cols, x, Dot::x_units(cols), n_tok, lane, acc);
     if (job.swiglu)
         write_swiglu(acc, n_tok, lane, row, true, job, s, up);
     else

@@ -64,6 +64,7 @@ __device__ __forceinline__ int load_i32_from_u16(const uint8_t* p) {
 template <int kBytes, int kQs, bool kMin, bool kFifth, int kQh, int kBias>
 struct DotLegacyQ8 : Q8_1Input {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 32, kStepBlocks = 8;
+    static constexpr bool kDirectExit = true;  // kExitDirect: Q4_0's direct 8-token walk spilled without the exit
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
