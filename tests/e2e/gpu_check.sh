@@ -152,7 +152,8 @@ check_all "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q
 check_all "calls: the pair made as next-token models, drafts agreeing on 90% and 95%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k --next-token 1 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.90 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.95 ' "$c")" -eq 1 ]
 check "calls: the pair's speculative runs on the GPU, each draft" [ "$(rows '--draft .*qwen0.5b-q4_0-next9[05].gguf --backend cuda -n 128' "$c")" -eq 2 ]
 check_all "pair-speculative.md: a row per built-in prompt and draft, with its speedup" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 6 ] ::: [ "$(rows '^next-token pair .* (90|95)% of tokens' "$out/pair-speculative.md")" -eq 2 ]
-check "pair-verify.md: a row per token count" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 10 ]
+check "pair-verify.md: a row per token count, the current binary's and the baseline's" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 20 ]
+check_all "pair-verify.md: the baseline's costs named by its revision, from its own binary" [ "$(rows '^the same, baseline abc1234:' "$out/pair-verify.md")" -eq 1 ] ::: [ "$(rows 'qwen1.5b-q4_k-next.gguf --backend cuda .*--verify' "$calls/baseline")" -eq 1 ]
 
 # llama.cpp beside tandem (5): llama-bench on the same files, and the ratio of medians.
 check "llama-bench: once per model, all layers on the GPU" [ "$(rows '-ngl 99 -fa 1' "$calls/llama-bench")" -eq 4 ]
