@@ -16,7 +16,7 @@ using namespace matvec_detail;
 // point into global or shared memory (the staged kernel decodes a copy).
 
 // fp32 activations: a token's row is its cols floats.
-struct FloatInput {
+struct FloatInput : WalkDefaults {
     using X = float;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) { return static_cast<size_t>(cols); }
 };

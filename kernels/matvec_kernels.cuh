@@ -17,8 +17,8 @@
 //   template <int NT, bool kExit> static void dot(const uint8_t* row, int cols, const X* x, size_t x_stride,
 //                                     int n_tok, int lane, float (&acc)[NT]);
 //                                              acc[t] += this lane's share of row . x[t] (kExit: token_exit)
-//   optionally static constexpr bool kStagedExit = true;  its staged multi-token walk keeps the exit (kExitStaged)
-//   optionally static constexpr bool kDirectExit = true;  its direct 8-token walk keeps the exit (kExitDirect)
+//   static constexpr bool kStagedExit, kDirectExit;  its staged multi-token / direct 8-token walk keeps the exit
+//                                              (kExitStaged, kExitDirect; false from WalkDefaults unless it says so)
 // and, for the staged kernel, how it walks a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols columns) per
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
 // adds the same terms in the same order. Slot t of a walk reads the activations of token read_token<NT, kExit>(t,
@@ -75,18 +75,15 @@ __device__ __forceinline__ bool token_exit(int t, int n_tok) {
 }
 template <int NT>
 constexpr bool kExitWithBudget = NT > 4;
-template <class Dot, class = void>
-constexpr bool kDotKeepsStagedExit = false;
-template <class Dot>
-constexpr bool kDotKeepsStagedExit<Dot, std::void_t<decltype(Dot::kStagedExit)>> = Dot::kStagedExit;
-template <class Dot, class = void>
-constexpr bool kDotKeepsDirectExit = false;
-template <class Dot>
-constexpr bool kDotKeepsDirectExit<Dot, std::void_t<decltype(Dot::kDirectExit)>> = Dot::kDirectExit;
 template <class Dot, int NT>
-constexpr bool kExitDirect = NT > 4 && kDotKeepsDirectExit<Dot>;
+constexpr bool kExitDirect = NT > 4 && Dot::kDirectExit;
 template <class Dot, int NT, bool kPersistent>
-constexpr bool kExitStaged = kExitWithBudget<NT> || (NT > 1 && !kPersistent && kDotKeepsStagedExit<Dot>);
+constexpr bool kExitStaged = kExitWithBudget<NT> || (NT > 1 && !kPersistent && Dot::kStagedExit);
+
+// What a Dot's walk keeps by default (its activation input derives from this; a Dot that spilled says otherwise).
+struct WalkDefaults {
+    static constexpr bool kStagedExit = false, kDirectExit = false;
+};
 
 // One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
 // optional bias added to each (bitwise what add_bias would add afterwards).

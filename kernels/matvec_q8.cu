@@ -39,13 +39,13 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
 }
 
 // ---- activation formats as Dot inputs ----------------------------------------------------------------------------
-struct Q8_1Input {
+struct Q8_1Input : WalkDefaults {
     using X = uint8_t;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) {
         return static_cast<size_t>(cols / q8::block_elems(false)) * q8::block_bytes(false);
     }
 };
-struct Q8_KInput {
+struct Q8_KInput : WalkDefaults {
     using X = uint8_t;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) {
         return static_cast<size_t>(cols / q8::block_elems(true)) * q8::block_bytes(true);
