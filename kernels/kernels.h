@@ -92,6 +92,19 @@ struct MatvecTarget {
 };
 void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
                   Stream stream, MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
+// Q, K and V (qkv[0..2], as matvec_multi) followed by rope_kv_write(rope), bitwise the two calls: rope's q, k and
+// v are the targets' y, whole heads (n_heads, n_kv_heads and n_kv_heads of rope.head_dim rows), rope.n_tokens is
+// n_tokens. Where matvec_rope_in_launch (rope.trig set, head_dim a multiple of 4, a Q8_0 cache's blocks within
+// heads, loads other than persistent for the block types) and with `counters` (matvec_rope_counters(rope)
+// unsigneds of device memory, zero before the first call; each call leaves them zero), in one launch: the last
+// block to write a head's rows rotates it in place (Q) or into the cache (K), or stores it there (V), with
+// rope_kv_write's functions and the angles of rope.trig (one launch fewer a layer; the table is made once a step);
+// otherwise rope_kv_write runs after the matvec launch.
+struct RopeKvArgs;  // (rope_kv.cu, below)
+size_t matvec_rope_counters(const RopeKvArgs& rope);
+bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& rope);
+void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const float* x, int n_tokens, Stream stream,
+                     MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters);
 // The FFN's gate and up matrices (one type and shape) with SwiGLU applied in the same launch: out[t][r] =
 // silu(dot(row r of W_gate, x[t])) * dot(row r of W_up, x[t]), out's rows `rows` floats apart. Bitwise matvec_multi
 // of the two followed by swiglu(): the same kernels compute the products and swiglu's expression combines them,
@@ -207,8 +220,15 @@ struct RopeKvArgs {
     // start_pos), so a captured launch replays at whatever position the int holds then. A by-value start_pos would
     // be frozen into the graph at capture.
     const int* device_start_pos = nullptr;
+    // The step's cosines and sines, from rope_trig_table: what matvec_qkv_rope's in-launch epilogue reads (the
+    // matvec kernels do not compute them); rope_kv_write computes its own and ignores this.
+    const float* trig = nullptr;
 };
 void rope_kv_write(const RopeKvArgs& a, Stream stream);
+// table[t][i] = {cos, sin} of token t's angle for pair i (float(start position + t) * inv_freq[i]) for the n_tokens
+// of `a`: bitwise the values rope_kv_write computes. rope_trig_floats(a) floats, 8-byte aligned.
+size_t rope_trig_floats(const RopeKvArgs& a);
+void rope_trig_table(const RopeKvArgs& a, float* table, Stream stream);
 
 // ---- embedding gather (embedding.cu) -----------------------------------------------------------------------------
 bool embedding_supports(GgmlType type);  // the types of matvec_supports

@@ -488,8 +488,9 @@ void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const
     route(type, job, cols, x, xq, n_tokens, loads, stream);
 }
 
-void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
-                  Stream stream, MatvecLoads loads, const void* xq) {
+namespace {
+
+MatvecJob multi_job(const MatvecTarget* targets, int n_targets) {
     detail::require(targets != nullptr && n_targets >= 1 && n_targets <= kMatvecMaxTargets,
                     "matvec_multi: 1..3 targets");
     MatvecJob job{};
@@ -501,7 +502,46 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
         job.total_rows += t.rows;
     }
     job.n_seg = n_targets;
+    return job;
+}
+
+bool is_float_type(GgmlType type) { return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16; }
+
+}  // namespace
+
+void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
+                  Stream stream, MatvecLoads loads, const void* xq) {
+    route(type, multi_job(targets, n_targets), cols, x, xq, n_tokens, loads, stream);
+}
+
+size_t matvec_rope_counters(const RopeKvArgs& rope) {
+    return static_cast<size_t>(rope.n_heads) + 2 * static_cast<size_t>(rope.n_kv_heads);  // one per head
+}
+
+bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& rope) {
+    // The angles tabled, the fp16 cache (rope_kv.cuh head_epilogue), every block within one head (kWarps rows a
+    // block; split: one), and not the persistent kernel, whose blocks walk several block-rows (the float types
+    // always load directly).
+    return rope.trig && rope.kv_type == KvType::F16 && rope.head_dim % kWarps == 0 &&
+           (loads != MatvecLoads::Persistent || is_float_type(type));
+}
+
+void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const float* x, int n_tokens, Stream stream,
+                     MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters) {
+    rope::check_args(rope);
+    MatvecJob job = multi_job(qkv, 3);
+    const int hd = rope.head_dim;
+    detail::require(rope.n_tokens == n_tokens && qkv[0].y == rope.q && qkv[1].y == rope.k && qkv[2].y == rope.v &&
+                        qkv[0].rows == rope.n_heads * hd && qkv[1].rows == rope.n_kv_heads * hd &&
+                        qkv[2].rows == rope.n_kv_heads * hd,
+                    "matvec_qkv_rope: the targets must write rope's q, k and v, whole heads, for its tokens");
+    const bool in_launch = counters && matvec_rope_in_launch(type, loads, rope);
+    if (in_launch) {
+        job.rope_counters = counters;
+        job.rope = rope;
+    }
     route(type, job, cols, x, xq, n_tokens, loads, stream);
+    if (!in_launch) rope_kv_write(rope, stream);
 }
 
 size_t matvec_swiglu_counters(int rows) {

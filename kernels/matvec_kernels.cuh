@@ -29,6 +29,7 @@
 
 #include "common.cuh"
 #include "quantize_q8.cuh"
+#include "rope_kv.cuh"
 
 namespace tandem::cuda::matvec_detail {
 
@@ -115,6 +116,15 @@ struct MatvecJob {
     // its counter). Saves the quantize launch between gate/up and down.
     uint8_t* q8_out;
     unsigned* q8_counters;
+    // RoPE epilogue (matvec_qkv_rope: n_seg 3, Q, K and V, each whole heads; no row_ids; direct, staged and split
+    // kernels): the last block to write a head's rows does to that head what rope_kv_write would do after the
+    // launch (rope::head_epilogue, the same functions), counted in rope_counters (one per head of Q, then K, then V;
+    // zero between launches, the last resets its counter). rope's q, k and v are the segments' y; token0 is the
+    // launch's first token in the call (9..16 tokens take two launches). Saves the RoPE launch between Q/K/V and
+    // attention.
+    unsigned* rope_counters;
+    RopeKvArgs rope;
+    int token0;
 };
 
 // The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
@@ -252,6 +262,34 @@ __device__ __forceinline__ void quantize_if_last(const MatvecJob& job, unsigned 
                                       static_cast<int>(threadIdx.x % 32));
 }
 
+// The head (of Q, then K, then V) that row `row` of segment s of a RoPE job lies in.
+__device__ __forceinline__ int rope_head(const MatvecJob& job, int s, int row) {
+    const int base = s == 0 ? 0 : s == 1 ? job.rope.n_heads : job.rope.n_heads + job.rope.n_kv_heads;
+    return base + row / job.rope.head_dim;
+}
+
+// After a block of a RoPE job's kernel (kRope) has written its rows (every thread calls this: barriers): count the
+// block towards its head (`head`: rope_head of any of the block's rows; head_blocks: the head's blocks), and if it is
+// the head's last to count, apply the head's epilogue for the launch's tokens, reading the rows other blocks wrote
+// past L1. The threadFenceReduction pattern, as quantize_if_last. The job's heads are whole blocks
+// (matvec_qkv_rope checks), so every block lies in one head and no warp of a RoPE job is without a row. The head
+// comes from the warp's segment and row, which the write of its sums keeps live anyway: from blockIdx.x, ptxas kept
+// one more register across the walk and spilled 4 bytes in a few kernels.
+__device__ __forceinline__ void rope_if_last(const MatvecJob& job, int head, int head_blocks, int n_tok,
+                                             int* is_last) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(job.rope_counters + head, 1u) + 1 == static_cast<unsigned>(head_blocks);
+        if (last) job.rope_counters[head] = 0;  // every block of the head has counted
+        *is_last = last ? 1 : 0;
+    }
+    __syncthreads();
+    if (!*is_last) return;
+    __threadfence();
+    rope::head_epilogue(job.rope, head, job.seg0.y, job.seg1.y, job.seg2.y, job.token0, n_tok);
+}
+
 // The direct kernel's warp without a row returns as a whole (so the shuffles always have all 32 lanes); with the
 // SwiGLU epilogue it first takes part in the block's barrier there (the same call site as the other warps', which
 // the emulation requires). An early return, unlike the staged kernel's flag: with the flag around the walk ptxas
@@ -265,8 +303,18 @@ __device__ __forceinline__ void idle_warp(const MatvecJob& job, int n_tok, int l
     write_swiglu(none, n_tok, lane, 0, false, job, s, up);
 }
 
-template <class Dot, int NT>
-__global__ void __launch_bounds__(kWarps * 32)
+// kRope (RoPE jobs only, matvec_qkv_rope): rope_if_last at the end. A compile-time variant, so that the kernels
+// without it are unchanged: as a run-time branch in every kernel, ptxas spilled 4-8 bytes in some direct and split
+// kernels (sm_80 and sm_90, 2026-11-29; "SwiGLU's quantize in the gate/up launch" in kernels/README had found the
+// same), also with the epilogue a call of its own.
+// Registers: ptxas' own choice (no minimum of blocks), but for the eight-token RoPE variants, where it chose 48-56
+// and spilled 4-8 bytes (F32 and Q5_K 8-bit on sm_80, 2026-11-29): a minimum of 6 blocks (85 registers) lets it
+// keep everything.
+template <int NT, bool kRope>
+constexpr int kDirectMinBlocks = kRope && NT > 4 ? 6 : 0;
+
+template <class Dot, int NT, bool kRope = false>
+__global__ void __launch_bounds__(kWarps * 32, kDirectMinBlocks<NT, kRope>)
     matvec_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     TANDEM_SHARED(float, up, kSwigluPairs * NT);
     detail::wait_for_inputs();
@@ -284,6 +332,10 @@ __global__ void __launch_bounds__(kWarps * 32)
         write_swiglu(acc, n_tok, lane, row, true, job, s, up);
     else
         write_sums(acc, n_tok, lane, row, job, s);
+    if constexpr (kRope) {
+        TANDEM_SHARED(int, is_last, 1);
+        rope_if_last(job, rope_head(job, s, row), job.rope.head_dim / kWarps, n_tok, is_last);
+    }
 }
 
 // ---- staged loads ---------------------------------------------------------------------------------------------------
@@ -361,9 +413,10 @@ __device__ __forceinline__ StagedRow staged_row(const MatvecJob& job, int s, int
 // kQuantOut (SwiGLU jobs with q8_out, 8-bit Dots only): quantize_if_last after each block-row. A compile-time
 // variant, so the kernels without it keep their registers (as a run-time flag in every kernel it made ptxas spill,
 // kernels/README "SwiGLU's quantize in the gate/up launch").
-template <class Dot, int NT, bool kPersistent, bool kQuantOut = false>
+template <class Dot, int NT, bool kPersistent, bool kQuantOut = false, bool kRope = false>
 __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>)
     matvec_staged_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
+    static_assert(!(kRope && kPersistent), "RoPE jobs take the staged kernel, one block-row per block");
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
     constexpr int kUpBuffers = kPersistent ? 2 : 1;
@@ -433,6 +486,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
             if constexpr (kQuantOut) quantize_if_last(job, b, n_tok, is_last);
         } else {
             write_sums(acc, n_tok, lane, row, job, s);
+            if constexpr (kRope) rope_if_last(job, rope_head(job, s, row), job.rope.head_dim / kWarps, n_tok, is_last);
         }
         if (!kPersistent || next >= grid_blocks(job)) break;
         b = next;
@@ -458,11 +512,36 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
 // build error here); a minimum of 8 blocks per SM (64 registers) lets it keep everything. One token keeps ptxas'
 // own choice (0: no minimum; 32-56 registers): a minimum of 1 let it take 64-72, a minimum of 12 (40) spilled
 // Q3_K on sm_80, and one token is where occupancy matters most.
-template <int NT>
-constexpr int kSplitMinBlocks = NT == 1 ? 0 : 8;
+// The RoPE variant (kRope) of the multi-token kernels gets 7 (72 registers): at 64, ptxas spilled 4 bytes of the
+// four-token Q2_K 8-bit kernel on sm_80-90 (2026-11-29).
+template <int NT, bool kRope = false>
+constexpr int kSplitMinBlocks = NT == 1 ? 0 : kRope ? 7 : 8;
 
-template <class Dot, int NT>
-__global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT>)
+// Thread t's token of the split kernel's row (blockIdx.x): the warps' partial sums added in warp order, then
+// written as the direct kernel writes them (with its bias), or with the SwiGLU epilogue silu(gate) * up.
+template <int NT>
+__device__ __forceinline__ void write_split_sums(const MatvecJob& job, const float* part, int t) {
+    const auto total = [&](int m) {
+        float v = part[m * kWarps * NT + t];
+#pragma unroll
+        for (int w = 1; w < kWarps; ++w) v += part[(m * kWarps + w) * NT + t];
+        return v;
+    };
+    int row = blockIdx.x;
+    if (job.swiglu) {
+        job.seg0.y[static_cast<size_t>(t) * job.seg0.y_stride + row] = detail::silu_times(total(0), total(1));
+        return;
+    }
+    const int s = segment_of(job, row);
+    float* y = pick(s, job.seg0.y, job.seg1.y, job.seg2.y);
+    const size_t stride = pick(s, job.seg0.y_stride, job.seg1.y_stride, job.seg2.y_stride);
+    const float* bias = pick(s, job.seg0.bias, job.seg1.bias, job.seg2.bias);
+    const float sum = total(0);
+    y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
+}
+
+template <class Dot, int NT, bool kRope = false>
+__global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT, kRope>)
     matvec_split_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     TANDEM_SHARED(float, part, 2 * kWarps * NT);  // [gate or the row, up][warp][token]
     detail::wait_for_inputs();
@@ -491,34 +570,26 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT>)
     }
     __syncthreads();
     const int t = threadIdx.x;  // warp 0's first n_tok threads write a token each
-    if (t >= n_tok) return;
-    const auto total = [&](int m) {
-        float v = part[m * kWarps * NT + t];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) v += part[(m * kWarps + w) * NT + t];
-        return v;
-    };
-    int row = blockIdx.x;
-    if (job.swiglu) {
-        job.seg0.y[static_cast<size_t>(t) * job.seg0.y_stride + row] = detail::silu_times(total(0), total(1));
-        return;
+    if constexpr (kRope) {
+        TANDEM_SHARED(int, is_last, 1);
+        if (t < n_tok) write_split_sums<NT>(job, part, t);
+        int row = blockIdx.x;
+        const int s = segment_of(job, row);
+        rope_if_last(job, rope_head(job, s, row), job.rope.head_dim, n_tok, is_last);
+    } else {
+        if (t >= n_tok) return;
+        write_split_sums<NT>(job, part, t);
     }
-    const int s = segment_of(job, row);
-    float* y = pick(s, job.seg0.y, job.seg1.y, job.seg2.y);
-    const size_t stride = pick(s, job.seg0.y_stride, job.seg1.y_stride, job.seg2.y_stride);
-    const float* bias = pick(s, job.seg0.bias, job.seg1.bias, job.seg2.bias);
-    const float sum = total(0);
-    y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
 }
 
-template <class Dot, MatvecLoads kLoads, int NT, bool kQuantOut = false>
+template <class Dot, MatvecLoads kLoads, int NT, bool kQuantOut = false, bool kRope = false>
 auto kernel_for() {
     if constexpr (kLoads == MatvecLoads::Staged || kLoads == MatvecLoads::Persistent)
-        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent, kQuantOut>;
+        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent, kQuantOut, kRope>;
     else if constexpr (kLoads == MatvecLoads::Split)
-        return matvec_split_kernel<Dot, NT>;
+        return matvec_split_kernel<Dot, NT, kRope>;
     else
-        return matvec_kernel<Dot, NT>;
+        return matvec_kernel<Dot, NT, kRope>;
 }
 
 // A block type's kernel names, one per MatvecLoads (for launch errors and profiles).
@@ -547,11 +618,11 @@ __host__ __device__ constexpr unsigned persistent_grid(unsigned blocks, int n_to
 
 // The kernel for an n-token launch: three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle
 // accumulators.
-template <class Dot, MatvecLoads kLoads, bool kQuantOut = false>
+template <class Dot, MatvecLoads kLoads, bool kQuantOut = false, bool kRope = false>
 auto kernel_for_tokens(int n) {
-    return n == 1 ? kernel_for<Dot, kLoads, 1, kQuantOut>()
-           : n <= 4 ? kernel_for<Dot, kLoads, 4, kQuantOut>()
-                    : kernel_for<Dot, kLoads, 8, kQuantOut>();
+    return n == 1 ? kernel_for<Dot, kLoads, 1, kQuantOut, kRope>()
+           : n <= 4 ? kernel_for<Dot, kLoads, 4, kQuantOut, kRope>()
+                    : kernel_for<Dot, kLoads, 8, kQuantOut, kRope>();
 }
 
 template <class Dot, MatvecLoads kLoads>
@@ -566,11 +637,15 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
     constexpr bool kStagedKernel = kLoads == MatvecLoads::Staged || kLoads == MatvecLoads::Persistent;
     constexpr bool kCanQuantize = kStagedKernel && std::is_same_v<typename Dot::X, uint8_t>;
     detail::require(!job.q8_out || kCanQuantize, "matvec: only the 8-bit staged kernels quantize their output");
+    const bool rope = job.rope_counters != nullptr;
+    detail::require(!rope || (kLoads != MatvecLoads::Persistent && !job.swiglu && !job.q8_out && !job.row_ids),
+                    "matvec: RoPE jobs run on the direct, staged and split kernels");
     // 9..16 tokens take two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
         const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
         const typename Dot::X* xt = x + static_cast<size_t>(t0) * Dot::x_units(cols);
         MatvecJob jt = job;
+        jt.token0 = t0;
         for (MatvecSegment* s : {&jt.seg0, &jt.seg1, &jt.seg2})
             if (s->y) s->y += static_cast<size_t>(t0) * s->y_stride;
         if (jt.q8_out) jt.q8_out += static_cast<size_t>(t0) * swiglu_q8_row_bytes(job);
@@ -580,6 +655,10 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
         if constexpr (kStagedKernel) {
             const unsigned grid = kLoads == MatvecLoads::Persistent ? persistent_grid(blocks, n, sms) : 0;
             constexpr auto kPersistent = MatvecLoads::Persistent, kStaged = MatvecLoads::Staged;
+            if (rope) {
+                launch(kernel_for_tokens<Dot, kStaged, false, true>(n), names.staged, blocks);
+                continue;
+            }
             if constexpr (kCanQuantize) {
                 if (jt.q8_out) {
                     if (grid > 0)
@@ -595,7 +674,10 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
                 launch(kernel_for_tokens<Dot, kStaged>(n), names.staged, blocks);
         } else {
             const char* name = kLoads == MatvecLoads::Split ? names.split : names.direct;
-            launch(kernel_for_tokens<Dot, kLoads>(n), name, blocks);
+            if (rope)
+                launch(kernel_for_tokens<Dot, kLoads, false, true>(n), name, blocks);
+            else
+                launch(kernel_for_tokens<Dot, kLoads>(n), name, blocks);
         }
     }
 }

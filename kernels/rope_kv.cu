@@ -1,6 +1,8 @@
 // RoPE on Q and K fused with the KV-cache write: Q is rotated in place, K is rotated straight into the cache and V
 // is stored there, in either cache type (kernels.h: KvType): fp16 halves, or ggml Q8_0 blocks quantized in
-// registers (a warp per 32-value block). Both pairings: adjacent (2i, 2i+1) and NeoX halves.
+// registers (a warp per 32-value block). Both pairings: adjacent (2i, 2i+1) and NeoX halves. The fp16 items are
+// rope_kv.cuh's, which the Q/K/V matvec's RoPE epilogue (matvec_qkv_rope) shares; so are the angles (cos_sin),
+// which rope_trig_table computes once a step for that epilogue.
 //
 // Grid: (token, slice). A token's work is spread over enough blocks that each thread has about one item (a Q or K
 // pair, a tail or V element, a warp's Q8_0 block): a decode step has one token, and one block would walk its
@@ -8,6 +10,7 @@
 #include <algorithm>
 
 #include "common.cuh"
+#include "rope_kv.cuh"
 
 namespace tandem::cuda {
 namespace {
@@ -16,36 +19,14 @@ constexpr int kThreads = 256;
 constexpr int kMaxSlices = 64;  // blocks per token at most; past that the threads loop
 constexpr int kQ8Block = 32, kQ8BlockBytes = 34;  // ggml block_q8_0: fp16 d, int8 qs[32]
 
-// The angle is float(pos) * inv_freq[i] in fp32, as the CPU backend computes it; cosf/sinf are the accurate ones.
-__device__ __forceinline__ void rotate(float& a, float& b, float angle) {
-    const float c = cosf(angle), s = sinf(angle);
-    const float v0 = a, v1 = b;
-    a = v0 * c - v1 * s;
-    b = v0 * s + v1 * c;
-}
-
-__device__ __forceinline__ int start_position(const RopeKvArgs& a) {
-    return a.device_start_pos ? *a.device_start_pos : a.start_pos;
-}
-
-// Q's pair p rotated in place; the dims past rope_dim stay as they are.
-__device__ __forceinline__ void rotate_q_pair(const RopeKvArgs& a, int tok, int pos, int p) {
-    const int half = a.rope_dim / 2, hd = a.head_dim;
-    const bool neox = a.mode == RopeMode::NeoxHalves;
-    const int h = p / half, i = p % half;
-    float* v = a.q + static_cast<size_t>(tok) * a.n_heads * hd + h * hd;
-    const int ia = neox ? i : 2 * i, ib = neox ? i + half : 2 * i + 1;
-    rotate(v[ia], v[ib], static_cast<float>(pos) * a.inv_freq[i]);
-}
-
 // The fp16 cache. One flat list of a token's items: Q pairs, K pairs, K's elements past rope_dim, V elements.
 __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
     detail::wait_for_inputs();
-    const int tok = blockIdx.x, pos = start_position(a) + tok, half = a.rope_dim / 2, hd = a.head_dim;
+    const int tok = blockIdx.x, pos = rope::start_position(a) + tok, half = a.rope_dim / 2, hd = a.head_dim;
     const int kv_dim = a.n_kv_heads * hd, tail = hd - a.rope_dim;
-    const bool neox = a.mode == RopeMode::NeoxHalves;
     const int n_q = a.n_heads * half, n_k = a.n_kv_heads * half, n_tail = a.n_kv_heads * tail;
     const int n_items = n_q + n_k + n_tail + kv_dim;
+    float* q = a.q + static_cast<size_t>(tok) * a.n_heads * hd;
     const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
     const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
     uint16_t* kc = static_cast<uint16_t*>(a.k_cache) + static_cast<size_t>(pos) * kv_dim;
@@ -53,14 +34,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
     const int stride = static_cast<int>(gridDim.y * blockDim.x);
     for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_items; p += stride) {
         if (p < n_q) {
-            rotate_q_pair(a, tok, pos, p);
+            rope::rotate_q_pair<false, false>(a, q, tok, pos, p / half, p % half);
         } else if (p < n_q + n_k) {
-            const int h = (p - n_q) / half, i = (p - n_q) % half;
-            const int ia = h * hd + (neox ? i : 2 * i), ib = h * hd + (neox ? i + half : 2 * i + 1);
-            float x0 = k[ia], x1 = k[ib];
-            rotate(x0, x1, static_cast<float>(pos) * a.inv_freq[i]);
-            kc[ia] = tandem_float_to_half(x0);
-            kc[ib] = tandem_float_to_half(x1);
+            rope::k_pair_f16<false, false>(a, k, kc, tok, pos, (p - n_q) / half, (p - n_q) % half);
         } else if (p < n_q + n_k + n_tail) {
             const int t = p - n_q - n_k;
             const int e = (t / tail) * hd + a.rope_dim + t % tail;
@@ -87,8 +63,8 @@ __device__ __forceinline__ float rotated_k(const RopeKvArgs& a, const float* k, 
         i = j / 2;
         ia = 2 * i, ib = 2 * i + 1;
     }
-    const float angle = static_cast<float>(pos) * a.inv_freq[i];
-    const float c = cosf(angle), s = sinf(angle);
+    float c, s;
+    rope::cos_sin<false>(a, 0, pos, i, c, s);
     const float v0 = k[base + ia], v1 = k[base + ib];
     return j == ia ? v0 * c - v1 * s : v0 * s + v1 * c;
 }
@@ -106,9 +82,11 @@ __device__ __forceinline__ void store_q8_0(uint8_t* block, float x, int lane) {
 // The Q8_0 cache: a token's blocks rotate its Q pairs, a thread each, then quantize its K and V blocks, a warp each.
 __global__ void __launch_bounds__(kThreads) rope_kv_q8_0_kernel(RopeKvArgs a) {
     detail::wait_for_inputs();
-    const int tok = blockIdx.x, pos = start_position(a) + tok;
-    const int n_q = a.n_heads * (a.rope_dim / 2), stride = static_cast<int>(gridDim.y * blockDim.x);
-    for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_q; p += stride) rotate_q_pair(a, tok, pos, p);
+    const int tok = blockIdx.x, pos = rope::start_position(a) + tok, half = a.rope_dim / 2;
+    const int n_q = a.n_heads * half, stride = static_cast<int>(gridDim.y * blockDim.x);
+    float* q = a.q + static_cast<size_t>(tok) * a.n_heads * a.head_dim;
+    for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_q; p += stride)
+        rope::rotate_q_pair<false, false>(a, q, tok, pos, p / half, p % half);
     const int kv_dim = a.n_kv_heads * a.head_dim, n_blocks = kv_dim / kQ8Block;
     const int lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     const int warp = blockIdx.y * n_warps + threadIdx.x / 32, warp_stride = gridDim.y * n_warps;
@@ -121,6 +99,22 @@ __global__ void __launch_bounds__(kThreads) rope_kv_q8_0_kernel(RopeKvArgs a) {
         const int e = b * kQ8Block + lane;
         store_q8_0(kc + b * kQ8BlockBytes, rotated_k(a, k, e, pos), lane);
         store_q8_0(vc + b * kQ8BlockBytes, v[e], lane);
+    }
+}
+
+// The step's angles (rope_trig_table): a thread per (token, pair), the same cos_sin as the kernels above. A
+// grid-stride loop, as theirs: written as one item per thread with an early return, ptxas kept the slow path's
+// array (cosf / sinf of large arguments) in a 32-byte stack frame; in the loop, as in the kernels above, it did not
+// (sm_80-90, 2026-11-29).
+__global__ void __launch_bounds__(kThreads) rope_trig_kernel(RopeKvArgs a, float* table) {
+    detail::wait_for_inputs();
+    const int half = a.rope_dim / 2, n = a.n_tokens * half, pos0 = rope::start_position(a);
+    for (int p = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); p < n;
+         p += static_cast<int>(gridDim.x * blockDim.x)) {
+        const int tok = p / half;
+        float c, s;
+        rope::cos_sin<false>(a, tok, pos0 + tok, p % half, c, s);
+        reinterpret_cast<float2*>(table)[p] = make_float2(c, s);
     }
 }
 
@@ -138,13 +132,19 @@ size_t kv_row_bytes(KvType type, int kv_dim) {
 
 bool kv_type_supports(KvType type, int kv_dim) { return kv_dim > 0 && (type == KvType::F16 || kv_dim % kQ8Block == 0); }
 
+size_t rope_trig_floats(const RopeKvArgs& a) { return static_cast<size_t>(a.n_tokens) * a.rope_dim; }
+
+void rope_trig_table(const RopeKvArgs& a, float* table, Stream stream) {
+    rope::check_args(a);
+    detail::require(table != nullptr && reinterpret_cast<uintptr_t>(table) % 8 == 0,
+                    "rope_trig_table: the table must be 8-byte aligned");
+    const int items = a.n_tokens * (a.rope_dim / 2);
+    detail::launch_kernel("rope_trig_kernel", rope_trig_kernel, dim3((items + kThreads - 1) / kThreads),
+                          dim3(kThreads), 0, stream, a, table);
+}
+
 void rope_kv_write(const RopeKvArgs& a, Stream stream) {
-    detail::require(a.n_tokens > 0 && a.start_pos >= 0 && a.n_heads > 0 && a.n_kv_heads > 0 && a.head_dim > 0,
-                    "rope_kv_write: bad shape");
-    detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,
-                    "rope_kv_write: rope_dim must be even and <= head_dim");
-    detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
-                    "rope_kv_write: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");
+    rope::check_args(a);
     detail::require(a.n_tokens <= 65535, "rope_kv_write: too many tokens for one launch");
     const int half = a.rope_dim / 2, kv_dim = a.n_kv_heads * a.head_dim;
     if (a.kv_type == KvType::Q8_0) {

@@ -1335,3 +1335,143 @@ TEST_CASE("cuda kernels: split-K and flash prefill attention over a Q8_0 cache m
     CHECK_THROWS_AS(cuda::attention(bad, nullptr), std::invalid_argument);
     CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
 }
+
+TEST_CASE("cuda kernels: matvec_qkv_rope is bitwise matvec_multi followed by rope_kv_write") {
+    // Q/K/V products with RoPE and the cache write in the launch's epilogue (the last block of each head applies
+    // it) against the two calls: the same q (rotated), k and v, every byte of both caches, and the counters back at
+    // zero (a graph replays the launch with them). Heads of 16, 32 and 64 (a tail past rope_dim), both pairings, a
+    // float type, Q4_0 on both activation routes and Q6_K; 1, 3 and 13 tokens (the one-, four-
+    // and eight-token kernels; 13: two launches, the second's positions start at token 8); the start position by
+    // value and from device memory.
+    // The epilogue reads the angles from rope_trig_table's table. Where it cannot run (persistent loads, heads of 6
+    // rows, a Q8_0 cache, no table), the same result from a rope_kv_write launch after the matvec: read from
+    // captured launches.
+    std::mt19937 rng(71);
+    struct Case {
+        int n_heads, n_kv, hd, rope_dim;
+        bool neox;
+        cuda::KvType kv;
+    };
+    const Case cases[] = {{4, 2, 32, 32, false, cuda::KvType::F16},
+                          {3, 1, 64, 32, true, cuda::KvType::F16},
+                          {6, 2, 16, 16, true, cuda::KvType::F16},
+                          {4, 2, 32, 32, true, cuda::KvType::Q8_0},
+                          {5, 5, 6, 4, false, cuda::KvType::F16}};
+    const int cols = 256, start = 37;
+    int device_start = start;
+    for (const Case& c : cases)
+        for (GgmlType type : {GgmlType::F16, GgmlType::Q4_0, GgmlType::Q6_K}) {
+            const bool fusable = c.hd % 4 == 0 && c.kv == cuda::KvType::F16;
+            if (!fusable && type != GgmlType::Q4_0) continue;  // the fallback once is enough
+            CAPTURE(c.hd);
+            CAPTURE(c.neox);
+            CAPTURE(c.kv == cuda::KvType::Q8_0);
+            CAPTURE(std::string(ggml_type_name(type)));
+            const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, capacity = start + 16 + 3;
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            const int rows[] = {q_dim, kv_dim, kv_dim};
+            std::vector<std::vector<uint8_t>> W;
+            for (int r : rows) W.push_back(test::random_weight_rows(type, r, cols, rng));
+            const std::vector<float> freq = inv_freqs(c.rope_dim, 10000.0f);
+            const size_t cache_bytes = cuda::kv_row_bytes(c.kv, kv_dim) * capacity;
+            std::vector<unsigned> counters(cuda::matvec_rope_counters({nullptr, nullptr, nullptr, nullptr, nullptr,
+                                                                       nullptr, 1, 0, c.n_heads, c.n_kv, c.hd,
+                                                                       c.rope_dim, cuda::RopeMode::AdjacentPairs}),
+                                           0u);
+            for (int n : {1, 3, 13}) {
+                CAPTURE(n);
+                const std::vector<float> x = random_floats(static_cast<size_t>(n) * cols, rng);
+                std::vector<uint8_t> xq(cuda::q8_activation_row_bytes(GgmlType::Q4_0, cols) * n);
+                cuda::quantize_activations(GgmlType::Q4_0, x.data(), cols, n, xq.data(), nullptr);
+                for (bool int8 : {false, true}) {
+                    if (int8 && type != GgmlType::Q4_0) continue;
+                    for (cuda::MatvecLoads loads : cuda::kAllMatvecLoads) {
+                        CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                        CAPTURE(int8);
+                        // Outputs of one way: q, k, v and the caches (0xA5 bytes outside the step's rows).
+                        struct Out {
+                            std::vector<float> q, k, v;
+                            std::vector<uint8_t> kc, vc;
+                        };
+                        const auto fresh = [&] {
+                            return Out{std::vector<float>(static_cast<size_t>(n) * q_dim, kNaN),
+                                       std::vector<float>(static_cast<size_t>(n) * kv_dim, kNaN),
+                                       std::vector<float>(static_cast<size_t>(n) * kv_dim, kNaN),
+                                       std::vector<uint8_t>(cache_bytes, 0xA5), std::vector<uint8_t>(cache_bytes, 0xA5)};
+                        };
+                        const bool from_device = n == 3;
+                        std::vector<float> trig;
+                        const auto args = [&](Out& o) {
+                            cuda::RopeKvArgs a{o.q.data(), o.k.data(), o.v.data(), o.kc.data(), o.vc.data(),
+                                               freq.data(), n, from_device ? 0 : start, c.n_heads, c.n_kv, c.hd,
+                                               c.rope_dim,
+                                               c.neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs,
+                                               c.kv};
+                            if (from_device) a.device_start_pos = &device_start;
+                            if (!trig.empty()) a.trig = trig.data();
+                            return a;
+                        };
+                        const auto targets = [&](Out& o) {
+                            return std::vector<cuda::MatvecTarget>{{W[0].data(), row_bytes, q_dim, o.q.data(), nullptr},
+                                                                   {W[1].data(), row_bytes, kv_dim, o.k.data(), nullptr},
+                                                                   {W[2].data(), row_bytes, kv_dim, o.v.data(), nullptr}};
+                        };
+                        const void* xq_in = int8 ? xq.data() : nullptr;
+                        Out want = fresh(), got = fresh();
+                        cuda::matvec_multi(type, targets(want).data(), 3, cols, x.data(), n, nullptr, loads, xq_in);
+                        cuda::rope_kv_write(args(want), nullptr);
+                        trig.assign(cuda::rope_trig_floats(args(want)), kNaN);
+                        cuda::rope_trig_table(args(want), trig.data(), nullptr);
+                        for (const LaunchOptions& o : kTwoOrders) {
+                            ScopedLaunchOptions scope(o);
+                            INFO("thread order " << std::string(order_name(o)));
+                            got = fresh();
+                            cuda::matvec_qkv_rope(type, targets(got).data(), cols, x.data(), n, nullptr, loads, xq_in,
+                                                  args(got), counters.data());
+                            CHECK(std::memcmp(got.q.data(), want.q.data(), want.q.size() * 4) == 0);
+                            CHECK(std::memcmp(got.k.data(), want.k.data(), want.k.size() * 4) == 0);
+                            CHECK(std::memcmp(got.v.data(), want.v.data(), want.v.size() * 4) == 0);
+                            CHECK(got.kc == want.kc);
+                            CHECK(got.vc == want.vc);
+                            CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned v) { return v == 0; }));
+                        }
+                        CHECK(want.kc != std::vector<uint8_t>(cache_bytes, 0xA5));  // the step's rows were written
+                        // One launch per 8 tokens, and a rope_kv_write launch only where the epilogue cannot run.
+                        const bool in_launch = cuda::matvec_rope_in_launch(type, loads, args(got));
+                        const bool persistent_kernel = loads == cuda::MatvecLoads::Persistent && type != GgmlType::F16;
+                        cuda::RopeKvArgs no_table = args(got);
+                        no_table.trig = nullptr;
+                        CHECK_FALSE(cuda::matvec_rope_in_launch(type, loads, no_table));
+                        CHECK(in_launch == (fusable && !persistent_kernel));
+                        void* stream = tandem::emu::stream_create();
+                        tandem::emu::begin_capture(stream);
+                        cuda::matvec_qkv_rope(type, targets(got).data(), cols, x.data(), n, stream, loads, xq_in,
+                                              args(got), counters.data());
+                        const tandem::emu::Graph graph = tandem::emu::end_capture(stream);
+                        tandem::emu::stream_destroy(stream);
+                        CHECK(graph.nodes.size() == static_cast<size_t>((n + 7) / 8 + (in_launch ? 0 : 1)));
+                    }
+                }
+            }
+        }
+    // The targets must be rope's q, k and v, whole heads.
+    std::vector<float> q(64), k(32), v(32), freq = inv_freqs(32, 10000.0f), x(256);
+    std::vector<uint16_t> kc(32 * 4), vc(32 * 4);
+    std::vector<uint8_t> w(64 * ggml_row_bytes(GgmlType::Q4_0, 256));
+    std::vector<unsigned> counters(4, 0u);
+    const size_t rb = ggml_row_bytes(GgmlType::Q4_0, 256);
+    const cuda::RopeKvArgs a{q.data(), k.data(), v.data(), kc.data(), vc.data(), freq.data(), 1, 0, 2, 1, 32, 32,
+                             cuda::RopeMode::NeoxHalves};
+    const cuda::MatvecTarget swapped[] = {{w.data(), rb, 64, q.data(), nullptr},
+                                          {w.data(), rb, 32, v.data(), nullptr},
+                                          {w.data(), rb, 32, k.data(), nullptr}};
+    CHECK_THROWS_WITH_AS(cuda::matvec_qkv_rope(GgmlType::Q4_0, swapped, 256, x.data(), 1, nullptr,
+                                               cuda::MatvecLoads::Direct, nullptr, a, counters.data()),
+                         doctest::Contains("rope's q, k and v"), std::invalid_argument);
+    const cuda::MatvecTarget short_q[] = {{w.data(), rb, 48, q.data(), nullptr},
+                                          {w.data(), rb, 32, k.data(), nullptr},
+                                          {w.data(), rb, 32, v.data(), nullptr}};
+    CHECK_THROWS_WITH_AS(cuda::matvec_qkv_rope(GgmlType::Q4_0, short_q, 256, x.data(), 1, nullptr,
+                                               cuda::MatvecLoads::Direct, nullptr, a, counters.data()),
+                         doctest::Contains("whole heads"), std::invalid_argument);
+}
