@@ -79,16 +79,18 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // extra logit ids of restrict_logits (at most n_vocab); xq a step's input quantized for the 8-bit matvec route
 // (Q8_1 or Q8_K rows of the widest input); xq_ffn SwiGLU's output quantized for ffn_down (gate/up reads xq while
 // its last blocks write it) and swiglu_counters their count of finished rows; split_counters the decode
-// attention's, one per (step token, head).
+// attention's, one per (step token, head); rope_trig a step's RoPE cosines and sines and rope_counters the Q/K/V
+// launch's count of finished blocks per head (matvec_qkv_rope).
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
-        cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters, split_counters, x16, w_tile;
+        cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters, split_counters, rope_trig,
+        rope_counters, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
                              cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters,
-                             split_counters, x16, w_tile})
+                             split_counters, rope_trig, rope_counters, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -126,6 +128,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4,
             (S * q8_row_bytes_bound(static_cast<size_t>(c.hidden_dim)) + 3) / 4,
             cuda::matvec_swiglu_counters(c.hidden_dim), S * c.n_heads,
+            S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads),
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -252,6 +255,8 @@ std::string describe_matvec_routes(const CudaOptions& options) {
 const std::vector<std::string_view> kGemmRoutes = {"cublas", "int8", "simt"};
 
 bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 1; }
+
+bool cuda_qkv_rope_from_env() { return env_switch("TANDEM_CUDA_QKV_ROPE", {"1", "0"}) == 0; }
 
 bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"1", "0"}) == 0; }
 
@@ -381,6 +386,9 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         cuda::device_memset(swiglu_counters_, 0, s.swiglu_counters * 4, stream_);  // matvec_swiglu leaves them at zero
         split_counters_ = reinterpret_cast<unsigned*>(take(s.split_counters));
         cuda::device_memset(split_counters_, 0, s.split_counters * 4, stream_);  // attention leaves them at zero
+        rope_trig_ = take(s.rope_trig);
+        rope_counters_ = reinterpret_cast<unsigned*>(take(s.rope_counters));
+        cuda::device_memset(rope_counters_, 0, s.rope_counters * 4, stream_);  // matvec_qkv_rope leaves them at zero
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -545,6 +553,15 @@ CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, Ggm
     return {next, xq_at_};
 }
 
+bool CudaBackend::fuses_qkv(const DeviceLayer& L, bool prefill) const {
+    return !prefill && options_.fused_matvecs && L.wq.type == L.wk.type && L.wq.type == L.wv.type;
+}
+
+bool CudaBackend::fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const {
+    return fuses_qkv(L, prefill) && options_.qkv_rope && n <= kStepTokens &&
+           cuda::matvec_rope_in_launch(L.wq.type, loads(L.wq.type), rope);
+}
+
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
     if (!prefill)
         cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, loads(W.type),
@@ -625,17 +642,34 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
 
     const cuda::RopeMode mode =
         c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
+    const auto rope_args = [&](int l) {
+        cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, pos.start, c.n_heads,
+                              c.n_kv_heads, c.head_dim, c.rope_dim, mode, cache.type()};
+        rope.device_start_pos = pos.device;
+        rope.trig = rope_trig_;  // read only by the Q/K/V launches that apply RoPE, after rope_trig_table below
+        return rope;
+    };
+    // The step's RoPE angles, once, for the Q/K/V launches that apply RoPE themselves.
+    bool tabled = false;
+    for (int l = 0; l < c.n_layers && !tabled; ++l) tabled = fuses_rope(layers_[l], rope_args(l), n, prefill);
+    if (tabled) cuda::rope_trig_table(rope_args(0), rope_trig_, stream_);
     for (int l = 0; l < c.n_layers; ++l) {
         const DeviceLayer& L = layers_[l];
+        const cuda::RopeKvArgs rope = rope_args(l);
         if (prefill) gemm_input(xb_, n, dim, {L.wq.type, L.wk.type, L.wv.type});
-        if (!prefill && options_.fused_matvecs && L.wq.type == L.wk.type && L.wq.type == L.wv.type) {
-            // One launch for Q, K and V with the biases added in it (bitwise the separate launches).
+        if (fuses_qkv(L, prefill)) {
+            // One launch for Q, K and V with the biases added in it (bitwise the separate launches), and RoPE with
+            // the cache write in its last blocks (bitwise rope_kv_write after it).
             const bool b = c.qkv_bias;
             const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr),
                                               target(L.wk, k_, b ? L.bk : nullptr),
                                               target(L.wv, v_, b ? L.bv : nullptr)};
-            cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, loads(L.wq.type),
-                               quantized(L.wq.type, xb_, n, dim));
+            const void* xq = quantized(L.wq.type, xb_, n, dim);
+            if (fuses_rope(L, rope, n, prefill))
+                cuda::matvec_qkv_rope(L.wq.type, qkv, dim, xb_, n, stream_, loads(L.wq.type), xq, rope,
+                                      rope_counters_);
+            else
+                cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, loads(L.wq.type), xq);
         } else {
             matmul(L.wq, xb_, n, q_, prefill);
             matmul(L.wk, xb_, n, k_, prefill);
@@ -646,10 +680,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                 cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
             }
         }
-        cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, pos.start, c.n_heads,
-                              c.n_kv_heads, c.head_dim, c.rope_dim, mode, cache.type()};
-        rope.device_start_pos = pos.device;
-        cuda::rope_kv_write(rope, stream_);
+        if (!fuses_rope(L, rope, n, prefill)) cuda::rope_kv_write(rope, stream_);
         cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,
                                 pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
                                 options_.attention_split, cache.type()};

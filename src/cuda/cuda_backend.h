@@ -87,6 +87,8 @@ std::optional<cuda::MatvecLoads> cuda_matvec_loads_from_env();
 bool cuda_fused_matvecs_from_env();
 // TANDEM_CUDA_GATE_UP_Q8=1|0: false for "0" (the default of CudaOptions::gate_up_quantizes), to measure it.
 bool cuda_gate_up_q8_from_env();
+// TANDEM_CUDA_QKV_ROPE=1|0: false for "0" (the default of CudaOptions::qkv_rope), to measure it.
+bool cuda_qkv_rope_from_env();
 // TANDEM_CUDA_INT8=auto|0|1: every block type's matvecs with 8-bit ("1") or fp32 ("0") activations; auto (nullopt)
 // leaves each type its measured route.
 std::optional<bool> cuda_int8_activations_from_env();
@@ -127,6 +129,10 @@ struct CudaOptions {
     // output (staged and persistent loads; kernels.h SwigluQuant); false: a quantize launch after it. The same
     // bytes; on by default, one launch a layer fewer (not yet measured on a GPU, 2026-11-28).
     bool gate_up_quantizes = cuda_gate_up_q8_from_env();
+    // With fused_matvecs, the Q/K/V launch applies RoPE and writes the KV cache in its last blocks (kernels.h
+    // matvec_qkv_rope: direct, staged and split loads, the angles tabled once a step); false: a rope_kv_write launch
+    // after it. The same bits; on by default, one launch a layer fewer (not yet measured on a GPU, 2026-11-29).
+    bool qkv_rope = cuda_qkv_rope_from_env();
     // true: decode and verification matvecs of every block type through the 8-bit route (kernels.h matvec_q8):
     // each input quantized once per matvec launch, as the CPU backend does; false: fp32 activations; nullopt: each
     // type's measured route. Not bitwise the same, but within float rounding of the CPU backend's integer products.
@@ -303,6 +309,10 @@ private:
     FusedQuant fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill, uint8_t* into = nullptr);
     // Whether fused_quant would have a producer quantize its output for a matvec of `next`.
     bool fuses_quant(GgmlType next, int n, bool prefill) const;
+    // Q/K/V in one launch (fused_matvecs, one type), and RoPE with the cache write in it (qkv_rope, where the
+    // kernel can: cuda::matvec_rope_in_launch).
+    bool fuses_qkv(const DeviceLayer& L, bool prefill) const;
+    bool fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const;
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     // A prefill GEMM input (n rows of cols) in the forms its readers (the weight types of the matrices that
@@ -346,6 +356,8 @@ private:
     uint8_t* xq_ffn_ = nullptr;  // SwiGLU's output quantized for ffn_down (not xq_: the gate/up launch reads that)
     unsigned* swiglu_counters_ = nullptr;  // matvec_swiglu's, zero between launches (cuda::SwigluQuant)
     unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
+    float* rope_trig_ = nullptr;          // a step's RoPE angles (cuda::rope_trig_table)
+    unsigned* rope_counters_ = nullptr;   // matvec_qkv_rope's, zero between launches
     // What xq_at_ (xq_ or xq_ffn_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
     // xq_format_ (None: nothing known).
     uint8_t* xq_at_ = nullptr;
