@@ -39,6 +39,16 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return warp_sum(v);
 }
 
+// *p, read past L1 (kPastL1) where other blocks wrote it during this launch: L1 is not coherent across SMs (the
+// last-block epilogues: SwiGLU's quantize, RoPE in the Q/K/V launch).
+template <bool kPastL1, class T>
+__device__ __forceinline__ T load_input(const T* p) {
+    if constexpr (kPastL1)
+        return __ldcg(p);
+    else
+        return *p;
+}
+
 // SwiGLU's product, silu(g) * u, as the CPU backend writes it; one definition for swiglu() and the matvec's SwiGLU
 // epilogue, which must agree bit for bit.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }

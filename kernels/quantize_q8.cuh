@@ -46,15 +46,6 @@ inline bool checked_output(GgmlType q8_for, const void* xq, int64_t row_elems, c
     return f == Q8Format::Q8_K;
 }
 
-// *p, read past L1 (kPastL1) where other blocks wrote it during this launch: L1 is not coherent across SMs.
-template <bool kPastL1, class T>
-__device__ __forceinline__ T load_input(const T* p) {
-    if constexpr (kPastL1)
-        return __ldcg(p);
-    else
-        return *p;
-}
-
 // One 8-bit code: v times the inverse scale, rounded half to even, clamped to +-127 (the CPU's operations).
 __device__ __forceinline__ int code_q8(float v, float inverse_scale) {
     const int q = __float2int_rn(v * inverse_scale);
@@ -64,7 +55,7 @@ __device__ __forceinline__ int code_q8(float v, float inverse_scale) {
 // Q8_1: lane j quantizes element j of the 32 at xb into the block at blk. Every lane of the warp calls it.
 template <bool kPastL1 = false>
 __device__ __forceinline__ void quantize_block_q8_1(const float* xb, uint8_t* blk, int lane) {
-    const float v = load_input<kPastL1>(xb + lane);
+    const float v = detail::load_input<kPastL1>(xb + lane);
     const float amax = detail::warp_max(fabsf(v));
     const float d = amax / 127.0f;
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;

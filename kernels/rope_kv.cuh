@@ -11,14 +11,6 @@
 
 namespace tandem::cuda::rope {
 
-template <bool kPastL1>
-__device__ __forceinline__ float load(const float* p) {
-    if constexpr (kPastL1)
-        return __ldcg(p);
-    else
-        return *p;
-}
-
 // The angle of pair i at position pos is float(pos) * inv_freq[i] in fp32, as the CPU backend computes it;
 // cosf/sinf are the accurate ones. With kTable, token `tok` of the step (its row in the table) is at pos.
 template <bool kTable>
@@ -58,7 +50,7 @@ __device__ __forceinline__ void rotate_q_pair(const RopeKvArgs& a, float* q_row,
     float* v = q_row + h * a.head_dim;
     int ia, ib;
     pair_of(a, i, ia, ib);
-    float x0 = load<kPastL1>(v + ia), x1 = load<kPastL1>(v + ib), c, s;
+    float x0 = detail::load_input<kPastL1>(v + ia), x1 = detail::load_input<kPastL1>(v + ib), c, s;
     cos_sin<kTable>(a, tok, pos, i, c, s);
     rotate(x0, x1, c, s);
     v[ia] = x0;
@@ -73,7 +65,7 @@ __device__ __forceinline__ void k_pair_f16(const RopeKvArgs& a, const float* k_r
     pair_of(a, i, ia, ib);
     ia += h * a.head_dim;
     ib += h * a.head_dim;
-    float x0 = load<kPastL1>(k_row + ia), x1 = load<kPastL1>(k_row + ib), c, s;
+    float x0 = detail::load_input<kPastL1>(k_row + ia), x1 = detail::load_input<kPastL1>(k_row + ib), c, s;
     cos_sin<kTable>(a, tok, pos, i, c, s);
     rotate(x0, x1, c, s);
     cache_row[ia] = tandem_float_to_half(x0);
@@ -122,7 +114,7 @@ __device__ __forceinline__ void head_epilogue(const RopeKvArgs& a, int g, float*
             k_pair_f16<true, true>(a, row, cache_row, token0 + t, pos, h, item);
         } else {
             const int e = h * hd + (is_k ? a.rope_dim + item - half : item);
-            cache_row[e] = tandem_float_to_half(load<true>(row + e));
+            cache_row[e] = tandem_float_to_half(detail::load_input<true>(row + e));
         }
     }
 }

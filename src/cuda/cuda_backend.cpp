@@ -656,6 +656,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     for (int l = 0; l < c.n_layers; ++l) {
         const DeviceLayer& L = layers_[l];
         const cuda::RopeKvArgs rope = rope_args(l);
+        const bool rope_in_qkv = fuses_rope(L, rope, n, prefill);
         if (prefill) gemm_input(xb_, n, dim, {L.wq.type, L.wk.type, L.wv.type});
         if (fuses_qkv(L, prefill)) {
             // One launch for Q, K and V with the biases added in it (bitwise the separate launches), and RoPE with
@@ -665,7 +666,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                                               target(L.wk, k_, b ? L.bk : nullptr),
                                               target(L.wv, v_, b ? L.bv : nullptr)};
             const void* xq = quantized(L.wq.type, xb_, n, dim);
-            if (fuses_rope(L, rope, n, prefill))
+            if (rope_in_qkv)
                 cuda::matvec_qkv_rope(L.wq.type, qkv, dim, xb_, n, stream_, loads(L.wq.type), xq, rope,
                                       rope_counters_);
             else
@@ -680,7 +681,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                 cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
             }
         }
-        if (!fuses_rope(L, rope, n, prefill)) cuda::rope_kv_write(rope, stream_);
+        if (!rope_in_qkv) cuda::rope_kv_write(rope, stream_);
         cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,
                                 pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
                                 options_.attention_split, cache.type()};
