@@ -105,6 +105,26 @@ size_t matvec_rope_counters(const RopeKvArgs& rope);
 bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& rope);
 void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const float* x, int n_tokens, Stream stream,
                      MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters);
+// y = W x (matvec) followed by add_rms_norm(norm.x, y, norm.weight, norm.out, n_tokens, rows, norm.eps, stream,
+// norm.q8_for, norm.xq), bitwise the two calls: a residual add and the norm after it (attn_output's, ffn_down's).
+// Where matvec_norm_in_launch (one token; rows a multiple of 4, at most 16,384; y, norm.x, weight and out 16-byte
+// aligned; not Q5_K, nor Q6_K with xq, whose walks have no registers to spare) and with `counter` (one unsigned of
+// device memory, zero before the first call; each call leaves it zero), in one launch: its last block to finish
+// adds and normalizes the row with add_rms_norm's arithmetic, in its order (one launch fewer after each of those
+// matrices); otherwise add_rms_norm runs after the matvec launch.
+struct AddRmsNormArgs {
+    float* x;             // [n_tokens][rows]: the residual stream, x += y (written back)
+    const float* weight;  // [rows]
+    float* out;           // [n_tokens][rows]
+    float eps;
+    GgmlType q8_for = GgmlType::F32;  // with xq: out also quantized, as add_rms_norm's
+    void* xq = nullptr;
+};
+bool matvec_norm_in_launch(GgmlType type, const void* xq, int rows, int n_tokens, const float* y,
+                           const AddRmsNormArgs& norm);
+void matvec_add_rms_norm(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x,
+                         int n_tokens, float* y, Stream stream, MatvecLoads loads, const void* xq,
+                         const AddRmsNormArgs& norm, unsigned* counter);
 // The FFN's gate and up matrices (one type and shape) with SwiGLU applied in the same launch: out[t][r] =
 // silu(dot(row r of W_gate, x[t])) * dot(row r of W_up, x[t]), out's rows `rows` floats apart. Bitwise matvec_multi
 // of the two followed by swiglu(): the same kernels compute the products and swiglu's expression combines them,

@@ -293,6 +293,7 @@ template <int kBytes, int kQs, bool kFifth>
 struct DotQK4 : FloatInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 1;
     static constexpr bool kStagedExit = true;  // kExitStaged: Q4_K's staged four-token walk spilled without the exit
+    static constexpr bool kNormEpilogue = !kFifth;  // Q5_K's norm-epilogue kernels spilled (matvec_norm_in_launch)
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const float* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -542,6 +543,37 @@ void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const flo
     }
     route(type, job, cols, x, xq, n_tokens, loads, stream);
     if (!in_launch) rope_kv_write(rope, stream);
+}
+
+bool matvec_norm_in_launch(GgmlType type, const void* xq, int rows, int n_tokens, const float* y,
+                           const AddRmsNormArgs& norm) {
+    // Not the Dots without the epilogue (kNormEpilogue: DotQ5_K, DotQ5_KQ8, DotQ6_KQ8; the route as route() picks
+    // it); one token (the epilogue's kernels are the one-token ones); whole blocks of rows, so every warp has one and
+    // reaches the epilogue's barriers; the register kernel's layout (rms_norm.cuh), whose order the epilogue follows.
+    const bool int8 = xq && matvec_q8_supports(type);
+    if (type == GgmlType::Q5_K || (int8 && type == GgmlType::Q6_K)) return false;
+    const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    return n_tokens == 1 && rows % kWarps == 0 && rows <= norm::kMaxVecCols && aligned(y) && aligned(norm.x) &&
+           aligned(norm.weight) && aligned(norm.out);
+}
+
+void matvec_add_rms_norm(GgmlType type, const void* W, size_t row_bytes, int rows, int cols, const float* x,
+                         int n_tokens, float* y, Stream stream, MatvecLoads loads, const void* xq,
+                         const AddRmsNormArgs& norm, unsigned* counter) {
+    detail::require(rows > 0 && norm.x && norm.weight && norm.out, "matvec_add_rms_norm: empty shape");
+    MatvecJob job{};
+    job.seg0 = {static_cast<const uint8_t*>(W), row_bytes, y, static_cast<size_t>(rows), nullptr, rows};
+    job.n_seg = 1;
+    job.total_rows = rows;
+    const bool in_launch = counter && matvec_norm_in_launch(type, xq, rows, n_tokens, y, norm);
+    if (in_launch) {
+        job.norm_counter = counter;
+        job.norm = {norm.x, norm.weight, norm.out, norm.eps, rows, norm::vec_layout(rows),
+                    norm::quant_out(norm.q8_for, norm.xq, rows)};
+    }
+    route(type, job, cols, x, xq, n_tokens, loads, stream);
+    if (!in_launch)
+        add_rms_norm(norm.x, y, norm.weight, norm.out, n_tokens, rows, norm.eps, stream, norm.q8_for, norm.xq);
 }
 
 size_t matvec_swiglu_counters(int rows) {

@@ -19,6 +19,8 @@
 //                                              acc[t] += this lane's share of row . x[t] (kExit: token_exit)
 //   static constexpr bool kStagedExit, kDirectExit;  its staged multi-token / direct 8-token walk keeps the exit
 //                                              (kExitStaged, kExitDirect; false from WalkDefaults unless it says so)
+//   static constexpr bool kNormEpilogue;       its one-token kernels have the norm epilogue (Epilogue::Norm; true
+//                                              from WalkDefaults unless it says so)
 // and, for the staged kernel, how it walks a row: kStepBlocks blocks of kBlockBytes bytes (kBlockCols columns) per
 // warp iteration, each lane's share visited in ascending order, so that any stretch of whole steps computed alone
 // adds the same terms in the same order. Slot t of a walk reads the activations of token read_token<NT, kExit>(t,
@@ -29,6 +31,7 @@
 
 #include "common.cuh"
 #include "quantize_q8.cuh"
+#include "rms_norm.cuh"
 #include "rope_kv.cuh"
 
 namespace tandem::cuda::matvec_detail {
@@ -84,6 +87,10 @@ constexpr bool kExitStaged = kExitWithBudget<NT> || (NT > 1 && !kPersistent && D
 // What a Dot's walk keeps by default (its activation input derives from this; a Dot that spilled says otherwise).
 struct WalkDefaults {
     static constexpr bool kStagedExit = false, kDirectExit = false;
+    // Where ptxas spilled a Dot's Epilogue::Norm kernels (2026-11-29, sm_80-90: Q5_K on both routes, Q6_K 8-bit
+    // staged, 2-40 bytes; their walks are the tightest, see token_exit), the Dot says false: it has no such
+    // kernels and its launches take add_rms_norm after them (matvec_norm_in_launch knows which).
+    static constexpr bool kNormEpilogue = true;
 };
 
 // One matrix of a launch: where its products go (y[t][row] for t < n_tok, rows y_stride floats apart) and an
@@ -125,7 +132,20 @@ struct MatvecJob {
     unsigned* rope_counters;
     RopeKvArgs rope;
     int token0;
+    // Residual add + RMSNorm epilogue (matvec_add_rms_norm: one segment, one token, no row_ids, whole blocks of
+    // rows; direct, staged and split kernels): the launch's last block to finish adds the rows into norm.x and
+    // normalizes them as add_rms_norm would after the launch (norm::add_rms_norm_rows, its order), counted in
+    // norm_counter (zero between launches; the last resets it). Saves the RMSNorm launch after attn_output and
+    // ffn_down.
+    unsigned* norm_counter;
+    norm::RowsArgs norm;
 };
+
+// The work a launch's last blocks do after the products (each a compile-time variant of the kernels, so that the
+// kernels without it keep their registers: as run-time branches in every kernel, ptxas spilled some of them):
+// QuantOut: SwiGLU's output quantized (quantize_if_last; staged and persistent 8-bit kernels); Rope: RoPE and the
+// KV write per head (rope_if_last); Norm: the residual add and RMSNorm (norm_if_last; one token).
+enum class Epilogue { None, QuantOut, Rope, Norm };
 
 // The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
 // used (pick), not copied whole: a copy would hold ~11 registers through the dot product.
@@ -268,10 +288,10 @@ __device__ __forceinline__ int rope_head(const MatvecJob& job, int s, int row) {
     return base + row / job.rope.head_dim;
 }
 
-// After a block of a RoPE job's kernel (kRope) has written its rows (every thread calls this: barriers): count the
-// block towards its head (`head`: rope_head of any of the block's rows; head_blocks: the head's blocks), and if it is
-// the head's last to count, apply the head's epilogue for the launch's tokens, reading the rows other blocks wrote
-// past L1. The threadFenceReduction pattern, as quantize_if_last. The job's heads are whole blocks
+// After a block of a RoPE job's kernel (Epilogue::Rope) has written its rows (every thread calls this: barriers):
+// count the block towards its head (`head`: rope_head of any of the block's rows; head_blocks: the head's blocks), and
+// if it is the head's last to count, apply the head's epilogue for the launch's tokens, reading the rows other blocks
+// wrote past L1. The threadFenceReduction pattern, as quantize_if_last. The job's heads are whole blocks
 // (matvec_qkv_rope checks), so every block lies in one head and no warp of a RoPE job is without a row. The head
 // comes from the warp's segment and row, which the write of its sums keeps live anyway: from blockIdx.x, ptxas kept
 // one more register across the walk and spilled 4 bytes in a few kernels.
@@ -290,6 +310,25 @@ __device__ __forceinline__ void rope_if_last(const MatvecJob& job, int head, int
     rope::head_epilogue(job.rope, head, job.seg0.y, job.seg1.y, job.seg2.y, job.token0, n_tok);
 }
 
+// After a block of a norm job's kernel (Epilogue::Norm) has written its rows (every thread calls this: barriers):
+// count the block, and if it is the launch's last, add the launch's rows into norm.x and normalize them
+// (norm::add_rms_norm_rows), reading the rows other blocks wrote past L1. The threadFenceReduction pattern, as
+// rope_if_last; every warp of a norm job has a row (matvec_add_rms_norm checks), so every thread gets here. One
+// block does the whole row, as the separate kernel does (one block per row): what goes is the launch boundary.
+__device__ __forceinline__ void norm_if_last(const MatvecJob& job, int n_tok, int* is_last, float* scratch) {
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(job.norm_counter, 1u) + 1 == gridDim.x;
+        if (last) *job.norm_counter = 0;  // every block has counted
+        *is_last = last ? 1 : 0;
+    }
+    __syncthreads();
+    if (!*is_last) return;
+    __threadfence();
+    norm::add_rms_norm_rows(job.norm, job.seg0.y, n_tok, scratch);
+}
+
 // The direct kernel's warp without a row returns as a whole (so the shuffles always have all 32 lanes); with the
 // SwiGLU epilogue it first takes part in the block's barrier there (the same call site as the other warps', which
 // the emulation requires). An early return, unlike the staged kernel's flag: with the flag around the walk ptxas
@@ -303,18 +342,19 @@ __device__ __forceinline__ void idle_warp(const MatvecJob& job, int n_tok, int l
     write_swiglu(none, n_tok, lane, 0, false, job, s, up);
 }
 
-// kRope (RoPE jobs only, matvec_qkv_rope): rope_if_last at the end. A compile-time variant, so that the kernels
-// without it are unchanged: as a run-time branch in every kernel, ptxas spilled 4-8 bytes in some direct and split
-// kernels (sm_80 and sm_90, 2026-11-29; "SwiGLU's quantize in the gate/up launch" in kernels/README had found the
-// same), also with the epilogue a call of its own.
+// Epilogue::Rope (RoPE jobs only, matvec_qkv_rope) and Epilogue::Norm (norm jobs, one token): rope_if_last or
+// norm_if_last at the end. Compile-time variants, so that the kernels without them are unchanged: as a run-time
+// branch in every kernel, ptxas spilled 4-8 bytes in some direct and split kernels (sm_80 and sm_90, 2026-11-29;
+// "SwiGLU's quantize in the gate/up launch" in kernels/README had found the same), also with the epilogue a call of
+// its own.
 // Registers: ptxas' own choice (no minimum of blocks), but for the eight-token RoPE variants, where it chose 48-56
 // and spilled 4-8 bytes (F32 and Q5_K 8-bit on sm_80, 2026-11-29): a minimum of 6 blocks (85 registers) lets it
 // keep everything.
-template <int NT, bool kRope>
-constexpr int kDirectMinBlocks = kRope && NT > 4 ? 6 : 0;
+template <int NT, Epilogue kEpi>
+constexpr int kDirectMinBlocks = kEpi == Epilogue::Rope && NT > 4 ? 6 : 0;
 
-template <class Dot, int NT, bool kRope = false>
-__global__ void __launch_bounds__(kWarps * 32, kDirectMinBlocks<NT, kRope>)
+template <class Dot, int NT, Epilogue kEpi = Epilogue::None>
+__global__ void __launch_bounds__(kWarps * 32, kDirectMinBlocks<NT, kEpi>)
     matvec_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     TANDEM_SHARED(float, up, kSwigluPairs * NT);
     detail::wait_for_inputs();
@@ -332,9 +372,13 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectMinBlocks<NT, kRope>)
         write_swiglu(acc, n_tok, lane, row, true, job, s, up);
     else
         write_sums(acc, n_tok, lane, row, job, s);
-    if constexpr (kRope) {
+    if constexpr (kEpi == Epilogue::Rope) {
         TANDEM_SHARED(int, is_last, 1);
         rope_if_last(job, rope_head(job, s, row), job.rope.head_dim / kWarps, n_tok, is_last);
+    } else if constexpr (kEpi == Epilogue::Norm) {
+        TANDEM_SHARED(int, is_last, 1);
+        TANDEM_SHARED(float, scratch, 32);
+        norm_if_last(job, n_tok, is_last, scratch);
     }
 }
 
@@ -410,13 +454,14 @@ __device__ __forceinline__ StagedRow staged_row(const MatvecJob& job, int s, int
 // buffers, so a warp writing the next block-row's never overwrites what a gate warp has yet to read (a race the
 // emulation cannot show: there a thread runs from the barrier to its read without another thread in between).
 //
-// kQuantOut (SwiGLU jobs with q8_out, 8-bit Dots only): quantize_if_last after each block-row. A compile-time
-// variant, so the kernels without it keep their registers (as a run-time flag in every kernel it made ptxas spill,
-// kernels/README "SwiGLU's quantize in the gate/up launch").
-template <class Dot, int NT, bool kPersistent, bool kQuantOut = false, bool kRope = false>
+// Epilogue::QuantOut (SwiGLU jobs with q8_out, 8-bit Dots only): quantize_if_last after each block-row. A
+// compile-time variant, so the kernels without it keep their registers (as a run-time flag in every kernel it made
+// ptxas spill, kernels/README "SwiGLU's quantize in the gate/up launch"). Rope and Norm: as the direct kernel's.
+template <class Dot, int NT, bool kPersistent, Epilogue kEpi = Epilogue::None>
 __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>)
     matvec_staged_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
-    static_assert(!(kRope && kPersistent), "RoPE jobs take the staged kernel, one block-row per block");
+    static_assert(!kPersistent || kEpi == Epilogue::None || kEpi == Epilogue::QuantOut,
+                  "RoPE and norm jobs take the staged kernel, one block-row per block");
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
     constexpr int kUpBuffers = kPersistent ? 2 : 1;
@@ -483,10 +528,15 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
         if (job.swiglu) {
             write_swiglu(acc, n_tok, lane, row, valid, job, s,
                          up + (kPersistent ? (b / gridDim.x) % 2 : 0) * kSwigluPairs * NT);
-            if constexpr (kQuantOut) quantize_if_last(job, b, n_tok, is_last);
+            if constexpr (kEpi == Epilogue::QuantOut) quantize_if_last(job, b, n_tok, is_last);
         } else {
             write_sums(acc, n_tok, lane, row, job, s);
-            if constexpr (kRope) rope_if_last(job, rope_head(job, s, row), job.rope.head_dim / kWarps, n_tok, is_last);
+            if constexpr (kEpi == Epilogue::Rope)
+                rope_if_last(job, rope_head(job, s, row), job.rope.head_dim / kWarps, n_tok, is_last);
+            if constexpr (kEpi == Epilogue::Norm) {
+                TANDEM_SHARED(float, scratch, 32);
+                norm_if_last(job, n_tok, is_last, scratch);
+            }
         }
         if (!kPersistent || next >= grid_blocks(job)) break;
         b = next;
@@ -512,10 +562,10 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
 // build error here); a minimum of 8 blocks per SM (64 registers) lets it keep everything. One token keeps ptxas'
 // own choice (0: no minimum; 32-56 registers): a minimum of 1 let it take 64-72, a minimum of 12 (40) spilled
 // Q3_K on sm_80, and one token is where occupancy matters most.
-// The RoPE variant (kRope) of the multi-token kernels gets 7 (72 registers): at 64, ptxas spilled 4 bytes of the
-// four-token Q2_K 8-bit kernel on sm_80-90 (2026-11-29).
-template <int NT, bool kRope = false>
-constexpr int kSplitMinBlocks = NT == 1 ? 0 : kRope ? 7 : 8;
+// The RoPE variant (Epilogue::Rope) of the multi-token kernels gets 7 (72 registers): at 64, ptxas spilled 4 bytes
+// of the four-token Q2_K 8-bit kernel on sm_80-90 (2026-11-29).
+template <int NT, Epilogue kEpi = Epilogue::None>
+constexpr int kSplitMinBlocks = NT == 1 ? 0 : kEpi == Epilogue::Rope ? 7 : 8;
 
 // Thread t's token of the split kernel's row (blockIdx.x): the warps' partial sums added in warp order, then
 // written as the direct kernel writes them (with its bias), or with the SwiGLU epilogue silu(gate) * up.
@@ -540,8 +590,8 @@ __device__ __forceinline__ void write_split_sums(const MatvecJob& job, const flo
     y[static_cast<size_t>(t) * stride + row] = bias ? sum + bias[row] : sum;
 }
 
-template <class Dot, int NT, bool kRope = false>
-__global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT, kRope>)
+template <class Dot, int NT, Epilogue kEpi = Epilogue::None>
+__global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT, kEpi>)
     matvec_split_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     TANDEM_SHARED(float, part, 2 * kWarps * NT);  // [gate or the row, up][warp][token]
     detail::wait_for_inputs();
@@ -570,26 +620,31 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT, kRope>)
     }
     __syncthreads();
     const int t = threadIdx.x;  // warp 0's first n_tok threads write a token each
-    if constexpr (kRope) {
+    if constexpr (kEpi == Epilogue::Rope) {
         TANDEM_SHARED(int, is_last, 1);
         if (t < n_tok) write_split_sums<NT>(job, part, t);
         int row = blockIdx.x;
         const int s = segment_of(job, row);
         rope_if_last(job, rope_head(job, s, row), job.rope.head_dim, n_tok, is_last);
+    } else if constexpr (kEpi == Epilogue::Norm) {
+        TANDEM_SHARED(int, is_last, 1);
+        TANDEM_SHARED(float, scratch, 32);
+        if (t < n_tok) write_split_sums<NT>(job, part, t);
+        norm_if_last(job, n_tok, is_last, scratch);
     } else {
         if (t >= n_tok) return;
         write_split_sums<NT>(job, part, t);
     }
 }
 
-template <class Dot, MatvecLoads kLoads, int NT, bool kQuantOut = false, bool kRope = false>
+template <class Dot, MatvecLoads kLoads, int NT, Epilogue kEpi = Epilogue::None>
 auto kernel_for() {
     if constexpr (kLoads == MatvecLoads::Staged || kLoads == MatvecLoads::Persistent)
-        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent, kQuantOut, kRope>;
+        return matvec_staged_kernel<Dot, NT, kLoads == MatvecLoads::Persistent, kEpi>;
     else if constexpr (kLoads == MatvecLoads::Split)
-        return matvec_split_kernel<Dot, NT, kRope>;
+        return matvec_split_kernel<Dot, NT, kEpi>;
     else
-        return matvec_kernel<Dot, NT, kRope>;
+        return matvec_kernel<Dot, NT, kEpi>;
 }
 
 // A block type's kernel names, one per MatvecLoads (for launch errors and profiles).
@@ -617,12 +672,16 @@ __host__ __device__ constexpr unsigned persistent_grid(unsigned blocks, int n_to
 }
 
 // The kernel for an n-token launch: three instantiations (1, 4, 8 tokens) cover 1..8 tokens with at most 3 idle
-// accumulators.
-template <class Dot, MatvecLoads kLoads, bool kQuantOut = false, bool kRope = false>
+// accumulators. The norm epilogue has only the one-token kernel (its last block normalizes token after token, so a
+// verification step's tokens take the separate launch: the same bits).
+template <class Dot, MatvecLoads kLoads, Epilogue kEpi = Epilogue::None>
 auto kernel_for_tokens(int n) {
-    return n == 1 ? kernel_for<Dot, kLoads, 1, kQuantOut, kRope>()
-           : n <= 4 ? kernel_for<Dot, kLoads, 4, kQuantOut, kRope>()
-                    : kernel_for<Dot, kLoads, 8, kQuantOut, kRope>();
+    if constexpr (kEpi == Epilogue::Norm)
+        return kernel_for<Dot, kLoads, 1, kEpi>();
+    else
+        return n == 1 ? kernel_for<Dot, kLoads, 1, kEpi>()
+               : n <= 4 ? kernel_for<Dot, kLoads, 4, kEpi>()
+                        : kernel_for<Dot, kLoads, 8, kEpi>();
 }
 
 template <class Dot, MatvecLoads kLoads>
@@ -640,6 +699,12 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
     const bool rope = job.rope_counters != nullptr;
     detail::require(!rope || (kLoads != MatvecLoads::Persistent && !job.swiglu && !job.q8_out && !job.row_ids),
                     "matvec: RoPE jobs run on the direct, staged and split kernels");
+    // A norm job on the persistent route takes the staged kernel (one block-row per block; the same sums).
+    const bool norm = job.norm_counter != nullptr;
+    detail::require(!norm || (n_tok == 1 && job.n_seg == 1 && !job.swiglu && !job.q8_out && !job.row_ids && !rope &&
+                              job.total_rows % kWarps == 0),
+                    "matvec: a norm job is one matrix of whole blocks of rows and one token");
+    detail::require(!norm || Dot::kNormEpilogue, "matvec: this type's walk on this route has no norm epilogue");
     // 9..16 tokens take two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
         const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
@@ -656,15 +721,20 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
             const unsigned grid = kLoads == MatvecLoads::Persistent ? persistent_grid(blocks, n, sms) : 0;
             constexpr auto kPersistent = MatvecLoads::Persistent, kStaged = MatvecLoads::Staged;
             if (rope) {
-                launch(kernel_for_tokens<Dot, kStaged, false, true>(n), names.staged, blocks);
+                launch(kernel_for_tokens<Dot, kStaged, Epilogue::Rope>(n), names.staged, blocks);
+                continue;
+            }
+            if (norm) {
+                if constexpr (Dot::kNormEpilogue)
+                    launch(kernel_for_tokens<Dot, kStaged, Epilogue::Norm>(n), names.staged, blocks);
                 continue;
             }
             if constexpr (kCanQuantize) {
                 if (jt.q8_out) {
                     if (grid > 0)
-                        launch(kernel_for_tokens<Dot, kPersistent, true>(n), names.persistent, grid);
+                        launch(kernel_for_tokens<Dot, kPersistent, Epilogue::QuantOut>(n), names.persistent, grid);
                     else
-                        launch(kernel_for_tokens<Dot, kStaged, true>(n), names.staged, blocks);
+                        launch(kernel_for_tokens<Dot, kStaged, Epilogue::QuantOut>(n), names.staged, blocks);
                     continue;
                 }
             }
@@ -674,10 +744,14 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
                 launch(kernel_for_tokens<Dot, kStaged>(n), names.staged, blocks);
         } else {
             const char* name = kLoads == MatvecLoads::Split ? names.split : names.direct;
-            if (rope)
-                launch(kernel_for_tokens<Dot, kLoads, false, true>(n), name, blocks);
-            else
+            if (rope) {
+                launch(kernel_for_tokens<Dot, kLoads, Epilogue::Rope>(n), name, blocks);
+            } else if (norm) {
+                if constexpr (Dot::kNormEpilogue)
+                    launch(kernel_for_tokens<Dot, kLoads, Epilogue::Norm>(n), name, blocks);
+            } else {
                 launch(kernel_for_tokens<Dot, kLoads>(n), name, blocks);
+            }
         }
     }
 }

@@ -143,6 +143,7 @@ template <int kBytes, int kQs, bool kFifth>
 struct DotQK4Q8 : Q8_KInput {
     static constexpr int kBlockBytes = kBytes, kBlockCols = 256, kStepBlocks = 4;
     static constexpr bool kStagedExit = true;  // kExitStaged: Q4_K's staged four-token walk spilled without the exit
+    static constexpr bool kNormEpilogue = !kFifth;  // Q5_K's norm-epilogue kernels spilled (matvec_norm_in_launch)
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {
@@ -199,6 +200,7 @@ using DotQ5_KQ8 = DotQK4Q8<176, 48, true>;
 // 4 bytes of qh at 128 + 32h + i (bits 2kk and 2kk + 4 up: the two high bits of those chunks). Codes are u - 32.
 struct DotQ6_KQ8 : Q8_KInput {
     static constexpr int kBlockBytes = 210, kBlockCols = 256, kStepBlocks = 1;
+    static constexpr bool kNormEpilogue = false;  // its staged norm-epilogue kernel spilled (matvec_norm_in_launch)
     template <int NT, bool kExit>
     static __device__ __forceinline__ void dot(const uint8_t* row, int cols, const uint8_t* x, size_t x_stride,
                                                int n_tok, int lane, float (&acc)[NT]) {

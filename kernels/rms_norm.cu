@@ -4,26 +4,18 @@
 // Decode runs one row, so the kernel's time is its chain of dependent memory round trips, not bandwidth. The
 // register kernel (rows of whole, 16-byte aligned float4s, up to kMaxVecCols wide: every model tandem knows) has each
 // thread load its 1-4 float4s of x, the residual and the weight at once, keep them in registers and write its output
-// (and its Q8_1 blocks) from them: one round trip, a block reduction, the stores. The loop kernel (any other width)
-// walks its elements twice, reading x again after the reduction.
-#include "common.cuh"
-#include "quantize_q8.cuh"
+// (and its Q8_1 blocks) from them: one round trip, a block reduction, the stores. Its arithmetic and order are
+// rms_norm.cuh's, which a matvec launch's last block also follows (matvec_add_rms_norm) to give the same bits. The
+// loop kernel (any other width) walks its elements twice, reading x again after the reduction.
+#include "rms_norm.cuh"
 
 namespace tandem::cuda {
 namespace {
 
+using norm::kMaxVecCols;
+using norm::kMaxVecThreads;
+using norm::quantize_row;
 constexpr int kThreads = 256;
-constexpr int kMaxVecThreads = 1024;
-constexpr int kMaxVecPerThread = 4;
-constexpr int kMaxVecCols = 4 * kMaxVecThreads * kMaxVecPerThread;
-
-// With xq, after a barrier (other threads wrote the row) the block's warps quantize the row `o` one block each in
-// turn.
-__device__ __forceinline__ void quantize_row(const float* o, int cols, bool k_quant, uint8_t* xq_row) {
-    __syncthreads();
-    const int n_blocks = cols / q8::block_elems(k_quant), lane = threadIdx.x % 32;
-    for (int b = threadIdx.x / 32; b < n_blocks; b += blockDim.x / 32) q8::quantize_block(k_quant, o, xq_row, b, lane);
-}
 
 // Each thread owns the elements i = threadIdx.x + k * blockDim.x, so the fused residual write-back and the later
 // re-read of x need no barrier. Operation order as the CPU backend: mean of squares, + eps, 1/sqrt, then
@@ -47,8 +39,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         ss += v * v;
     }
-    ss = detail::block_sum(ss, scratch);
-    const float scale = 1.0f / sqrtf(ss / static_cast<float>(cols) + eps);
+    const float scale = norm::inverse_rms(detail::block_sum(ss, scratch), cols, eps);
     float* o = out + row * cols;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = weight[i] * (scale * xr[i]);
     if (xq) quantize_row(o, cols, k_quant, xq + row * xq_row_bytes);
@@ -83,28 +74,22 @@ __global__ void __launch_bounds__(kMaxVecThreads)
         const int i = tid + k * n_threads;
         v[k] = i < n4 ? xr[i] : zero;
         if (kAddResidual && i < n4) {
-            const float4 r = rr[i];
-            v[k] = make_float4(v[k].x + r.x, v[k].y + r.y, v[k].z + r.z, v[k].w + r.w);
+            v[k] = norm::add4(v[k], rr[i]);
         }
     }
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < V; ++k) {
         if (kAddResidual && tid + k * n_threads < n4) xr[tid + k * n_threads] = v[k];
-        ss += v[k].x * v[k].x;
-        ss += v[k].y * v[k].y;
-        ss += v[k].z * v[k].z;
-        ss += v[k].w * v[k].w;
+        ss = norm::add_squares(ss, v[k]);
     }
-    ss = detail::block_sum(ss, scratch);
-    const float scale = 1.0f / sqrtf(ss / static_cast<float>(cols) + eps);
+    const float scale = norm::inverse_rms(detail::block_sum(ss, scratch), cols, eps);
     float4* o4 = reinterpret_cast<float4*>(out + row * cols);
     float4 o[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) {
         const int i = tid + k * n_threads;
-        o[k] = make_float4(w[k].x * (scale * v[k].x), w[k].y * (scale * v[k].y), w[k].z * (scale * v[k].z),
-                           w[k].w * (scale * v[k].w));
+        o[k] = norm::normalized(w[k], scale, v[k]);
         if (i < n4) o4[i] = o[k];
     }
     if (!xq) return;
@@ -122,23 +107,9 @@ __global__ void __launch_bounds__(kMaxVecThreads)
     }
 }
 
-// The quantized output's arguments, checked: (k-quant format, row bytes) for `q8_for`, or none without xq.
-struct QuantOut {
-    bool k_quant = false;
-    uint8_t* xq = nullptr;
-    size_t row_bytes = 0;
-};
-QuantOut quant_out(GgmlType q8_for, void* xq, int cols) {
-    if (!xq) return {};
-    const bool k_quant = q8::checked_output(
-        q8_for, xq, cols, "rms_norm: the quantized output needs a type with the 8-bit route, whole blocks, alignment");
-    return {k_quant, static_cast<uint8_t*>(xq),
-            static_cast<size_t>(cols / q8::block_elems(k_quant)) * q8::block_bytes(k_quant)};
-}
-
 template <bool kAddResidual>
 void launch_norm(float* x, const float* residual, const float* weight, float* out, int rows, int cols, float eps,
-                 const QuantOut& q, Stream stream) {
+                 const norm::QuantOut& q, Stream stream) {
     const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
     const bool vec = cols % 4 == 0 && cols <= kMaxVecCols && aligned(x) && aligned(weight) && aligned(out) &&
                      (!kAddResidual || aligned(residual));
@@ -151,10 +122,9 @@ void launch_norm(float* x, const float* residual, const float* weight, float* ou
                dim3(kThreads));
         return;
     }
-    // The fewest float4s per thread that fit in one block, then the fewest whole warps that hold them.
-    const int n4 = cols / 4;
-    const int per_thread = n4 <= kMaxVecThreads ? 1 : n4 <= 2 * kMaxVecThreads ? 2 : 4;
-    const dim3 block(((n4 + per_thread - 1) / per_thread + 31) / 32 * 32);
+    const norm::VecLayout layout = norm::vec_layout(cols);
+    const int per_thread = layout.per_thread;
+    const dim3 block(layout.threads);
     if (per_thread == 1)
         launch(kAddResidual ? "rms_norm_vec_kernel<true, 1>" : "rms_norm_vec_kernel<false, 1>",
                rms_norm_vec_kernel<kAddResidual, 1>, block);
@@ -171,7 +141,7 @@ void launch_norm(float* x, const float* residual, const float* weight, float* ou
 void rms_norm(const float* x, const float* weight, float* out, int rows, int cols, float eps, Stream stream,
               GgmlType q8_for, void* xq) {
     detail::require(rows > 0 && cols > 0, "rms_norm: empty shape");
-    const QuantOut q = quant_out(q8_for, xq, cols);
+    const norm::QuantOut q = norm::quant_out(q8_for, xq, cols);
     // The non-fused kernels never write x: the cast only lets both variants share one signature.
     launch_norm<false>(const_cast<float*>(x), nullptr, weight, out, rows, cols, eps, q, stream);
 }
@@ -179,7 +149,7 @@ void rms_norm(const float* x, const float* weight, float* out, int rows, int col
 void add_rms_norm(float* x, const float* residual, const float* weight, float* out, int rows, int cols, float eps,
                   Stream stream, GgmlType q8_for, void* xq) {
     detail::require(rows > 0 && cols > 0, "add_rms_norm: empty shape");
-    const QuantOut q = quant_out(q8_for, xq, cols);
+    const norm::QuantOut q = norm::quant_out(q8_for, xq, cols);
     launch_norm<true>(x, residual, weight, out, rows, cols, eps, q, stream);
 }
 

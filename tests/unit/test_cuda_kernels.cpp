@@ -1475,3 +1475,179 @@ TEST_CASE("cuda kernels: matvec_qkv_rope is bitwise matvec_multi followed by rop
                                                cuda::MatvecLoads::Direct, nullptr, a, counters.data()),
                          doctest::Contains("whole heads"), std::invalid_argument);
 }
+
+TEST_CASE("cuda kernels: matvec_add_rms_norm is bitwise matvec followed by add_rms_norm") {
+    // The attn_output / ffn_down product with the residual add and the next RMSNorm in the launch's last block,
+    // against the two calls: the same products, residual stream, norm output and quantized output (Q8_1 or Q8_K),
+    // byte for byte, and the counter back at zero (a graph replays the launch with it). The epilogue runs the
+    // register kernel's order with a matvec block's four warps, so the widths cover its layouts: one and two
+    // float4s a thread with a partly idle last warp (64, 136, 4104, 8200), a whole block of 1024 threads (4096,
+    // 8192 with two a thread), Q8_1 and Q8_K outputs. Where it cannot run (3 tokens, a width not a multiple of 4,
+    // no counter), the same result from an add_rms_norm launch after the matvec: read from captured launches.
+    std::mt19937 rng(83);
+    struct Case {
+        int rows;
+        GgmlType q8_for;  // F32: no quantized output
+        int n_tok;
+    };
+    const Case cases[] = {{64, GgmlType::F32, 1},   {64, GgmlType::Q4_0, 1},  {136, GgmlType::F32, 1},
+                          {896, GgmlType::Q4_0, 1}, {1280, GgmlType::Q4_K, 1}, {4104, GgmlType::F32, 1},
+                          {4096, GgmlType::Q4_0, 1}, {8200, GgmlType::F32, 1}, {8192, GgmlType::Q4_K, 1},
+                          {70, GgmlType::F32, 1},   {896, GgmlType::Q4_0, 3}};
+    const int cols = 256;
+    const float eps = 1e-6f;
+    unsigned counter = 0;
+    for (const Case& c : cases) {
+        CAPTURE(c.rows);
+        CAPTURE(c.n_tok);
+        CAPTURE(std::string(ggml_type_name(c.q8_for)));
+        const size_t n = static_cast<size_t>(c.n_tok) * c.rows;
+        const std::vector<float> x = random_floats(static_cast<size_t>(c.n_tok) * cols, rng);
+        const std::vector<float> residual = random_floats(n, rng, 3.0f), weight = random_floats(c.rows, rng);
+        const bool quant = c.q8_for != GgmlType::F32;
+        const size_t xq_bytes = quant ? cuda::q8_activation_row_bytes(c.q8_for, c.rows) * c.n_tok : 0;
+        std::vector<uint8_t> xq_in(cuda::q8_activation_row_bytes(GgmlType::Q4_0, cols) * c.n_tok);
+        cuda::quantize_activations(GgmlType::Q4_0, x.data(), cols, c.n_tok, xq_in.data(), nullptr);
+        const bool big = c.rows > 1280;  // fewer ways for the widest: each launch emulates thousands of warps
+        for (GgmlType type : {GgmlType::F16, GgmlType::Q4_0, GgmlType::Q6_K}) {
+            const std::vector<uint8_t> W = test::random_weight_rows(type, c.rows, cols, rng);
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            for (bool int8 : {false, true}) {
+                if (int8 && type != GgmlType::Q4_0) continue;
+                for (cuda::MatvecLoads loads : cuda::kAllMatvecLoads) {
+                    if (type == GgmlType::F16 && loads != cuda::MatvecLoads::Direct) continue;  // always direct
+                    if (big && type != GgmlType::F16 &&
+                        loads != (int8 ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Split))
+                        continue;
+                    CAPTURE(std::string(ggml_type_name(type)));
+                    CAPTURE(int8);
+                    CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                    struct Out {
+                        std::vector<float> y, x, out;
+                        std::vector<uint8_t> xq;
+                    };
+                    const auto fresh = [&] {
+                        return Out{std::vector<float>(n, kNaN), residual, std::vector<float>(n, kNaN),
+                                   std::vector<uint8_t>(xq_bytes, 0xA5)};
+                    };
+                    const auto args = [&](Out& o) {
+                        return cuda::AddRmsNormArgs{o.x.data(), weight.data(), o.out.data(), eps, c.q8_for,
+                                                    quant ? o.xq.data() : nullptr};
+                    };
+                    const void* xq = int8 ? xq_in.data() : nullptr;
+                    Out want = fresh();
+                    cuda::matvec(type, W.data(), row_bytes, c.rows, cols, x.data(), c.n_tok, want.y.data(), nullptr,
+                                 0, loads, xq);
+                    cuda::add_rms_norm(want.x.data(), want.y.data(), weight.data(), want.out.data(), c.n_tok, c.rows,
+                                       eps, nullptr, c.q8_for, quant ? want.xq.data() : nullptr);
+                    for (const LaunchOptions& o : kTwoOrders) {
+                        ScopedLaunchOptions scope(o);
+                        INFO("thread order " << std::string(order_name(o)));
+                        Out got = fresh();
+                        cuda::matvec_add_rms_norm(type, W.data(), row_bytes, c.rows, cols, x.data(), c.n_tok,
+                                                  got.y.data(), nullptr, loads, xq, args(got), &counter);
+                        CHECK(std::memcmp(got.y.data(), want.y.data(), n * 4) == 0);
+                        CHECK(std::memcmp(got.x.data(), want.x.data(), n * 4) == 0);
+                        CHECK(std::memcmp(got.out.data(), want.out.data(), n * 4) == 0);
+                        CHECK(got.xq == want.xq);
+                        CHECK(counter == 0u);
+                    }
+                    CHECK(want.x != residual);  // the residual stream was written
+                    // One launch where the epilogue runs, else the add_rms_norm launch after it; without a counter
+                    // always two.
+                    Out got = fresh();
+                    const bool in_launch =
+                        cuda::matvec_norm_in_launch(type, xq, c.rows, c.n_tok, got.y.data(), args(got));
+                    CHECK(in_launch == (c.n_tok == 1 && c.rows % 4 == 0));
+                    for (unsigned* cnt : {&counter, static_cast<unsigned*>(nullptr)}) {
+                        void* stream = tandem::emu::stream_create();
+                        tandem::emu::begin_capture(stream);
+                        cuda::matvec_add_rms_norm(type, W.data(), row_bytes, c.rows, cols, x.data(), c.n_tok,
+                                                  got.y.data(), stream, loads, xq, args(got), cnt);
+                        const tandem::emu::Graph graph = tandem::emu::end_capture(stream);
+                        tandem::emu::stream_destroy(stream);
+                        CHECK(graph.nodes.size() == (in_launch && cnt ? 1u : 2u));
+                    }
+                }
+            }
+        }
+    }
+    // A misaligned row takes the separate launch (the register kernel's layout needs 16-byte rows), as does a row
+    // wider than the register kernel's.
+    std::vector<float> buf(72, 1.0f), w(64, 1.0f);
+    const cuda::AddRmsNormArgs shifted{buf.data() + 4, w.data(), buf.data() + 4, eps};
+    CHECK_FALSE(cuda::matvec_norm_in_launch(GgmlType::Q4_0, nullptr, 64, 1, buf.data() + 1, shifted));
+    CHECK_FALSE(cuda::matvec_norm_in_launch(GgmlType::Q4_0, nullptr, 16388, 1, buf.data(),
+                                            {buf.data(), w.data(), buf.data(), eps}));
+}
+
+TEST_CASE("cuda kernels: matvec_add_rms_norm for every weight type and route: bitwise and in one launch where it says") {
+    // Every matvec type on both activation routes (where it has the 8-bit one) with direct and staged loads: the
+    // same bytes as matvec + add_rms_norm, and one launch exactly where matvec_norm_in_launch says so (the types
+    // whose walks have no room for the epilogue, Q5_K and 8-bit Q6_K, take the separate launch; a launch asked of a
+    // walk without it throws).
+    std::mt19937 rng(89);
+    const int rows = 64, cols = 256;
+    const float eps = 1e-5f;
+    const std::vector<float> x = random_floats(cols, rng), residual = random_floats(rows, rng, 2.0f),
+                             weight = random_floats(rows, rng);
+    unsigned counter = 0;
+    int fused = 0, separate = 0;
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1,
+                          GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K,
+                          GgmlType::Q5_K, GgmlType::Q6_K}) {
+        CAPTURE(std::string(ggml_type_name(type)));
+        const std::vector<uint8_t> W = test::random_weight_rows(type, rows, cols, rng);
+        const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+        for (bool int8 : {false, true}) {
+            if (int8 && !cuda::matvec_q8_supports(type)) continue;
+            std::vector<uint8_t> xq_buf;
+            if (int8) {
+                xq_buf.resize(cuda::q8_activation_row_bytes(type, cols));
+                cuda::quantize_activations(type, x.data(), cols, 1, xq_buf.data(), nullptr);
+            }
+            const void* xq = int8 ? xq_buf.data() : nullptr;
+            // Q8_1 output for the next matvec (a Q4_0 one).
+            const size_t out_q8 = cuda::q8_activation_row_bytes(GgmlType::Q4_0, rows);
+            for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Staged}) {
+                CAPTURE(int8);
+                CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                std::vector<float> want_y(rows, kNaN), want_x = residual, want_out(rows, kNaN);
+                std::vector<uint8_t> want_q(out_q8, 0xA5);
+                cuda::matvec(type, W.data(), row_bytes, rows, cols, x.data(), 1, want_y.data(), nullptr, 0, loads, xq);
+                cuda::add_rms_norm(want_x.data(), want_y.data(), weight.data(), want_out.data(), 1, rows, eps, nullptr,
+                                   GgmlType::Q4_0, want_q.data());
+                std::vector<float> y(rows, kNaN), xs = residual, out(rows, kNaN);
+                std::vector<uint8_t> q(out_q8, 0xA5);
+                const cuda::AddRmsNormArgs args{xs.data(), weight.data(), out.data(), eps, GgmlType::Q4_0, q.data()};
+                const bool in_launch = cuda::matvec_norm_in_launch(type, xq, rows, 1, y.data(), args);
+                CHECK(in_launch == !(type == GgmlType::Q5_K || (int8 && type == GgmlType::Q6_K)));
+                (in_launch ? fused : separate) += 1;
+                void* stream = tandem::emu::stream_create();
+                tandem::emu::begin_capture(stream);
+                cuda::matvec_add_rms_norm(type, W.data(), row_bytes, rows, cols, x.data(), 1, y.data(), stream, loads,
+                                          xq, args, &counter);
+                const tandem::emu::Graph graph = tandem::emu::end_capture(stream);
+                tandem::emu::stream_destroy(stream);
+                CHECK(graph.nodes.size() == (in_launch ? 1u : 2u));
+                for (const LaunchOptions& o : kTwoOrders) {
+                    ScopedLaunchOptions scope(o);
+                    INFO("thread order " << std::string(order_name(o)));
+                    std::fill(y.begin(), y.end(), kNaN);
+                    std::fill(out.begin(), out.end(), kNaN);
+                    std::fill(q.begin(), q.end(), 0xA5);
+                    xs = residual;
+                    cuda::matvec_add_rms_norm(type, W.data(), row_bytes, rows, cols, x.data(), 1, y.data(), nullptr,
+                                              loads, xq, args, &counter);
+                    CHECK(std::memcmp(y.data(), want_y.data(), rows * 4) == 0);
+                    CHECK(std::memcmp(xs.data(), want_x.data(), rows * 4) == 0);
+                    CHECK(std::memcmp(out.data(), want_out.data(), rows * 4) == 0);
+                    CHECK(q == want_q);
+                    CHECK(counter == 0u);
+                }
+            }
+        }
+    }
+    CHECK(fused == 2 * (13 + 10) - 2 * 3);
+    CHECK(separate == 2 * 3);
+}
