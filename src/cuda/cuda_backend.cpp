@@ -80,17 +80,18 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // (Q8_1 or Q8_K rows of the widest input); xq_ffn SwiGLU's output quantized for ffn_down (gate/up reads xq while
 // its last blocks write it) and swiglu_counters their count of finished rows; split_counters the decode
 // attention's, one per (step token, head); rope_trig a step's RoPE cosines and sines and rope_counters the Q/K/V
-// launch's count of finished blocks per head (matvec_qkv_rope).
+// launch's count of finished blocks per head (matvec_qkv_rope); norm_counter matvec_add_rms_norm's count of
+// finished blocks.
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
         cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters, split_counters, rope_trig,
-        rope_counters, x16, w_tile;
+        rope_counters, norm_counter, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
                              cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters,
-                             split_counters, rope_trig, rope_counters, x16, w_tile})
+                             split_counters, rope_trig, rope_counters, norm_counter, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -128,7 +129,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4,
             (S * q8_row_bytes_bound(static_cast<size_t>(c.hidden_dim)) + 3) / 4,
             cuda::matvec_swiglu_counters(c.hidden_dim), S * c.n_heads,
-            S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads),
+            S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads), 1,
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -257,6 +258,8 @@ const std::vector<std::string_view> kGemmRoutes = {"cublas", "int8", "simt"};
 bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 1; }
 
 bool cuda_qkv_rope_from_env() { return env_switch("TANDEM_CUDA_QKV_ROPE", {"1", "0"}) == 0; }
+
+bool cuda_matvec_norm_from_env() { return env_switch("TANDEM_CUDA_MATVEC_NORM", {"1", "0"}) == 0; }
 
 bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"1", "0"}) == 0; }
 
@@ -389,6 +392,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         rope_trig_ = take(s.rope_trig);
         rope_counters_ = reinterpret_cast<unsigned*>(take(s.rope_counters));
         cuda::device_memset(rope_counters_, 0, s.rope_counters * 4, stream_);  // matvec_qkv_rope leaves them at zero
+        norm_counter_ = reinterpret_cast<unsigned*>(take(s.norm_counter));
+        cuda::device_memset(norm_counter_, 0, s.norm_counter * 4, stream_);  // matvec_add_rms_norm leaves it at zero
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -562,6 +567,23 @@ bool CudaBackend::fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope,
            cuda::matvec_rope_in_launch(L.wq.type, loads(L.wq.type), rope);
 }
 
+void CudaBackend::project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* norm_weight,
+                                   GgmlType next, bool prefill) {
+    const ModelConfig& c = model_.config;
+    if (prefill || !options_.fused_matvecs || !options_.matvec_norm) {
+        matmul(W, in, n, proj_, prefill);
+        const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
+        cuda::add_rms_norm(x_, proj_, norm_weight, xb_, n, c.dim, c.rms_eps, stream_, nq.type, nq.xq);
+        return;
+    }
+    // The matvec's input first (the record of what xq_ holds), then the norm's output. The norm may write xq_ that
+    // the matvec reads: its last block writes only when every block is done reading.
+    const void* xq = quantized(W.type, in, n, W.cols);
+    const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
+    cuda::matvec_add_rms_norm(W.type, W.data, W.row_bytes, W.rows, W.cols, in, n, proj_, stream_, loads(W.type), xq,
+                              {x_, norm_weight, xb_, c.rms_eps, nq.type, nq.xq}, norm_counter_);
+}
+
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
     if (!prefill)
         cuda::matvec(W.type, W.data, W.row_bytes, W.rows, W.cols, x, n, y, stream_, 0, loads(W.type),
@@ -637,7 +659,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const int dim = c.dim;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
-    FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
+    const FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
     cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
 
     const cuda::RopeMode mode =
@@ -698,9 +720,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         else
             cuda::attention(att, stream_);
         if (prefill) gemm_input(att_, n, c.q_dim(), {L.wo.type});
-        matmul(L.wo, att_, n, proj_, prefill);
-        nq = fused_quant(xb_, dim, L.w_gate.type, n, prefill);
-        cuda::add_rms_norm(x_, proj_, L.ffn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
+        project_add_norm(L.wo, att_, n, L.ffn_norm, L.w_gate.type, prefill);
         if (prefill) gemm_input(xb_, n, dim, {L.w_gate.type, L.w_up.type});
         const bool fused_gate_up = !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
         if (fused_gate_up) {
@@ -720,11 +740,10 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
         }
         if (prefill) gemm_input(gate_, n, c.hidden_dim, {L.w_down.type});
-        matmul(L.w_down, gate_, n, proj_, prefill);
         // The residual add, fused with the norm that comes next: the next layer's, or the output norm.
-        const float* next_norm = l + 1 < c.n_layers ? layers_[l + 1].attn_norm : output_norm_;
-        nq = fused_quant(xb_, dim, l + 1 < c.n_layers ? layers_[l + 1].wq.type : output_.type, n, prefill);
-        cuda::add_rms_norm(x_, proj_, next_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
+        const bool last = l + 1 == c.n_layers;
+        project_add_norm(L.w_down, gate_, n, last ? output_norm_ : layers_[l + 1].attn_norm,
+                         last ? output_.type : layers_[l + 1].wq.type, prefill);
     }
 }
 

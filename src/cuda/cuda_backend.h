@@ -14,7 +14,7 @@
 //    emulation; the SIMT kernel and the flash attention are themselves batch-invariant across prefill calls. With
 //    CudaOptions::int8_gemm (TANDEM_CUDA_GEMM=int8) the types of gemm_q8 take the 8-bit tensor-core GEMM instead.
 //
-// CUDA graphs (short calls only): a step's ~10 launches per layer are captured once into a graph per shape (tokens
+// CUDA graphs (short calls only): a step's 5-7 launches per layer are captured once into a graph per shape (tokens
 // in the step, logit rows wanted) and replayed. What changes from step to step lives in device memory the kernels
 // read through pointers (the tokens and the start position, uploaded before each replay), so a replay needs no
 // re-capture. The one by-value exception is split-K attention's grid, which grows with the number of keys: it is
@@ -89,6 +89,8 @@ bool cuda_fused_matvecs_from_env();
 bool cuda_gate_up_q8_from_env();
 // TANDEM_CUDA_QKV_ROPE=1|0: false for "0" (the default of CudaOptions::qkv_rope), to measure it.
 bool cuda_qkv_rope_from_env();
+// TANDEM_CUDA_MATVEC_NORM=1|0: false for "0" (the default of CudaOptions::matvec_norm), to measure it.
+bool cuda_matvec_norm_from_env();
 // TANDEM_CUDA_INT8=auto|0|1: every block type's matvecs with 8-bit ("1") or fp32 ("0") activations; auto (nullopt)
 // leaves each type its measured route.
 std::optional<bool> cuda_int8_activations_from_env();
@@ -133,6 +135,11 @@ struct CudaOptions {
     // matvec_qkv_rope: direct, staged and split loads, the angles tabled once a step); false: a rope_kv_write launch
     // after it. The same bits; on by default, one launch a layer fewer (not yet measured on a GPU, 2026-11-29).
     bool qkv_rope = cuda_qkv_rope_from_env();
+    // With fused_matvecs, a one-token step's attn_output and ffn_down launches add their output into the residual
+    // stream and apply the RMSNorm that follows in their last block (kernels.h matvec_add_rms_norm); false, and for
+    // steps of more tokens: an add_rms_norm launch after each. The same bits; on by default, two launches a layer
+    // fewer in decode (not yet measured on a GPU, 2026-11-29).
+    bool matvec_norm = cuda_matvec_norm_from_env();
     // true: decode and verification matvecs of every block type through the 8-bit route (kernels.h matvec_q8):
     // each input quantized once per matvec launch, as the CPU backend does; false: fp32 activations; nullopt: each
     // type's measured route. Not bitwise the same, but within float rounding of the CPU backend's integer products.
@@ -313,6 +320,12 @@ private:
     // kernel can: cuda::matvec_rope_in_launch).
     bool fuses_qkv(const DeviceLayer& L, bool prefill) const;
     bool fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const;
+    // proj_ = W in (attn_output, ffn_down), then the residual add x_ += proj_ and the RMSNorm after it (norm_weight)
+    // into xb_, quantized for a matvec of type `next` where fused_quant says: in one launch with matvec_norm
+    // (cuda::matvec_add_rms_norm; it decides whether its last block can), else an add_rms_norm launch after the
+    // matmul.
+    void project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* norm_weight, GgmlType next,
+                          bool prefill);
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     // A prefill GEMM input (n rows of cols) in the forms its readers (the weight types of the matrices that
@@ -358,6 +371,7 @@ private:
     unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
     float* rope_trig_ = nullptr;          // a step's RoPE angles (cuda::rope_trig_table)
     unsigned* rope_counters_ = nullptr;   // matvec_qkv_rope's, zero between launches
+    unsigned* norm_counter_ = nullptr;    // matvec_add_rms_norm's, zero between launches
     // What xq_at_ (xq_ or xq_ffn_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
     // xq_format_ (None: nothing known).
     uint8_t* xq_at_ = nullptr;

@@ -133,6 +133,7 @@ check "bench.md: int8 GEMM rows" [ "$(rows '\| pp512, int8 tensor-core GEMM \|' 
 check "bench.md: unfused row" [ "$(rows '\| tg128, separate Q/K/V, gate/up and SwiGLU \|' "$b")" -eq 1 ]
 check "bench.md: ffn_down quantize launch row" [ "$(rows '\| tg128, ffn_down quantize launch \|' "$b")" -eq 1 ]
 check "bench.md: RoPE launch rows (Q4_0 and the pair's two models)" [ "$(rows '\| tg128, RoPE launch \|' "$b")" -eq 3 ]
+check "bench.md: RMSNorm launch rows (Q4_0 and the pair's two models)" [ "$(rows '\| tg128, RMSNorm launches \|' "$b")" -eq 3 ]
 
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
@@ -145,6 +146,7 @@ check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
 check "calls: unfused" [ "$(rows '^TANDEM_CUDA_FUSED_MATVECS=0 \| ' "$c")" -eq 1 ]
 check "calls: gate/up without its quantize" [ "$(rows '^TANDEM_CUDA_GATE_UP_Q8=0 \| ' "$c")" -eq 1 ]
 check "calls: RoPE launched on its own" [ "$(rows '^TANDEM_CUDA_QKV_ROPE=0 \| ' "$c")" -eq 3 ]
+check "calls: RMSNorms launched on their own" [ "$(rows '^TANDEM_CUDA_MATVEC_NORM=0 \| ' "$c")" -eq 3 ]
 check "calls: every benchmark on the GPU" [ "$(grep -v -- '--make-synthetic' "$c" | grep -vc -- '--backend cuda')" -eq 0 ]
 check "calls: 1B models of 4 types and the pair made (two drafts)" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 7 ]
 check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
@@ -152,6 +154,7 @@ check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
 # The default pair's shapes (4c).
 check_all "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k-next.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^\| .*qwen0.5b-q4_0-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
 check_all "calls: the pair's target and draft with RoPE launched on its own" [ "$(rows "^TANDEM_CUDA_QKV_ROPE=0 \| .*qwen1.5b-q4_k-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_QKV_ROPE=0 \| .*qwen0.5b-q4_0-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check_all "calls: the pair's target and draft with the RMSNorms launched on their own" [ "$(rows "^TANDEM_CUDA_MATVEC_NORM=0 \| .*qwen1.5b-q4_k-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_MATVEC_NORM=0 \| .*qwen0.5b-q4_0-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
 check_all "calls: the pair made as next-token models, drafts agreeing on 90% and 95%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k --next-token 1 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.90 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_0 --next-token 0.95 ' "$c")" -eq 1 ]
 check "calls: the pair's speculative runs on the GPU, each draft" [ "$(rows '--draft .*qwen0.5b-q4_0-next9[05].gguf --backend cuda -n 128' "$c")" -eq 2 ]
 check_all "pair-speculative.md: a row per built-in prompt and draft, with its speedup" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 6 ] ::: [ "$(rows '^next-token pair .* (90|95)% of tokens' "$out/pair-speculative.md")" -eq 2 ]

@@ -579,10 +579,11 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
         CHECK(g[i].stats.captures == want[i].inst + want[i].upd);
     }
     CHECK(g.back().stats.direct_steps == 1);
-    // One graph replaces every launch of a step: embedding, norm, the step's RoPE angles, 5 layers of 7 kernels
+    // One graph replaces every launch of a step: embedding, norm, the step's RoPE angles, 5 layers of 5 kernels
     // (Q/K/V in one matvec with RoPE + KV write in its last blocks, attention (its last blocks combine the splits),
-    // output matvec, norm, gate/up with SwiGLU in one matvec, matvec, norm), the output matvec.
-    CHECK(g.back().stats.nodes == 3 + 5 * 7 + 1);
+    // output matvec with the residual add and norm in its last block, gate/up with SwiGLU in one matvec, ffn_down
+    // with the next add and norm), the output matvec.
+    CHECK(g.back().stats.nodes == 3 + 5 * 5 + 1);
     MESSAGE("stories260K, 14 calls (13 short steps): ", g.back().stats.instantiations, " instantiations, ",
             g.back().stats.updates, " in-place updates, ", g.back().stats.replays, " replays of ",
             g.back().stats.nodes, "-node graphs");
@@ -762,9 +763,10 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     const std::vector<Call> f = run_graph_schedule(*model, fused, {emu::ThreadOrder::Forward, 0});
     const std::vector<Call> s = run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0});
     check_same_logits(f, s);
-    // Per layer: Q/K/V, their 3 bias adds and RoPE become one launch, gate, up and SwiGLU another (15 -> 7
-    // kernels, and one for the step's RoPE angles).
-    CHECK(f.back().stats.nodes == 3 + 5 * 7 + 1);
+    // Per layer: Q/K/V, their 3 bias adds and RoPE become one launch, gate, up and SwiGLU another, and the two
+    // residual adds with their norms go into the attn_output and ffn_down launches (15 -> 5 kernels, and one for the
+    // step's RoPE angles).
+    CHECK(f.back().stats.nodes == 3 + 5 * 5 + 1);
     CHECK(s.back().stats.nodes == 2 + 5 * 15 + 1);
 }
 
@@ -798,10 +800,10 @@ TEST_CASE("cuda backend: 8-bit activations quantized inside the norms are bitwis
     // on one side; and the launches counted.
     auto model = Model::load(requantized(GgmlType::Q4_0));
     // Per layer (stories260K: ffn_down stays f16, with no 8-bit route, so SwiGLU runs in the gate/up launch): fused,
-    // the 7 kernels of the fp32 route and a quantize for the attention output (and the step's RoPE angles);
+    // the 5 kernels of the fp32 route and a quantize for the attention output (and the step's RoPE angles);
     // separate, the 12 kernels of unfused launches and a quantize for each of Q, K, V, O, gate and up; plus the
     // output projection's quantize.
-    check_int8_fusion(*model, 3 + 5 * (7 + 1) + 1, 2 + 5 * (12 + 6) + 2);
+    check_int8_fusion(*model, 3 + 5 * (5 + 1) + 1, 2 + 5 * (12 + 6) + 2);
 }
 
 TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the norms and SwiGLU with the same bits" * doctest::test_suite("emu-variants")) {
@@ -812,12 +814,13 @@ TEST_CASE("cuda backend: 8-bit activations in a k-quant model: fused into the no
     auto model = synthetic({"k256", 256, 512, 2, 4, 2, 512, 64}, GgmlType::Q4_K, 7);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_K);
     REQUIRE(model->weights.output.type == GgmlType::Q4_K);
-    // Per layer: fused, the 7 kernels of the fp32 route (and the step's RoPE angles), a quantize launch after the
+    // Per layer: fused, the 5 kernels of the fp32 route (and the step's RoPE angles), a quantize launch after the
     // gate/up launch for ffn_down (Q8_K: the gate/up launch quantizes only Q8_1 itself, whatever its loads) and the
     // attention output's quantize; separate, 12 and a quantize for each of Q, K, V, O, gate, up and down; plus the
-    // output projection's quantize. With persistent loads RoPE has its own launch again (8 kernels, no angles).
-    const auto [fused, separate] = check_int8_fusion(*model, 3 + 2 * (8 + 1) + 1, 2 + 2 * (12 + 7) + 2);
-    check_int8_fusion(*model, 2 + 2 * (9 + 1) + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Persistent);
+    // output projection's quantize. With persistent loads RoPE has its own launch again (6 kernels, no angles), and
+    // the norms stay in the matvec launches (they take the staged kernel; the norms' Q8_K output included).
+    const auto [fused, separate] = check_int8_fusion(*model, 3 + 2 * (6 + 1) + 1, 2 + 2 * (12 + 7) + 2);
+    check_int8_fusion(*model, 2 + 2 * (7 + 1) + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Persistent);
     const int n_vocab = model->config.n_vocab;
     std::vector<std::vector<float>> last_rows;
     for (const CudaOptions& o : {fused, separate}) {
@@ -839,19 +842,23 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     REQUIRE(model->weights.layers[0].wo.type == GgmlType::Q4_0);
     REQUIRE(model->weights.layers[0].w_down.type == GgmlType::Q4_0);
     REQUIRE(model->config.head_dim == 64);
-    // Per layer: fused, the 7 kernels of the fp32 route (and the step's RoPE angles), ffn_down's input quantized by
-    // the gate/up launch's last blocks (Q4_0's measured loads are staged); separate, 12 and a quantize for each of
-    // Q, K, V, O, gate, up and down; plus the output projection's quantize. Direct loads quantize after the gate/up
-    // launch: one more.
-    check_int8_fusion(*model, 3 + 2 * 7 + 1, 2 + 2 * (12 + 7) + 2);
-    check_int8_fusion(*model, 3 + 2 * 8 + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Direct);
+    // Per layer: fused, the 5 kernels of the fp32 route (and the step's RoPE angles), ffn_down's input quantized by
+    // the gate/up launch's last blocks (Q4_0's measured loads are staged) and the norms' Q8_1 output by the
+    // attn_output and ffn_down launches' last blocks; separate, 12 and a quantize for each of Q, K, V, O, gate, up
+    // and down; plus the output projection's quantize. Direct loads quantize after the gate/up launch: one more.
+    check_int8_fusion(*model, 3 + 2 * 5 + 1, 2 + 2 * (12 + 7) + 2);
+    check_int8_fusion(*model, 3 + 2 * 6 + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Direct);
     // TANDEM_CUDA_GATE_UP_Q8=0 (gate_up_quantizes false): the quantize launch after the staged gate/up launch.
     const UnsetEnvAtExit restore("TANDEM_CUDA_GATE_UP_Q8");
     setenv("TANDEM_CUDA_GATE_UP_Q8", "0", 1);
-    check_int8_fusion(*model, 3 + 2 * 8 + 1, 2 + 2 * (12 + 7) + 2);
+    check_int8_fusion(*model, 3 + 2 * 6 + 1, 2 + 2 * (12 + 7) + 2);
     // TANDEM_CUDA_QKV_ROPE=0 (qkv_rope false): RoPE's own launch after the Q/K/V launch, and no angles.
     const UnsetEnvAtExit restore_rope("TANDEM_CUDA_QKV_ROPE");
     setenv("TANDEM_CUDA_QKV_ROPE", "0", 1);
+    check_int8_fusion(*model, 2 + 2 * 7 + 1, 2 + 2 * (12 + 7) + 2);
+    // TANDEM_CUDA_MATVEC_NORM=0 (matvec_norm false): an add_rms_norm launch after attn_output and ffn_down.
+    const UnsetEnvAtExit restore_norm("TANDEM_CUDA_MATVEC_NORM");
+    setenv("TANDEM_CUDA_MATVEC_NORM", "0", 1);
     check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
 }
 
@@ -920,6 +927,7 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
         {"TANDEM_CUDA_PDL", "2", "expected 1 or 0", [] { return cuda_overlap_launches_from_env(); }},
         {"TANDEM_CUDA_GATE_UP_Q8", "no", "expected 1 or 0", [] { return cuda_gate_up_q8_from_env(); }},
         {"TANDEM_CUDA_QKV_ROPE", "off", "expected 1 or 0", [] { return cuda_qkv_rope_from_env(); }},
+        {"TANDEM_CUDA_MATVEC_NORM", "no", "expected 1 or 0", [] { return cuda_matvec_norm_from_env(); }},
     };
     for (const Switch& sw : switches) {
         CAPTURE(std::string(sw.name));
