@@ -305,6 +305,63 @@ TEST_CASE("cuda ops through device memory: matvec_swiglu's in-launch quantizatio
     }
 }
 
+TEST_CASE("cuda ops through device memory: matvec_add_rms_norm's in-launch norm matches the separate launches byte for byte") {
+    // The last block of the attn_output / ffn_down launch adds the rows every block wrote into the residual stream and
+    // normalizes them (an atomic count and __threadfence on each side: a missing fence, or a stale L1 line of rows
+    // another SM wrote, shows only on a GPU). At a 1.5B model's ffn_down (1,536 rows of 8,960) and a 7B model's
+    // attn_output (4,096 of 4,096) there, on the default pair's routes (Q4_K fp32 direct, Q4_0 8-bit staged, with
+    // the Q8_1 output for the next matvec), against matvec + add_rms_norm; the counter zero after.
+    std::mt19937 rng(97);
+    const bool emu = cuda::device_is_emulated();
+    const Shape sizes[] = {{emu ? 64 : 1536, emu ? 512 : 8960}, {emu ? 128 : 4096, emu ? 256 : 4096}};
+    cuda::DeviceBuffer counter(sizeof(unsigned));
+    cuda::device_memset(counter.get(), 0, counter.size(), nullptr);
+    for (const Shape& shape : sizes)
+        for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q4_0}) {
+            const int rows = shape.rows, cols = shape.cols;
+            CAPTURE(rows);
+            CAPTURE(std::string(ggml_type_name(type)));
+            const bool int8 = type == GgmlType::Q4_0;
+            const cuda::MatvecLoads loads = int8 ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Direct;
+            const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
+            const cuda::DeviceBuffer W = upload(random_weights(type, rows, cols, rng));
+            const cuda::DeviceBuffer dx = upload(test::random_floats(cols, rng));
+            const std::vector<float> residual = test::random_floats(rows, rng);
+            const cuda::DeviceBuffer weight = upload(test::random_floats(rows, rng));
+            cuda::DeviceBuffer dxq(cuda::q8_activation_row_bytes(type, cols));
+            cuda::quantize_activations(type, dx.as<float>(), cols, 1, dxq.get(), nullptr);
+            const void* xq = int8 ? dxq.get() : nullptr;
+            const size_t q_floats = int8 ? cuda::q8_activation_row_bytes(GgmlType::Q4_0, rows) / 4 : 1;
+            const auto run = [&](bool fused, cuda::DeviceBuffer& y, cuda::DeviceBuffer& x, cuda::DeviceBuffer& out,
+                                 cuda::DeviceBuffer& q) {
+                const cuda::AddRmsNormArgs args{x.as<float>(), weight.as<float>(), out.as<float>(), 1e-6f,
+                                                int8 ? GgmlType::Q4_0 : GgmlType::F32, int8 ? q.get() : nullptr};
+                if (fused) {
+                    REQUIRE(cuda::matvec_norm_in_launch(type, xq, rows, 1, y.as<float>(), args));
+                    cuda::matvec_add_rms_norm(type, W.get(), row_bytes, rows, cols, dx.as<float>(), 1, y.as<float>(),
+                                              nullptr, loads, xq, args, counter.as<unsigned>());
+                } else {
+                    cuda::matvec(type, W.get(), row_bytes, rows, cols, dx.as<float>(), 1, y.as<float>(), nullptr, 0,
+                                 loads, xq);
+                    cuda::add_rms_norm(args.x, y.as<float>(), args.weight, args.out, 1, rows, args.eps, nullptr,
+                                       args.q8_for, args.xq);
+                }
+            };
+            cuda::DeviceBuffer y0 = poisoned_floats(rows), x0 = upload(residual), out0 = poisoned_floats(rows),
+                               q0 = poisoned_floats(q_floats);
+            cuda::DeviceBuffer y1 = poisoned_floats(rows), x1 = upload(residual), out1 = poisoned_floats(rows),
+                               q1 = poisoned_floats(q_floats);
+            run(false, y0, x0, out0, q0);
+            run(true, y1, x1, out1, q1);
+            for (auto [a, b] : {std::pair{&y0, &y1}, {&x0, &x1}, {&out0, &out1}, {&q0, &q1}}) {
+                const std::vector<float> want = download(*a), got = download(*b);
+                CHECK(std::memcmp(got.data(), want.data(), got.size() * 4) == 0);
+            }
+            const std::vector<float> c = download(counter);
+            CHECK(std::bit_cast<uint32_t>(c[0]) == 0u);
+        }
+}
+
 TEST_CASE("cuda ops through device memory: the int8 tensor-core GEMM for every type it takes against a double reference") {
     // gemm_q8 on device buffers: on a GPU, the real mma.sync with the fragment layout the emulation assumes (a wrong
     // layout pairs codes of different rows and k, an error of order 1). Quantizing x to 8 bits moves the products
