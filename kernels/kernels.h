@@ -311,12 +311,19 @@ void attention_prefill(const AttentionArgs& a, Stream stream);
 constexpr int kTopKMax = 256;
 size_t sampling_workspace_bytes(int n_rows, int n_vocab);
 // out_ids[r] = the id of row r's largest logit, the lowest on ties (Sampler's greedy pick); -1 when every logit of
-// the row is -inf or NaN (where Sampler throws).
-void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream);
+// the row is -inf or NaN (where Sampler throws). With `counters` (argmax_counters(n_rows) unsigneds of device memory,
+// zero before the first call; each call leaves them zero) in one launch, the last block of each row combining its
+// splits; else two.
+size_t argmax_counters(int n_rows);
+void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream,
+            unsigned* counters = nullptr);
 // argmax, and out_top[r] = the largest probability of row r under a plain softmax (temperature 1):
 // 1 / sum(exp(l - max)), summed in double (NaN for a row without a logit above -inf). A greedy draft's confidence.
+// With `counters` (as argmax's) in one launch instead of three: each split sums against its own max and the row's
+// last block scales the splits' sums to the row's max, which moves the total by float rounding (a term exp(l - m_s)
+// * exp(m_s - m) instead of exp(l - m)); the ids are the same.
 void argmax_top_probability(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
-                            void* workspace, Stream stream);
+                            void* workspace, Stream stream, unsigned* counters = nullptr);
 // probs[r] = softmax(logits[r] / temperature) in Sampler::softmax's operation order: m = max, e = (l == m ? 1 :
 // exp((l - m) / temperature)), summed in double, p = float(e * (1.0 / sum)). temperature 0 gives the greedy one-hot
 // row (Sampler::distribution's); a row whose logits are all -inf / NaN comes out NaN. No top-k / top-p / min-p /

@@ -5,7 +5,8 @@
 // short-cuts the max to exp(0) = 1, sums in double and multiplies by the double reciprocal.
 //
 // A row of 151,936 logits is too much for one block to read quickly, so every row is cut into splits, a block per
-// (split, row), and a small second kernel combines the splits' results through the caller's workspace.
+// (split, row), and a small second kernel combines the splits' results through the caller's workspace; the greedy
+// picks (argmax, argmax_top_probability) combine them in the last block of each row instead, given counters.
 #include <cmath>
 
 #include "common.cuh"
@@ -139,6 +140,74 @@ __global__ void __launch_bounds__(32) top_probability_final_kernel(const Key* __
 __device__ __forceinline__ float softmax_term(float l, float mx, float temperature) {
     if (l != l) l = -INFINITY;
     return l == mx ? 1.0f : expf((l - mx) / temperature);
+}
+
+// The greedy picks in one launch (argmax, argmax_top_probability given counters), one block per (split, row): the
+// split's largest key and, with kConfidence, its sum of exp(l - m_s) in double against its own largest logit m_s
+// (the row's is not known yet); then the row's last block to finish (counters[row], the threadFenceReduction
+// pattern; it resets the counter) combines them as the final kernels do: the largest key, and the total
+// sum_s S_s * exp(m_s - m), the splits added in order in double (the split of the row's max scaled by exactly 1).
+// The total is the two-launch sum to float rounding (a term exp(l - m_s) * exp(m_s - m) against exp(l - m)).
+template <bool kConfidence>
+__global__ void __launch_bounds__(kThreads) argmax_one_launch_kernel(const float* __restrict__ logits, int n_vocab,
+                                                                     int chunk, Key* __restrict__ keys,
+                                                                     double* __restrict__ sums,
+                                                                     unsigned* __restrict__ counters,
+                                                                     int* __restrict__ out_ids,
+                                                                     float* __restrict__ out_top) {
+    detail::wait_for_inputs();
+    TANDEM_SHARED(Key, key_scratch, kWarps);
+    TANDEM_SHARED(double, sum_scratch, kWarps);
+    TANDEM_SHARED(int, is_last, 1);
+    const int split = blockIdx.x, row = blockIdx.y, n_splits = gridDim.x;
+    const float* l = logits + static_cast<size_t>(row) * n_vocab;
+    const int begin = split * chunk, end = begin + chunk < n_vocab ? begin + chunk : n_vocab;
+    Key best = 0;
+    for (int i = begin + threadIdx.x; i < end; i += kThreads) {
+        const Key k = key_of(l[i], i);
+        best = k > best ? k : best;
+    }
+    best = block_max_key(best, key_scratch);  // every thread's
+    const size_t slot = static_cast<size_t>(row) * n_splits + split;
+    if constexpr (kConfidence) {
+        const float m = key_value(best);
+        double sum = 0.0;
+        if (m != -INFINITY)  // a split of -inf / NaN only adds nothing (its terms would short-cut to 1)
+            for (int i = begin + threadIdx.x; i < end; i += kThreads) sum += softmax_term(l[i], m, 1.0f);
+        sum = block_sum_double(sum, sum_scratch);
+        if (threadIdx.x == 0) sums[slot] = sum;
+    }
+    if (threadIdx.x == 0) keys[slot] = best;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const bool last = atomicAdd(counters + row, 1u) + 1 == static_cast<unsigned>(n_splits);
+        if (last) counters[row] = 0;  // every split has counted
+        *is_last = last ? 1 : 0;
+    }
+    __syncthreads();
+    if (!*is_last || threadIdx.x >= 32) return;
+    __threadfence();
+    const Key* row_keys = keys + static_cast<size_t>(row) * n_splits;
+    Key top = 0;
+    for (int i = threadIdx.x; i < n_splits; i += 32) {
+        const Key k = detail::load_input<true>(row_keys + i);
+        top = k > top ? k : top;
+    }
+    top = warp_max_key(top);
+    if (threadIdx.x != 0) return;
+    const bool none = key_value(top) == -INFINITY;
+    out_ids[row] = none ? -1 : key_id(top);
+    if constexpr (kConfidence) {
+        const float m = key_value(top);
+        double total = 0.0;
+        for (int i = 0; i < n_splits; ++i) {
+            const float m_s = key_value(detail::load_input<true>(row_keys + i));
+            const double s_i = detail::load_input<true>(sums + static_cast<size_t>(row) * n_splits + i);
+            total += m_s == m ? s_i : s_i * exp(static_cast<double>(m_s) - static_cast<double>(m));
+        }
+        out_top[row] = none ? NAN : static_cast<float>(1.0 / total);
+    }
 }
 
 // Stage 2 of softmax, one block per (split, row): the split's sum of terms, in double like the CPU's.
@@ -367,16 +436,35 @@ size_t sampling_workspace_bytes(int n_rows, int n_vocab) {
     return static_cast<size_t>(n_rows) * (arg > topk ? arg : topk);
 }
 
-void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream) {
+size_t argmax_counters(int n_rows) { return n_rows > 0 ? static_cast<size_t>(n_rows) : 0; }
+
+void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream,
+            unsigned* counters) {
     check_rows("argmax: bad shape", n_rows, n_vocab);
+    if (counters) {
+        const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
+        detail::launch_kernel("argmax_one_launch_kernel<false>", argmax_one_launch_kernel<false>, dim3(splits, n_rows),
+                              dim3(kThreads), 0, stream, logits, n_vocab, chunk_for(n_vocab, splits),
+                              static_cast<Key*>(workspace), nullptr, counters, out_ids, nullptr);
+        return;
+    }
     const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, 0.0f, workspace, stream);  // the keys only
     detail::launch_kernel("argmax_final_kernel", argmax_final_kernel, dim3(n_rows), dim3(32), 0, stream,
                           static_cast<const Key*>(s.keys), s.splits, out_ids);
 }
 
 void argmax_top_probability(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
-                            void* workspace, Stream stream) {
+                            void* workspace, Stream stream, unsigned* counters) {
     check_rows("argmax_top_probability: bad shape", n_rows, n_vocab);
+    if (counters) {
+        const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
+        Key* keys = static_cast<Key*>(workspace);
+        double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);  // as enqueue_split_sums
+        detail::launch_kernel("argmax_one_launch_kernel<true>", argmax_one_launch_kernel<true>, dim3(splits, n_rows),
+                              dim3(kThreads), 0, stream, logits, n_vocab, chunk_for(n_vocab, splits), keys, sums,
+                              counters, out_ids, out_top);
+        return;
+    }
     const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, 1.0f, workspace, stream);
     detail::launch_kernel("top_probability_final_kernel", top_probability_final_kernel, dim3(n_rows), dim3(32), 0,
                           stream, static_cast<const Key*>(s.keys), static_cast<const double*>(s.sums), s.splits,

@@ -81,17 +81,17 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // its last blocks write it) and swiglu_counters their count of finished rows; split_counters the decode
 // attention's, one per (step token, head); rope_trig a step's RoPE cosines and sines and rope_counters the Q/K/V
 // launch's count of finished blocks per head (matvec_qkv_rope); norm_counter matvec_add_rms_norm's count of
-// finished blocks.
+// finished blocks; pick_counters the one-launch argmax's per row.
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
         cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters, split_counters, rope_trig,
-        rope_counters, norm_counter, x16, w_tile;
+        rope_counters, norm_counter, pick_counters, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
                              cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters,
-                             split_counters, rope_trig, rope_counters, norm_counter, x16, w_tile})
+                             split_counters, rope_trig, rope_counters, norm_counter, pick_counters, x16, w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -129,7 +129,8 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4,
             (S * q8_row_bytes_bound(static_cast<size_t>(c.hidden_dim)) + 3) / 4,
             cuda::matvec_swiglu_counters(c.hidden_dim), S * c.n_heads,
-            S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads), 1,
+            S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads),
+            1,                cuda::argmax_counters(static_cast<int>(S)),
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
@@ -260,6 +261,8 @@ bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRout
 bool cuda_qkv_rope_from_env() { return env_switch("TANDEM_CUDA_QKV_ROPE", {"1", "0"}) == 0; }
 
 bool cuda_matvec_norm_from_env() { return env_switch("TANDEM_CUDA_MATVEC_NORM", {"1", "0"}) == 0; }
+
+bool cuda_one_launch_picks_from_env() { return env_switch("TANDEM_CUDA_ONE_LAUNCH_PICKS", {"1", "0"}) == 0; }
 
 bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"1", "0"}) == 0; }
 
@@ -394,6 +397,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         cuda::device_memset(rope_counters_, 0, s.rope_counters * 4, stream_);  // matvec_qkv_rope leaves them at zero
         norm_counter_ = reinterpret_cast<unsigned*>(take(s.norm_counter));
         cuda::device_memset(norm_counter_, 0, s.norm_counter * 4, stream_);  // matvec_add_rms_norm leaves it at zero
+        pick_counters_ = reinterpret_cast<unsigned*>(take(s.pick_counters));
+        cuda::device_memset(pick_counters_, 0, s.pick_counters * 4, stream_);  // the argmax leaves them at zero
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
@@ -795,9 +800,10 @@ void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
             cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
                               n_vocab, stream_, loads(W.type), xq);
     }
-    if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_);
+    unsigned* counters = options_.one_launch_picks ? pick_counters_ : nullptr;  // one launch, not two or three
+    if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_, counters);
     if (picks == Picks::ArgmaxConfidence)
-        cuda::argmax_top_probability(logits_, rows, n_vocab, ids_, top_probs_, sampling_ws_, stream_);
+        cuda::argmax_top_probability(logits_, rows, n_vocab, ids_, top_probs_, sampling_ws_, stream_, counters);
 }
 
 int CudaBackend::graph_splits(int n_keys, int capacity) const {

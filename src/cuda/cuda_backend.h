@@ -91,6 +91,8 @@ bool cuda_gate_up_q8_from_env();
 bool cuda_qkv_rope_from_env();
 // TANDEM_CUDA_MATVEC_NORM=1|0: false for "0" (the default of CudaOptions::matvec_norm), to measure it.
 bool cuda_matvec_norm_from_env();
+// TANDEM_CUDA_ONE_LAUNCH_PICKS=1|0: false for "0" (the default of CudaOptions::one_launch_picks), to measure it.
+bool cuda_one_launch_picks_from_env();
 // TANDEM_CUDA_INT8=auto|0|1: every block type's matvecs with 8-bit ("1") or fp32 ("0") activations; auto (nullopt)
 // leaves each type its measured route.
 std::optional<bool> cuda_int8_activations_from_env();
@@ -140,6 +142,10 @@ struct CudaOptions {
     // steps of more tokens: an add_rms_norm launch after each. The same bits; on by default, two launches a layer
     // fewer in decode (not yet measured on a GPU, 2026-11-29).
     bool matvec_norm = cuda_matvec_norm_from_env();
+    // The greedy picks of a short step (argmax; with the draft's confidence) in one launch whose last block per row
+    // combines the splits (kernels.h argmax with counters), instead of two (three). The same ids; the confidence to
+    // float rounding. On by default, one or two launches a step fewer (not yet measured on a GPU, 2026-11-29).
+    bool one_launch_picks = cuda_one_launch_picks_from_env();
     // true: decode and verification matvecs of every block type through the 8-bit route (kernels.h matvec_q8):
     // each input quantized once per matvec launch, as the CPU backend does; false: fp32 activations; nullopt: each
     // type's measured route. Not bitwise the same, but within float rounding of the CPU backend's integer products.
@@ -372,6 +378,7 @@ private:
     float* rope_trig_ = nullptr;          // a step's RoPE angles (cuda::rope_trig_table)
     unsigned* rope_counters_ = nullptr;   // matvec_qkv_rope's, zero between launches
     unsigned* norm_counter_ = nullptr;    // matvec_add_rms_norm's, zero between launches
+    unsigned* pick_counters_ = nullptr;   // the one-launch argmax's, kStepTokens, zero between launches
     // What xq_at_ (xq_ or xq_ffn_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
     // xq_format_ (None: nothing known).
     uint8_t* xq_at_ = nullptr;

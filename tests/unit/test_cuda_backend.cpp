@@ -724,6 +724,27 @@ TEST_CASE("cuda backend: overlapping launches give the same bits and every kerne
     }
 }
 
+TEST_CASE("cuda backend: the greedy picks in one launch are those of the two- and three-launch kernels") {
+    // CudaOptions::one_launch_picks: argmax (and the draft's confidence) with the splits combined by each row's last
+    // block. The device picks of a few steps (run_device_picks: ids, the confidences, top-k candidates, restricted
+    // logits) against the separate launches: every id and logit the same, the confidences within float rounding.
+    auto model = Model::load(requantized(GgmlType::Q4_0));
+    CudaOptions one, separate;
+    one.attention_split = separate.attention_split = 4;
+    separate.one_launch_picks = false;
+    REQUIRE(one.one_launch_picks);
+    const std::vector<float> a = run_device_picks(*model, one), b = run_device_picks(*model, separate);
+    REQUIRE(a.size() == b.size());
+    const size_t probs_begin = 4 + 4 * 8, probs_end = probs_begin + 4;  // after ids(4) and top_ids(4 * k)
+    for (size_t i = 0; i < a.size(); ++i) {
+        CAPTURE(i);
+        if (i >= probs_begin && i < probs_end)
+            CHECK(std::abs(a[i] - b[i]) <= 1e-6f * std::abs(b[i]));
+        else
+            CHECK(std::memcmp(&a[i], &b[i], sizeof(float)) == 0);
+    }
+}
+
 TEST_CASE("cuda backend: overlapping launches are on unless TANDEM_CUDA_PDL=0") {
     const UnsetEnvAtExit restore("TANDEM_CUDA_PDL");
     CHECK(cuda_overlap_launches_from_env());
@@ -928,6 +949,7 @@ TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an erro
         {"TANDEM_CUDA_GATE_UP_Q8", "no", "expected 1 or 0", [] { return cuda_gate_up_q8_from_env(); }},
         {"TANDEM_CUDA_QKV_ROPE", "off", "expected 1 or 0", [] { return cuda_qkv_rope_from_env(); }},
         {"TANDEM_CUDA_MATVEC_NORM", "no", "expected 1 or 0", [] { return cuda_matvec_norm_from_env(); }},
+        {"TANDEM_CUDA_ONE_LAUNCH_PICKS", "yes", "expected 1 or 0", [] { return cuda_one_launch_picks_from_env(); }},
     };
     for (const Switch& sw : switches) {
         CAPTURE(std::string(sw.name));

@@ -141,12 +141,18 @@ TEST_CASE("cuda sampling: argmax picks the CPU sampler's greedy token") {
                 REQUIRE(sampler.sample(row, {}) == want[r]);  // the reference is the sampler's rule
             }
             std::vector<uint64_t> ws = workspace_for(s.n_rows, s.n_vocab);
+            std::vector<unsigned> counters(cuda::argmax_counters(s.n_rows), 0u);
             for (const LaunchOptions& o : orders_for(s.n_vocab)) {
                 ScopedLaunchOptions scope(o);
                 INFO("thread order " << std::string(order_name(o)));
-                std::vector<int> got(s.n_rows, -7);
-                cuda::argmax(logits.data(), s.n_rows, s.n_vocab, got.data(), ws.data(), nullptr);
-                CHECK(got == want);
+                for (bool one_launch : {false, true}) {  // the splits combined by a second kernel, or by a last block
+                    CAPTURE(one_launch);
+                    std::vector<int> got(s.n_rows, -7);
+                    cuda::argmax(logits.data(), s.n_rows, s.n_vocab, got.data(), ws.data(), nullptr,
+                                 one_launch ? counters.data() : nullptr);
+                    CHECK(got == want);
+                    CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned c) { return c == 0u; }));
+                }
             }
         }
     }
@@ -172,19 +178,24 @@ TEST_CASE("cuda sampling: argmax_top_probability gives the argmax and 1 / sum(ex
                 want_top[r] = 1.0 / sum;
             }
             std::vector<uint64_t> ws = workspace_for(s.n_rows, s.n_vocab);
+            std::vector<unsigned> counters(cuda::argmax_counters(s.n_rows), 0u);
             for (const LaunchOptions& o : kTwoOrders) {
                 ScopedLaunchOptions scope(o);
-                std::vector<int> ids(s.n_rows, -7);
-                std::vector<float> top(s.n_rows, -7.0f);
-                cuda::argmax_top_probability(logits.data(), s.n_rows, s.n_vocab, ids.data(), top.data(), ws.data(),
-                                             nullptr);
-                CHECK(ids == want_ids);
-                for (int r = 0; r < s.n_rows; ++r) {
-                    CAPTURE(r);
-                    if (want_ids[r] < 0)
-                        CHECK(std::isnan(top[r]));
-                    else
-                        CHECK(std::abs(top[r] - want_top[r]) <= 1e-6 * want_top[r]);
+                for (bool one_launch : {false, true}) {  // three kernels, or one whose last blocks combine the splits
+                    CAPTURE(one_launch);
+                    std::vector<int> ids(s.n_rows, -7);
+                    std::vector<float> top(s.n_rows, -7.0f);
+                    cuda::argmax_top_probability(logits.data(), s.n_rows, s.n_vocab, ids.data(), top.data(),
+                                                 ws.data(), nullptr, one_launch ? counters.data() : nullptr);
+                    CHECK(ids == want_ids);
+                    for (int r = 0; r < s.n_rows; ++r) {
+                        CAPTURE(r);
+                        if (want_ids[r] < 0)
+                            CHECK(std::isnan(top[r]));
+                        else
+                            CHECK(std::abs(top[r] - want_top[r]) <= 1e-6 * want_top[r]);
+                    }
+                    CHECK(std::all_of(counters.begin(), counters.end(), [](unsigned c) { return c == 0u; }));
                 }
             }
         }
@@ -195,12 +206,33 @@ TEST_CASE("cuda sampling: argmax_top_probability gives the argmax and 1 / sum(ex
     for (int i = 40; i < 80; ++i) rows[i] = 0.5f;
     rows[57] = kInf;
     std::vector<uint64_t> ws = workspace_for(2, 40);
-    std::vector<int> ids(2, -7);
-    std::vector<float> top(2, -7.0f);
-    cuda::argmax_top_probability(rows.data(), 2, 40, ids.data(), top.data(), ws.data(), nullptr);
-    CHECK(ids == std::vector<int>{-1, 17});
-    CHECK(std::isnan(top[0]));
-    CHECK(top[1] == 1.0f);
+    std::vector<unsigned> counters(cuda::argmax_counters(2), 0u);
+    for (unsigned* c : {static_cast<unsigned*>(nullptr), counters.data()}) {
+        std::vector<int> ids(2, -7);
+        std::vector<float> top(2, -7.0f);
+        cuda::argmax_top_probability(rows.data(), 2, 40, ids.data(), top.data(), ws.data(), nullptr, c);
+        CHECK(ids == std::vector<int>{-1, 17});
+        CHECK(std::isnan(top[0]));
+        CHECK(top[1] == 1.0f);
+    }
+    // Launches, read from captured ones: three (argmax: two) without counters, one with them.
+    const auto launches = [&](bool confidence, unsigned* c) {
+        std::vector<int> ids(2);
+        std::vector<float> top(2);
+        void* stream = tandem::emu::stream_create();
+        tandem::emu::begin_capture(stream);
+        if (confidence)
+            cuda::argmax_top_probability(rows.data(), 2, 40, ids.data(), top.data(), ws.data(), stream, c);
+        else
+            cuda::argmax(rows.data(), 2, 40, ids.data(), ws.data(), stream, c);
+        const size_t n = tandem::emu::end_capture(stream).nodes.size();
+        tandem::emu::stream_destroy(stream);
+        return n;
+    };
+    CHECK(launches(true, nullptr) == 3u);
+    CHECK(launches(true, counters.data()) == 1u);
+    CHECK(launches(false, nullptr) == 2u);
+    CHECK(launches(false, counters.data()) == 1u);
 }
 
 TEST_CASE("cuda sampling: argmax edge cases: ties, +inf, NaN and all -inf rows") {
