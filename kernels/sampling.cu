@@ -90,6 +90,16 @@ __device__ __forceinline__ Key warp_max_of(const Key* keys, int n) {
 
 // ---- argmax and softmax -----------------------------------------------------------------------------------------
 
+// The largest key of l[begin, end) over the block, returned to every thread (scratch: block_max_key's).
+__device__ __forceinline__ Key split_best_key(const float* l, int begin, int end, Key* scratch) {
+    Key best = 0;
+    for (int i = begin + static_cast<int>(threadIdx.x); i < end; i += kThreads) {
+        const Key k = key_of(l[i], i);
+        best = k > best ? k : best;
+    }
+    return block_max_key(best, scratch);
+}
+
 // Stage 1, one block per (split, row): the split's largest key.
 __global__ void __launch_bounds__(kThreads) max_key_kernel(const float* __restrict__ logits, int n_vocab, int chunk,
                                                            Key* __restrict__ keys) {
@@ -98,12 +108,7 @@ __global__ void __launch_bounds__(kThreads) max_key_kernel(const float* __restri
     const int split = blockIdx.x, row = blockIdx.y;
     const float* l = logits + static_cast<size_t>(row) * n_vocab;
     const int begin = split * chunk, end = begin + chunk < n_vocab ? begin + chunk : n_vocab;
-    Key best = 0;
-    for (int i = begin + threadIdx.x; i < end; i += kThreads) {
-        const Key k = key_of(l[i], i);
-        best = k > best ? k : best;
-    }
-    best = block_max_key(best, scratch);
+    const Key best = split_best_key(l, begin, end, scratch);
     if (threadIdx.x == 0) keys[static_cast<size_t>(row) * gridDim.x + split] = best;
 }
 
@@ -162,12 +167,7 @@ __global__ void __launch_bounds__(kThreads) argmax_one_launch_kernel(const float
     const int split = blockIdx.x, row = blockIdx.y, n_splits = gridDim.x;
     const float* l = logits + static_cast<size_t>(row) * n_vocab;
     const int begin = split * chunk, end = begin + chunk < n_vocab ? begin + chunk : n_vocab;
-    Key best = 0;
-    for (int i = begin + threadIdx.x; i < end; i += kThreads) {
-        const Key k = key_of(l[i], i);
-        best = k > best ? k : best;
-    }
-    best = block_max_key(best, key_scratch);  // every thread's
+    const Key best = split_best_key(l, begin, end, key_scratch);  // every thread's
     const size_t slot = static_cast<size_t>(row) * n_splits + split;
     if constexpr (kConfidence) {
         const float m = key_value(best);
