@@ -53,9 +53,10 @@ __device__ __forceinline__ float4 normalized(float4 w, float scale, float4 v) {
     return make_float4(w.x * (scale * v.x), w.y * (scale * v.y), w.z * (scale * v.z), w.w * (scale * v.w));
 }
 
-// After a barrier (other threads wrote the output row `o`), the block's warps quantize it one block each in turn:
-// Q8_K's 256-element blocks span two warps of the register kernel, so they go through memory (and the loop kernel's
-// rows, which have no register layout).
+// After a barrier (other threads wrote the output row `o`), the block's warps quantize it one block each in turn.
+// Used where the quantizer cannot run from registers: Q8_K's 256-element blocks span two warps of the register
+// kernel, the loop kernel's rows have no register layout, and in a matvec launch's epilogue the quantizer's
+// divisions in the slot loop made ptxas spill (add_rms_norm_rows).
 __device__ __forceinline__ void quantize_row(const float* o, int cols, bool k_quant, uint8_t* xq_row) {
     __syncthreads();
     const int n_blocks = cols / q8::block_elems(k_quant), lane = threadIdx.x % 32;

@@ -406,25 +406,45 @@ void check_rows(const char* what, int n_rows, int n_vocab) {
     detail::require(n_rows > 0 && n_rows <= 65535 && n_vocab > 0, what);
 }
 
-// The first stages of argmax, softmax and argmax_top_probability: each (split, row)'s largest key into `keys`, and
-// with temperature > 0 its sum of softmax terms into `sums` (both in the workspace).
+// How argmax, softmax and argmax_top_probability cut a row and where their splits' results go in the workspace:
+// each (split, row)'s largest key in `keys`, its sum of softmax terms in `sums`.
 struct SplitSums {
     int splits, chunk;
     Key* keys;
     double* sums;
 };
+SplitSums split_sums(int n_rows, int n_vocab, void* workspace) {
+    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
+    Key* keys = static_cast<Key*>(workspace);
+    return {splits, chunk_for(n_vocab, splits), keys,
+            reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits)};
+}
+
+// Their first stages: the keys, and with temperature > 0 the sums against the row's max.
 SplitSums enqueue_split_sums(const float* logits, int n_rows, int n_vocab, float temperature, void* workspace,
                              Stream stream) {
-    const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits), chunk = chunk_for(n_vocab, splits);
-    Key* keys = static_cast<Key*>(workspace);
-    double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);
-    const dim3 grid(splits, n_rows);
-    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab, chunk,
-                          keys);
+    const SplitSums s = split_sums(n_rows, n_vocab, workspace);
+    const dim3 grid(s.splits, n_rows);
+    detail::launch_kernel("max_key_kernel", max_key_kernel, grid, dim3(kThreads), 0, stream, logits, n_vocab,
+                          s.chunk, s.keys);
     if (temperature > 0.0f)  // greedy needs no sum
         detail::launch_kernel("softmax_sum_kernel", softmax_sum_kernel, grid, dim3(kThreads), 0, stream, logits,
-                              n_vocab, chunk, static_cast<const Key*>(keys), temperature, sums);
-    return {splits, chunk, keys, sums};
+                              n_vocab, s.chunk, static_cast<const Key*>(s.keys), temperature, s.sums);
+    return s;
+}
+
+// The greedy picks in one launch (argmax_one_launch_kernel), with the confidence when out_top is set.
+void launch_one_launch_picks(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
+                             void* workspace, unsigned* counters, Stream stream) {
+    const SplitSums s = split_sums(n_rows, n_vocab, workspace);
+    const dim3 grid(s.splits, n_rows);
+    if (out_top)
+        detail::launch_kernel("argmax_one_launch_kernel<true>", argmax_one_launch_kernel<true>, grid, dim3(kThreads),
+                              0, stream, logits, n_vocab, s.chunk, s.keys, s.sums, counters, out_ids, out_top);
+    else
+        detail::launch_kernel("argmax_one_launch_kernel<false>", argmax_one_launch_kernel<false>, grid,
+                              dim3(kThreads), 0, stream, logits, n_vocab, s.chunk, s.keys, s.sums, counters, out_ids,
+                              out_top);
 }
 
 }  // namespace
@@ -441,13 +461,8 @@ size_t argmax_counters(int n_rows) { return n_rows > 0 ? static_cast<size_t>(n_r
 void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* workspace, Stream stream,
             unsigned* counters) {
     check_rows("argmax: bad shape", n_rows, n_vocab);
-    if (counters) {
-        const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
-        detail::launch_kernel("argmax_one_launch_kernel<false>", argmax_one_launch_kernel<false>, dim3(splits, n_rows),
-                              dim3(kThreads), 0, stream, logits, n_vocab, chunk_for(n_vocab, splits),
-                              static_cast<Key*>(workspace), nullptr, counters, out_ids, nullptr);
-        return;
-    }
+    if (counters)
+        return launch_one_launch_picks(logits, n_rows, n_vocab, out_ids, nullptr, workspace, counters, stream);
     const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, 0.0f, workspace, stream);  // the keys only
     detail::launch_kernel("argmax_final_kernel", argmax_final_kernel, dim3(n_rows), dim3(32), 0, stream,
                           static_cast<const Key*>(s.keys), s.splits, out_ids);
@@ -456,15 +471,8 @@ void argmax(const float* logits, int n_rows, int n_vocab, int* out_ids, void* wo
 void argmax_top_probability(const float* logits, int n_rows, int n_vocab, int* out_ids, float* out_top,
                             void* workspace, Stream stream, unsigned* counters) {
     check_rows("argmax_top_probability: bad shape", n_rows, n_vocab);
-    if (counters) {
-        const int splits = splits_for(n_vocab, kArgChunk, kArgMaxSplits);
-        Key* keys = static_cast<Key*>(workspace);
-        double* sums = reinterpret_cast<double*>(keys + static_cast<size_t>(n_rows) * splits);  // as enqueue_split_sums
-        detail::launch_kernel("argmax_one_launch_kernel<true>", argmax_one_launch_kernel<true>, dim3(splits, n_rows),
-                              dim3(kThreads), 0, stream, logits, n_vocab, chunk_for(n_vocab, splits), keys, sums,
-                              counters, out_ids, out_top);
-        return;
-    }
+    if (counters)
+        return launch_one_launch_picks(logits, n_rows, n_vocab, out_ids, out_top, workspace, counters, stream);
     const SplitSums s = enqueue_split_sums(logits, n_rows, n_vocab, 1.0f, workspace, stream);
     detail::launch_kernel("top_probability_final_kernel", top_probability_final_kernel, dim3(n_rows), dim3(32), 0,
                           stream, static_cast<const Key*>(s.keys), static_cast<const double*>(s.sums), s.splits,

@@ -575,18 +575,20 @@ bool CudaBackend::fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope,
 void CudaBackend::project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* norm_weight,
                                    GgmlType next, bool prefill) {
     const ModelConfig& c = model_.config;
-    if (prefill || !options_.fused_matvecs || !options_.matvec_norm) {
+    if (prefill) {
         matmul(W, in, n, proj_, prefill);
         const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
         cuda::add_rms_norm(x_, proj_, norm_weight, xb_, n, c.dim, c.rms_eps, stream_, nq.type, nq.xq);
         return;
     }
     // The matvec's input first (the record of what xq_ holds), then the norm's output. The norm may write xq_ that
-    // the matvec reads: its last block writes only when every block is done reading.
+    // the matvec reads: in the launch, its last block writes only when every block is done reading. Without the
+    // counter the call launches add_rms_norm after the matvec.
     const void* xq = quantized(W.type, in, n, W.cols);
     const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
     cuda::matvec_add_rms_norm(W.type, W.data, W.row_bytes, W.rows, W.cols, in, n, proj_, stream_, loads(W.type), xq,
-                              {x_, norm_weight, xb_, c.rms_eps, nq.type, nq.xq}, norm_counter_);
+                              {x_, norm_weight, xb_, c.rms_eps, nq.type, nq.xq},
+                              options_.fused_matvecs && options_.matvec_norm ? norm_counter_ : nullptr);
 }
 
 void CudaBackend::matmul(const DeviceMatrix& W, const float* x, int n, float* y, bool prefill) {
