@@ -153,6 +153,13 @@ void stream_synchronize(Stream stream) {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 
+bool stream_done(Stream stream) {
+    const cudaError_t status = cudaStreamQuery(static_cast<cudaStream_t>(stream));
+    if (status == cudaErrorNotReady) return false;
+    check(status, "cudaStreamQuery");
+    return true;
+}
+
 void* pinned_alloc(size_t bytes) {
     void* p = nullptr;
     check(cudaMallocHost(&p, bytes), ("cudaMallocHost of " + std::to_string(bytes) + " bytes").c_str());
@@ -404,6 +411,13 @@ void stream_synchronize(Stream stream) {
         emu::invalidate_capture(stream, "cudaStreamSynchronize");
         capture_error("cudaStreamSynchronize", "synchronizing the capturing stream");
     }
+}
+bool stream_done(Stream stream) {
+    if (capturing(stream, "cudaStreamQuery")) {
+        emu::invalidate_capture(stream, "cudaStreamQuery");
+        capture_error("cudaStreamQuery", "querying the capturing stream");
+    }
+    return true;
 }
 
 void begin_capture(Stream stream) {

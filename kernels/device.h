@@ -64,6 +64,9 @@ void stream_destroy(Stream stream) noexcept;
 // Waits for everything queued on `stream`, and reports an asynchronous kernel fault as a DeviceError. An error on
 // a capturing stream (see below).
 void stream_synchronize(Stream stream);
+// cudaStreamQuery: true when everything queued on `stream` has finished (never blocks); a fault is reported as
+// stream_synchronize reports it. Emulated: always true (work runs when it is queued). Not on a capturing stream.
+bool stream_done(Stream stream);
 
 // ---- pinned host memory ---------------------------------------------------------------------------------------------
 // cudaMallocHost / cudaFreeHost. A copy captured into a graph reads (or writes) its host buffer when the graph

@@ -103,6 +103,19 @@ public:
         return false;
     }
 
+    // ---- Deferred outputs: the host works on while the backend computes ----
+    // After defer_outputs(), forward calls (every variant above) may return before their outputs are written: a GPU
+    // backend queues the work and copies the outputs back behind it. collect_outputs() waits for that work and
+    // writes every output; until then the caller must not read an output nor move or free what it points to, and
+    // the caches passed in are in use. outputs_ready() says, without blocking, whether collect_outputs() would
+    // return at once. A backend that computes in the call (the CPU's) writes the outputs in the call: these are
+    // no-ops and computes_in_background() is false. The speculative loop drafts ahead while the target verifies
+    // (generator.cpp) where the target computes in the background.
+    virtual bool computes_in_background() const { return false; }
+    virtual void defer_outputs() {}
+    virtual bool outputs_ready() { return true; }
+    virtual void collect_outputs() {}
+
     // Blocks until work the backend does in the background after loading (the CPU backend's repacked weights) is
     // done, so that later calls run at their steady-state speed. The results are the same bits either way.
     virtual void wait_for_repacking() const {}

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "backend.h"
 #include "cpu/vec_math.h"
@@ -185,6 +186,32 @@ int greedy_pick(int id) {
     return id;
 }
 
+// A backend's deferred outputs (Backend::defer_outputs) for a scope: collect() delivers them; leaving the scope by an
+// exception still lets the queued work land before the outputs' buffers go, and the backend stops deferring (its
+// later calls write their outputs again). Does nothing for a null backend.
+class DeferredOutputs {
+public:
+    explicit DeferredOutputs(Backend* backend) : backend_(backend) {
+        if (backend_) backend_->defer_outputs();
+    }
+    ~DeferredOutputs() {
+        if (!backend_) return;
+        try {
+            backend_->collect_outputs();
+        } catch (...) {  // the error that unwound the scope is the one reported
+        }
+    }
+    DeferredOutputs(const DeferredOutputs&) = delete;
+    DeferredOutputs& operator=(const DeferredOutputs&) = delete;
+    bool ready() const { return !backend_ || backend_->outputs_ready(); }
+    void collect() {
+        if (backend_) std::exchange(backend_, nullptr)->collect_outputs();
+    }
+
+private:
+    Backend* backend_;
+};
+
 }  // namespace
 
 Generator::Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft)
@@ -275,6 +302,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     const bool restrict_draft = draft_.model && sp.draft_vocab > 0 && sp.draft_vocab < draft_vocab;
     DraftLengthController controller(sp.draft_min, sp.draft_max);
     controller.set_free_drafts(draft_.model == nullptr);
+    // The controller counts on drafting ahead where it runs by itself (auto, a target that computes in the
+    // background); forced steps (tests, benchmarks) leave its model as without.
+    controller.set_draft_ahead(draft_.model && sp.draft_ahead < 0 && backend_.computes_in_background());
     // The prompt prefill's cost per token, only from a prompt long enough for the per-token part to dominate: what
     // each further verified token adds to a target forward, beyond the first few (DraftLengthController::verify_cost).
     const int n_prompt = out.stats().n_prompt;
@@ -375,11 +405,45 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         else
             draft_.backend->forward(tokens, *draft_.cache, 1, draft_logits.data());
     };
+    // The draft's proposal from its last forward, for the position after `ctx`: its token and its top probability;
+    // sampled drafting fills q with its distribution and leaves the draw (-1 returned) to the caller, after the
+    // p_min rule (a token that is not proposed takes no draw from the draft's random stream).
+    auto read_draft = [&](const std::vector<int>& ctx, SparseDistribution& q, float& top) {
+        if (draft_picks_only) {
+            top = draft_confidence;
+            return greedy_pick(draft_pick);
+        }
+        if (greedy) {
+            // Greedy verification never reads q (the target's argmax decides), so the greedy draft only needs its
+            // token and a confidence: its own top probability under a plain softmax, 1 / sum(exp(l - max)), in
+            // float SIMD. (Every O(vocab) pass here costs ~1% of a 0.5B draft step at 151,936 ids.)
+            const int d = draft_sampler.sample(draft_logits.data(), ctx);
+            const float mx = *std::max_element(draft_logits.begin(), draft_logits.end());
+            std::copy(draft_logits.begin(), draft_logits.end(), scratch.begin());
+            top = 1.0f / cpu::exp_shifted_sum(scratch.data(), draft_vocab, mx);
+            return d;
+        }
+        if (draft_as_candidates)
+            draft_sampler.distribution(draft_candidates.row(0), ctx, q);
+        else
+            draft_sampler.distribution(draft_logits.data(), ctx, q);
+        top = q.probs.empty() ? 0.0f : *std::max_element(q.probs.begin(), q.probs.end());
+        return -1;
+    };
+    // Drafting ahead (SpeculativeParams::draft_ahead). ahead_ids[0] is the draft's guess of the token the target
+    // adds after a round's drafts, ahead_ids[1..] what it drafted after that guess (ahead_q: their distributions
+    // when sampled). When the round accepts every draft and adds that
+    // guess, ahead_ids[1..] move to `carried`, the next round's first proposals.
+    const int draft_ahead = draft_.model ? sp.draft_ahead : 0;
+    std::vector<int> ahead_ids, carried;
+    std::vector<SparseDistribution> ahead_q(static_cast<size_t>(k_cap) + 1), carried_q(static_cast<size_t>(k_cap) + 1);
+    bool ahead_stopped = false, carried_stopped = false;  // stopped by p_min: drafting does not go on after them
     std::vector<int> pending;
     bool layouts_settled = false;
     // TANDEM_SPEC_TRACE=1: one stderr line per round (the controller's k, what was drafted and accepted, the length of
     // the lookup match proposed (0: not a lookup round), the draft's, the verification's and the round's
-    // milliseconds; catch=1 when the draft read a long catch-up), for diagnosis.
+    // milliseconds; catch=1 when the draft read a long catch-up; the draft steps of its own, the tokens it drafted
+    // ahead during the verification and those of them carried to the next round), for diagnosis.
     static const bool trace = [] {
         const char* v = std::getenv("TANDEM_SPEC_TRACE");
         return v && v[0] == '1';
@@ -418,6 +482,13 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 std::fprintf(stderr, "speculative: waited %.1f ms for repacked weights (target %.1f ms)\n", since(tw) * 1e3,
                              target_wait * 1e3);
         }
+        const bool draft_round = k > 0 && !from_lookup && draft_.model;
+        if (!carried.empty() && !draft_round) {
+            // Drafted ahead for a round that does not use them: the draft keeps cur (the guess it drafted after).
+            carried.clear();
+            draft_.cache->truncate(committed + 1);
+            draft_fed = draft_.cache->n_committed();
+        }
         const Clock::time_point t_round = Clock::now();
         bool round_caught_up = false;  // the draft read many tokens this round: not a typical round's cost
         double catch_up_seconds = 0;
@@ -427,57 +498,67 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         double draft_seconds = 0;
         int draft_steps = 0;  // draft forwards behind the proposal (see DraftLengthController::record_round)
         if (from_lookup) drafted.assign(looked.tokens.begin(), looked.tokens.begin() + k);
-        if (k > 0 && !from_lookup && draft_.model) {
+        // The draft's cache holds cur and every draft but the last (draft_cache_holds_last: and the last too, when
+        // the p_min rule stopped drafting after the draft had read it).
+        bool draft_cache_holds_last = false;
+        if (draft_round) {
             Clock::time_point t0 = Clock::now();
             update_draft_vocab();
-            // Catch the draft up on everything it has not seen: cur, after a full acceptance the last draft, and
-            // in the first drafting round (or after a stretch of plain decoding) the prompt and what followed, in
-            // prefill chunks. A long catch-up is not a draft step: its time is left out of the per-step cost.
-            pending.clear();
-            for (int p = draft_fed; p < base + static_cast<int>(out.history.size()); ++p) pending.push_back(token_at(p));
-            const size_t n_pending = pending.size();
-            const size_t chunk = static_cast<size_t>(std::max(1, params.chunk));
             context = out.history;
-            for (size_t b = 0; b < n_pending; b += chunk) {
-                const size_t n = std::min(n_pending - b, chunk);
-                if (b + n == n_pending)
-                    draft_forward(std::span<const int>(pending.data() + b, n));
-                else
-                    draft_.backend->forward(std::span<const int>(pending.data() + b, n), *draft_.cache, 0, nullptr);
-            }
-            draft_fed = draft_.cache->n_committed();
-            draft_steps = 1;  // the forward of cur (or the catch-up standing in for it) gave drafted[0]'s logits
-            const bool long_catch_up = n_pending > 2;
-            round_caught_up = long_catch_up;
-            if (long_catch_up) {
-                catch_up_seconds = since(t0);
-                st.draft_s += catch_up_seconds;
-                t0 = Clock::now();
-            }
-            for (int i = 0; i < k; ++i) {
-                // Greedy verification never reads q (the target's argmax decides), so the greedy draft only needs
-                // its token and a confidence: its own top probability under a plain softmax, 1 / sum(exp(l - max)),
-                // in float SIMD. (Every O(vocab) pass here costs ~1% of a 0.5B draft step at 151,936 ids.)
-                int d;
-                float top;
-                if (draft_picks_only) {
-                    d = greedy_pick(draft_pick);
-                    top = draft_confidence;
-                } else if (greedy) {
-                    d = draft_sampler.sample(draft_logits.data(), context);
-                    const float mx = *std::max_element(draft_logits.begin(), draft_logits.end());
-                    std::copy(draft_logits.begin(), draft_logits.end(), scratch.begin());
-                    top = 1.0f / cpu::exp_shifted_sum(scratch.data(), draft_vocab, mx);
-                } else {
-                    SparseDistribution& q = q_dists[static_cast<size_t>(i)];
-                    if (draft_as_candidates)
-                        draft_sampler.distribution(draft_candidates.row(0), context, q);
-                    else
-                        draft_sampler.distribution(draft_logits.data(), context, q);
-                    top = q.probs.empty() ? 0.0f : *std::max_element(q.probs.begin(), q.probs.end());
-                    d = -1;
+            int i0 = 0;
+            bool done = false;
+            if (!carried.empty()) {
+                // Drafted ahead during the last verification, which accepted every draft and added the draft's guess
+                // (cur): the draft's cache holds cur and what followed it. Proposed as they are; the draft goes on
+                // from the last one where p_min did not stop it there.
+                const int t = std::min(k, static_cast<int>(carried.size()));
+                for (int j = 0; j < t; ++j) {
+                    drafted.push_back(carried[static_cast<size_t>(j)]);
+                    context.push_back(carried[static_cast<size_t>(j)]);
+                    if (!greedy) std::swap(q_dists[static_cast<size_t>(j)], carried_q[static_cast<size_t>(j)]);
                 }
-                if (top < sp.p_min && i > 0) break;
+                st.ahead_used += t;
+                draft_.cache->truncate(committed + t);  // cur and drafted[0..t-2]: the last is not read yet
+                done = t == k || carried_stopped;
+                carried.clear();
+                draft_steps = 0;
+                if (!done) {
+                    draft_forward(std::span<const int>(&drafted.back(), 1));
+                    ++draft_steps;
+                }
+                i0 = t;
+            } else {
+                // Catch the draft up on everything it has not seen: cur, after a full acceptance the last draft,
+                // and in the first drafting round (or after a stretch of plain decoding) the prompt and what
+                // followed, in prefill chunks. A long catch-up is not a draft step: its time is left out of the
+                // per-step cost.
+                pending.clear();
+                for (int p = draft_fed; p < base + static_cast<int>(out.history.size()); ++p) pending.push_back(token_at(p));
+                const size_t n_pending = pending.size();
+                const size_t chunk = static_cast<size_t>(std::max(1, params.chunk));
+                for (size_t b = 0; b < n_pending; b += chunk) {
+                    const size_t n = std::min(n_pending - b, chunk);
+                    if (b + n == n_pending)
+                        draft_forward(std::span<const int>(pending.data() + b, n));
+                    else
+                        draft_.backend->forward(std::span<const int>(pending.data() + b, n), *draft_.cache, 0, nullptr);
+                }
+                draft_steps = 1;  // the forward of cur (or the catch-up standing in for it) gave drafted[0]'s logits
+                const bool long_catch_up = n_pending > 2;
+                round_caught_up = long_catch_up;
+                if (long_catch_up) {
+                    catch_up_seconds = since(t0);
+                    st.draft_s += catch_up_seconds;
+                    t0 = Clock::now();
+                }
+            }
+            for (int i = i0; i < k && !done; ++i) {
+                float top;
+                int d = read_draft(context, q_dists[static_cast<size_t>(i)], top);
+                if (top < sp.p_min && i > 0) {
+                    draft_cache_holds_last = true;
+                    break;
+                }
                 if (!greedy) d = draft_sampler.draw(q_dists[static_cast<size_t>(i)]);
                 drafted.push_back(d);
                 context.push_back(d);
@@ -486,9 +567,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                     ++draft_steps;
                 }
             }
+            draft_fed = draft_.cache->n_committed();
             draft_seconds = since(t0);
             st.draft_s += draft_seconds;
-            if (long_catch_up) draft_seconds = 0;  // this round's steps do not measure a draft step's cost
+            // A round after a long catch-up, or one whose proposals were all drafted ahead, measures no draft step.
+            if (round_caught_up || draft_steps == 0) draft_seconds = 0;
         } else if (from_lookup && !greedy) {
             for (size_t i = 0; i < drafted.size(); ++i)
                 q_dists[i].assign_one(drafted[i]);  // a deterministic proposal: q is one-hot
@@ -499,6 +582,10 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         batch.assign(1, cur);
         batch.insert(batch.end(), drafted.begin(), drafted.end());
         const Clock::time_point t_verify = Clock::now();
+        // Draft ahead while the target verifies (SpeculativeParams::draft_ahead): a round the draft proposed, on a
+        // target that computes in the background, or forced.
+        const bool ahead = draft_round && draft_ahead != 0 && (draft_ahead > 0 || backend_.computes_in_background());
+        DeferredOutputs verification(ahead ? &backend_ : nullptr);
         const std::span<float> target_rows(target_logits.data(), static_cast<size_t>(n_drafted + 1) * V);
         const bool as_candidates =
             !ids_only && target_candidates.plan(params.sampler, n_vocab, backend_,
@@ -514,7 +601,53 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
             return as_candidates ? sampler.sample(target_candidates.row(i), history)
                                  : sampler.sample(&target_logits[static_cast<size_t>(i) * V], history);
         };
-        const double verify_seconds = since(t_verify);
+        double verify_seconds = -1;  // from the start until the outputs were first seen ready
+        ahead_ids.clear();
+        ahead_stopped = false;
+        if (ahead) {
+            auto target_done = [&] {
+                if (verify_seconds < 0 && verification.ready()) verify_seconds = since(t_verify);
+                return verify_seconds >= 0;
+            };
+            // A draft on a GPU steps with its outputs deferred too, and the host watches the target meanwhile, so
+            // that the verification's time is its own (not rounded up to the end of a draft step).
+            const bool draft_defers = draft_.backend->computes_in_background();
+            // The draft reads the last draft (unless it has) and drafts on as if the target accepts them all: its
+            // first token is its guess of the target's next one, the rest could open the next round. At most a
+            // guess and k_cap proposals, within the draft's cache and the tokens still wanted.
+            const int room = draft_.cache->capacity() - draft_.cache->n_committed() + (draft_cache_holds_last ? 1 : 0);
+            int limit = std::min({draft_ahead > 0 ? draft_ahead : k_cap + 1, k_cap + 1, room,
+                                  std::max(0, out.remaining() - n_drafted - 1)});
+            context = out.history;
+            context.insert(context.end(), drafted.begin(), drafted.end());
+            bool have_output = draft_cache_holds_last;  // the draft's last forward read drafted.back()
+            int last = drafted.back();
+            for (int j = 0; j < limit; ++j) {
+                if (target_done() && draft_ahead < 0) break;  // auto: only while the target works
+                if (!have_output) {
+                    DeferredOutputs step(draft_defers ? draft_.backend : nullptr);
+                    draft_forward(std::span<const int>(&last, 1));
+                    while (!step.ready()) target_done();
+                    step.collect();
+                    ++st.ahead_steps;
+                }
+                have_output = false;
+                SparseDistribution& q = ahead_q[static_cast<size_t>(j)];
+                float top;
+                int e = read_draft(context, q, top);
+                // ahead_ids[j] would be the next round's draft j - 1, which the p_min rule stops from the second on.
+                if (j >= 2 && top < sp.p_min) {
+                    ahead_stopped = true;
+                    break;
+                }
+                if (!greedy) e = draft_sampler.draw(q);
+                ahead_ids.push_back(e);
+                context.push_back(e);
+                last = e;
+            }
+            verification.collect();
+        }
+        if (verify_seconds < 0) verify_seconds = since(t_verify);
         st.verify_s += verify_seconds;
         controller.record_verify(n_drafted + 1, verify_seconds);
         ++st.rounds;
@@ -567,8 +700,19 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         const int keep = committed + 1 + verdict.n_accepted;  // cur + the accepted drafts
         cache_.truncate(keep);
         if (draft_.model) {
-            // The draft's cache holds history + the drafts it was fed; what survives is the accepted part.
-            draft_.cache->truncate(keep);
+            // The draft's cache holds history + the drafts it was fed (+ what it drafted ahead); what survives is the
+            // accepted part, and what it drafted ahead when the round went as it guessed: every draft accepted, and
+            // the target's next token its guess (which then sits at `keep` in its cache, followed by the rest).
+            const bool as_guessed = ahead && verdict.n_accepted == n_drafted && ahead_ids.size() >= 2 &&
+                                    verdict.next_token == ahead_ids[0];
+            if (as_guessed) {
+                carried.assign(ahead_ids.begin() + 1, ahead_ids.end());
+                if (!greedy)
+                    for (size_t j = 0; j < carried.size(); ++j) std::swap(carried_q[j], ahead_q[j + 1]);
+                carried_stopped = ahead_stopped;
+            } else {
+                draft_.cache->truncate(keep);
+            }
             draft_fed = draft_.cache->n_committed();
         }
         // A round that began with a long catch-up (the first drafting round, a probe after plain rounds) counts as
@@ -580,9 +724,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if ((!round_caught_up || controller.draft_step_seconds() > 0) && !(from_lookup && draft_.model))
             controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds, draft_steps);
         if (trace)
-            std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f\n",
+            std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f "
+                         "steps=%d ahead=%zu carried=%zu\n",
                          k, n_drafted, from_lookup ? looked.match_len : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,
-                         since(t_round) * 1e3, round_caught_up ? 1 : 0, controller.acceptance());
+                         since(t_round) * 1e3, round_caught_up ? 1 : 0, controller.acceptance(), draft_steps, ahead_ids.size(),
+                         carried.size());
         for (int i = 0; i < verdict.n_accepted; ++i)
             if (!out.push(drafted[static_cast<size_t>(i)])) return;
         cur = verdict.next_token;

@@ -396,6 +396,10 @@ int main(int argc, char** argv) {
                    "the draft computes logits only for ids below this (a BPE vocabulary's frequent ones) and those in "
                    "the context (0: every id); the output is the target's either way")
         ->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--draft-ahead", opt.gen.speculative.draft_ahead,
+                   "draft steps taken while the target verifies, guessing that it accepts every draft: -1 while a GPU "
+                   "target works, 0 never, n up to n every round; the output is the target's either way")
+        ->capture_default_str()->check(CLI::Range(-1, 65));
     app.add_flag("--lookup", opt.gen.speculative.lookup,
                  "prompt-lookup drafting: propose what followed the longest earlier match of the context's last tokens");
     app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");

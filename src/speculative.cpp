@@ -106,7 +106,18 @@ bool DraftLengthController::drafting_may_pay() const {
 double DraftLengthController::round_cost(int k) const {
     if (k == 0) return plain_s_per_token_ > 0 ? plain_s_per_token_ : verify_cost(1);
     const double step = free_drafts_ ? 0.0 : std::max(0.0, draft_step_s_);
-    return cost_scale() * (k * step + verify_cost(k + 1));
+    const double verify = verify_cost(k + 1);
+    double steps = k;
+    if (draft_ahead_ && step > 0) {
+        // While the target verifies, the draft takes about verify / step steps: a guess of the target's next token,
+        // then proposals after it. With the k drafts all accepted and the guess right (taken as k + 1 tokens
+        // accepted at alpha), the next round opens with up to k of those proposals instead of its own steps, the
+        // rounds being alike.
+        const int ahead = std::min(draft_max_ + 1, static_cast<int>(std::ceil(verify / step)));
+        const double carried = std::pow(std::min(alpha_, 0.999), k + 1) * std::min(k, std::max(0, ahead - 1));
+        steps -= carried;
+    }
+    return cost_scale() * (steps * step + verify);
 }
 
 double DraftLengthController::cost_scale() const {
@@ -338,6 +349,11 @@ std::string SpeculativeStats::summary(double total_s, int n_generated) const {
         if (accepted_hist[static_cast<size_t>(i)]) last = i;
     for (int i = 0; i <= last; ++i) {
         std::snprintf(buf, sizeof buf, "%s%d:%d", i ? " " : "", i, accepted_hist[static_cast<size_t>(i)]);
+        out += buf;
+    }
+    if (ahead_steps > 0) {
+        std::snprintf(buf, sizeof buf, "\ndrafted ahead:      %lld draft steps during verification, %lld of their tokens proposed",
+                      static_cast<long long>(ahead_steps), static_cast<long long>(ahead_used));
         out += buf;
     }
     const double other = std::max(0.0, total_s - draft_s - verify_s);

@@ -36,6 +36,13 @@ struct SpeculativeParams {
     // that from the measured costs (DraftLengthController::choose_lookup).
     int lookup_ngram_max = 16;
     int lookup_ngram_min = 1;
+    // Drafting ahead: while the target verifies a round's drafts, the draft reads the last of them and drafts on as
+    // if all are accepted; when they are and the target's next token is the draft's own guess for it, the tokens
+    // drafted after that guess open the next round without draft steps of its own (parallel drafting and
+    // verification, as PEARL, Liu et al. 2024). Wasted work otherwise, done while the host would wait. -1 (auto):
+    // only where the target computes in the background (Backend::computes_in_background: a GPU), and only while it
+    // does; 0: never; n > 0: n draft forwards per round whatever the target does (tests, benchmarks).
+    int draft_ahead = -1;
 };
 
 // A prompt-lookup proposal: the tokens that followed an earlier occurrence of the context's last `match_len` tokens.
@@ -108,6 +115,10 @@ public:
     void record_verify(int n_tokens, double seconds);
     // Turns off the cost model: the draft is free (prompt lookup), only acceptance matters.
     void set_free_drafts(bool free) { free_drafts_ = free; }
+    // The draft drafts ahead while the target verifies (SpeculativeParams::draft_ahead, where the target computes in
+    // the background): a round whose drafts are all accepted and whose next token the draft guessed hands the next
+    // round what was drafted ahead, so a round of k drafts expects fewer than k draft steps of its own (round_cost).
+    void set_draft_ahead(bool on) { draft_ahead_ = on; }
     // Prompt lookup. Its proposals do not fail like a draft model's, token by token at a steady rate: a copy either
     // goes on or ends, and how likely its next token is accepted grows with how long the match behind it already
     // is (measured below, lookup_acceptance). So the length is chosen per proposal: the k (at most `available`,
@@ -148,6 +159,7 @@ private:
     double verify_cost(int n_tokens) const;  // estimated seconds for a target forward of n tokens
     int draft_min_, draft_max_;
     bool free_drafts_ = false;
+    bool draft_ahead_ = false;
     double alpha_ = 0.7;          // running per-token acceptance estimate (prior: a typical draft's rate)
     double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_ (per round: x kDecay)
     static constexpr double kDecay = 0.9;
@@ -211,6 +223,9 @@ struct SpeculativeStats {
     int rounds = 0;               // verification forwards
     int plain_steps = 0;          // rounds where the controller chose k = 0
     int64_t drafted = 0, accepted = 0;
+    // Drafting ahead (SpeculativeParams::draft_ahead): draft forwards run while the target verified, and the tokens
+    // they drafted that a later round proposed.
+    int64_t ahead_steps = 0, ahead_used = 0;
     std::array<int, 65> accepted_hist{};  // rounds by number of accepted tokens (last bucket: 64 or more)
     double draft_s = 0, verify_s = 0;
     std::string summary(double total_s, int n_generated) const;  // the --stats block

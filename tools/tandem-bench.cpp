@@ -220,7 +220,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
                       std::optional<tandem::GgmlType> draft_requant, bool lookup, int draft_vocab,
                       const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
                       bool json, bool serve, const std::string& backend_kind, const std::string& kv_type,
-                      float temperature, bool whole_rows) {
+                      float temperature, bool whole_rows, int draft_ahead) {
     std::vector<std::vector<int>> encoded;
     int n_ctx_max = 0;
     for (const std::string& text : prompts) {
@@ -261,6 +261,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         params.whole_rows = whole_rows;
         params.speculative.lookup = speculative && lookup;
         params.speculative.draft_vocab = draft_vocab;
+        params.speculative.draft_ahead = draft_ahead;
         tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
         return gen.generate(prompt, params, [](std::string_view) { return true; });
     };
@@ -296,14 +297,15 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
     }
 
     if (!json) {
-        std::printf("| prompt | plain tokens/s | speculative tokens/s | speedup | acceptance | mean accepted |\n");
-        std::printf("|---|---|---|---|---|---|\n");
+        std::printf("| prompt | plain tokens/s | speculative tokens/s | speedup | acceptance | mean accepted | "
+                    "drafted ahead |\n");
+        std::printf("|---|---|---|---|---|---|---|\n");
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
         const std::string& text = prompts[i];
         const std::vector<int>& prompt = encoded[i];
         std::vector<double> plain, spec;
-        double acceptance = 0, mean_accepted = 0;
+        double acceptance = 0, mean_accepted = 0, from_ahead = 0;  // from_ahead: of the drafts proposed
         int n_plain = 0, n_spec = 0;
         for (int r = 0; r <= reps; ++r) {  // run 0 is a warm-up
             for (bool speculative : {false, true}) {
@@ -316,6 +318,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
                     acceptance = static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.drafted);
                     const int drafting_rounds = st.spec.rounds - st.spec.plain_steps;
                     mean_accepted = drafting_rounds ? static_cast<double>(st.spec.accepted) / drafting_rounds : 0;
+                    from_ahead = static_cast<double>(st.spec.ahead_used) / static_cast<double>(st.spec.drafted);
                 }
             }
         }
@@ -323,14 +326,15 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         if (json) {
             std::printf("{\"test\":\"speculative\",\"prompt\":%s,\"n_prompt\":%zu,\"n_generated_plain\":%d,"
                         "\"n_generated_speculative\":%d,\"plain_tokens_per_s\":%.4f,\"speculative_tokens_per_s\":%.4f,"
-                        "\"acceptance\":%.4f,\"mean_accepted\":%.4f,\"reps\":%d,\"draft\":%s,\"lookup\":%s}\n",
+                        "\"acceptance\":%.4f,\"mean_accepted\":%.4f,\"drafted_ahead\":%.4f,\"reps\":%d,\"draft\":%s,"
+                        "\"lookup\":%s}\n",
                         json_string(text).c_str(), prompt.size(), n_plain, n_spec, p, s, acceptance, mean_accepted,
-                        reps, draft_model ? "true" : "false", lookup ? "true" : "false");
+                        from_ahead, reps, draft_model ? "true" : "false", lookup ? "true" : "false");
             std::fflush(stdout);
             continue;
         }
-        std::printf("| %s | %.2f | %.2f | %.2fx | %.1f%% | %.2f |\n", text.substr(0, 40).c_str(), p, s, s / p,
-                    100 * acceptance, mean_accepted);
+        std::printf("| %s | %.2f | %.2f | %.2fx | %.1f%% | %.2f | %.0f%% |\n", text.substr(0, 40).c_str(), p, s, s / p,
+                    100 * acceptance, mean_accepted, 100 * from_ahead);
         std::fflush(stdout);
     }
     return 0;
@@ -448,6 +452,11 @@ int main(int argc, char** argv) {
     app.add_flag("--whole-rows", whole_rows,
                  "speculative mode: every row of logits comes back whole (no candidates, no device confidence): the "
                  "same tokens, to measure what those save on a GPU");
+    int draft_ahead = tandem::SpeculativeParams{}.draft_ahead;
+    app.add_option("--draft-ahead", draft_ahead,
+                   "speculative mode: draft steps while the target verifies (-1: while a GPU target works, 0: never, "
+                   "n: up to n a round)")
+        ->capture_default_str()->check(CLI::Range(-1, 65));
     std::vector<int> verify_sizes;
     app.add_option("--verify", verify_sizes,
                    "speculative verification cost: after a prefill of -p tokens, forwards of each of these token "
@@ -493,7 +502,7 @@ int main(int argc, char** argv) {
             }
             return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts,
                                      n_gen, reps, threads, chunk, json, serve, backend_kind, kv_type, temperature,
-                                     whole_rows);
+                                     whole_rows, draft_ahead);
         }
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());

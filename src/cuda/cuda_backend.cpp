@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <initializer_list>
 #include <iterator>
 #include <string_view>
@@ -511,7 +512,47 @@ void CudaBackend::run_call(std::span<const int> tokens, KvCache& cache_base, int
         const size_t done = static_cast<size_t>(std::max(0, begin - first_logit_token));  // rows of earlier steps
         forward_step(tokens.subspan(begin, n), cache, step_logits, out.advanced(done, n_vocab), prefill);
     }
-    cuda::stream_synchronize(stream_);
+    if (!deferring_) cuda::stream_synchronize(stream_);
+}
+
+void CudaBackend::copy_output(void* dst, const void* src, size_t bytes) {
+    if (!deferring_) {
+        cuda::copy_to_host(dst, src, bytes, stream_);
+        return;
+    }
+    size_t offset = (staged_end_ + 15) & ~size_t{15};
+    if (offset + bytes > staging_.size()) {
+        // The staged copies queued so far land in the old buffer: let them finish before it goes. Sized for
+        // greedy picks and candidates at first; a call that wants whole rows of logits grows it once.
+        if (!staged_.empty()) {
+            cuda::stream_synchronize(stream_);
+            deliver_staged();
+        }
+        staging_ = cuda::PinnedBuffer(std::max({bytes, 2 * staging_.size(), size_t{64} << 10}));
+        offset = 0;
+    }
+    cuda::copy_to_host(staging_.as<uint8_t>() + offset, src, bytes, stream_);
+    staged_.push_back({dst, offset, bytes});
+    staged_end_ = offset + bytes;
+}
+
+void CudaBackend::deliver_staged() {
+    for (const StagedOutput& o : staged_) std::memcpy(o.dst, staging_.as<uint8_t>() + o.offset, o.bytes);
+    staged_.clear();
+    staged_end_ = 0;
+}
+
+void CudaBackend::collect_outputs() {
+    if (!deferring_) return;
+    deferring_ = false;
+    try {
+        cuda::stream_synchronize(stream_);
+    } catch (...) {
+        staged_.clear();  // what the faulted work would have written is not delivered
+        staged_end_ = 0;
+        throw;
+    }
+    deliver_staged();
 }
 
 bool CudaBackend::uses_int8_gemm(GgmlType type) const {
@@ -634,7 +675,8 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     // The outputs: a short step's (<= kStepTokens rows) were computed above, inside the graph; a prefill chunk's
     // run kStepTokens rows at a time through matvec (logits_ holds that many). Queued on the stream like the
     // kernels: the next group's matvec cannot overwrite logits_ (or ids_) before the copy has read it, and
-    // run_call() synchronizes before the caller looks at the outputs. Greedy picks copy one int per row;
+    // run_call() synchronizes before the caller looks at the outputs (with deferred outputs, collect_outputs()
+    // does). Greedy picks copy one int per row;
     // candidates are selected from logits_ outside the graph (their k and extra count vary from call to call)
     // and copy k + k + n_extra numbers per row.
     for (int g = 0; g < n_logits; g += kStepTokens) {
@@ -642,21 +684,21 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
         const CallOutput o = out.advanced(static_cast<size_t>(g), c.n_vocab);
         if (prefill) enqueue_output(n - n_logits + g, rows, picks);
         if (picks != Picks::None) {
-            cuda::copy_to_host(o.ids, ids_, static_cast<size_t>(rows) * sizeof(int), stream_);
+            copy_output(o.ids, ids_, static_cast<size_t>(rows) * sizeof(int));
             if (picks == Picks::ArgmaxConfidence)
-                cuda::copy_to_host(o.top_probs, top_probs_, static_cast<size_t>(rows) * sizeof(float), stream_);
+                copy_output(o.top_probs, top_probs_, static_cast<size_t>(rows) * sizeof(float));
         } else if (o.k > 0) {
             const size_t top = static_cast<size_t>(rows) * static_cast<size_t>(o.k);
             cuda::top_k(logits_, rows, c.n_vocab, o.k, cand_logits_, cand_ids_, sampling_ws_, stream_);
-            cuda::copy_to_host(o.top_logits, cand_logits_, top * sizeof(float), stream_);
-            cuda::copy_to_host(o.top_ids, cand_ids_, top * sizeof(int), stream_);
+            copy_output(o.top_logits, cand_logits_, top * sizeof(float));
+            copy_output(o.top_ids, cand_ids_, top * sizeof(int));
             if (o.n_extra > 0) {
                 cuda::gather_columns(logits_, rows, c.n_vocab, cand_extra_ids_, o.n_extra, cand_extra_logits_, stream_);
-                cuda::copy_to_host(o.extra_logits, cand_extra_logits_,
-                                   static_cast<size_t>(rows) * static_cast<size_t>(o.n_extra) * sizeof(float), stream_);
+                copy_output(o.extra_logits, cand_extra_logits_,
+                            static_cast<size_t>(rows) * static_cast<size_t>(o.n_extra) * sizeof(float));
             }
         } else {
-            cuda::copy_to_host(o.logits, logits_, static_cast<size_t>(rows) * c.n_vocab * sizeof(float), stream_);
+            copy_output(o.logits, logits_, static_cast<size_t>(rows) * c.n_vocab * sizeof(float));
         }
     }
 }

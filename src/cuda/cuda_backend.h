@@ -237,6 +237,14 @@ public:
     // the first rows, matvec_rows over the extras, -inf over the rest): the same bits for the ids computed. A step's
     // graph is captured again when n_first changes or the extra ids outgrow a power of two (see the .cpp).
     bool restrict_logits(int n_first, std::span<const int> extra) override;
+    // Deferred outputs (Backend): a call queues its steps and the copies of its outputs into pinned staging (a copy
+    // into the caller's pageable memory would make the host wait for the stream) and returns; collect_outputs()
+    // synchronizes and hands the staged outputs to the caller's buffers. The emulation runs the kernels in the
+    // call (so it does not compute in the background) but stages and delivers the outputs the same way.
+    bool computes_in_background() const override { return !cuda::device_is_emulated(); }
+    void defer_outputs() override { deferring_ = true; }
+    bool outputs_ready() override { return !deferring_ || cuda::stream_done(stream_); }
+    void collect_outputs() override;
 
     const CudaOptions& options() const { return options_; }
     const CudaGraphStats& graph_stats() const { return graph_stats_; }
@@ -342,6 +350,11 @@ private:
     // The loads of a decode or verification matvec of this weight type (CudaOptions::matvec_route).
     cuda::MatvecLoads loads(GgmlType type) const { return options_.matvec_route(type).loads; }
     void ensure_workspace(int n_ctx);
+    // `bytes` of device memory at `src` to the caller's `dst`: queued on the stream (run_call synchronizes before
+    // returning), or with deferred outputs queued into staging_ and written to `dst` by collect_outputs().
+    void copy_output(void* dst, const void* src, size_t bytes);
+    // Writes the staged outputs to their destinations (their copies must have finished) and empties the staging.
+    void deliver_staged();
 
     const Model& model_;
     const CudaPrefillOptions prefill_;
@@ -390,6 +403,15 @@ private:
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
     std::map<std::tuple<int, int, Picks>, StepGraph> graphs_;  // by (tokens in the step, output rows, picks)
+    // Deferred outputs: on between defer_outputs() and collect_outputs(); the outputs queued into staging_ since.
+    struct StagedOutput {
+        void* dst;
+        size_t offset, bytes;
+    };
+    bool deferring_ = false;
+    cuda::PinnedBuffer staging_;
+    size_t staged_end_ = 0;
+    std::vector<StagedOutput> staged_;
     CudaGraphStats graph_stats_;
 };
 

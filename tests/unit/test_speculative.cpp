@@ -21,60 +21,19 @@
 #include "model.h"
 #include "quantize_model.h"
 #include "reference_files.h"
+#include "spec_test_models.h"
 #include "speculative.h"
 #include "synthetic_model.h"
 #include "vocab_check.h"
 
 using namespace tandem;
+using test::chi_square;
+using test::drafts;
 
 namespace {
 
 const std::string kData = TANDEM_TEST_DATA;
 
-// Draft models made once per test run in a temporary directory: q8_0 and q4_0 requantizations of stories260K,
-// and the llama2.c int8 export converted to f32 (it parts from the fp32 model after ~110 tokens).
-struct Drafts {
-    std::string dir, q8_0, q4_0, q80bin, sharp;
-    Drafts() {
-        dir = std::filesystem::temp_directory_path() / ("tandem-spec-" + std::to_string(getpid()));
-        std::filesystem::create_directories(dir);
-        auto target = GgufFile::open(kData + "/stories260K.gguf");
-        q8_0 = dir + "/q8_0.gguf";
-        requantize_gguf(*target, GgmlType::Q8_0).write(q8_0);
-        q4_0 = dir + "/q4_0.gguf";
-        requantize_gguf(*target, GgmlType::Q4_0).write(q4_0);
-        q80bin = dir + "/q80bin.gguf";
-        llama2c_to_gguf(read_llama2c(kData + "/stories260K_q80.bin"), load_spm_vocab(kData + "/tok512.model"),
-                        GgmlType::F32, "stories260K_q80")
-            .write(q80bin);
-        // A draft that deliberately disagrees: stories260K with its output matrix scaled by 3, i.e. its logits at
-        // temperature 1/3 — overconfident, the way a weak draft fails, so that many proposals get rejected and a
-        // wrong correction step would visibly bias the output.
-        GgufWriter w;
-        for (const auto& [key, value] : target->metadata()) w.add_value(key, value);
-        for (const GgufTensorInfo& t : target->tensors()) {
-            std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
-            if (t.name == "output.weight") {
-                REQUIRE(t.type == GgmlType::F32);
-                for (size_t i = 0; i < bytes.size(); i += 4) {
-                    float f;
-                    std::memcpy(&f, &bytes[i], 4);
-                    f *= 3.0f;
-                    std::memcpy(&bytes[i], &f, 4);
-                }
-            }
-            std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
-            w.add_tensor(t.name, t.type, dims, std::move(bytes));
-        }
-        sharp = dir + "/sharp.gguf";
-        w.write(sharp);
-    }
-    ~Drafts() { std::filesystem::remove_all(dir); }
-};
-const Drafts& drafts() {
-    static Drafts d;
-    return d;
-}
 
 struct Run {
     std::vector<int> tokens;  // generated ids
@@ -767,36 +726,6 @@ TEST_CASE("speculative: vocabulary check") {
     }
 }
 
-namespace {
-
-// Pearson's chi-square statistic of `observed` counts against `expected` probabilities (n samples), with bins of
-// expected count < 5 pooled; returns {statistic, critical value}. The critical value is the chi-square quantile at
-// an upper-tail probability of 1e-6 (Wilson–Hilferty approximation, z = 4.753): a correct sampler fails this with
-// probability about one in a million for a given seed set — and the seeds are fixed, so the test is deterministic.
-std::pair<double, double> chi_square(const std::map<int, int>& observed, const std::map<int, double>& expected, int n) {
-    std::vector<std::pair<double, double>> bins;  // (expected count, observed count)
-    double pooled_e = 0, pooled_o = 0;
-    std::map<int, int> obs = observed;
-    for (const auto& [tok, p] : expected) {
-        const double e = p * n;
-        const double o = obs.count(tok) ? obs[tok] : 0;
-        obs.erase(tok);
-        if (e >= 5)
-            bins.push_back({e, o});
-        else
-            pooled_e += e, pooled_o += o;
-    }
-    for (const auto& [tok, o] : obs) pooled_o += o;  // tokens the target gives probability 0
-    if (pooled_e >= 5 || pooled_o > 0) bins.push_back({std::max(pooled_e, 1e-12), pooled_o});
-    double stat = 0;
-    for (const auto& [e, o] : bins) stat += (o - e) * (o - e) / e;
-    const double df = static_cast<double>(bins.size() - 1);
-    const double z = 4.753, h = 2.0 / (9.0 * df);
-    const double crit = df * std::pow(1.0 - h + z * std::sqrt(h), 3.0);
-    return {stat, crit};
-}
-
-}  // namespace
 
 TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-square on the 2nd and 3rd tokens)") {
     auto target = Model::load(kData + "/stories260K.gguf");
@@ -895,51 +824,58 @@ TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-squar
 }
 
 TEST_CASE("speculative: a second generation on a non-empty cache (a chat turn) keeps the draft in step") {
-    auto target = Model::load(kData + "/stories260K.gguf");
-    auto draft_model = Model::load(kData + "/stories260K.gguf");
-    CpuBackend backend(*target, 1, 64), draft_backend(*draft_model, 1, 64);
-    auto cache = backend.new_cache(256), draft_cache = draft_backend.new_cache(256);
-    Generator spec(*target, backend, *cache, {draft_model.get(), &draft_backend, draft_cache.get()});
-    GenerationParams p = greedy_params(30);
-    p.speculative.draft_min = 3;
-    p.speculative.draft_max = 3;
-    p.speculative.p_min = 0;
-    auto ignore = [](std::string_view) { return true; };
-    const std::vector<int> turn1 = {1, 403, 407, 261, 378};
-    const GenerationStats a = spec.generate(turn1, p, ignore);
-    // The chat keeps the conversation in both caches (cut to what both hold, as the REPL does) and appends a turn:
-    // the rest of the conversation plus new user tokens.
-    std::vector<int> conversation = turn1;
-    conversation.insert(conversation.end(), a.generated.begin(), a.generated.end());
-    const int held = std::min(cache->n_committed(), draft_cache->n_committed());
-    REQUIRE(held > static_cast<int>(turn1.size()));
-    cache->truncate(held);
-    draft_cache->truncate(held);
-    std::vector<int> turn2(conversation.begin() + held, conversation.end());
-    turn2.insert(turn2.end(), {291, 376, 400, 428});
-    const GenerationStats b = spec.generate(turn2, p, ignore);
-    CHECK(b.spec.drafted > 0);
-    CHECK(b.spec.accepted == b.spec.drafted);  // an identical draft in step is always right
+    // Also after drafting ahead (SpeculativeParams::draft_ahead), which leaves the draft's cache holding what it
+    // drafted past the answer.
+    for (int ahead : {0, 5}) {
+        CAPTURE(ahead);
+        auto target = Model::load(kData + "/stories260K.gguf");
+        auto draft_model = Model::load(kData + "/stories260K.gguf");
+        CpuBackend backend(*target, 1, 64), draft_backend(*draft_model, 1, 64);
+        auto cache = backend.new_cache(256), draft_cache = draft_backend.new_cache(256);
+        Generator spec(*target, backend, *cache, {draft_model.get(), &draft_backend, draft_cache.get()});
+        GenerationParams p = greedy_params(30);
+        p.speculative.draft_min = 3;
+        p.speculative.draft_max = 3;
+        p.speculative.p_min = 0;
+        p.speculative.draft_ahead = ahead;
+        auto ignore = [](std::string_view) { return true; };
+        const std::vector<int> turn1 = {1, 403, 407, 261, 378};
+        const GenerationStats a = spec.generate(turn1, p, ignore);
+        // The chat keeps the conversation in both caches (cut to what both hold, as the REPL does) and appends a
+        // turn: the rest of the conversation plus new user tokens.
+        std::vector<int> conversation = turn1;
+        conversation.insert(conversation.end(), a.generated.begin(), a.generated.end());
+        const int held = std::min(cache->n_committed(), draft_cache->n_committed());
+        REQUIRE(held > static_cast<int>(turn1.size()));
+        cache->truncate(held);
+        draft_cache->truncate(held);
+        std::vector<int> turn2(conversation.begin() + held, conversation.end());
+        turn2.insert(turn2.end(), {291, 376, 400, 428});
+        const GenerationStats b = spec.generate(turn2, p, ignore);
+        CHECK(b.spec.drafted > 0);
+        CHECK(b.spec.accepted == b.spec.drafted);  // an identical draft in step is always right
+        CHECK((b.spec.ahead_used > 0) == (ahead > 0));
 
-    // And the text equals plain decoding of the same whole sequence.
-    std::vector<int> whole(conversation.begin(), conversation.begin() + held);
-    whole.insert(whole.end(), turn2.begin(), turn2.end());
-    const Run plain = generate(*target, "", whole, greedy_params(30));
-    CHECK(plain.tokens == b.generated);
+        // And the text equals plain decoding of the same whole sequence.
+        std::vector<int> whole(conversation.begin(), conversation.begin() + held);
+        whole.insert(whole.end(), turn2.begin(), turn2.end());
+        const Run plain = generate(*target, "", whole, greedy_params(30));
+        CHECK(plain.tokens == b.generated);
 
-    // A draft that holds only part of the earlier turns (it did not draft then) reads the rest from `held` when
-    // it first drafts, and is as right as before.
-    cache->truncate(held);
-    draft_cache->truncate(3);
-    const std::span<const int> earlier(conversation.data(), static_cast<size_t>(held));
-    const GenerationStats c = spec.generate(turn2, p, ignore, earlier);
-    CHECK(c.spec.drafted > 0);
-    CHECK(c.spec.accepted == c.spec.drafted);
-    CHECK(c.generated == b.generated);
-    // Without the earlier tokens that is an error, not a silently wrong draft.
-    cache->truncate(held);
-    draft_cache->truncate(3);
-    CHECK_THROWS_AS(spec.generate(turn2, p, ignore), Error);
+        // A draft that holds only part of the earlier turns (it did not draft then) reads the rest from `held` when
+        // it first drafts, and is as right as before.
+        cache->truncate(held);
+        draft_cache->truncate(3);
+        const std::span<const int> earlier(conversation.data(), static_cast<size_t>(held));
+        const GenerationStats c = spec.generate(turn2, p, ignore, earlier);
+        CHECK(c.spec.drafted > 0);
+        CHECK(c.spec.accepted == c.spec.drafted);
+        CHECK(c.generated == b.generated);
+        // Without the earlier tokens that is an error, not a silently wrong draft.
+        cache->truncate(held);
+        draft_cache->truncate(3);
+        CHECK_THROWS_AS(spec.generate(turn2, p, ignore), Error);
+    }
 }
 
 namespace {
