@@ -111,11 +111,25 @@ int compute_capability_major() {
     return major;
 }
 
-bool device_has_programmatic_launch() { return compute_capability_major() >= 9; }
+// A kernel of this build, to ask what code the device runs of it.
+__global__ void probe_kernel() {}
+
+// The virtual architecture of the code the device runs (80 for sm_80 code, or for sm_80 PTX compiled just in time
+// for a newer device): what __CUDA_ARCH__ was when this build's kernels were compiled for it.
+int code_architecture() {
+    cudaFuncAttributes attributes{};
+    check(cudaFuncGetAttributes(&attributes, probe_kernel), "cudaFuncGetAttributes");
+    return attributes.ptxVersion;
+}
+
+// common.cuh compiles griddepcontrol (and the int8 mma.sync) only into code for sm_90 (sm_80) and later: a build
+// whose code for this device comes from older PTX (e.g. CMAKE_CUDA_ARCHITECTURES=80 on an H100) must not overlap
+// launches, whose kernels would then never wait for their inputs (nor run the int8 GEMM, which would trap).
+bool device_has_programmatic_launch() { return compute_capability_major() >= 9 && code_architecture() >= 90; }
 
 }  // namespace
 
-bool device_has_int8_mma() { return compute_capability_major() >= 8; }
+bool device_has_int8_mma() { return compute_capability_major() >= 8 && code_architecture() >= 80; }
 
 int multiprocessor_count() {
     int device = 0, count = 0;

@@ -30,7 +30,8 @@ int device_count(std::string* why = nullptr);
 // Short description of device 0 ("NVIDIA H100 80GB HBM3, sm_90"; "CUDA emulation" when emulated).
 std::string device_name();
 // The current device has the int8 tensor-core instructions gemm_q8 uses (mma.sync m16n8k32 / m16n8k16 .s8:
-// sm_80 and later). The emulation computes them, so it has them.
+// sm_80 and later), and this build's code for it was compiled for them (not older PTX compiled just in time). The
+// emulation computes them, so it has them.
 bool device_has_int8_mma();
 // Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount): what a persistent kernel's grid
 // is sized by. The emulation runs one block at a time, so it reports one.
@@ -55,7 +56,8 @@ void device_memset(void* dst, int value, size_t bytes, Stream stream);
 // A non-blocking stream. The emulation's streams are real handles too (capture state lives in them); nullptr, the
 // legacy default stream, still works everywhere except begin_capture.
 // `overlap_launches`: each kernel launched on it may start before the previous one ends (programmatic dependent
-// launch, common.cuh wait_for_inputs), where the device supports it (sm_90 and later; elsewhere a plain stream).
+// launch, common.cuh wait_for_inputs), where the device supports it and this build's code for it has the waits
+// (sm_90 and later; elsewhere a plain stream).
 // The emulation honours it on every "device", so the tests check that every kernel waits for its inputs.
 Stream stream_create(bool overlap_launches = false);
 // The stream's launches overlap (requested, and supported by the device).

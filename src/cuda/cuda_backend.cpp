@@ -79,19 +79,20 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
 // extra logit ids of restrict_logits (at most n_vocab); xq a step's input quantized for the 8-bit matvec route
 // (Q8_1 or Q8_K rows of the widest input); xq_ffn SwiGLU's output quantized for ffn_down (gate/up reads xq while
-// its last blocks write it) and swiglu_counters their count of finished rows; split_counters the decode
+// its last blocks write it) and swiglu_counters their count of finished rows; xq_norm the residual RMSNorm's output
+// quantized for the matvec after it (not xq: attn_output and ffn_down read that while their last block writes it); split_counters the decode
 // attention's, one per (step token, head); rope_trig a step's RoPE cosines and sines and rope_counters the Q/K/V
 // launch's count of finished blocks per head (matvec_qkv_rope); norm_counter matvec_add_rms_norm's count of
 // finished blocks; pick_counters the one-launch argmax's per row.
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
     size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
-        cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters, split_counters, rope_trig,
+        cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, xq_norm, swiglu_counters, split_counters, rope_trig,
         rope_counters, norm_counter, pick_counters, x16, w_tile;
     size_t total() const {
         size_t t = 0;
         for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
-                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, swiglu_counters,
+                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, xq_norm, swiglu_counters,
                              split_counters, rope_trig, rope_counters, norm_counter, pick_counters, x16, w_tile})
             t += align_up(words * 4);
         return t;
@@ -129,6 +130,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
             ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4,
             (S * q8_row_bytes_bound(static_cast<size_t>(c.hidden_dim)) + 3) / 4,
+            (S * q8_row_bytes_bound(static_cast<size_t>(c.dim)) + 3) / 4,
             cuda::matvec_swiglu_counters(c.hidden_dim), S * c.n_heads,
             S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads),
             1,                cuda::argmax_counters(static_cast<int>(S)),
@@ -389,6 +391,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         cand_extra_logits_ = take(s.cand_extra_logits);
         xq_ = reinterpret_cast<uint8_t*>(take(s.xq));
         xq_ffn_ = reinterpret_cast<uint8_t*>(take(s.xq_ffn));
+        xq_norm_ = reinterpret_cast<uint8_t*>(take(s.xq_norm));
         swiglu_counters_ = reinterpret_cast<unsigned*>(take(s.swiglu_counters));
         cuda::device_memset(swiglu_counters_, 0, s.swiglu_counters * 4, stream_);  // matvec_swiglu leaves them at zero
         split_counters_ = reinterpret_cast<unsigned*>(take(s.split_counters));
@@ -622,11 +625,12 @@ void CudaBackend::project_add_norm(const DeviceMatrix& W, const float* in, int n
         cuda::add_rms_norm(x_, proj_, norm_weight, xb_, n, c.dim, c.rms_eps, stream_, nq.type, nq.xq);
         return;
     }
-    // The matvec's input first (the record of what xq_ holds), then the norm's output. The norm may write xq_ that
-    // the matvec reads: in the launch, its last block writes only when every block is done reading. Without the
-    // counter the call launches add_rms_norm after the matvec.
+    // The matvec's input first (the record of what xq_ holds), then the norm's output, into a buffer of its own:
+    // the launch reads xq_ (the kernels take it as __restrict__, so the compiler may assume nothing in the launch
+    // writes it), while with the counter its last block writes the norm's quantized row. Without the counter the
+    // call launches add_rms_norm after the matvec.
     const void* xq = quantized(W.type, in, n, W.cols);
-    const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
+    const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill, xq_norm_);
     cuda::matvec_add_rms_norm(W.type, W.data, W.row_bytes, W.rows, W.cols, in, n, proj_, stream_, loads(W.type), xq,
                               {x_, norm_weight, xb_, c.rms_eps, nq.type, nq.xq},
                               options_.fused_matvecs && options_.matvec_norm ? norm_counter_ : nullptr);

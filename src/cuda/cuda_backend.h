@@ -386,6 +386,7 @@ private:
     void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
     uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
     uint8_t* xq_ffn_ = nullptr;  // SwiGLU's output quantized for ffn_down (not xq_: the gate/up launch reads that)
+    uint8_t* xq_norm_ = nullptr;  // the residual RMSNorm's, for the matvec after it (not xq_: see project_add_norm)
     unsigned* swiglu_counters_ = nullptr;  // matvec_swiglu's, zero between launches (cuda::SwigluQuant)
     unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
     float* rope_trig_ = nullptr;          // a step's RoPE angles (cuda::rope_trig_table)
