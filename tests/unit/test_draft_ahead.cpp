@@ -2,9 +2,9 @@
 // went as the draft guessed hands its next drafts to the next round. Checked on stories260K with the draft steps
 // forced (the CPU backend computes in the call, so "auto" never drafts ahead there): greedy output equal to plain
 // decoding, the draft's cache holding exactly the accepted tokens, an identical draft opening its rounds with what
-// it drafted ahead, sampling still lossless (chi-square on the first token a carried draft can decide), the
-// controller's model of it, and the CUDA backend's deferred outputs, on which the real thing runs. (A chat turn
-// after drafting ahead: test_speculative.cpp's chat-turn case.)
+// it drafted ahead, sampling still lossless (chi-square on the first token a carried draft can decide), and the
+// controller's model of it. (A chat turn after drafting ahead: test_speculative.cpp's chat-turn case; the CUDA
+// backend's deferred outputs, on which it runs for real: test_cuda_draft_ahead.cpp.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,7 +18,6 @@
 
 #include "backend_doubles.h"
 #include "cpu/cpu_backend.h"
-#include "cuda/cuda_backend.h"
 #include "generator.h"
 #include "model.h"
 #include "sampler.h"
@@ -233,118 +232,6 @@ TEST_CASE("draft ahead: sampling at temperature > 0 stays lossless (exact chi-sq
     const auto [n4, nc4] = chi_square(draft_only, marginal[3], n_runs);
     INFO("negative control, token 4: " << n4 << " (critical " << nc4 << ")");
     CHECK(n4 > nc4);
-}
-
-TEST_CASE("cuda backend: deferred outputs arrive at collect_outputs, the same bytes as immediate ones") {
-    // The emulation runs the kernels in the call but stages the outputs the way a GPU copies them back; several
-    // calls queue before one collect, and a call with whole rows of logits outgrows the first staging buffer.
-    auto model = Model::load(kData + "/stories260K.gguf");
-    const int n_vocab = model->config.n_vocab;
-    const float kNaN = std::numeric_limits<float>::quiet_NaN();
-    CudaBackend gpu(*model, 64);
-    CHECK_FALSE(gpu.computes_in_background());  // emulated: the work is done in the call
-    auto now = gpu.new_cache(64), later = gpu.new_cache(64);
-    std::vector<float> scratch(static_cast<size_t>(6) * n_vocab);
-    std::vector<float> rows_now(scratch.size()), rows_later(scratch.size(), kNaN);
-    gpu.forward(kPrompt, *now, 5, rows_now.data());
-    gpu.defer_outputs();
-    gpu.forward(kPrompt, *later, 5, rows_later.data());
-    CHECK(gpu.outputs_ready());
-    CHECK(std::isnan(rows_later[0]));  // not written before the collect
-    gpu.collect_outputs();
-    CHECK(std::memcmp(rows_now.data(), rows_later.data(), static_cast<size_t>(5) * n_vocab * sizeof(float)) == 0);
-
-    const std::vector<int> verify = {432, 383, 286, 99};
-    std::vector<int> ids_now(4), ids_later(4, -7), conf_ids_now(1), conf_ids_later(1, -7);
-    std::vector<float> top_now(1), top_later(1, kNaN);
-    const int k = 5;
-    const std::vector<int> extra = {3, 17};
-    std::vector<float> cand_now(4 * k), cand_later(4 * k, kNaN), extra_now(4 * 2), extra_later(4 * 2, kNaN);
-    std::vector<int> cand_ids_now(4 * k), cand_ids_later(4 * k, -7);
-    // 40 rows of logits: 80 KiB, past the first staging buffer of 64 KiB, queued behind the calls before it.
-    std::vector<int> long_call(40);
-    for (int i = 0; i < 40; ++i) long_call[static_cast<size_t>(i)] = (i * 37 + 11) % n_vocab;
-    std::vector<float> big_now(static_cast<size_t>(40) * n_vocab), big_later(big_now.size(), kNaN);
-    auto calls = [&](KvCache& cache, int* ids, int* conf_ids, float* top, float* cand, int* cand_ids, float* ex,
-                     float* big) {
-        const int committed = cache.n_committed();
-        gpu.forward_argmax(verify, cache, 4, ids, scratch);
-        cache.truncate(committed);
-        gpu.forward_argmax_confidence(std::span<const int>(verify.data(), 1), cache, 1, conf_ids, top, scratch);
-        cache.truncate(committed);
-        gpu.forward_candidates(verify, cache, 4, k, extra, cand, cand_ids, ex, scratch);
-        cache.truncate(committed);
-        gpu.forward(long_call, cache, 40, big);
-    };
-    calls(*now, ids_now.data(), conf_ids_now.data(), top_now.data(), cand_now.data(), cand_ids_now.data(),
-          extra_now.data(), big_now.data());
-    gpu.defer_outputs();
-    calls(*later, ids_later.data(), conf_ids_later.data(), top_later.data(), cand_later.data(), cand_ids_later.data(),
-          extra_later.data(), big_later.data());
-    gpu.collect_outputs();
-    CHECK(ids_later == ids_now);
-    CHECK(conf_ids_later == conf_ids_now);
-    CHECK(std::memcmp(top_later.data(), top_now.data(), sizeof(float)) == 0);
-    CHECK(std::memcmp(cand_later.data(), cand_now.data(), cand_now.size() * sizeof(float)) == 0);
-    CHECK(cand_ids_later == cand_ids_now);
-    CHECK(std::memcmp(extra_later.data(), extra_now.data(), extra_now.size() * sizeof(float)) == 0);
-    CHECK(std::memcmp(big_later.data(), big_now.data(), big_now.size() * sizeof(float)) == 0);
-    // Collecting with nothing deferred changes nothing; a later call writes in the call again.
-    gpu.collect_outputs();
-    std::vector<int> again(1, -7);
-    gpu.forward_argmax(std::span<const int>(verify.data(), 1), *later, 1, again.data(), scratch);
-    CHECK(again[0] >= 0);
-}
-
-TEST_CASE("cuda backend: target and draft on the device, drafting ahead keeps the greedy output") {
-    // The generator's real configuration on a GPU (both models on the device, the target's outputs deferred),
-    // forced: the emulated backend computes in the call. The target is its own draft, so every guess is right.
-    auto model = Model::load(kData + "/stories260K.gguf");
-    auto generate = [&](bool speculative, int ahead) {
-        CudaBackend target(*model, 64), draft(*model, 64);
-        auto cache = target.new_cache(64), draft_cache = draft.new_cache(64);
-        GenerationParams p = params(14, 3, 3, 0.0f, ahead);
-        Generator gen(*model, target, *cache,
-                      speculative ? DraftModel{model.get(), &draft, draft_cache.get()} : DraftModel{});
-        return gen.generate(kPrompt, p, [](std::string_view) { return true; });
-    };
-    const GenerationStats plain = generate(false, 0), ahead = generate(true, 4);
-    CHECK(ahead.generated == plain.generated);
-    CHECK(ahead.spec.accepted == ahead.spec.drafted);
-    CHECK(ahead.spec.ahead_used == ahead.spec.drafted - 3);
-}
-
-TEST_CASE("draft ahead: a draft that fails while the target verifies leaves the target writing its outputs again") {
-    // The target's verification is deferred when the draft throws: the error reaches the caller, and the target's
-    // next call (a REPL's next turn) writes its outputs in the call, not into a staging nobody collects.
-    auto model = Model::load(kData + "/stories260K.gguf");
-    class FailingDraft : public Backend {
-    public:
-        FailingDraft(const Model& m, int fail_at) : inner_(m, 1, 64), fail_at_(fail_at) {}
-        std::string name() const override { return "failing"; }
-        std::unique_ptr<KvCache> new_cache(int n_ctx) override { return inner_.new_cache(n_ctx); }
-        void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override {
-            if (++calls_ == fail_at_) throw Error("the draft failed");
-            inner_.forward(tokens, cache, n_logits, logits);
-        }
-
-    private:
-        CpuBackend inner_;
-        int calls_ = 0, fail_at_;
-    };
-    CudaBackend target(*model, 64);
-    // The draft's calls: the catch-up forward of the prompt's cur, 2 more drafts (k = 3), then the ahead steps.
-    FailingDraft draft(*model, 4);
-    auto cache = target.new_cache(64), draft_cache = draft.new_cache(64);
-    Generator gen(*model, target, *cache, {model.get(), &draft, draft_cache.get()});
-    CHECK_THROWS_WITH_AS(gen.generate(kPrompt, params(20, 3, 3, 0.0f, 4), [](std::string_view) { return true; }),
-                         "the draft failed", Error);
-    CHECK(target.outputs_ready());
-    std::vector<int> id(1, -7);
-    std::vector<float> scratch(static_cast<size_t>(model->config.n_vocab));
-    cache->truncate(0);
-    target.forward_argmax(std::span<const int>(kPrompt.data(), 1), *cache, 1, id.data(), scratch);
-    CHECK(id[0] >= 0);
 }
 
 TEST_CASE("draft ahead: the controller counts on it, where drafting then pays and without it would not") {
