@@ -432,8 +432,8 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     };
     // Drafting ahead (SpeculativeParams::draft_ahead). ahead_ids[0] is the draft's guess of the token the target
     // adds after a round's drafts, ahead_ids[1..] what it drafted after that guess (ahead_q: their distributions
-    // when sampled). When the round accepts every draft and adds that
-    // guess, ahead_ids[1..] move to `carried`, the next round's first proposals.
+    // when sampled). When the round accepts every draft and adds that guess, ahead_ids[1..] move to `carried`, the
+    // next round's first proposals.
     const int draft_ahead = draft_.model ? sp.draft_ahead : 0;
     std::vector<int> ahead_ids, carried;
     std::vector<SparseDistribution> ahead_q(static_cast<size_t>(k_cap) + 1), carried_q(static_cast<size_t>(k_cap) + 1);
