@@ -533,7 +533,8 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                 // followed, in prefill chunks. A long catch-up is not a draft step: its time is left out of the
                 // per-step cost.
                 pending.clear();
-                for (int p = draft_fed; p < base + static_cast<int>(out.history.size()); ++p) pending.push_back(token_at(p));
+                for (int p = draft_fed; p < base + static_cast<int>(out.history.size()); ++p)
+                    pending.push_back(token_at(p));
                 const size_t n_pending = pending.size();
                 const size_t chunk = static_cast<size_t>(std::max(1, params.chunk));
                 for (size_t b = 0; b < n_pending; b += chunk) {
@@ -724,11 +725,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if ((!round_caught_up || controller.draft_step_seconds() > 0) && !(from_lookup && draft_.model))
             controller.record_throughput(n_drafted, verdict.n_accepted + 1, round_seconds, draft_steps);
         if (trace)
-            std::fprintf(stderr, "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d alpha=%.2f "
-                         "steps=%d ahead=%zu carried=%zu\n",
-                         k, n_drafted, from_lookup ? looked.match_len : 0, verdict.n_accepted, draft_seconds * 1e3, verify_seconds * 1e3,
-                         since(t_round) * 1e3, round_caught_up ? 1 : 0, controller.acceptance(), draft_steps, ahead_ids.size(),
-                         carried.size());
+            std::fprintf(stderr,
+                         "round k=%d drafted=%d lookup=%d acc=%d draft=%.1fms verify=%.1fms round=%.1fms catch=%d "
+                         "alpha=%.2f steps=%d ahead=%zu carried=%zu\n",
+                         k, n_drafted, from_lookup ? looked.match_len : 0, verdict.n_accepted, draft_seconds * 1e3,
+                         verify_seconds * 1e3, since(t_round) * 1e3, round_caught_up ? 1 : 0, controller.acceptance(),
+                         draft_steps, ahead_ids.size(), carried.size());
         for (int i = 0; i < verdict.n_accepted; ++i)
             if (!out.push(drafted[static_cast<size_t>(i)])) return;
         cur = verdict.next_token;

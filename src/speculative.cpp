@@ -352,7 +352,8 @@ std::string SpeculativeStats::summary(double total_s, int n_generated) const {
         out += buf;
     }
     if (ahead_steps > 0) {
-        std::snprintf(buf, sizeof buf, "\ndrafted ahead:      %lld draft steps during verification, %lld of their tokens proposed",
+        std::snprintf(buf, sizeof buf,
+                      "\ndrafted ahead:      %lld draft steps during verification, %lld of their tokens proposed",
                       static_cast<long long>(ahead_steps), static_cast<long long>(ahead_used));
         out += buf;
     }

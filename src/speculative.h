@@ -41,7 +41,7 @@ struct SpeculativeParams {
     // drafted after that guess open the next round without draft steps of its own (parallel drafting and
     // verification, as PEARL, Liu et al. 2024). Wasted work otherwise, done while the host would wait. -1 (auto):
     // only where the target computes in the background (Backend::computes_in_background: a GPU), and only while it
-    // does; 0: never; n > 0: n draft forwards per round whatever the target does (tests, benchmarks).
+    // does; 0: never; n > 0: up to n draft forwards a round whatever the target does (tests, benchmarks).
     int draft_ahead = -1;
 };
 

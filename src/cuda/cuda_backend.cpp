@@ -79,9 +79,9 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // the tokens; ids and sampling the greedy picks of kStepTokens rows and their kernels' workspace; extra_ids the
 // extra logit ids of restrict_logits (at most n_vocab); xq a step's input quantized for the 8-bit matvec route
 // (Q8_1 or Q8_K rows of the widest input); xq_ffn SwiGLU's output quantized for ffn_down (gate/up reads xq while
-// its last blocks write it) and swiglu_counters their count of finished rows; xq_norm the residual RMSNorm's output
-// quantized for the matvec after it (not xq: attn_output and ffn_down read that while their last block writes it); split_counters the decode
-// attention's, one per (step token, head); rope_trig a step's RoPE cosines and sines and rope_counters the Q/K/V
+// its last blocks write it) and swiglu_counters their count of finished rows; xq_norm the residual RMSNorm's
+// output quantized for the matvec after it (not xq: attn_output and ffn_down read that while their last block
+// writes it); split_counters the decode attention's, one per (step token, head); rope_trig a step's RoPE cosines and sines and rope_counters the Q/K/V
 // launch's count of finished blocks per head (matvec_qkv_rope); norm_counter matvec_add_rms_norm's count of
 // finished blocks; pick_counters the one-launch argmax's per row.
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
@@ -523,7 +523,8 @@ void CudaBackend::copy_output(void* dst, const void* src, size_t bytes) {
         cuda::copy_to_host(dst, src, bytes, stream_);
         return;
     }
-    size_t offset = (staged_end_ + 15) & ~size_t{15};
+    const size_t end = staged_.empty() ? 0 : staged_.back().offset + staged_.back().bytes;
+    size_t offset = (end + 15) & ~size_t{15};
     if (offset + bytes > staging_.size()) {
         // The staged copies queued so far land in the old buffer: let them finish before it goes. Sized for
         // greedy picks and candidates at first; a call that wants whole rows of logits grows it once.
@@ -536,13 +537,11 @@ void CudaBackend::copy_output(void* dst, const void* src, size_t bytes) {
     }
     cuda::copy_to_host(staging_.as<uint8_t>() + offset, src, bytes, stream_);
     staged_.push_back({dst, offset, bytes});
-    staged_end_ = offset + bytes;
 }
 
 void CudaBackend::deliver_staged() {
     for (const StagedOutput& o : staged_) std::memcpy(o.dst, staging_.as<uint8_t>() + o.offset, o.bytes);
     staged_.clear();
-    staged_end_ = 0;
 }
 
 void CudaBackend::collect_outputs() {
@@ -552,7 +551,6 @@ void CudaBackend::collect_outputs() {
         cuda::stream_synchronize(stream_);
     } catch (...) {
         staged_.clear();  // what the faulted work would have written is not delivered
-        staged_end_ = 0;
         throw;
     }
     deliver_staged();

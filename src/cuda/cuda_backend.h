@@ -393,7 +393,7 @@ private:
     unsigned* rope_counters_ = nullptr;   // matvec_qkv_rope's, zero between launches
     unsigned* norm_counter_ = nullptr;    // matvec_add_rms_norm's, zero between launches
     unsigned* pick_counters_ = nullptr;   // the one-launch argmax's, kStepTokens, zero between launches
-    // What xq_at_ (xq_ or xq_ffn_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
+    // What xq_at_ (xq_, xq_ffn_ or xq_norm_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
     // xq_format_ (None: nothing known).
     uint8_t* xq_at_ = nullptr;
     const float* xq_of_ = nullptr;
@@ -411,7 +411,6 @@ private:
     };
     bool deferring_ = false;
     cuda::PinnedBuffer staging_;
-    size_t staged_end_ = 0;
     std::vector<StagedOutput> staged_;
     CudaGraphStats graph_stats_;
 };
