@@ -227,7 +227,7 @@ void DraftRunner::draft_ahead(const std::vector<int>& history, std::span<const i
 
 void DraftRunner::settle(int keep, bool all_accepted, int next_token) {
     // The draft's cache holds the history, the drafts it read and what it drafted ahead. The guess (ahead_ids_[0])
-    // sits at `keep` in it when it was right, followed by the rest.
+    // sits at `keep` in it when it was right, followed by the rest; worth keeping when there is a rest.
     const bool as_guessed = all_accepted && ahead_ids_.size() >= 2 && next_token == ahead_ids_[0];
     if (as_guessed) {
         carried_.assign(ahead_ids_.begin() + 1, ahead_ids_.end());

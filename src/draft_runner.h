@@ -40,9 +40,10 @@ public:
         bool holds_last = false;    // the draft's cache holds the last draft too (the p_min rule stopped after it)
     };
     // Up to k tokens continuing `history` into `drafted` (empty on entry): first those drafted ahead for this round,
-    // then the draft's own, until k or the p_min rule (from the second on). Sampled drafting leaves their
-    // distributions in q[0..] (the caller draws nothing). Adds its time to st.draft_s, the carried tokens to
-    // st.ahead_used. Afterwards the draft's cache holds history and every draft but the last (Proposal::holds_last).
+    // then the draft's own, until k or the p_min rule (from the second on). Sampled drafting draws each from the
+    // draft's own random stream and leaves the distribution it was drawn from in q[i] (q holds at least k), for the
+    // rejection test. Adds its time to st.draft_s, the carried tokens to st.ahead_used. Afterwards the draft's cache
+    // holds history and every draft but the last (Proposal::holds_last: the last too).
     Proposal propose(int k, const std::vector<int>& history, std::vector<int>& drafted,
                      std::vector<SparseDistribution>& q, SpeculativeStats& st);
 
@@ -50,21 +51,23 @@ public:
     // draft unless it has, and drafts on as if every draft is accepted. Its first token is its guess of the target's
     // next one; the rest could open the next round (settle). At most a guess and draft_max proposals, within its
     // cache and `tokens_left` (what may still be generated after the drafts), the p_min rule from the second
-    // proposal on. Auto: a step starts only while `target_done` says the verification is still running; forced: n
-    // steps whatever it says. A draft on a GPU steps with its outputs deferred, `target_done` polled meanwhile.
+    // proposal on. Auto (SpeculativeParams::draft_ahead -1): a step starts only while `target_done` says the
+    // verification is still running; forced (n > 0): up to n steps whatever it says. A draft whose backend computes
+    // in the background steps with its outputs deferred, `target_done` polled meanwhile.
     void draft_ahead(const std::vector<int>& history, std::span<const int> drafted, bool holds_last, int tokens_left,
                      const std::function<bool()>& target_done, SpeculativeStats& st);
 
     // After the verification: the target kept `keep` positions (the accepted drafts); `all_accepted` and the
-    // target's `next_token` say whether the round went as the draft guessed while drafting ahead. If so what it
-    // drafted after its guess is carried to the next proposal (its cache keeps it); otherwise its cache is cut back
-    // to `keep`.
+    // target's `next_token` say whether the round went as the draft guessed while drafting ahead. If so, and it
+    // drafted past its guess, what followed the guess is carried to the next proposal (its cache keeps it);
+    // otherwise its cache is cut back to `keep`.
     void settle(int keep, bool all_accepted, int next_token);
-    // A round that proposes nothing from the draft (prompt lookup, plain decoding): what was carried is dropped, the
-    // draft keeps `committed` + 1 positions (cur, after which it had drafted).
+    // A round that proposes nothing from the draft (prompt lookup, plain decoding), `committed` the positions the
+    // target's cache holds: anything carried is dropped, the draft's cache cut to committed + 1 (cur, the guess it
+    // had drafted after). Nothing to do when nothing is carried.
     void drop_carried(int committed);
 
-    size_t drafted_ahead() const { return last_ahead_; }  // tokens drafted ahead in the round settled last
+    size_t ahead_count() const { return last_ahead_; }    // tokens drafted ahead in the round settled last
     size_t carried() const { return carried_.size(); }    // tokens waiting for the next proposal
 
 private:
@@ -91,7 +94,7 @@ private:
     const bool restrict_;  // logits of the first sp_.draft_vocab ids and the context's only
     const int base_;
     const std::span<const int> held_;
-    int fed_ = 0;  // positions the draft's cache holds
+    int fed_ = 0;  // positions the draft's cache holds, as of the last propose / settle / drop_carried
     Sampler sampler_;
     std::vector<float> logits_, scratch_;
     CandidateRows candidates_;

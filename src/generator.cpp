@@ -137,7 +137,7 @@ namespace {
 class Verification {
 public:
     Verification(const GenerationParams& params, int n_vocab, int k_cap)
-        : params_(params.sampler), greedy_(params.sampler.temperature <= 0.0f),
+        : sampler_(params.sampler), greedy_(params.sampler.temperature <= 0.0f),
           ids_only_(greedy_ && argmax_is_enough(params.sampler)), n_vocab_(n_vocab),
           logits_((static_cast<size_t>(k_cap) + 1) * static_cast<size_t>(n_vocab)),
           ids_(static_cast<size_t>(k_cap) + 1), candidates_(params.whole_rows),
@@ -150,8 +150,8 @@ public:
         batch_.insert(batch_.end(), drafted.begin(), drafted.end());
         const int n_rows = static_cast<int>(batch_.size());
         const std::span<float> rows(logits_.data(), static_cast<size_t>(n_rows) * static_cast<size_t>(n_vocab_));
-        as_candidates_ = !ids_only_ && candidates_.plan(params_, n_vocab_, backend,
-                                                        penalty_window(params_, history, drafted, window_buffer_));
+        as_candidates_ = !ids_only_ && candidates_.plan(sampler_, n_vocab_, backend,
+                                                        penalty_window(sampler_, history, drafted, window_buffer_));
         if (ids_only_)
             backend.forward_argmax(batch_, cache, n_rows, ids_.data(), rows);
         else if (as_candidates_)
@@ -202,7 +202,7 @@ private:
         return as_candidates_ ? sampler.sample(candidates_.row(i), history) : sampler.sample(row(i), history);
     }
 
-    const SamplerParams params_;
+    const SamplerParams sampler_;
     const bool greedy_, ids_only_;
     const int n_vocab_;
     std::vector<float> logits_;
@@ -327,9 +327,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // drafting does not delay the time to first token.
     int cur = sampler.sample(logits_.data(), out.history);
     if (!out.push(cur)) return;
+    // Cache positions are absolute: out.history[i] sits at base + i, after what the caches hold of earlier turns.
     std::optional<DraftRunner> draft;
-    if (draft_.model)  // out.history[i] sits at position `base + i`: a chat keeps earlier turns in the caches
-        draft.emplace(draft_, params, cache_.n_committed() - static_cast<int>(prompt.size()), held);
+    if (draft_.model) draft.emplace(draft_, params, cache_.n_committed() - static_cast<int>(prompt.size()), held);
     bool layouts_settled = false;
     // TANDEM_SPEC_TRACE=1: one stderr line per round (the controller's k, what was drafted and accepted, the length of
     // the lookup match proposed (0: not a lookup round), the draft's, the verification's and the round's
@@ -445,7 +445,7 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
                          k, n_drafted, from_lookup ? looked.match_len : 0, verdict.n_accepted,
                          proposal.step_seconds * 1e3, verify_seconds * 1e3, since(t_round) * 1e3,
                          proposal.caught_up ? 1 : 0, controller.acceptance(), proposal.steps,
-                         draft ? draft->drafted_ahead() : 0, draft ? draft->carried() : 0);
+                         draft ? draft->ahead_count() : 0, draft ? draft->carried() : 0);
         for (int i = 0; i < verdict.n_accepted; ++i)
             if (!out.push(drafted[static_cast<size_t>(i)])) return;
         cur = verdict.next_token;

@@ -1,13 +1,17 @@
 // DraftRunner's contract with the speculative loop, checked directly on stories260K as its own (identical) draft:
-// what its cache holds after the constructor, a proposal (catch-up, drafts, the p_min stop), drafting ahead and
-// settling (a right guess carried, a wrong one cut back, a carried proposal dropped), bit for bit against fresh
-// prefills of the tokens it should hold; and the proposals themselves against the model's greedy continuation.
+// what its cache holds after the constructor, a proposal (catch-up, drafts, the p_min stop), drafting ahead (forced,
+// auto, stopped by p_min) and settling (a right guess carried, a rejection or a wrong guess cut back, a carried
+// proposal dropped), bit for bit against fresh prefills of the tokens it should hold; the proposals against the
+// model's greedy continuation, and sampled proposals against the distributions they were drawn from.
 // (Through the Generator: test_speculative.cpp and test_draft_ahead.cpp.)
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
+#include <span>
 #include <vector>
 
 #include "cpu/cpu_backend.h"
@@ -96,7 +100,7 @@ TEST_CASE("draft runner: the constructor drops stale positions, a proposal catch
         CHECK(drafted == greedy_continuation(*model, context, 3));
         CHECK(r.steps == 3);  // the catch-up stands in for the step of cur, then drafted[0] and [1]
         CHECK(r.caught_up);   // more than two tokens read first
-        CHECK(r.step_seconds >= 0);
+        CHECK(r.step_seconds == 0);  // a round after a long catch-up measures no draft step
         CHECK_FALSE(r.holds_last);
         CHECK(st.draft_s > 0);
         // The context and every draft but the last.
@@ -149,7 +153,7 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     CHECK(st.ahead_steps == 4);  // the last draft, the guess and two after it read
     const int committed = base + static_cast<int>(history.size()) - 1;  // the target's cache: all but cur
     runner.settle(committed + 1 + 3, /*all_accepted=*/true, truth[3]);
-    CHECK(runner.drafted_ahead() == 4);
+    CHECK(runner.ahead_count() == 4);
     CHECK(runner.carried() == 3);
     // The cache keeps the guess and what followed it (the last ahead token not read yet).
     const std::vector<int> read_ahead(truth.begin(), truth.begin() + 6);
@@ -165,21 +169,20 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     CHECK(st.ahead_used == 3);
     CHECK(runner.carried() == 0);
 
-    // Its drafting ahead guesses right, but the target rejects the last draft (its own token there: 7): the cache
-    // is cut back to what was kept.
+    // The target rejects the last draft (its own token there: 7): the cache is cut back to what was kept.
+    REQUIRE(truth[6] != 7);
     runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
-    CHECK(runner.carried() == 0);
     const int committed2 = base + static_cast<int>(history.size()) - 1;
     runner.settle(committed2 + 1 + 2, /*all_accepted=*/false, 7);
-    CHECK(runner.drafted_ahead() == 4);
+    CHECK(runner.ahead_count() == 4);
     CHECK(runner.carried() == 0);
     history = concat(history, {truth[4], truth[5], 7});
     const std::vector<int> kept(history.begin(), history.end() - 1);
     CHECK(differing_positions(*model, *cache, concat(kHeld, kept)) == 0);
 
-    // A right guess, then a round that proposes nothing from the draft (lookup, plain): the carried tokens go, the
-    // draft keeps the target's token it had guessed.
-    const std::vector<int> truth3 = greedy_continuation(*model, concat(kHeld, history), 6);
+    // Every draft accepted, but the target's token is not the draft's guess: cut back to what was kept.
+    const std::vector<int> truth3 = greedy_continuation(*model, concat(kHeld, history), 3);
+    const int wrong = (truth3[2] + 1) % model->config.n_vocab;
     drafted.clear();
     r = runner.propose(2, history, drafted, q, st);
     REQUIRE(drafted == std::vector<int>(truth3.begin(), truth3.begin() + 2));
@@ -187,11 +190,115 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     CHECK_FALSE(r.caught_up);  // only cur was new
     runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
     const int committed3 = base + static_cast<int>(history.size()) - 1;
-    runner.settle(committed3 + 1 + 2, true, truth3[2]);
+    runner.settle(committed3 + 1 + 2, /*all_accepted=*/true, wrong);
+    CHECK(runner.ahead_count() == 4);
+    CHECK(runner.carried() == 0);
+    history = concat(history, {truth3[0], truth3[1], wrong});
+    CHECK(differing_positions(*model, *cache, concat(kHeld, std::vector<int>(history.begin(), history.end() - 1))) ==
+          0);
+
+    // A right guess, then a round that proposes nothing from the draft (lookup, plain): the carried tokens go, the
+    // draft keeps the target's token it had guessed.
+    const std::vector<int> truth4 = greedy_continuation(*model, concat(kHeld, history), 6);
+    drafted.clear();
+    r = runner.propose(2, history, drafted, q, st);
+    REQUIRE(drafted == std::vector<int>(truth4.begin(), truth4.begin() + 2));
+    runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
+    const int committed4 = base + static_cast<int>(history.size()) - 1;
+    runner.settle(committed4 + 1 + 2, true, truth4[2]);
     CHECK(runner.carried() == 3);
-    history = concat(history, std::vector<int>(truth3.begin(), truth3.begin() + 3));
-    CHECK(differing_positions(*model, *cache, concat(concat(kHeld, history), {truth3[3], truth3[4]})) == 0);
+    history = concat(history, std::vector<int>(truth4.begin(), truth4.begin() + 3));
+    CHECK(differing_positions(*model, *cache, concat(concat(kHeld, history), {truth4[3], truth4[4]})) == 0);
     runner.drop_carried(base + static_cast<int>(history.size()) - 1);
     CHECK(runner.carried() == 0);
     CHECK(differing_positions(*model, *cache, concat(kHeld, history)) == 0);
+}
+
+TEST_CASE("draft runner: drafting ahead stops at p_min from its third token, and so does the carried proposal") {
+    // p_min above 1: the guess and the token after it are drafted whatever their probability (the guess is not a
+    // proposal; the next round's first proposal never stops), the third is not.
+    auto model = Model::load(kData + "/stories260K.gguf");
+    CpuBackend backend(*model, 1, 64);
+    auto cache = backend.new_cache(256);
+    const int base = static_cast<int>(kHeld.size());
+    backend.forward(kHeld, *cache, 0, nullptr);
+    DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(4, 1.5f, 4), base, kHeld);
+    const std::vector<int> truth = greedy_continuation(*model, concat(kHeld, kHistory), 4);
+    std::vector<SparseDistribution> q(4);
+    SpeculativeStats st;
+    std::vector<int> history = kHistory, drafted;
+    DraftRunner::Proposal r = runner.propose(3, history, drafted, q, st);
+    REQUIRE(drafted.size() == 1);
+    REQUIRE(r.holds_last);
+    runner.draft_ahead(history, drafted, r.holds_last, 100, [] { return true; }, st);
+    CHECK(st.ahead_steps == 2);  // the last draft was read already: the guess and the token after it are
+    const int committed = base + static_cast<int>(history.size()) - 1;
+    runner.settle(committed + 2, true, truth[1]);
+    CHECK(runner.ahead_count() == 2);
+    REQUIRE(runner.carried() == 1);
+    // The carried token is proposed and, stopped by p_min when it was drafted, nothing after it.
+    history = concat(history, {truth[0], truth[1]});
+    drafted.clear();
+    r = runner.propose(3, history, drafted, q, st);
+    CHECK(drafted == std::vector<int>{truth[2]});
+    CHECK(r.steps == 0);
+    CHECK(st.ahead_used == 1);
+}
+
+TEST_CASE("draft runner: auto drafting ahead steps only while the target works") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    CpuBackend backend(*model, 1, 64);
+    auto cache = backend.new_cache(256);
+    backend.forward(kHeld, *cache, 0, nullptr);
+    DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(8, 0.0f, -1), static_cast<int>(kHeld.size()),
+                       kHeld);
+    CHECK_FALSE(runner.drafts_ahead_of(backend));  // auto, and the CPU backend computes in the call
+    std::vector<int> drafted;
+    std::vector<SparseDistribution> q(8);
+    SpeculativeStats st;
+    const DraftRunner::Proposal r = runner.propose(2, kHistory, drafted, q, st);
+    int polls = 0;
+    runner.draft_ahead(kHistory, drafted, r.holds_last, 100, [&] { return ++polls > 3; }, st);
+    CHECK(polls == 4);
+    CHECK(st.ahead_steps == 3);
+    runner.settle(static_cast<int>(kHeld.size() + kHistory.size()) + 2, false, 0);
+    CHECK(runner.ahead_count() == 3);
+}
+
+TEST_CASE("draft runner: sampled drafting draws each proposal from the distribution it leaves in q") {
+    auto model = Model::load(kData + "/stories260K.gguf");
+    for (const uint64_t seed : {1u, 2u, 3u}) {
+        CAPTURE(seed);
+        CpuBackend backend(*model, 1, 64);
+        auto cache = backend.new_cache(256);
+        backend.forward(kHeld, *cache, 0, nullptr);
+        GenerationParams p = greedy_params(4, 0.0f, 0);
+        p.sampler.temperature = 1.5f;
+        p.sampler.seed = seed;
+        DraftRunner runner({model.get(), &backend, cache.get()}, p, static_cast<int>(kHeld.size()), kHeld);
+        std::vector<int> drafted;
+        std::vector<SparseDistribution> q(4);
+        SpeculativeStats st;
+        runner.propose(4, kHistory, drafted, q, st);
+        REQUIRE(drafted.size() == 4);
+        // q[i] is the draft's distribution after the context and drafted[0..i-1] (whole rows here, read in the
+        // runner's chunks: its catch-up, then a token at a time), and drafted[i] is in it.
+        std::vector<int> context = concat(kHeld, kHistory);
+        Sampler reference(p.sampler, model->config.n_vocab);
+        std::vector<float> logits(static_cast<size_t>(model->config.n_vocab));
+        auto fresh = backend.new_cache(256);
+        backend.forward(kHeld, *fresh, 0, nullptr);
+        backend.forward(kHistory, *fresh, 1, logits.data());
+        for (size_t i = 0; i < drafted.size(); ++i) {
+            CAPTURE(i);
+            if (i > 0) backend.forward(std::span<const int>(&drafted[i - 1], 1), *fresh, 1, logits.data());
+            SparseDistribution expected;
+            reference.distribution(logits.data(), context, expected);
+            CHECK(q[i].ids == expected.ids);
+            CHECK(q[i].probs == expected.probs);
+            CHECK(std::find(q[i].ids.begin(), q[i].ids.end(), drafted[i]) != q[i].ids.end());
+            context.push_back(drafted[i]);
+        }
+        CHECK(differing_positions(*model, *cache, std::vector<int>(context.begin(), context.end() - 1)) == 0);
+    }
 }
