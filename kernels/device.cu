@@ -138,9 +138,12 @@ int multiprocessor_count() {
     return count;
 }
 
-Stream stream_create(bool overlap_launches) {
+Stream stream_create(bool overlap_launches, bool high_priority) {
+    int least = 0, greatest = 0;
+    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
     cudaStream_t s = nullptr;
-    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, high_priority ? greatest : least),
+          "cudaStreamCreateWithPriority");
     if (overlap_launches && device_has_programmatic_launch()) {
         std::lock_guard<std::mutex> lock(overlap_streams().mu);
         overlap_streams().streams.insert(s);
@@ -161,6 +164,14 @@ bool stream_overlaps_launches(Stream stream) {
     if (!stream) return false;
     std::lock_guard<std::mutex> lock(overlap_streams().mu);
     return overlap_streams().streams.count(stream) != 0;
+}
+
+bool stream_high_priority(Stream stream) {
+    if (!stream) return false;
+    int least = 0, greatest = 0, priority = 0;
+    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    check(cudaStreamGetPriority(static_cast<cudaStream_t>(stream), &priority), "cudaStreamGetPriority");
+    return greatest != least && priority == greatest;
 }
 
 void stream_synchronize(Stream stream) {
@@ -415,10 +426,15 @@ void device_memset(void* dst, int value, size_t bytes, Stream stream) {
     if (bytes) std::memset(dst, value, bytes);
 }
 
-Stream stream_create(bool overlap_launches) { return emu::stream_create(overlap_launches); }
+Stream stream_create(bool overlap_launches, bool high_priority) {
+    return emu::stream_create(overlap_launches, high_priority);
+}
 void stream_destroy(Stream stream) noexcept { emu::stream_destroy(stream); }
 bool stream_overlaps_launches(Stream stream) {
     return device_call("cudaStreamGetAttribute", [&] { return emu::stream_is_programmatic(stream); });
+}
+bool stream_high_priority(Stream stream) {
+    return device_call("cudaStreamGetPriority", [&] { return emu::stream_is_high_priority(stream); });
 }
 void stream_synchronize(Stream stream) {
     if (capturing(stream, "cudaStreamSynchronize")) {

@@ -59,9 +59,15 @@ void device_memset(void* dst, int value, size_t bytes, Stream stream);
 // launch, common.cuh wait_for_inputs), where the device supports it and this build's code for it has the waits
 // (sm_90 and later; elsewhere a plain stream).
 // The emulation honours it on every "device", so the tests check that every kernel waits for its inputs.
-Stream stream_create(bool overlap_launches = false);
+// `high_priority`: the device's greatest stream priority (cudaDeviceGetStreamPriorityRange), else its least (the
+// default streams' priority): where another stream's blocks also wait for an SM, this one's are scheduled first. A
+// graph launched on it runs at its priority. The emulation runs work when it is queued: it only remembers it.
+Stream stream_create(bool overlap_launches = false, bool high_priority = false);
 // The stream's launches overlap (requested, and supported by the device).
 bool stream_overlaps_launches(Stream stream);
+// The stream has the device's greatest priority, which is above the least (created with high_priority on a device
+// that has priorities).
+bool stream_high_priority(Stream stream);
 void stream_destroy(Stream stream) noexcept;
 // Waits for everything queued on `stream`, and reports an asynchronous kernel fault as a DeviceError. An error on
 // a capturing stream (see below).

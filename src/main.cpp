@@ -11,6 +11,7 @@
 #include <iostream>
 #include <random>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "chat_prompt.h"
@@ -126,7 +127,10 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
     const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
     if (kind == "cuda") {
-        const tandem::CudaOptions options = cuda_options(opt);
+        tandem::CudaOptions options = cuda_options(opt);
+        // The target's stream goes first where a draft on the same device drafts ahead while it verifies.
+        const bool target = std::string_view(which) == "--backend";
+        options.high_priority = target && tandem::cuda_stream_priority_from_env();
         if (verbose) {
             const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx, {}, options);
             std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
@@ -136,10 +140,13 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
             // The routes in use (measured defaults unless a TANDEM_CUDA_* switch forces another), so that a
             // benchmark log says what ran.
             std::fprintf(stderr,
-                         "tandem: CUDA kernels: matvecs with %s (TANDEM_CUDA_INT8, TANDEM_CUDA_MATVEC), overlapping "
-                         "launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s (TANDEM_CUDA_GEMM)\n",
-                         tandem::describe_matvec_routes(options).c_str(), options.overlap_launches ? "on" : "off",
-                         options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT");
+                         "tandem: CUDA kernels (%s): matvecs with %s (TANDEM_CUDA_INT8, TANDEM_CUDA_MATVEC), "
+                         "overlapping launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s (TANDEM_CUDA_GEMM), "
+                         "stream priority %s (TANDEM_CUDA_STREAM_PRIORITY)\n",
+                         which, tandem::describe_matvec_routes(options).c_str(),
+                         options.overlap_launches ? "on" : "off",
+                         options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT",
+                         options.high_priority ? "high" : "default");
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);
     }

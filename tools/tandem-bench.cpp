@@ -179,11 +179,14 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
 }
 
 #ifdef TANDEM_HAS_CUDA
-tandem::CudaOptions bench_cuda_options(const std::string& kv_type) {
+// `draft`: the options of a draft beside the measured model, whose stream keeps the default priority (the CLI's
+// choice: the target's goes first, CudaOptions::high_priority, unless TANDEM_CUDA_STREAM_PRIORITY=0).
+tandem::CudaOptions bench_cuda_options(const std::string& kv_type, bool draft = false) {
     tandem::CudaOptions options;
     const auto kv = tandem::parse_kv_type(kv_type);
     if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f16, q8_0)");
     options.kv_type = *kv;
+    options.high_priority = !draft && tandem::cuda_stream_priority_from_env();
     return options;
 }
 tandem::CudaPrefillOptions bench_cuda_prefill(int chunk) {
@@ -195,15 +198,17 @@ tandem::CudaPrefillOptions bench_cuda_prefill(int chunk) {
 
 // The backend a measurement runs on: "cpu" (whose weights are repacked, on huge pages as in the chat REPL, before
 // any timing starts) or "cuda". `head_rows`: only the output's first rows copied, as a draft's (see CpuBackend).
+// `draft`: a draft's backend (bench_cuda_options).
 std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
                                                     int chunk, int n_ctx, const std::string& kv_type,
                                                     std::optional<tandem::GgmlType> requantize_to = std::nullopt,
-                                                    int64_t head_rows = 0) {
+                                                    int64_t head_rows = 0, bool draft = false) {
     if (kind == "cuda") {
 #ifdef TANDEM_HAS_CUDA
-        return std::make_unique<tandem::CudaBackend>(model, n_ctx, bench_cuda_prefill(chunk), bench_cuda_options(kv_type));
+        return std::make_unique<tandem::CudaBackend>(model, n_ctx, bench_cuda_prefill(chunk),
+                                                     bench_cuda_options(kv_type, draft));
 #else
-        (void)kv_type;
+        (void)kv_type, (void)draft;
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
 #endif
     }
@@ -236,12 +241,14 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         if (backend_kind == "cuda")  // one GPU holds both: refused as a pair before either is uploaded (as the CLI)
             tandem::CudaBackend::check_pair_fits(
                 tandem::CudaBackend::plan(model, n_ctx_max, bench_cuda_prefill(chunk), bench_cuda_options(kv_type)),
-                tandem::CudaBackend::plan(*draft_model, n_ctx_max, bench_cuda_prefill(chunk), bench_cuda_options(kv_type)));
+                tandem::CudaBackend::plan(*draft_model, n_ctx_max, bench_cuda_prefill(chunk),
+                                          bench_cuda_options(kv_type, /*draft=*/true)));
 #endif
-        draft_backend =
-            make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type, draft_requant, draft_vocab);
+        draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type,
+                                           draft_requant, draft_vocab, /*draft=*/true);
     }
-    std::unique_ptr<tandem::Backend> backend_ptr = make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
+    std::unique_ptr<tandem::Backend> backend_ptr =
+        make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
     tandem::Backend& backend = *backend_ptr;
 
     auto run = [&](const std::vector<int>& prompt, bool speculative) {

@@ -221,10 +221,14 @@ struct Graph {
 // `programmatic`: kernels launched on the stream may overlap the kernel before them (the launch attribute
 // cudaLaunchAttributeProgrammaticStreamSerialization, sm_90+). The emulation still runs them one after another, and
 // checks what it can: that every thread of such a kernel waits (cudaGridDependencySynchronize) before it exits.
-void* stream_create(bool programmatic = false);
+// `high_priority`: created with the device's greatest priority (cudaStreamCreateWithPriority); the emulation runs
+// work when it is queued, so it only remembers it (stream_is_high_priority).
+void* stream_create(bool programmatic = false, bool high_priority = false);
 void stream_destroy(void* stream) noexcept;  // discards a capture in progress
 // Launches on `stream` overlap their predecessor (created so). False for nullptr.
 bool stream_is_programmatic(void* stream);
+// Created with high_priority. False for nullptr.
+bool stream_is_high_priority(void* stream);
 // cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal). Errors: the legacy stream, a stream already
 // capturing.
 void begin_capture(void* stream);

@@ -687,6 +687,7 @@ namespace {
 
 struct StreamState {
     bool programmatic = false;
+    bool high_priority = false;
     bool capturing = false;
     std::thread::id owner;  // the thread that began the capture (ThreadLocal mode's unsafe-call rule)
     std::string invalid;    // why the capture was invalidated; empty while it is valid
@@ -722,9 +723,10 @@ bool Graph::same_topology(const Graph& o) const {
     return true;
 }
 
-void* stream_create(bool programmatic) {
+void* stream_create(bool programmatic, bool high_priority) {
     auto st = std::make_unique<StreamState>();
     st->programmatic = programmatic;
+    st->high_priority = high_priority;
     void* handle = st.get();
     std::lock_guard<std::mutex> lock(registry().mu);
     registry().streams.emplace(handle, std::move(st));
@@ -761,6 +763,12 @@ bool stream_is_programmatic(void* stream) {
     if (!stream) return false;
     std::lock_guard<std::mutex> lock(registry().mu);
     return state_of(stream, "launch").programmatic;
+}
+
+bool stream_is_high_priority(void* stream) {
+    if (!stream) return false;
+    std::lock_guard<std::mutex> lock(registry().mu);
+    return state_of(stream, "cudaStreamGetPriority").high_priority;
 }
 
 bool is_capturing(void* stream) {

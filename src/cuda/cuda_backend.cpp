@@ -269,6 +269,8 @@ bool cuda_one_launch_picks_from_env() { return env_switch("TANDEM_CUDA_ONE_LAUNC
 
 bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"1", "0"}) == 0; }
 
+bool cuda_stream_priority_from_env() { return env_switch("TANDEM_CUDA_STREAM_PRIORITY", {"1", "0"}) == 0; }
+
 bool CudaBackend::use_blas() {
     const bool simt_asked = env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 2;  // a typo is an error even here
     return !simt_asked && cuda::blas_available();
@@ -338,7 +340,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
     const CudaMemoryPlan p = plan(model, n_ctx, prefill, options);
     check_fits("the model", p.total(), " " + p.describe().substr(p.describe().find('(')));
 
-    stream_ = cuda::stream_create(options.overlap_launches);
+    stream_ = cuda::stream_create(options.overlap_launches, options.high_priority);
     try {
         if (p.blas) blas_.reset(cuda::blas_create(stream_));
         // Weights: one buffer, each distinct tensor at its offset, uploaded once as the GGUF holds it.

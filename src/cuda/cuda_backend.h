@@ -116,6 +116,9 @@ bool cuda_int8_gemm_from_env();
 // TANDEM_CUDA_PDL=1|0: false for "0": kernels wait for the kernel before them to finish (the default of
 // CudaOptions::overlap_launches is to overlap; an H200 measured it faster on every model, 2026-11-27).
 bool cuda_overlap_launches_from_env();
+// TANDEM_CUDA_STREAM_PRIORITY=1|0: false for "0": the target's stream keeps the default priority (CudaOptions::
+// high_priority, which tandem and tandem-bench set for the target otherwise), to measure what it does.
+bool cuda_stream_priority_from_env();
 
 // The rest of the backend's choices.
 struct CudaOptions {
@@ -162,6 +165,12 @@ struct CudaOptions {
     // rounding of the CPU backend's integer products, not bitwise the fp16 route. Ignored before sm_80 (no int8
     // mma.sync).
     bool int8_gemm = cuda_int8_gemm_from_env();
+    // The backend's stream at the device's greatest priority (kernels/device.h stream_create): where another
+    // stream's blocks also wait for SMs, this one's are scheduled first. For a target beside a draft on the same
+    // device, which drafts ahead while the target verifies (SpeculativeParams::draft_ahead): the verification is
+    // what the round waits for, the draft's steps a guess that only uses what the target leaves idle. The same bits
+    // either way; tandem and tandem-bench set it for the target (not yet measured on a GPU, 2026-11-29).
+    bool high_priority = false;
 
     // The route of `type`'s matvecs: the measured one with the overrides above applied.
     MatvecRoute matvec_route(GgmlType type) const;
@@ -247,6 +256,7 @@ public:
     void collect_outputs() override;
 
     const CudaOptions& options() const { return options_; }
+    bool stream_high_priority() const { return cuda::stream_high_priority(stream_); }
     const CudaGraphStats& graph_stats() const { return graph_stats_; }
 
 private:

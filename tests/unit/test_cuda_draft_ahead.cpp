@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -102,19 +103,45 @@ TEST_CASE("cuda backend: target and draft on the device, drafting ahead keeps th
     // The generator's configuration on a GPU (both models on the device, the target's outputs deferred while the
     // draft's steps run on their own stream), forced, so that the emulation (which computes in the call) takes the
     // same path. The target is its own draft, so every guess is right.
+    // With the target's stream at the device's greatest priority (CudaOptions::high_priority, the CLI's default) and
+    // without.
     auto model = Model::load(kData + "/stories260K.gguf");
-    auto generate = [&](bool speculative, int ahead) {
-        CudaBackend target(*model, 64), draft(*model, 64);
+    auto generate = [&](bool speculative, int ahead, bool priority) {
+        CudaOptions target_options;
+        target_options.high_priority = priority;
+        CudaBackend target(*model, 64, {}, target_options), draft(*model, 64);
+        CHECK(target.stream_high_priority() == priority);  // every GPU since sm_35 has priorities
+        CHECK_FALSE(draft.stream_high_priority());
         auto cache = target.new_cache(64), draft_cache = draft.new_cache(64);
         GenerationParams p = greedy_ahead(14, 3, ahead);
         Generator gen(*model, target, *cache,
                       speculative ? DraftModel{model.get(), &draft, draft_cache.get()} : DraftModel{});
         return gen.generate(kPrompt, p, [](std::string_view) { return true; });
     };
-    const GenerationStats plain = generate(false, 0), ahead = generate(true, 4);
-    CHECK(ahead.generated == plain.generated);
-    CHECK(ahead.spec.accepted == ahead.spec.drafted);
-    CHECK(ahead.spec.ahead_used == ahead.spec.drafted - 3);
+    const GenerationStats plain = generate(false, 0, false);
+    for (const bool priority : {true, false}) {
+        CAPTURE(priority);
+        const GenerationStats ahead = generate(true, 4, priority);
+        CHECK(ahead.generated == plain.generated);
+        CHECK(ahead.spec.accepted == ahead.spec.drafted);
+        CHECK(ahead.spec.ahead_used == ahead.spec.drafted - 3);
+    }
+}
+
+TEST_CASE("cuda backend: the target's stream priority is on unless TANDEM_CUDA_STREAM_PRIORITY=0") {
+    const char* before = std::getenv("TANDEM_CUDA_STREAM_PRIORITY");
+    const std::string saved = before ? before : "";
+    CHECK_FALSE(CudaOptions{}.high_priority);  // the callers set it for a target
+    unsetenv("TANDEM_CUDA_STREAM_PRIORITY");
+    CHECK(cuda_stream_priority_from_env());
+    setenv("TANDEM_CUDA_STREAM_PRIORITY", "0", 1);
+    CHECK_FALSE(cuda_stream_priority_from_env());
+    setenv("TANDEM_CUDA_STREAM_PRIORITY", "high", 1);
+    CHECK_THROWS_AS(cuda_stream_priority_from_env(), Error);
+    if (before)
+        setenv("TANDEM_CUDA_STREAM_PRIORITY", saved.c_str(), 1);
+    else
+        unsetenv("TANDEM_CUDA_STREAM_PRIORITY");
 }
 
 TEST_CASE("cuda backend: a draft that fails while the target verifies leaves the target writing its outputs again") {
