@@ -756,6 +756,16 @@ TEST_CASE("cuda backend: overlapping launches are on unless TANDEM_CUDA_PDL=0") 
     CHECK(cuda_overlap_launches_from_env());
 }
 
+TEST_CASE("cuda backend: the target's stream priority is on unless TANDEM_CUDA_STREAM_PRIORITY=0") {
+    const UnsetEnvAtExit restore("TANDEM_CUDA_STREAM_PRIORITY");
+    CHECK_FALSE(CudaOptions{}.high_priority);  // tandem and tandem-bench set it for a target
+    CHECK(cuda_stream_priority_from_env());
+    setenv("TANDEM_CUDA_STREAM_PRIORITY", "0", 1);
+    CHECK_FALSE(cuda_stream_priority_from_env());
+    setenv("TANDEM_CUDA_STREAM_PRIORITY", "high", 1);
+    CHECK_THROWS_AS(cuda_stream_priority_from_env(), Error);
+}
+
 TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches" * doctest::test_suite("emu-variants")) {
     // stories260K q4_0 given random Q/K/V biases, as a qwen2 model carries them: the CUDA backend adds them inside
     // the fused Q/K/V launch; its logits must follow the CPU backend's (which adds them after its matmuls) and be

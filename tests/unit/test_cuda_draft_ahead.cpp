@@ -5,7 +5,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -126,22 +125,6 @@ TEST_CASE("cuda backend: target and draft on the device, drafting ahead keeps th
         CHECK(ahead.spec.accepted == ahead.spec.drafted);
         CHECK(ahead.spec.ahead_used == ahead.spec.drafted - 3);
     }
-}
-
-TEST_CASE("cuda backend: the target's stream priority is on unless TANDEM_CUDA_STREAM_PRIORITY=0") {
-    const char* before = std::getenv("TANDEM_CUDA_STREAM_PRIORITY");
-    const std::string saved = before ? before : "";
-    CHECK_FALSE(CudaOptions{}.high_priority);  // the callers set it for a target
-    unsetenv("TANDEM_CUDA_STREAM_PRIORITY");
-    CHECK(cuda_stream_priority_from_env());
-    setenv("TANDEM_CUDA_STREAM_PRIORITY", "0", 1);
-    CHECK_FALSE(cuda_stream_priority_from_env());
-    setenv("TANDEM_CUDA_STREAM_PRIORITY", "high", 1);
-    CHECK_THROWS_AS(cuda_stream_priority_from_env(), Error);
-    if (before)
-        setenv("TANDEM_CUDA_STREAM_PRIORITY", saved.c_str(), 1);
-    else
-        unsetenv("TANDEM_CUDA_STREAM_PRIORITY");
 }
 
 TEST_CASE("cuda backend: a draft that fails while the target verifies leaves the target writing its outputs again") {

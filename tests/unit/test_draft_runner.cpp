@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <span>
 #include <vector>
@@ -76,12 +77,23 @@ std::vector<int> concat(std::vector<int> a, const std::vector<int>& b) {
 
 const std::vector<int> kHeld = {1, 403, 407, 261, 378, 300};  // an earlier turn: positions 0..5 (base = 6)
 const std::vector<int> kHistory = {1, 403, 407};               // this turn's prompt, the last one being cur
+const int kBase = static_cast<int>(kHeld.size());
+
+// The draft of most cases: the model on the CPU backend, its cache holding the earlier turn kHeld.
+struct HeldDraft {
+    const Model& model;
+    CpuBackend backend;
+    std::unique_ptr<KvCache> cache;
+    explicit HeldDraft(const Model& m) : model(m), backend(m, 1, 64), cache(backend.new_cache(256)) {
+        backend.forward(kHeld, *cache, 0, nullptr);
+    }
+    DraftModel draft() { return {&model, &backend, cache.get()}; }
+};
 
 }  // namespace
 
 TEST_CASE("draft runner: the constructor drops stale positions, a proposal catches up and drafts greedily") {
     auto model = Model::load(kData + "/stories260K.gguf");
-    const int base = static_cast<int>(kHeld.size());
     for (const bool stale : {false, true}) {
         CAPTURE(stale);
         CpuBackend backend(*model, 1, 64);
@@ -89,8 +101,8 @@ TEST_CASE("draft runner: the constructor drops stale positions, a proposal catch
         // Either 4 of the held tokens (the runner reads the other 2) or all 6 and 2 stale positions past them.
         const std::vector<int> fed = stale ? concat(kHeld, {9, 9}) : std::vector<int>(kHeld.begin(), kHeld.begin() + 4);
         backend.forward(fed, *cache, 0, nullptr);
-        DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(4, 0.0f, 0), base, kHeld);
-        CHECK(cache->n_committed() == std::min(static_cast<int>(fed.size()), base));
+        DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(4, 0.0f, 0), kBase, kHeld);
+        CHECK(cache->n_committed() == std::min(static_cast<int>(fed.size()), kBase));
 
         std::vector<int> drafted;
         std::vector<SparseDistribution> q(4);
@@ -110,12 +122,10 @@ TEST_CASE("draft runner: the constructor drops stale positions, a proposal catch
 
 TEST_CASE("draft runner: p_min stops a proposal after its first token, the cache holding that token too") {
     auto model = Model::load(kData + "/stories260K.gguf");
-    CpuBackend backend(*model, 1, 64);
-    auto cache = backend.new_cache(256);
-    backend.forward(kHeld, *cache, 0, nullptr);
+    HeldDraft d(*model);
+    auto& cache = d.cache;
     // p_min above 1: no second token is ever confident enough; the first is proposed whatever its probability.
-    DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(4, 1.5f, 0), static_cast<int>(kHeld.size()),
-                       kHeld);
+    DraftRunner runner(d.draft(), greedy_params(4, 1.5f, 0), kBase, kHeld);
     std::vector<int> drafted;
     std::vector<SparseDistribution> q(4);
     SpeculativeStats st;
@@ -130,11 +140,9 @@ TEST_CASE("draft runner: p_min stops a proposal after its first token, the cache
 
 TEST_CASE("draft runner: a right guess carries what was drafted after it, a wrong one is cut back") {
     auto model = Model::load(kData + "/stories260K.gguf");
-    CpuBackend backend(*model, 1, 64);
-    auto cache = backend.new_cache(256);
-    const int base = static_cast<int>(kHeld.size());
-    backend.forward(kHeld, *cache, 0, nullptr);
-    DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(4, 0.0f, 4), base, kHeld);
+    HeldDraft d(*model);
+    auto& cache = d.cache;
+    DraftRunner runner(d.draft(), greedy_params(4, 0.0f, 4), kBase, kHeld);
     const std::vector<int> truth = greedy_continuation(*model, concat(kHeld, kHistory), 16);
     std::vector<SparseDistribution> q(4);
     SpeculativeStats st;
@@ -151,7 +159,7 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
     CHECK(target_polls >= 4);
     CHECK(st.ahead_steps == 4);  // the last draft, the guess and two after it read
-    const int committed = base + static_cast<int>(history.size()) - 1;  // the target's cache: all but cur
+    const int committed = kBase + static_cast<int>(history.size()) - 1;  // the target's cache: all but cur
     runner.settle(committed + 1 + 3, /*all_accepted=*/true, truth[3]);
     CHECK(runner.ahead_count() == 4);
     CHECK(runner.carried() == 3);
@@ -172,7 +180,7 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     // The target rejects the last draft (its own token there: 7): the cache is cut back to what was kept.
     REQUIRE(truth[6] != 7);
     runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
-    const int committed2 = base + static_cast<int>(history.size()) - 1;
+    const int committed2 = kBase + static_cast<int>(history.size()) - 1;
     runner.settle(committed2 + 1 + 2, /*all_accepted=*/false, 7);
     CHECK(runner.ahead_count() == 4);
     CHECK(runner.carried() == 0);
@@ -189,7 +197,7 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     CHECK(r.steps == 2);
     CHECK_FALSE(r.caught_up);  // only cur was new
     runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
-    const int committed3 = base + static_cast<int>(history.size()) - 1;
+    const int committed3 = kBase + static_cast<int>(history.size()) - 1;
     runner.settle(committed3 + 1 + 2, /*all_accepted=*/true, wrong);
     CHECK(runner.ahead_count() == 4);
     CHECK(runner.carried() == 0);
@@ -204,12 +212,12 @@ TEST_CASE("draft runner: a right guess carries what was drafted after it, a wron
     r = runner.propose(2, history, drafted, q, st);
     REQUIRE(drafted == std::vector<int>(truth4.begin(), truth4.begin() + 2));
     runner.draft_ahead(history, drafted, r.holds_last, 100, target_done, st);
-    const int committed4 = base + static_cast<int>(history.size()) - 1;
+    const int committed4 = kBase + static_cast<int>(history.size()) - 1;
     runner.settle(committed4 + 1 + 2, true, truth4[2]);
     CHECK(runner.carried() == 3);
     history = concat(history, std::vector<int>(truth4.begin(), truth4.begin() + 3));
     CHECK(differing_positions(*model, *cache, concat(concat(kHeld, history), {truth4[3], truth4[4]})) == 0);
-    runner.drop_carried(base + static_cast<int>(history.size()) - 1);
+    runner.drop_carried(kBase + static_cast<int>(history.size()) - 1);
     CHECK(runner.carried() == 0);
     CHECK(differing_positions(*model, *cache, concat(kHeld, history)) == 0);
 }
@@ -218,11 +226,8 @@ TEST_CASE("draft runner: drafting ahead stops at p_min from its third token, and
     // p_min above 1: the guess and the token after it are drafted whatever their probability (the guess is not a
     // proposal; the next round's first proposal never stops), the third is not.
     auto model = Model::load(kData + "/stories260K.gguf");
-    CpuBackend backend(*model, 1, 64);
-    auto cache = backend.new_cache(256);
-    const int base = static_cast<int>(kHeld.size());
-    backend.forward(kHeld, *cache, 0, nullptr);
-    DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(4, 1.5f, 4), base, kHeld);
+    HeldDraft d(*model);
+    DraftRunner runner(d.draft(), greedy_params(4, 1.5f, 4), kBase, kHeld);
     const std::vector<int> truth = greedy_continuation(*model, concat(kHeld, kHistory), 4);
     std::vector<SparseDistribution> q(4);
     SpeculativeStats st;
@@ -232,7 +237,7 @@ TEST_CASE("draft runner: drafting ahead stops at p_min from its third token, and
     REQUIRE(r.holds_last);
     runner.draft_ahead(history, drafted, r.holds_last, 100, [] { return true; }, st);
     CHECK(st.ahead_steps == 2);  // the last draft was read already: the guess and the token after it are
-    const int committed = base + static_cast<int>(history.size()) - 1;
+    const int committed = kBase + static_cast<int>(history.size()) - 1;
     runner.settle(committed + 2, true, truth[1]);
     CHECK(runner.ahead_count() == 2);
     REQUIRE(runner.carried() == 1);
@@ -247,12 +252,9 @@ TEST_CASE("draft runner: drafting ahead stops at p_min from its third token, and
 
 TEST_CASE("draft runner: auto drafting ahead steps only while the target works") {
     auto model = Model::load(kData + "/stories260K.gguf");
-    CpuBackend backend(*model, 1, 64);
-    auto cache = backend.new_cache(256);
-    backend.forward(kHeld, *cache, 0, nullptr);
-    DraftRunner runner({model.get(), &backend, cache.get()}, greedy_params(8, 0.0f, -1), static_cast<int>(kHeld.size()),
-                       kHeld);
-    CHECK_FALSE(runner.drafts_ahead_of(backend));  // auto, and the CPU backend computes in the call
+    HeldDraft d(*model);
+    DraftRunner runner(d.draft(), greedy_params(8, 0.0f, -1), kBase, kHeld);
+    CHECK_FALSE(runner.drafts_ahead_of(d.backend));  // auto, and the CPU backend computes in the call
     std::vector<int> drafted;
     std::vector<SparseDistribution> q(8);
     SpeculativeStats st;
@@ -269,13 +271,11 @@ TEST_CASE("draft runner: sampled drafting draws each proposal from the distribut
     auto model = Model::load(kData + "/stories260K.gguf");
     for (const uint64_t seed : {1u, 2u, 3u}) {
         CAPTURE(seed);
-        CpuBackend backend(*model, 1, 64);
-        auto cache = backend.new_cache(256);
-        backend.forward(kHeld, *cache, 0, nullptr);
+        HeldDraft d(*model);
         GenerationParams p = greedy_params(4, 0.0f, 0);
         p.sampler.temperature = 1.5f;
         p.sampler.seed = seed;
-        DraftRunner runner({model.get(), &backend, cache.get()}, p, static_cast<int>(kHeld.size()), kHeld);
+        DraftRunner runner(d.draft(), p, kBase, kHeld);
         std::vector<int> drafted;
         std::vector<SparseDistribution> q(4);
         SpeculativeStats st;
@@ -286,12 +286,11 @@ TEST_CASE("draft runner: sampled drafting draws each proposal from the distribut
         std::vector<int> context = concat(kHeld, kHistory);
         Sampler reference(p.sampler, model->config.n_vocab);
         std::vector<float> logits(static_cast<size_t>(model->config.n_vocab));
-        auto fresh = backend.new_cache(256);
-        backend.forward(kHeld, *fresh, 0, nullptr);
-        backend.forward(kHistory, *fresh, 1, logits.data());
+        HeldDraft fresh(*model);
+        fresh.backend.forward(kHistory, *fresh.cache, 1, logits.data());
         for (size_t i = 0; i < drafted.size(); ++i) {
             CAPTURE(i);
-            if (i > 0) backend.forward(std::span<const int>(&drafted[i - 1], 1), *fresh, 1, logits.data());
+            if (i > 0) fresh.backend.forward(std::span<const int>(&drafted[i - 1], 1), *fresh.cache, 1, logits.data());
             SparseDistribution expected;
             reference.distribution(logits.data(), context, expected);
             CHECK(q[i].ids == expected.ids);
@@ -299,6 +298,6 @@ TEST_CASE("draft runner: sampled drafting draws each proposal from the distribut
             CHECK(std::find(q[i].ids.begin(), q[i].ids.end(), drafted[i]) != q[i].ids.end());
             context.push_back(drafted[i]);
         }
-        CHECK(differing_positions(*model, *cache, std::vector<int>(context.begin(), context.end() - 1)) == 0);
+        CHECK(differing_positions(*model, *d.cache, std::vector<int>(context.begin(), context.end() - 1)) == 0);
     }
 }
