@@ -148,7 +148,50 @@ std::vector<uint8_t> successor_embedding(const std::vector<uint8_t>& output, Ggm
     return out;
 }
 
+// llama.cpp's rule for the tensors of a mixture that get more bits (src/llama-quant.cpp, use_more_bits): the first
+// and last eighth of them and every third in between.
+bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+// The count llama.cpp's quantizer gives layer `layer`'s attn_v (or ffn_down): it counts them in the order the file
+// lists them, which its converter sorts by name (blk.0, blk.1, blk.10, blk.11, ...): the rank of the layer's name.
+int name_rank(int layer, int n_layers) {
+    int rank = 0;
+    for (int j = 0; j < n_layers; ++j) rank += std::to_string(j) < std::to_string(layer);
+    return rank;
+}
+
 }  // namespace
+
+SyntheticTypes SyntheticTypes::Q4_K_M() {
+    SyntheticTypes t(GgmlType::Q4_K);
+    t.q4_k_m = true;
+    return t;
+}
+
+std::string SyntheticTypes::name() const { return q4_k_m ? "q4_k_m" : ggml_type_name(type); }
+
+std::optional<SyntheticTypes> synthetic_types_from_name(const std::string& name) {
+    std::string lower = name;
+    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower == "q4_k_m") return SyntheticTypes::Q4_K_M();
+    if (auto type = ggml_type_from_name(name)) return SyntheticTypes(*type);
+    return std::nullopt;
+}
+
+GgmlType synthetic_matrix_type(const SyntheticShape& shape, const SyntheticTypes& types, const std::string& tensor,
+                               int layer, int64_t cols) {
+    GgmlType t = types.type;
+    if (types.q4_k_m) {
+        // llama.cpp's Q4_K_M (llama_tensor_get_type): Q4_K, but the output in Q6_K, and attn_v and ffn_down in
+        // Q6_K where use_more_bits picks their count; rows that are not whole super-blocks take its fallbacks
+        // (Q4_K -> Q5_0, Q6_K -> Q8_0). Checked against the two Qwen2.5-Coder files (test_real_models.cpp).
+        const bool more = (tensor == "attn_v" || tensor == "ffn_down") &&
+                          use_more_bits(name_rank(layer, shape.n_layers), shape.n_layers);
+        t = tensor == "output" || more ? GgmlType::Q6_K : GgmlType::Q4_K;
+        if (cols % 256 != 0) t = t == GgmlType::Q6_K ? GgmlType::Q8_0 : GgmlType::Q5_0;
+    }
+    return cols % static_cast<int64_t>(ggml_type_info(t).block_size) == 0 ? t : GgmlType::F16;
+}
 
 std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rule) {
     if (n_vocab < 5) throw Error("synthetic next-token rule: the vocabulary needs at least 5 tokens");
@@ -191,10 +234,10 @@ std::optional<SyntheticShape> synthetic_preset(const std::string& name) {
     return std::nullopt;
 }
 
-void write_synthetic_model(const std::string& path, const SyntheticShape& s, GgmlType type, uint64_t seed,
-                           const std::optional<SyntheticNextToken>& next) {
-    if (!cpu::find_kernels(type))
-        throw Error(std::string("synthetic models of type ") + ggml_type_name(type) + " are not supported");
+void write_synthetic_model(const std::string& path, const SyntheticShape& s, const SyntheticTypes& types,
+                           uint64_t seed, const std::optional<SyntheticNextToken>& next) {
+    if (!cpu::find_kernels(types.type))
+        throw Error(std::string("synthetic models of type ") + ggml_type_name(types.type) + " are not supported");
     if (s.dim % s.n_heads || s.n_heads % s.n_kv_heads)
         throw Error("synthetic shape: dim must be a multiple of heads, and heads of kv heads");
     if (s.arch != "llama" && s.arch != "qwen2") throw Error("synthetic shape: architecture '" + s.arch + "' unknown");
@@ -202,14 +245,12 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
     const std::vector<int> successor = next ? synthetic_successors(s.n_vocab, *next) : std::vector<int>{};
     const bool qwen2 = s.arch == "qwen2";
     Rng rng{seed};
-    const int64_t block = ggml_type_info(type).block_size;
-    auto matrix_type = [&](int64_t cols) { return cols % block == 0 ? type : GgmlType::F16; };
     const int64_t kv_dim = static_cast<int64_t>(s.dim) / s.n_heads * s.n_kv_heads;
 
     GgufWriter w;
     const std::string a = s.arch + ".";
     w.add_string("general.architecture", s.arch);
-    w.add_string("general.name", "synthetic-" + s.name + "-" + ggml_type_name(type) + (next ? "-next-token" : ""));
+    w.add_string("general.name", "synthetic-" + s.name + "-" + types.name() + (next ? "-next-token" : ""));
     w.add_u32(a + "context_length", static_cast<uint32_t>(s.context_length));
     w.add_u32(a + "embedding_length", static_cast<uint32_t>(s.dim));
     w.add_u32(a + "feed_forward_length", static_cast<uint32_t>(s.hidden_dim));
@@ -221,48 +262,54 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, Ggm
     w.add_f32(a + "rope.freq_base", qwen2 ? 1e6f : 10000.0f);
     add_vocabulary(w, s.n_vocab);
 
-    auto add_matrix = [&](const std::string& name, int64_t cols, int64_t rows) {
-        const GgmlType t = matrix_type(cols);
+    // Matrix `tensor` of layer `layer` (-1: none), named `name`.
+    auto matrix_type = [&](const std::string& tensor, int layer, int64_t cols) {
+        return synthetic_matrix_type(s, types, tensor, layer, cols);
+    };
+    auto add_matrix = [&](const std::string& tensor, int layer, int64_t cols, int64_t rows) {
+        const GgmlType t = matrix_type(tensor, layer, cols);
+        const std::string name = (layer >= 0 ? "blk." + std::to_string(layer) + "." : "") + tensor + ".weight";
         w.add_tensor(name, t, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
                      random_matrix(rng, t, cols, rows));
     };
     // A next-token model's output projections are zero (its layers add nothing to the residual stream), and its
     // embedding is derived from its output matrix.
-    auto add_projection = [&](const std::string& name, int64_t cols, int64_t rows) {
-        if (!next) return add_matrix(name, cols, rows);
-        const GgmlType t = matrix_type(cols);
-        w.add_tensor(name, t, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
+    auto add_projection = [&](const std::string& tensor, int layer, int64_t cols, int64_t rows) {
+        if (!next) return add_matrix(tensor, layer, cols, rows);
+        const GgmlType t = matrix_type(tensor, layer, cols);
+        w.add_tensor("blk." + std::to_string(layer) + "." + tensor + ".weight", t,
+                     {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
                      std::vector<uint8_t>(ggml_row_bytes(t, static_cast<uint64_t>(cols)) * static_cast<size_t>(rows)));
     };
     const uint64_t dim = static_cast<uint64_t>(s.dim), n_vocab = static_cast<uint64_t>(s.n_vocab);
     if (next) {
-        const GgmlType t = matrix_type(s.dim);
+        const GgmlType t = matrix_type("output", -1, s.dim);
         std::vector<uint8_t> output = random_matrix(rng, t, s.dim, s.n_vocab);
         w.add_tensor("token_embd.weight", GgmlType::F16, {dim, n_vocab},
                      successor_embedding(output, t, s.dim, successor));
         w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, ones_f32(s.dim));
         w.add_tensor("output.weight", t, {dim, n_vocab}, std::move(output));
     } else {
-        add_matrix("token_embd.weight", s.dim, s.n_vocab);
+        add_matrix("token_embd", -1, s.dim, s.n_vocab);
         w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, ones_f32(s.dim));
-        if (!s.tied_output) add_matrix("output.weight", s.dim, s.n_vocab);
+        if (!s.tied_output) add_matrix("output", -1, s.dim, s.n_vocab);
     }
     for (int l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         w.add_tensor(p + "attn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
-        add_matrix(p + "attn_q.weight", s.dim, s.dim);
-        add_matrix(p + "attn_k.weight", s.dim, kv_dim);
-        add_matrix(p + "attn_v.weight", s.dim, kv_dim);
+        add_matrix("attn_q", l, s.dim, s.dim);
+        add_matrix("attn_k", l, s.dim, kv_dim);
+        add_matrix("attn_v", l, s.dim, kv_dim);
         if (qwen2)
             for (const auto& [name, n] : {std::pair{"attn_q.bias", int64_t{s.dim}}, std::pair{"attn_k.bias", kv_dim},
                                           std::pair{"attn_v.bias", kv_dim}})
                 w.add_tensor(p + name, GgmlType::F32, {static_cast<uint64_t>(n)},
                              random_matrix(rng, GgmlType::F32, n, 1));
-        add_projection(p + "attn_output.weight", s.dim, s.dim);
+        add_projection("attn_output", l, s.dim, s.dim);
         w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
-        add_matrix(p + "ffn_gate.weight", s.dim, s.hidden_dim);
-        add_matrix(p + "ffn_up.weight", s.dim, s.hidden_dim);
-        add_projection(p + "ffn_down.weight", s.hidden_dim, s.dim);
+        add_matrix("ffn_gate", l, s.dim, s.hidden_dim);
+        add_matrix("ffn_up", l, s.dim, s.hidden_dim);
+        add_projection("ffn_down", l, s.hidden_dim, s.dim);
     }
     w.write(path);
 }

@@ -43,14 +43,32 @@ struct SyntheticNextToken {
 // The successor of each token id under the rule (what the model's greedy decoding picks after it).
 std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rule);
 
-// Writes a model of `shape` whose 2-D matrices are of `type` (norms f32; rows whose length is not a multiple of
-// the type's block size fall back to f16): random values quantized for the types tandem can write, random codes
-// with scales fitted to the same RMS for the others (the k-quants). Deterministic for a given seed.
+// The weight types of a synthetic model's matrices: one type for all (rows whose length is not a multiple of its
+// block size fall back to f16), or llama.cpp's Q4_K_M mixture, the default models' (q4_k_m: Q4_K with attn_v and
+// ffn_down in Q6_K in some layers and the output in Q6_K; rows that are not whole super-blocks of 256 in Q5_0 and
+// Q8_0 instead), so that the kernels a GPU times are the real files' kernels.
+struct SyntheticTypes {
+    GgmlType type = GgmlType::F32;  // every matrix's, or the mixture's base (Q4_K)
+    bool q4_k_m = false;
+    SyntheticTypes(GgmlType t) : type(t) {}  // NOLINT(google-explicit-constructor): one type, the usual case
+    static SyntheticTypes Q4_K_M();
+    std::string name() const;  // "q4_0", ..., "q4_k_m"
+};
+// "q4_k_m", or a type name (ggml_type_from_name); nullopt when neither.
+std::optional<SyntheticTypes> synthetic_types_from_name(const std::string& name);
+// The type of matrix `tensor` ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+// "ffn_up", "ffn_down") of layer `layer` (ignored for the first two), whose rows are `cols` long.
+GgmlType synthetic_matrix_type(const SyntheticShape& shape, const SyntheticTypes& types, const std::string& tensor,
+                               int layer, int64_t cols);
+
+// Writes a model of `shape` whose 2-D matrices are of `types` (norms f32): random values quantized for the types
+// tandem can write, random codes with scales fitted to the same RMS for the others (the k-quants). Deterministic
+// for a given seed.
 // With `next`: the layers' output projections (attn_output, ffn_down) are zero, so the residual stream leaving
 // the last layer is the token's embedding, and the embedding (f16, which costs a step nothing: it is gathered, not
 // multiplied) of token t is output row succ(t) centred per 32 columns: its logit is that row's squared norm over
 // its RMS, some sqrt(dim) standard deviations above any other row's (not tied_output).
-void write_synthetic_model(const std::string& path, const SyntheticShape& shape, GgmlType type, uint64_t seed = 1,
-                           const std::optional<SyntheticNextToken>& next = std::nullopt);
+void write_synthetic_model(const std::string& path, const SyntheticShape& shape, const SyntheticTypes& types,
+                           uint64_t seed = 1, const std::optional<SyntheticNextToken>& next = std::nullopt);
 
 }  // namespace tandem

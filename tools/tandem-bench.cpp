@@ -407,7 +407,9 @@ int main(int argc, char** argv) {
     app.add_option("--chunk", chunk, "prefill chunk size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
     app.add_option("--make-synthetic", synth_name, std::string("write a synthetic model: ") + kSyntheticPresets);
     app.add_option("--type", synth_type,
-                   "weight type of the synthetic model (any type the CPU backend reads; k-quants get random codes)")
+                   "weight type of the synthetic model (any type the CPU backend reads; k-quants get random codes), "
+                   "or q4_k_m: llama.cpp's Q4_K_M mixture of Q4_K and Q6_K (Q5_0 and Q8_0 in rows that are not "
+                   "whole super-blocks), as the default models have it")
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
     double next_token = -1.0;
@@ -480,7 +482,7 @@ int main(int argc, char** argv) {
             auto shape = tandem::synthetic_preset(synth_name);
             if (!shape)
                 throw tandem::Error("unknown synthetic preset '" + synth_name + "' (" + kSyntheticPresets + ")");
-            auto type = tandem::ggml_type_from_name(synth_type);
+            auto type = tandem::synthetic_types_from_name(synth_type);
             if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
             if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");
             std::fprintf(stderr, "writing %s: %.2fB parameters, %s%s\n", synth_out.c_str(), shape->n_params() / 1e9,

@@ -16,6 +16,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "generator.h"
+#include "gguf.h"
 #include "mini_json.h"
 #include "model.h"
 #include "model_registry.h"
@@ -195,5 +196,30 @@ TEST_CASE("real: the qwen1.5b and qwen0.5b synthetic presets have the default pa
         CHECK(shape->tied_output == model->weights.tied_output);
         CHECK(shape->arch == c.arch);
         CHECK(c.rope_theta == 1e6f);  // what the synthetic qwen2 files carry
+        // And with --type q4_k_m every matrix of the file's type: the mixture's kernels, Q/K/V of two types in half
+        // the layers among them (Q4_K + Q6_K; in the 0.5B's 896-wide rows Q5_0 + Q8_0).
+        const auto file = GgufFile::open(*installed_path(name));
+        int matrices = 0, mixed_qkv = 0;
+        for (const GgufTensorInfo& t : file->tensors()) {
+            if (t.n_dims != 2) continue;
+            const std::string weight = ".weight";
+            REQUIRE(t.name.size() > weight.size());
+            std::string tensor = t.name.substr(0, t.name.size() - weight.size());
+            int layer = -1;
+            if (tensor.rfind("blk.", 0) == 0) {
+                const size_t dot = tensor.find('.', 4);
+                layer = std::stoi(tensor.substr(4, dot - 4));
+                tensor = tensor.substr(dot + 1);
+            }
+            CAPTURE(t.name);
+            CHECK(std::string(ggml_type_name(synthetic_matrix_type(*shape, SyntheticTypes::Q4_K_M(), tensor, layer,
+                                                                   static_cast<int64_t>(t.ne[0])))) ==
+                  ggml_type_name(t.type));
+            ++matrices;
+        }
+        for (const LayerWeights& L : model->weights.layers) mixed_qkv += L.wv.type != L.wq.type;
+        CHECK(matrices == 2 + 7 * c.n_layers);
+        MESSAGE(preset_name, ": ", mixed_qkv, " of ", c.n_layers, " layers have Q/K/V of two types");
+        CHECK(mixed_qkv > 0);
     }
 }
