@@ -79,10 +79,22 @@ void matvec_rows(GgmlType type, const void* W, size_t row_bytes, int cols, const
                  const float* x, int n_tokens, float* y, size_t y_stride, Stream stream,
                  MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
 
-// Several matrices of one type and width applied to the same x in one launch (Q, K and V; gate and up): for each
-// target, y[t][r] = dot(row r of W, x[t]) (+ bias[r] when bias is set; device memory), y's rows `rows` floats
-// apart. Bitwise the separate matvec calls (followed by add_bias): the same kernel computes every row.
+// Several matrices of one width applied to the same x in one launch (Q, K and V; gate and up): for each target,
+// y[t][r] = dot(row r of W, x[t]) (+ bias[r] when bias is set; device memory), y's rows `rows` floats apart.
+// Bitwise the separate matvec calls (followed by add_bias): every row is computed by its type's walk. The targets
+// are of one type, or (MatvecTypes with `last`) the last of another: llama.cpp's quantization mixtures give attn_v
+// more bits than attn_q and attn_k in some layers (Q4_K_M: Q6_K beside Q4_K in half of them; Q8_0 beside Q5_0 where
+// rows are not whole super-blocks), and one launch still takes the three where matvec_types_fuse(type, last).
 constexpr int kMatvecMaxTargets = 3;
+struct MatvecTypes {
+    GgmlType type;  // every target's but the last
+    GgmlType last;  // the last target's
+    MatvecTypes(GgmlType t) : type(t), last(t) {}  // NOLINT(google-explicit-constructor): one type, the usual case
+    MatvecTypes(GgmlType t, GgmlType l) : type(t), last(l) {}
+};
+// True for type == last, and for the pairs with kernels of their own (Q4_K + Q6_K, Q5_0 + Q8_0): on both activation
+// routes (their two types read one format) and every load (persistent as staged: the same sums).
+bool matvec_types_fuse(GgmlType type, GgmlType last);
 struct MatvecTarget {
     const void* W;  // 16-byte aligned
     size_t row_bytes;
@@ -90,8 +102,8 @@ struct MatvecTarget {
     float* y;
     const float* bias;  // null: none
 };
-void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
-                  Stream stream, MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
+void matvec_multi(MatvecTypes types, const MatvecTarget* targets, int n_targets, int cols, const float* x,
+                  int n_tokens, Stream stream, MatvecLoads loads = MatvecLoads::Direct, const void* xq = nullptr);
 // Q, K and V (qkv[0..2], as matvec_multi) followed by rope_kv_write(rope), bitwise the two calls: rope's q, k and
 // v are the targets' y, whole heads (n_heads, n_kv_heads and n_kv_heads of rope.head_dim rows), rope.n_tokens is
 // n_tokens. Where matvec_rope_in_launch (rope.trig set, head_dim a multiple of 4, a Q8_0 cache's blocks within
@@ -103,8 +115,8 @@ void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int
 struct RopeKvArgs;  // (rope_kv.cu, below)
 size_t matvec_rope_counters(const RopeKvArgs& rope);
 bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& rope);
-void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const float* x, int n_tokens, Stream stream,
-                     MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters);
+void matvec_qkv_rope(MatvecTypes types, const MatvecTarget* qkv, int cols, const float* x, int n_tokens,
+                     Stream stream, MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters);
 // y = W x (matvec) followed by add_rms_norm(norm.x, y, norm.weight, norm.out, n_tokens, rows, norm.eps, stream,
 // norm.q8_for, norm.xq), bitwise the two calls: a residual add and the norm after it (attn_output's, ffn_down's).
 // Where matvec_norm_in_launch (one token; rows a multiple of 4, at most 16,384; y, norm.x, weight and out 16-byte

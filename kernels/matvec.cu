@@ -17,6 +17,7 @@ using namespace matvec_detail;
 
 // fp32 activations: a token's row is its cols floats.
 struct FloatInput : WalkDefaults {
+    using Input = FloatInput;  // what a DotPair's two walks must share
     using X = float;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) { return static_cast<size_t>(cols); }
 };
@@ -383,14 +384,42 @@ struct DotQ6_K : FloatInput {
     }
 };
 
+// Whether segments [first, end) of the job have rows of whole 4-byte words (the Q4_K / Q5_K walks read them so).
+bool rows_4_aligned(const MatvecJob& job, int first, int end) {
+    bool aligned = true;
+    for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2})
+        if (seg - &job.seg0 >= first && seg - &job.seg0 < end) aligned = aligned && seg->row_bytes % 4 == 0;
+    return aligned;
+}
+
+// The shapes `type`'s walk takes: rows of whole blocks (and for Q4_K / Q5_K whole 4-byte words, `aligned`).
+void check_shape(GgmlType type, int cols, bool aligned) {
+    switch (type) {
+        case GgmlType::F32:
+        case GgmlType::F16:
+        case GgmlType::BF16: return;
+        case GgmlType::Q8_0: return detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
+        case GgmlType::Q4_0: return detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
+        case GgmlType::Q4_1: return detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
+        case GgmlType::Q5_0: return detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
+        case GgmlType::Q5_1: return detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
+        case GgmlType::Q2_K: return detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
+        case GgmlType::Q3_K: return detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
+        case GgmlType::Q4_K:
+            return detail::require(cols % 256 == 0 && aligned, "matvec: Q4_K rows are whole blocks of 256");
+        case GgmlType::Q5_K:
+            return detail::require(cols % 256 == 0 && aligned, "matvec: Q5_K rows are whole blocks of 256");
+        case GgmlType::Q6_K: return detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
+        default: detail::require(false, "matvec: unsupported weight type");
+    }
+}
+
 // Checks the shapes for `type` and launches its kernel over the job's rows.
 void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int n_tokens, MatvecLoads loads,
               Stream stream) {
     check_job(job, cols, n_tokens);
     detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0, "matvec: W and x must be 16-byte aligned");
-    bool rows_4_aligned = true;
-    for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2})
-        if (seg - &job.seg0 < job.n_seg) rows_4_aligned = rows_4_aligned && seg->row_bytes % 4 == 0;
+    check_shape(type, cols, rows_4_aligned(job, 0, job.n_seg));
     const auto blocks = [&](auto launch, const KernelNames& names) {
         launch(names, loads, job, cols, x, n_tokens, stream);
     };
@@ -402,50 +431,67 @@ void dispatch(GgmlType type, const MatvecJob& job, int cols, const float* x, int
             return launch_type<DotF16, kDirect>(direct_only("matvec_kernel<F16>"), job, cols, x, n_tokens, stream);
         case GgmlType::BF16:
             return launch_type<DotBF16, kDirect>(direct_only("matvec_kernel<BF16>"), job, cols, x, n_tokens, stream);
-        case GgmlType::Q8_0:
-            detail::require(cols % 32 == 0, "matvec: Q8_0 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ8_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q8_0));
-        case GgmlType::Q4_0:
-            detail::require(cols % 32 == 0, "matvec: Q4_0 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ4_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_0));
-        case GgmlType::Q4_1:
-            detail::require(cols % 32 == 0, "matvec: Q4_1 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ4_1>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_1));
-        case GgmlType::Q5_0:
-            detail::require(cols % 32 == 0, "matvec: Q5_0 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ5_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_0));
-        case GgmlType::Q5_1:
-            detail::require(cols % 32 == 0, "matvec: Q5_1 rows are whole blocks of 32");
-            return blocks(launch_blocks<DotQ5_1>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_1));
-        case GgmlType::Q2_K:
-            detail::require(cols % 256 == 0, "matvec: Q2_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ2_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q2_K));
-        case GgmlType::Q3_K:
-            detail::require(cols % 256 == 0, "matvec: Q3_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ3_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q3_K));
-        case GgmlType::Q4_K:
-            detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q4_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ4_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_K));
-        case GgmlType::Q5_K:
-            detail::require(cols % 256 == 0 && rows_4_aligned, "matvec: Q5_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ5_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_K));
-        case GgmlType::Q6_K:
-            detail::require(cols % 256 == 0, "matvec: Q6_K rows are whole blocks of 256");
-            return blocks(launch_blocks<DotQ6_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q6_K));
+        case GgmlType::Q8_0: return blocks(launch_blocks<DotQ8_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q8_0));
+        case GgmlType::Q4_0: return blocks(launch_blocks<DotQ4_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_0));
+        case GgmlType::Q4_1: return blocks(launch_blocks<DotQ4_1>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_1));
+        case GgmlType::Q5_0: return blocks(launch_blocks<DotQ5_0>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_0));
+        case GgmlType::Q5_1: return blocks(launch_blocks<DotQ5_1>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_1));
+        case GgmlType::Q2_K: return blocks(launch_blocks<DotQ2_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q2_K));
+        case GgmlType::Q3_K: return blocks(launch_blocks<DotQ3_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q3_K));
+        case GgmlType::Q4_K: return blocks(launch_blocks<DotQ4_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_K));
+        case GgmlType::Q5_K: return blocks(launch_blocks<DotQ5_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_K));
+        case GgmlType::Q6_K: return blocks(launch_blocks<DotQ6_K>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q6_K));
         default: detail::require(false, "matvec: unsupported weight type");
     }
 }
 
-// x quantized (xq) for a type with an 8-bit route: matvec_q8.cu computes it; else the fp32 kernels here.
-void route(GgmlType type, const MatvecJob& job, int cols, const float* x, const void* xq, int n_tokens,
+// A job of two types (job.b_seg: the first segment of types.last): checks both types' shapes and launches the
+// pair's kernel (matvec_types_fuse lists the pairs).
+void dispatch_pair(MatvecTypes types, const MatvecJob& job, int cols, const float* x, int n_tokens,
+                   MatvecLoads loads, Stream stream) {
+    check_job(job, cols, n_tokens);
+    detail::require(reinterpret_cast<uintptr_t>(x) % 16 == 0, "matvec: W and x must be 16-byte aligned");
+    check_shape(types.type, cols, rows_4_aligned(job, 0, job.b_seg));
+    check_shape(types.last, cols, rows_4_aligned(job, job.b_seg, job.n_seg));
+    const auto blocks = [&](auto launch, const KernelNames& names) {
+        launch(names, loads, job, cols, x, n_tokens, stream);
+    };
+    if (types.type == GgmlType::Q4_K && types.last == GgmlType::Q6_K)
+        return blocks(launch_blocks<DotPair<DotQ4_K, DotQ6_K>>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q4_K+Q6_K));
+    if (types.type == GgmlType::Q5_0 && types.last == GgmlType::Q8_0)
+        return blocks(launch_blocks<DotPair<DotQ5_0, DotQ8_0>>, TANDEM_KERNEL_NAMES("matvec", "_kernel", Q5_0+Q8_0));
+    detail::require(false, "matvec: no kernel computes this pair of types in one launch");
+}
+
+// x quantized (xq) for a type with an 8-bit route: matvec_q8.cu computes it; else the fp32 kernels here. A job of
+// two types (types.last other than types.type) walks its last segment with the other.
+void route(MatvecTypes types, MatvecJob job, int cols, const float* x, const void* xq, int n_tokens,
            MatvecLoads loads, Stream stream) {
-    if (xq && matvec_q8_supports(type))
-        dispatch_q8(type, job, cols, static_cast<const uint8_t*>(xq), n_tokens, loads, stream);
+    const bool int8 = xq && matvec_q8_supports(types.type);
+    if (types.last == types.type) {
+        if (int8)
+            dispatch_q8(types.type, job, cols, static_cast<const uint8_t*>(xq), n_tokens, loads, stream);
+        else
+            dispatch(types.type, job, cols, x, n_tokens, loads, stream);
+        return;
+    }
+    detail::require(matvec_types_fuse(types.type, types.last) && job.n_seg >= 2,
+                    "matvec: no kernel computes this pair of types in one launch");
+    job.b_seg = job.n_seg - 1;
+    if (int8)
+        dispatch_q8_pair(types, job, cols, static_cast<const uint8_t*>(xq), n_tokens, loads, stream);
     else
-        dispatch(type, job, cols, x, n_tokens, loads, stream);
+        dispatch_pair(types, job, cols, x, n_tokens, loads, stream);
 }
 
 }  // namespace
+
+bool matvec_types_fuse(GgmlType type, GgmlType last) {
+    // The pairs of llama.cpp's Q4_K_M mixture (attn_v in Q6_K beside Q4_K; in rows that are not whole super-blocks,
+    // Q8_0 beside Q5_0): the default models'. Both have one activation format per pair, so both routes take them.
+    return type == last || (type == GgmlType::Q4_K && last == GgmlType::Q6_K) ||
+           (type == GgmlType::Q5_0 && last == GgmlType::Q8_0);
+}
 
 bool matvec_supports(GgmlType type) {
     switch (type) {
@@ -510,9 +556,9 @@ bool is_float_type(GgmlType type) { return type == GgmlType::F32 || type == Ggml
 
 }  // namespace
 
-void matvec_multi(GgmlType type, const MatvecTarget* targets, int n_targets, int cols, const float* x, int n_tokens,
-                  Stream stream, MatvecLoads loads, const void* xq) {
-    route(type, multi_job(targets, n_targets), cols, x, xq, n_tokens, loads, stream);
+void matvec_multi(MatvecTypes types, const MatvecTarget* targets, int n_targets, int cols, const float* x,
+                  int n_tokens, Stream stream, MatvecLoads loads, const void* xq) {
+    route(types, multi_job(targets, n_targets), cols, x, xq, n_tokens, loads, stream);
 }
 
 size_t matvec_rope_counters(const RopeKvArgs& rope) {
@@ -527,8 +573,8 @@ bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& r
            (loads != MatvecLoads::Persistent || is_float_type(type));
 }
 
-void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const float* x, int n_tokens, Stream stream,
-                     MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters) {
+void matvec_qkv_rope(MatvecTypes types, const MatvecTarget* qkv, int cols, const float* x, int n_tokens,
+                     Stream stream, MatvecLoads loads, const void* xq, const RopeKvArgs& rope, unsigned* counters) {
     rope::check_args(rope);
     MatvecJob job = multi_job(qkv, 3);
     const int hd = rope.head_dim;
@@ -536,12 +582,13 @@ void matvec_qkv_rope(GgmlType type, const MatvecTarget* qkv, int cols, const flo
                         qkv[0].rows == rope.n_heads * hd && qkv[1].rows == rope.n_kv_heads * hd &&
                         qkv[2].rows == rope.n_kv_heads * hd,
                     "matvec_qkv_rope: the targets must write rope's q, k and v, whole heads, for its tokens");
-    const bool in_launch = counters && matvec_rope_in_launch(type, loads, rope);
+    const bool in_launch = counters && matvec_rope_in_launch(types.type, loads, rope) &&
+                           matvec_rope_in_launch(types.last, loads, rope);
     if (in_launch) {
         job.rope_counters = counters;
         job.rope = rope;
     }
-    route(type, job, cols, x, xq, n_tokens, loads, stream);
+    route(types, job, cols, x, xq, n_tokens, loads, stream);
     if (!in_launch) rope_kv_write(rope, stream);
 }
 

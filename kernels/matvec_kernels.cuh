@@ -5,7 +5,8 @@
 // row) or the split one (a row's walk divided among a block's warps). Included by those two files only.
 //
 // One warp per weight row (kWarps rows per block; split: a block per row); a launch may cover up to three matrices
-// of one type that read the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid. The
+// of one type that read the same x (Q/K/V, gate/up: matvec_multi), their rows one after another in the grid, or of
+// two types (a DotPair: Q and K of one, V of another, as llama.cpp's quantization mixtures make them). The
 // lanes of a warp cover consecutive bytes of the row so each iteration reads one contiguous stretch; every lane
 // keeps one partial sum per token (NT registers), and a warp shuffle reduction finishes each token's dot product.
 // The tokens share every weight load, which is what makes a few tokens (speculative verification, small prefill
@@ -113,6 +114,8 @@ struct MatvecJob {
     int n_seg;
     int total_rows;
     const int* row_ids;  // device memory; null: rows 0..rows-1
+    // DotPair kernels only: the first segment walked with the pair's Last type (the earlier ones take its First).
+    int b_seg;
     // SwiGLU epilogue (n_seg 2: gate, up, the same rows; no bias, no row_ids): seg0.y[t][r] = silu(gate) * up for
     // row r, and seg1.y is not written. A block's first kWarps / 2 warps take gate rows, the others the same up
     // rows, so the pair meets in shared memory.
@@ -147,6 +150,48 @@ struct MatvecJob {
 // KV write per head (rope_if_last); Norm: the residual add and RMSNorm (norm_if_last; one token).
 enum class Epilogue { None, QuantOut, Rope, Norm };
 
+// Two weight types in one launch: llama.cpp's quantization mixtures give attn_v more bits than attn_q and attn_k in
+// some layers (Q4_K_M: Q6_K in half of them, beside Q4_K; in rows that are not whole super-blocks, Q8_0 beside
+// Q5_0), and without a pair those layers' Q/K/V took three launches and RoPE a fourth. A DotPair job walks the
+// segments below job.b_seg with First's walk and the others with Last's: each row with its own type's walk, so
+// bitwise what separate launches of the two types compute. A block's warps may hold rows of both (the branch is per
+// warp, around the walk only: the barriers after it are the kernel's own). Both walks read one activation format
+// (Input: fp32, Q8_1 or Q8_K). The direct and split kernels only (launch_blocks: the staged and persistent routes
+// run a pair on the direct kernel, whose sums are theirs bit for bit), and only matvec_multi's and matvec_qkv_rope's
+// jobs (no SwiGLU, norm or picked rows).
+template <class A, class B>
+struct DotPair {
+    using First = A;
+    using Last = B;
+    using X = typename A::X;
+    static_assert(std::is_same_v<typename A::Input, typename B::Input>, "a pair's walks read one activation format");
+    static __host__ __device__ __forceinline__ size_t x_units(int cols) { return A::x_units(cols); }
+    static constexpr bool kNormEpilogue = false;
+};
+template <class Dot>
+struct IsDotPair : std::false_type {};
+template <class A, class B>
+struct IsDotPair<DotPair<A, B>> : std::true_type {};
+
+template <class T>
+struct WalkTag {
+    using type = T;
+};
+
+// f(WalkTag<W>{}), W the walk of segment s: the Dot itself, or a pair's First or Last. (A tag, not a template
+// lambda: the nvcc build is C++17.)
+template <class Dot, class F>
+__device__ __forceinline__ void with_walk(const MatvecJob& job, int s, F&& f) {
+    if constexpr (IsDotPair<Dot>::value) {
+        if (s >= job.b_seg)
+            f(WalkTag<typename Dot::Last>{});
+        else
+            f(WalkTag<typename Dot::First>{});
+    } else {
+        f(WalkTag<Dot>{});
+    }
+}
+
 // The segment of the grid's warp `r`, and r made the row within it. Segments are picked field by field where
 // used (pick), not copied whole: a copy would hold ~11 registers through the dot product.
 __device__ __forceinline__ int segment_of(const MatvecJob& job, int& r) {
@@ -178,6 +223,9 @@ inline void check_job(const MatvecJob& job, int cols, int n_tokens) {
 // xq quantized by quantize_activations for the type.
 void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens, MatvecLoads loads,
                  Stream stream);
+// The same for a job of two types (job.b_seg set; matvec_types_fuse lists the pairs).
+void dispatch_q8_pair(MatvecTypes types, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens,
+                      MatvecLoads loads, Stream stream);
 
 constexpr int kSwigluPairs = kWarps / 2;  // (gate, up) row pairs per block with the SwiGLU epilogue
 
@@ -367,7 +415,10 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectMinBlocks<NT, kEpi>)
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-    Dot::template dot<NT, kExitDirect<Dot, NT>>(row_of(job, s, row), cols, x, Dot::x_units(cols), n_tok, lane, acc);
+    with_walk<Dot>(job, s, [&](auto walk) {
+        using W = typename decltype(walk)::type;
+        W::template dot<NT, kExitDirect<W, NT>>(row_of(job, s, row), cols, x, W::x_units(cols), n_tok, lane, acc);
+    });
     if (job.swiglu)
         write_swiglu(acc, n_tok, lane, row, true, job, s, up);
     else
@@ -462,6 +513,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
     matvec_staged_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
     static_assert(!kPersistent || kEpi == Epilogue::None || kEpi == Epilogue::QuantOut,
                   "RoPE and norm jobs take the staged kernel, one block-row per block");
+    static_assert(!IsDotPair<Dot>::value, "a pair's rows take the direct kernel");
     constexpr int kChunkBlocks = staged_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
     constexpr int kUpBuffers = kPersistent ? 2 : 1;
@@ -596,11 +648,6 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT, kEpi>)
     TANDEM_SHARED(float, part, 2 * kWarps * NT);  // [gate or the row, up][warp][token]
     detail::wait_for_inputs();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int n_blocks = cols / Dot::kBlockCols;
-    const int steps = (n_blocks + Dot::kStepBlocks - 1) / Dot::kStepBlocks;
-    const int per_warp = (steps + kWarps - 1) / kWarps * Dot::kStepBlocks;  // blocks
-    const int first = warp * per_warp < n_blocks ? warp * per_warp : n_blocks;
-    const int last = first + per_warp < n_blocks ? first + per_warp : n_blocks;
     const int n_mat = job.swiglu ? 2 : 1;
     for (int m = 0; m < n_mat; ++m) {
         int row = blockIdx.x;
@@ -608,10 +655,18 @@ __global__ void __launch_bounds__(kWarps * 32, kSplitMinBlocks<NT, kEpi>)
         float acc[NT];
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-        if (last > first)
-            Dot::template dot<NT, kExitWithBudget<NT>>(
-                row_of(job, s, row) + static_cast<size_t>(first) * Dot::kBlockBytes, (last - first) * Dot::kBlockCols,
-                x + Dot::x_units(first * Dot::kBlockCols), Dot::x_units(cols), n_tok, lane, acc);
+        with_walk<Dot>(job, s, [&](auto walk) {
+            using W = typename decltype(walk)::type;
+            const int n_blocks = cols / W::kBlockCols;
+            const int steps = (n_blocks + W::kStepBlocks - 1) / W::kStepBlocks;
+            const int per_warp = (steps + kWarps - 1) / kWarps * W::kStepBlocks;  // blocks
+            const int first = warp * per_warp < n_blocks ? warp * per_warp : n_blocks;
+            const int last = first + per_warp < n_blocks ? first + per_warp : n_blocks;
+            if (last > first)
+                W::template dot<NT, kExitWithBudget<NT>>(
+                    row_of(job, s, row) + static_cast<size_t>(first) * W::kBlockBytes, (last - first) * W::kBlockCols,
+                    x + W::x_units(first * W::kBlockCols), W::x_units(cols), n_tok, lane, acc);
+        });
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             const float sum = detail::warp_sum(acc[t]);
@@ -705,6 +760,9 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
                               job.total_rows % kWarps == 0),
                     "matvec: a norm job is one matrix of whole blocks of rows and one token");
     detail::require(!norm || Dot::kNormEpilogue, "matvec: this type's walk on this route has no norm epilogue");
+    detail::require(!IsDotPair<Dot>::value ||
+                        (!job.swiglu && !job.row_ids && !norm && job.b_seg >= 1 && job.b_seg < job.n_seg),
+                    "matvec: a launch of two types is matvec_multi's or matvec_qkv_rope's, the last target the other");
     // 9..16 tokens take two launches.
     for (int t0 = 0; t0 < n_tok; t0 += 8) {
         const int n = n_tok - t0 < 8 ? n_tok - t0 : 8;
@@ -768,14 +826,22 @@ void launch_type(const KernelNames& names, const MatvecJob& job, int cols, const
 template <class Dot>
 void launch_blocks(const KernelNames& names, MatvecLoads loads, const MatvecJob& job, int cols,
                    const typename Dot::X* x, int n_tok, Stream stream) {
-    switch (loads) {
-        case MatvecLoads::Staged: return launch_type<Dot, MatvecLoads::Staged>(names, job, cols, x, n_tok, stream);
-        case MatvecLoads::Split: return launch_type<Dot, MatvecLoads::Split>(names, job, cols, x, n_tok, stream);
-        case MatvecLoads::Persistent:
-            return launch_type<Dot, MatvecLoads::Persistent>(names, job, cols, x, n_tok, stream);
-        case MatvecLoads::Direct: break;
+    if constexpr (IsDotPair<Dot>::value) {
+        // A pair's rows on the staged and persistent routes take the direct kernel: the same sums, bit for bit
+        // (DotPair), and staged pairs (two staged walks in one kernel) spilled under the staged budgets.
+        if (loads == MatvecLoads::Split)
+            return launch_type<Dot, MatvecLoads::Split>(names, job, cols, x, n_tok, stream);
+        return launch_type<Dot, MatvecLoads::Direct>(names, job, cols, x, n_tok, stream);
+    } else {
+        switch (loads) {
+            case MatvecLoads::Staged: return launch_type<Dot, MatvecLoads::Staged>(names, job, cols, x, n_tok, stream);
+            case MatvecLoads::Split: return launch_type<Dot, MatvecLoads::Split>(names, job, cols, x, n_tok, stream);
+            case MatvecLoads::Persistent:
+                return launch_type<Dot, MatvecLoads::Persistent>(names, job, cols, x, n_tok, stream);
+            case MatvecLoads::Direct: break;
+        }
+        launch_type<Dot, MatvecLoads::Direct>(names, job, cols, x, n_tok, stream);
     }
-    launch_type<Dot, MatvecLoads::Direct>(names, job, cols, x, n_tok, stream);
 }
 
 }  // namespace tandem::cuda::matvec_detail

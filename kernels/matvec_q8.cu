@@ -40,12 +40,14 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
 
 // ---- activation formats as Dot inputs ----------------------------------------------------------------------------
 struct Q8_1Input : WalkDefaults {
+    using Input = Q8_1Input;  // what a DotPair's two walks must share
     using X = uint8_t;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) {
         return static_cast<size_t>(cols / q8::block_elems(false)) * q8::block_bytes(false);
     }
 };
 struct Q8_KInput : WalkDefaults {
+    using Input = Q8_KInput;
     using X = uint8_t;
     static __host__ __device__ __forceinline__ size_t x_units(int cols) {
         return static_cast<size_t>(cols / q8::block_elems(true)) * q8::block_bytes(true);
@@ -294,15 +296,25 @@ using DotQ3_KQ8 = DotQ23_KQ8<true>;
 
 namespace matvec_detail {
 
+namespace {
+
+// The checks of the route for `type`'s walk over segments [first, end) of the job: the width and x's alignment, and
+// for Q4_K / Q5_K, whose walk reads 16-byte words (DotQK4Q8), rows of whole 16-byte words.
+void check_q8_shape(GgmlType type, const MatvecJob& job, int first, int end, int cols, const uint8_t* xq) {
+    q8_activation_row_bytes(type, cols);  // checks the type and the width
+    detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, "matvec: quantized x must be 4-byte aligned");
+    if (type == GgmlType::Q4_K || type == GgmlType::Q5_K)
+        for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2})
+            if (seg - &job.seg0 >= first && seg - &job.seg0 < end)
+                detail::require(seg->row_bytes % 16 == 0, "matvec: Q4_K / Q5_K rows must be 16-byte aligned");
+}
+
+}  // namespace
+
 void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens, MatvecLoads loads,
                  Stream stream) {
     check_job(job, cols, n_tokens);
-    q8_activation_row_bytes(type, cols);  // checks the type and the width
-    detail::require(reinterpret_cast<uintptr_t>(xq) % 4 == 0, "matvec: quantized x must be 4-byte aligned");
-    if (type == GgmlType::Q4_K || type == GgmlType::Q5_K)  // their walk reads 16-byte words (DotQK4Q8)
-        for (const MatvecSegment* seg : {&job.seg0, &job.seg1, &job.seg2})
-            if (seg - &job.seg0 < job.n_seg)
-                detail::require(seg->row_bytes % 16 == 0, "matvec: Q4_K / Q5_K rows must be 16-byte aligned");
+    check_q8_shape(type, job, 0, job.n_seg, cols, xq);
     const auto blocks = [&](auto launch, const KernelNames& names) {
         launch(names, loads, job, cols, xq, n_tokens, stream);
     };
@@ -319,6 +331,21 @@ void dispatch_q8(GgmlType type, const MatvecJob& job, int cols, const uint8_t* x
         case GgmlType::Q6_K: return blocks(launch_blocks<DotQ6_KQ8>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q6_K));
         default: detail::require(false, "matvec: the type has no 8-bit route");
     }
+}
+
+void dispatch_q8_pair(MatvecTypes types, const MatvecJob& job, int cols, const uint8_t* xq, int n_tokens,
+                      MatvecLoads loads, Stream stream) {
+    check_job(job, cols, n_tokens);
+    check_q8_shape(types.type, job, 0, job.b_seg, cols, xq);
+    check_q8_shape(types.last, job, job.b_seg, job.n_seg, cols, xq);
+    const auto blocks = [&](auto launch, const KernelNames& names) {
+        launch(names, loads, job, cols, xq, n_tokens, stream);
+    };
+    if (types.type == GgmlType::Q4_K && types.last == GgmlType::Q6_K)
+        return blocks(launch_blocks<DotPair<DotQ4_KQ8, DotQ6_KQ8>>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q4_K+Q6_K));
+    if (types.type == GgmlType::Q5_0 && types.last == GgmlType::Q8_0)
+        return blocks(launch_blocks<DotPair<DotQ5_0Q8, DotQ8_0Q8>>, TANDEM_KERNEL_NAMES("matvec_q8", "", Q5_0+Q8_0));
+    detail::require(false, "matvec: no kernel computes this pair of types in one launch");
 }
 
 }  // namespace matvec_detail

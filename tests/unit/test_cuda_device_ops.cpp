@@ -260,6 +260,71 @@ TEST_CASE("cuda ops through device memory: persistent matvec blocks give bitwise
     }
 }
 
+TEST_CASE("cuda ops through device memory: Q/K/V of two types in one launch give bitwise each type's own launch") {
+    // The pairs of llama.cpp's Q4_K_M mixture (kernels.h matvec_types_fuse) at the default models' Q/K/V shapes on a
+    // GPU (Qwen2.5-1.5B: Q4_K Q and K beside a Q6_K V, 1536 wide; the 0.5B draft: Q5_0 beside Q8_0, 896 wide),
+    // small ones on the emulation: matvec_multi of the three against Q and K in one launch and V in another, with
+    // biases, both activation routes, direct and split rows (staged and persistent run a pair on the direct kernel).
+    std::mt19937 rng(79);
+    const bool emulated = cuda::device_is_emulated();
+    struct Shape {
+        GgmlType type, last;
+        int cols, q_rows, kv_rows;
+    };
+    for (const Shape& sh : {Shape{GgmlType::Q4_K, GgmlType::Q6_K, emulated ? 256 : 1536, emulated ? 24 : 1536,
+                                  emulated ? 8 : 256},
+                            Shape{GgmlType::Q5_0, GgmlType::Q8_0, emulated ? 96 : 896, emulated ? 24 : 896,
+                                  emulated ? 8 : 128}}) {
+        CAPTURE(std::string(ggml_type_name(sh.type)));
+        const int rows[] = {sh.q_rows, sh.kv_rows, sh.kv_rows};
+        std::vector<cuda::DeviceBuffer> W, bias;
+        size_t row_bytes[3];
+        for (int i = 0; i < 3; ++i) {
+            const GgmlType t = i == 2 ? sh.last : sh.type;
+            row_bytes[i] = ggml_row_bytes(t, static_cast<uint64_t>(sh.cols));
+            W.push_back(upload(random_weights(t, rows[i], sh.cols, rng)));
+            bias.push_back(upload(test::random_floats(rows[i], rng)));
+        }
+        for (int n : {1, 5}) {
+            CAPTURE(n);
+            const cuda::DeviceBuffer dx = upload(test::random_floats(static_cast<int64_t>(n) * sh.cols, rng));
+            cuda::DeviceBuffer dxq(cuda::q8_activation_row_bytes(sh.type, sh.cols) * n);
+            cuda::quantize_activations(sh.type, dx.as<float>(), sh.cols, n, dxq.get(), nullptr);
+            for (bool int8 : {false, true})
+                for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Direct, cuda::MatvecLoads::Split}) {
+                    CAPTURE(int8);
+                    CAPTURE(std::string(cuda::matvec_loads_name(loads)));
+                    const void* xq = int8 ? dxq.get() : nullptr;
+                    const auto run = [&](bool one_launch) {
+                        std::vector<cuda::DeviceBuffer> y;
+                        std::vector<cuda::MatvecTarget> t;
+                        for (int i = 0; i < 3; ++i) {
+                            y.push_back(poisoned_floats(static_cast<size_t>(n) * rows[i]));
+                            t.push_back({W[i].get(), row_bytes[i], rows[i], y.back().as<float>(), bias[i].as<float>()});
+                        }
+                        if (one_launch) {
+                            cuda::matvec_multi({sh.type, sh.last}, t.data(), 3, sh.cols, dx.as<float>(), n, nullptr,
+                                               loads, xq);
+                        } else {
+                            cuda::matvec_multi(sh.type, t.data(), 2, sh.cols, dx.as<float>(), n, nullptr, loads, xq);
+                            cuda::matvec_multi(sh.last, t.data() + 2, 1, sh.cols, dx.as<float>(), n, nullptr, loads,
+                                               xq);
+                        }
+                        std::vector<std::vector<float>> out;
+                        for (const cuda::DeviceBuffer& b : y) out.push_back(download(b));
+                        return out;
+                    };
+                    const std::vector<std::vector<float>> want = run(false), got = run(true);
+                    for (size_t i = 0; i < want.size(); ++i) {
+                        CAPTURE(i);  // Q, K, V
+                        for (float v : want[i]) REQUIRE(std::isfinite(v));
+                        CHECK(std::memcmp(got[i].data(), want[i].data(), want[i].size() * 4) == 0);
+                    }
+                }
+        }
+    }
+}
+
 TEST_CASE("cuda ops through device memory: matvec_swiglu's in-launch quantization matches a quantize launch byte for byte") {
     // On the 8-bit route with staged or persistent loads the last block to write an activation block's SwiGLU rows
     // quantizes them (an atomic count and __threadfence on each side: a missing fence, or a stale L1 line of rows

@@ -34,7 +34,10 @@ const std::vector<LaunchOptions> kTwoOrders = {{ThreadOrder::Reverse, 0}, {Threa
 using kernel_test::inv_freqs;
 using kernel_test::kNaN;
 using kernel_test::order_name;
+using kernel_test::QkvRopeOut;
+using kernel_test::QkvRopeShape;
 using kernel_test::random_floats;
+using kernel_test::rope_args;
 
 }  // namespace
 
@@ -164,27 +167,14 @@ TEST_CASE("cuda matvec epilogues: matvec_qkv_rope is bitwise matvec_multi follow
                         CAPTURE(std::string(cuda::matvec_loads_name(loads)));
                         CAPTURE(int8);
                         // Outputs of one way: q, k, v and the caches (0xA5 bytes outside the step's rows).
-                        struct Out {
-                            std::vector<float> q, k, v;
-                            std::vector<uint8_t> kc, vc;
-                        };
-                        const auto fresh = [&] {
-                            return Out{std::vector<float>(static_cast<size_t>(n) * q_dim, kNaN),
-                                       std::vector<float>(static_cast<size_t>(n) * kv_dim, kNaN),
-                                       std::vector<float>(static_cast<size_t>(n) * kv_dim, kNaN),
-                                       std::vector<uint8_t>(cache_bytes, 0xA5), std::vector<uint8_t>(cache_bytes, 0xA5)};
-                        };
-                        const bool from_device = n == 3;
+                        using Out = QkvRopeOut;
+                        const auto fresh = [&] { return Out(n, q_dim, kv_dim, cache_bytes); };
+                        const QkvRopeShape shape{c.n_heads, c.n_kv, c.hd, c.rope_dim,
+                                                 c.neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs,
+                                                 c.kv};
                         std::vector<float> trig;
                         const auto args = [&](Out& o) {
-                            cuda::RopeKvArgs a{o.q.data(), o.k.data(), o.v.data(), o.kc.data(), o.vc.data(),
-                                               freq.data(), n, from_device ? 0 : start, c.n_heads, c.n_kv, c.hd,
-                                               c.rope_dim,
-                                               c.neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs,
-                                               c.kv};
-                            if (from_device) a.device_start_pos = &device_start;
-                            if (!trig.empty()) a.trig = trig.data();
-                            return a;
+                            return rope_args(o, shape, freq, n, start, n == 3 ? &device_start : nullptr, trig);
                         };
                         const auto targets = [&](Out& o) {
                             return std::vector<cuda::MatvecTarget>{{W[0].data(), row_bytes, q_dim, o.q.data(), nullptr},
