@@ -516,7 +516,12 @@ CudaBackend::FusedQuant CudaBackend::fused_quant(const float* out, int cols, Ggm
 }
 
 bool CudaBackend::fuses_qkv(const DeviceLayer& L, bool prefill) const {
-    return !prefill && options_.fused_matvecs && L.wq.type == L.wk.type && L.wq.type == L.wv.type;
+    // One type, or V of the other type of a pair with kernels (a Q4_K_M layer's Q6_K beside Q4_K) on the same route:
+    // one launch reads one form of x.
+    if (prefill || !options_.fused_matvecs || L.wq.type != L.wk.type) return false;
+    return L.wv.type == L.wq.type ||
+           (options_.qkv_type_pairs && cuda::matvec_types_fuse(L.wq.type, L.wv.type) &&
+            options_.matvec_route(L.wq.type) == options_.matvec_route(L.wv.type));
 }
 
 bool CudaBackend::fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const {
@@ -641,19 +646,29 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         const cuda::RopeKvArgs rope = rope_args(l);
         const bool rope_in_qkv = fuses_rope(L, rope, n, prefill);
         if (prefill) gemm_input(xb_, n, dim, {L.wq.type, L.wk.type, L.wv.type});
+        const bool b = c.qkv_bias;
+        const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr), target(L.wk, k_, b ? L.bk : nullptr),
+                                          target(L.wv, v_, b ? L.bv : nullptr)};
         if (fuses_qkv(L, prefill)) {
             // One launch for Q, K and V with the biases added in it (bitwise the separate launches), and RoPE with
             // the cache write in its last blocks (bitwise rope_kv_write after it).
-            const bool b = c.qkv_bias;
-            const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr),
-                                              target(L.wk, k_, b ? L.bk : nullptr),
-                                              target(L.wv, v_, b ? L.bv : nullptr)};
+            const cuda::MatvecTypes types{L.wq.type, L.wv.type};
             const void* xq = quantized(L.wq.type, xb_, n, dim);
             if (rope_in_qkv)
-                cuda::matvec_qkv_rope(L.wq.type, qkv, dim, xb_, n, stream_, loads(L.wq.type), xq, rope,
-                                      rope_counters_);
+                cuda::matvec_qkv_rope(types, qkv, dim, xb_, n, stream_, loads(L.wq.type), xq, rope, rope_counters_);
             else
-                cuda::matvec_multi(L.wq.type, qkv, 3, dim, xb_, n, stream_, loads(L.wq.type), xq);
+                cuda::matvec_multi(types, qkv, 3, dim, xb_, n, stream_, loads(L.wq.type), xq);
+        } else if (!prefill && options_.fused_matvecs) {
+            // Types no one launch takes together: a launch per run of one type (Q and K, then V), the biases added in
+            // them (bitwise add_bias after).
+            const DeviceMatrix* mats[] = {&L.wq, &L.wk, &L.wv};
+            for (int first = 0, end = 0; first < 3; first = end) {
+                const GgmlType type = mats[first]->type;
+                for (end = first + 1; end < 3 && mats[end]->type == type; ++end) {
+                }
+                cuda::matvec_multi(type, qkv + first, end - first, dim, xb_, n, stream_, loads(type),
+                                   quantized(type, xb_, n, dim));
+            }
         } else {
             matmul(L.wq, xb_, n, q_, prefill);
             matmul(L.wk, xb_, n, k_, prefill);

@@ -235,8 +235,9 @@ private:
     FusedQuant fused_quant(const float* out, int cols, GgmlType next, int n, bool prefill, uint8_t* into = nullptr);
     // Whether fused_quant would have a producer quantize its output for a matvec of `next`.
     bool fuses_quant(GgmlType next, int n, bool prefill) const;
-    // Q/K/V in one launch (fused_matvecs, one type), and RoPE with the cache write in it (qkv_rope, where the
-    // kernel can: cuda::matvec_rope_in_launch).
+    // Q/K/V in one launch (fused_matvecs; one type, or V of the other type of a pair cuda::matvec_types_fuse takes,
+    // on the same route), and RoPE with the cache write in it (qkv_rope, where the kernel can:
+    // cuda::matvec_rope_in_launch).
     bool fuses_qkv(const DeviceLayer& L, bool prefill) const;
     bool fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const;
     // proj_ = W in (attn_output, ffn_down), then the residual add x_ += proj_ and the RMSNorm after it (norm_weight)

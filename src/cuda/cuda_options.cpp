@@ -94,6 +94,8 @@ bool cuda_int8_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRout
 
 bool cuda_simt_gemm_from_env() { return env_switch("TANDEM_CUDA_GEMM", kGemmRoutes) == 2; }
 
+bool cuda_qkv_type_pairs_from_env() { return env_switch("TANDEM_CUDA_QKV_PAIRS", {"1", "0"}) == 0; }
+
 bool cuda_qkv_rope_from_env() { return env_switch("TANDEM_CUDA_QKV_ROPE", {"1", "0"}) == 0; }
 
 bool cuda_matvec_norm_from_env() { return env_switch("TANDEM_CUDA_MATVEC_NORM", {"1", "0"}) == 0; }

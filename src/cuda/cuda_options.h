@@ -25,6 +25,8 @@ bool cuda_fused_matvecs_from_env();
 bool cuda_gate_up_q8_from_env();
 // TANDEM_CUDA_QKV_ROPE=1|0: false for "0" (the default of CudaOptions::qkv_rope), to measure it.
 bool cuda_qkv_rope_from_env();
+// TANDEM_CUDA_QKV_PAIRS=1|0: false for "0" (the default of CudaOptions::qkv_type_pairs), to measure it.
+bool cuda_qkv_type_pairs_from_env();
 // TANDEM_CUDA_MATVEC_NORM=1|0: false for "0" (the default of CudaOptions::matvec_norm), to measure it.
 bool cuda_matvec_norm_from_env();
 // TANDEM_CUDA_ONE_LAUNCH_PICKS=1|0: false for "0" (the default of CudaOptions::one_launch_picks), to measure it.
@@ -78,6 +80,12 @@ struct CudaOptions {
     // matvec_qkv_rope: direct, staged and split loads, the angles tabled once a step); false: a rope_kv_write launch
     // after it. The same bits; on by default, one launch a layer fewer (not yet measured on a GPU, 2026-11-29).
     bool qkv_rope = cuda_qkv_rope_from_env();
+    // With fused_matvecs, Q/K/V of two types in one launch where kernels.h matvec_types_fuse takes the pair and the
+    // two types share a route (llama.cpp's Q4_K_M gives attn_v Q6_K beside Q4_K, or Q8_0 beside Q5_0, in half the
+    // layers; the default models' too), with RoPE in it as for one type; false: a launch per type (Q and K, then V)
+    // and RoPE's own launch in those layers. The same bits; on by default, three launches fewer in each such layer
+    // (not yet measured on a GPU, 2026-12-01).
+    bool qkv_type_pairs = cuda_qkv_type_pairs_from_env();
     // With fused_matvecs, a one-token step's attn_output and ffn_down launches add their output into the residual
     // stream and apply the RMSNorm that follows in their last block (kernels.h matvec_add_rms_norm); false, and for
     // steps of more tokens: an add_rms_norm launch after each. The same bits; on by default, two launches a layer

@@ -446,12 +446,15 @@ TEST_CASE("cuda backend: out-of-range token ids are an error, not a NaN row") {
     CHECK_THROWS_AS(backend.forward(bad, *cache, 2, logits.data()), Error);
 }
 
-// The emulated backend on a real model: SmolLM2-135M (q4_1 matrices, q8_0 embedding, 30 layers, GQA 9/3 heads of
-// 64). Slow under the emulation (every weight row is a warp of fibers): a 5-token prefill and one decode, ~40 s.
-// "real:" so that sanitizer runs (which skip real-model tests) skip it.
-TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few tokens") {
-    const auto path = installed_path("smollm2-135m-instruct-q4_1");
-    if (!path) FAIL("model smollm2-135m-instruct-q4_1 is missing from " << models_dir() << ": run scripts/fetch-models");
+// The emulated backend on a real model against the CPU backend (fp32 activations): a prompt of up to 6 tokens in one
+// call, then a decode of the argmax; the logits within 1% of the logit range, the same argmax. Slow under the
+// emulation (every weight row is a warp of fibers). "real:" so that sanitizer runs (which skip real-model tests)
+// skip it.
+namespace {
+
+void check_real_model_on_cuda(const std::string& name, const std::string& prompt) {
+    const auto path = installed_path(name);
+    if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
     auto model = Model::load(*path);
     const int n_vocab = model->config.n_vocab, n_ctx = 16;
     CpuBackend cpu(*model, 2, 16, cpu::Activations::Float);
@@ -460,7 +463,7 @@ TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few 
     auto gpu_cache = gpu.new_cache(n_ctx);
     const auto t0 = std::chrono::steady_clock::now();
     Diff diff;
-    std::vector<int> tokens = model->tokenizer->encode("The capital of France is", false);
+    std::vector<int> tokens = model->tokenizer->encode(prompt, false);
     tokens.resize(std::min<size_t>(tokens.size(), 6));
     for (int round = 0; round < 2; ++round) {
         std::vector<float> a(static_cast<size_t>(n_vocab)), b(a.size(), std::nanf(""));
@@ -471,9 +474,32 @@ TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few 
         tokens = {static_cast<int>(std::max_element(a.begin(), a.end()) - a.begin())};
     }
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    MESSAGE("SmolLM2-135M: max |cuda - cpu| = ", diff.worst_abs, " (", diff.worst_rel, " of the logit range), ", s,
-            " s");
+    MESSAGE(name, ": max |cuda - cpu| = ", diff.worst_abs, " (", diff.worst_rel, " of the logit range), ", s, " s");
     CHECK(diff.worst_rel <= 1e-2);
+    // The decode step's graph: the embedding, the norm, the step's RoPE angles, 5 kernels a layer (Q/K/V in one
+    // launch with RoPE, also where their types differ), the output matvec.
+    CHECK(gpu.graph_stats().nodes == 3 + 5 * model->config.n_layers + 1);
+}
+
+}  // namespace
+
+// SmolLM2-135M: q4_1 matrices, q8_0 embedding, 30 layers, GQA 9/3 heads of 64 (~40 s).
+TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few tokens") {
+    check_real_model_on_cuda("smollm2-135m-instruct-q4_1", "The capital of France is");
+}
+
+// The default draft, Qwen2.5-Coder-0.5B: qwen2 (Q/K/V biases, NeoX RoPE), GQA 14/2 heads of 64, llama.cpp's Q4_K_M
+// mixture in 896-wide rows: Q5_0 matrices with Q8_0 attn_v in half the layers (one Q/K/V launch of two types), Q4_K /
+// Q6_K ffn_down, a Q8_0 output over 151,936 ids. The real files cannot travel to a lent GPU; this is the kernels' run
+// on it.
+TEST_CASE("real: cuda backend on Qwen2.5-Coder-0.5B (the default draft) matches the CPU backend for a few tokens") {
+    check_real_model_on_cuda("qwen2.5-coder-0.5b-instruct-q4_k_m", "def fibonacci(n):");
+}
+
+// The default target, Qwen2.5-Coder-1.5B: heads of 128 (12 / 2), Q4_K with Q6_K attn_v in half the layers (one Q/K/V
+// launch of two types) and Q6_K / Q4_K ffn_down, a Q6_K output of its own.
+TEST_CASE("real: cuda backend on Qwen2.5-Coder-1.5B (the default target) matches the CPU backend for a few tokens") {
+    check_real_model_on_cuda("qwen2.5-coder-1.5b-instruct-q4_k_m", "def fibonacci(n):");
 }
 
 // ---- CUDA graphs ------------------------------------------------------------------------------------------------
@@ -799,6 +825,58 @@ TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU 
     // step's RoPE angles).
     CHECK(f.back().stats.nodes == 3 + 5 * 5 + 1);
     CHECK(s.back().stats.nodes == 2 + 5 * 15 + 1);
+}
+
+TEST_CASE("cuda backend: Q/K/V of two types (the Q4_K_M mixture) take one launch and give the bits of a launch per type" * doctest::test_suite("emu-variants")) {
+    // Synthetic qwen2 models written with llama.cpp's Q4_K_M mixture (synthetic_model.h): two layers, the second's
+    // attn_v (and ffn_down) in Q6_K beside Q4_K, or in 96-wide rows Q8_0 beside Q5_0, as half the layers of the
+    // default models. Q/K/V of such a layer in one launch with RoPE in it (kernels.h matvec_types_fuse): logits near
+    // the CPU backend's, and through CUDA graphs bitwise those of a launch per type (qkv_type_pairs off) and of
+    // unfused launches, on the fp32 route (these types' measured one) and the 8-bit route; with split rows, a
+    // verification call bitwise its tokens one at a time. The second layer is 5 kernels, as the first.
+    struct Mix {
+        const char* name;
+        int dim;
+        GgmlType q, v;
+    };
+    for (const Mix& mix : {Mix{"mix-q4k", 256, GgmlType::Q4_K, GgmlType::Q6_K},
+                           Mix{"mix-q50", 96, GgmlType::Q5_0, GgmlType::Q8_0}}) {
+        CAPTURE(std::string(mix.name));
+        const std::string path = temp_dir() + "/" + mix.name + ".gguf";
+        write_synthetic_model(path, {mix.name, mix.dim, 256, 2, 4, 2, 320, 64, false, "qwen2"},
+                              SyntheticTypes::Q4_K_M(), 17);
+        auto model = Model::load(path);
+        const auto& layers = model->weights.layers;
+        REQUIRE(layers[0].wv.type == mix.q);
+        REQUIRE(layers[1].wq.type == mix.q);
+        REQUIRE(layers[1].wv.type == mix.v);
+        const Diff d = compare_backends(*model, 48, fp32_route());
+        MESSAGE(std::string(mix.name), ": max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel, " of the logit range)");
+        CHECK(d.worst_rel <= 1e-2);
+        for (bool int8 : {false, true}) {
+            CAPTURE(int8);
+            CudaOptions pairs, per_type, separate;
+            for (CudaOptions* o : {&pairs, &per_type, &separate}) {
+                o->attention_split = 4;
+                o->int8_activations = int8;
+            }
+            per_type.qkv_type_pairs = false;
+            separate.fused_matvecs = false;
+            const std::vector<Call> f = run_graph_schedule(*model, pairs, {emu::ThreadOrder::Forward, 0});
+            const std::vector<Call> t = run_graph_schedule(*model, per_type, {emu::ThreadOrder::Reverse, 0});
+            check_same_logits(f, t);
+            check_same_logits(f, run_graph_schedule(*model, separate, {emu::ThreadOrder::Reverse, 0}));
+            if (!int8) {
+                // The embedding, the norm, the step's RoPE angles, 5 kernels a layer, the output matvec; a launch
+                // per type: Q and K, V, and RoPE's launch in the second layer (2 more).
+                CHECK(f.back().stats.nodes == 3 + 2 * 5 + 1);
+                CHECK(t.back().stats.nodes == 3 + 5 + 7 + 1);
+            }
+            CudaOptions split = pairs;
+            split.matvec_loads = cuda::MatvecLoads::Split;
+            check_verification_bits(*model, split);
+        }
+    }
 }
 
 namespace {
