@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -122,30 +125,140 @@ void add_vocabulary(GgufWriter& w, int n_vocab) {
     w.add_bool("tokenizer.ggml.add_bos_token", true);
 }
 
-// The embedding of a next-token model (synthetic_model.h): row t is output row successor[t], dequantized, centred
-// per 32 columns (k-quant rows have per-sub-block offsets that would otherwise favour some rows over the
-// successor's), in f16.
-std::vector<uint8_t> successor_embedding(const std::vector<uint8_t>& output, GgmlType output_type, int64_t dim,
-                                         const std::vector<int>& successor) {
-    const size_t row_bytes = ggml_row_bytes(output_type, static_cast<uint64_t>(dim));
-    std::vector<uint8_t> out(successor.size() * static_cast<size_t>(dim) * 2);
+// The ids 3..end-1 in the cycle's order, fixed by the vocabulary size alone (Fisher-Yates, fixed seed): order[i]
+// leads to order[i + 1].
+std::vector<int> cycle_order(int n_vocab, int end) {
+    std::vector<int> order;
+    for (int t = 3; t < end; ++t) order.push_back(t);
+    Rng cycle_rng{0x5eed0000ull + static_cast<uint64_t>(n_vocab)};
+    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[cycle_rng.next() % (i + 1)]);
+    return order;
+}
+
+// A replayed draft's pick at one id that is not sure of itself: its embedding is the pick's row plus `beta` times
+// each runner-up's, so that their logits come near the pick's and its softmax probability falls to the step's.
+struct MixedPick {
+    int runner_ups[3] = {0, 0, 0};
+    float confidence = 1.0f;
+};
+
+// Output row r dequantized and centred per 32 columns (k-quant rows have per-sub-block offsets that would
+// otherwise favour some rows over the one the embedding points at).
+std::vector<float> centred_row(const std::vector<uint8_t>& output, GgmlType type, int64_t dim, int r) {
     std::vector<float> row(static_cast<size_t>(dim));
-    for (size_t t = 0; t < successor.size(); ++t) {
-        cpu::dequantize_row(output_type, output.data() + row_bytes * static_cast<size_t>(successor[t]), row.data(),
-                            dim);
-        for (int64_t g = 0; g < dim; g += 32) {
-            const int64_t end = std::min<int64_t>(dim, g + 32);
-            double mean = 0;
-            for (int64_t i = g; i < end; ++i) mean += row[static_cast<size_t>(i)];
-            mean /= static_cast<double>(end - g);
-            for (int64_t i = g; i < end; ++i) row[static_cast<size_t>(i)] -= static_cast<float>(mean);
+    cpu::dequantize_row(type, output.data() + ggml_row_bytes(type, static_cast<uint64_t>(dim)) * static_cast<size_t>(r),
+                        row.data(), dim);
+    for (int64_t g = 0; g < dim; g += 32) {
+        const int64_t end = std::min<int64_t>(dim, g + 32);
+        double mean = 0;
+        for (int64_t i = g; i < end; ++i) mean += row[static_cast<size_t>(i)];
+        mean /= static_cast<double>(end - g);
+        for (int64_t i = g; i < end; ++i) row[static_cast<size_t>(i)] -= static_cast<float>(mean);
+    }
+    return row;
+}
+
+// The weight of the runner-ups for which the model's top probability comes nearest `p`. The model computes
+// logits = W normalize(e) (its layers add nothing, its norms' weights are 1); over the pick, its runner-ups and the
+// rest of the vocabulary, whose mass `rest` (the sum of exp of the other rows' logits) is estimated once from the
+// rows' norms. Bisection over [0, 0.9] on the f16 embedding the file will hold: at 0.9 the pick is still ahead
+// of its runner-ups by a margin that rounding of the activations does not undo.
+float runner_up_weight(const std::vector<std::vector<float>>& rows, const std::vector<std::vector<float>>& centred,
+                       double rest, float eps, float p) {
+    const size_t dim = rows[0].size();
+    std::vector<float> e(dim);
+    const auto top_probability = [&](double beta) {
+        double ss = 0;
+        for (size_t i = 0; i < dim; ++i) {
+            float v = centred[0][i];
+            for (size_t k = 1; k < centred.size(); ++k) v += static_cast<float>(beta) * centred[k][i];
+            e[i] = cpu::fp16_to_fp32(cpu::fp32_to_fp16(v));
+            ss += static_cast<double>(e[i]) * e[i];
+        }
+        const double scale = 1.0 / std::sqrt(ss / static_cast<double>(dim) + eps);
+        std::vector<double> logits;
+        for (const std::vector<float>& r : rows) {
+            double l = 0;
+            for (size_t i = 0; i < dim; ++i) l += static_cast<double>(r[i]) * e[i];
+            logits.push_back(l * scale);
+        }
+        double sum = rest * std::exp(-logits[0]);
+        for (double l : logits) sum += std::exp(l - logits[0]);
+        return 1.0 / sum;
+    };
+    double lo = 0.0, hi = 0.9;
+    if (top_probability(lo) <= p) return 0.0f;
+    if (top_probability(hi) >= p) return static_cast<float>(hi);
+    for (int it = 0; it < 30; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        (top_probability(mid) > p ? lo : hi) = mid;
+    }
+    return static_cast<float>(0.5 * (lo + hi));
+}
+
+// The embedding of a next-token model (synthetic_model.h): row t is output row successor[t], dequantized, centred
+// per 32 columns, in f16: its logit is that row's squared norm over its RMS, far above any other row's. Where
+// `mixed` names runner-ups for t (a replayed draft unsure there), their rows are added with the weight that gives
+// the pick the step's probability.
+std::vector<uint8_t> successor_embedding(const std::vector<uint8_t>& output, GgmlType output_type, int64_t dim,
+                                         const std::vector<int>& successor,
+                                         const std::vector<std::optional<MixedPick>>& mixed, float eps) {
+    const size_t n_vocab = successor.size();
+    std::vector<uint8_t> out(n_vocab * static_cast<size_t>(dim) * 2);
+    // The vocabulary's mass outside the pick and its runner-ups, for a normalized activation of norm sqrt(dim) at
+    // random to row j: a logit of variance |row j|^2, so E exp(logit) = exp(|row j|^2 / 2).
+    double rest = 0;
+    if (!mixed.empty()) {
+        std::vector<float> row(static_cast<size_t>(dim));
+        const size_t row_bytes = ggml_row_bytes(output_type, static_cast<uint64_t>(dim));
+        for (size_t r = 0; r < n_vocab; ++r) {
+            cpu::dequantize_row(output_type, output.data() + row_bytes * r, row.data(), dim);
+            double ss = 0;
+            for (float v : row) ss += static_cast<double>(v) * v;
+            rest += std::exp(ss / 2);
+        }
+    }
+    for (size_t t = 0; t < n_vocab; ++t) {
+        std::vector<float> e = centred_row(output, output_type, dim, successor[t]);
+        if (t < mixed.size() && mixed[t]) {
+            std::vector<std::vector<float>> rows, centred = {e};
+            std::vector<float> plain(static_cast<size_t>(dim));
+            const size_t row_bytes = ggml_row_bytes(output_type, static_cast<uint64_t>(dim));
+            for (int r : {successor[t], mixed[t]->runner_ups[0], mixed[t]->runner_ups[1], mixed[t]->runner_ups[2]}) {
+                cpu::dequantize_row(output_type, output.data() + row_bytes * static_cast<size_t>(r), plain.data(),
+                                    dim);
+                rows.push_back(plain);
+                if (r != successor[t]) centred.push_back(centred_row(output, output_type, dim, r));
+            }
+            const float beta = runner_up_weight(rows, centred, rest, eps, mixed[t]->confidence);
+            for (size_t k = 1; k < centred.size(); ++k)
+                for (size_t i = 0; i < e.size(); ++i) e[i] += beta * centred[k][i];
         }
         for (int64_t i = 0; i < dim; ++i) {
-            const uint16_t h = cpu::fp32_to_fp16(row[static_cast<size_t>(i)]);
+            const uint16_t h = cpu::fp32_to_fp16(e[static_cast<size_t>(i)]);
             std::memcpy(out.data() + 2 * (t * static_cast<size_t>(dim) + static_cast<size_t>(i)), &h, 2);
         }
     }
     return out;
+}
+
+// The replayed draft's uncertain picks (rule.pattern's steps below the plain pick's confidence): at the cycle's
+// j-th id, the runner-ups are the ids 3, 4 and 5 steps on (neither the target's next id nor the draft's pick).
+std::vector<std::optional<MixedPick>> mixed_picks(int n_vocab, const SyntheticNextToken& rule) {
+    std::vector<std::optional<MixedPick>> mixed;
+    if (rule.pattern.empty()) return mixed;
+    const std::vector<int> order = cycle_order(n_vocab, std::min(n_vocab, rule.cycle_ids));
+    mixed.resize(static_cast<size_t>(n_vocab));
+    const size_t n = order.size();
+    for (size_t j = 0; j < n; ++j) {
+        const float p = replayed_confidence(rule.pattern[j % rule.pattern.size()]);
+        if (p >= 0.99f) continue;
+        MixedPick m;
+        for (int k = 0; k < 3; ++k) m.runner_ups[k] = order[(j + 3 + static_cast<size_t>(k)) % n];
+        m.confidence = p;
+        mixed[static_cast<size_t>(order[j])] = m;
+    }
+    return mixed;
 }
 
 // llama.cpp's rule for the tensors of a mixture that get more bits (src/llama-quant.cpp, use_more_bits): the first
@@ -197,15 +310,20 @@ std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rul
     if (n_vocab < 5) throw Error("synthetic next-token rule: the vocabulary needs at least 5 tokens");
     if (!(rule.agreement >= 0.0 && rule.agreement <= 1.0))
         throw Error("synthetic next-token rule: agreement must be in [0, 1]");
-    // The cycle: ids 3..end-1 in an order fixed by the vocabulary size alone (Fisher-Yates, fixed seed).
     const int end = std::min(n_vocab, rule.cycle_ids);
     if (end < 5) throw Error("synthetic next-token rule: the cycle needs at least 2 ids");
-    std::vector<int> order;
-    for (int t = 3; t < end; ++t) order.push_back(t);
-    Rng cycle_rng{0x5eed0000ull + static_cast<uint64_t>(n_vocab)};
-    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[cycle_rng.next() % (i + 1)]);
+    if (!rule.pattern.empty() && end < 9)
+        throw Error("synthetic next-token rule: a replayed pattern needs a cycle of at least 6 ids");
+    const std::vector<int> order = cycle_order(n_vocab, end);
     std::vector<int> cycle(static_cast<size_t>(n_vocab), order[0]);  // ids outside the cycle lead into it
     for (size_t i = 0; i < order.size(); ++i) cycle[static_cast<size_t>(order[i])] = order[(i + 1) % order.size()];
+    if (!rule.pattern.empty()) {  // the j-th id of the cycle takes step j of the recording, round and round
+        std::vector<int> successor = cycle;
+        for (size_t j = 0; j < order.size(); ++j)
+            if (!rule.pattern[j % rule.pattern.size()].agrees)
+                successor[static_cast<size_t>(order[j])] = order[(j + 2) % order.size()];
+        return successor;
+    }
     if (rule.agreement >= 1.0) return cycle;
     std::vector<int> successor(cycle.size());
     Rng rng{rule.seed};
@@ -215,6 +333,42 @@ std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rul
         successor[t] = u < rule.agreement ? next : cycle[static_cast<size_t>(next)];
     }
     return successor;
+}
+
+float replayed_confidence(const AgreementStep& step) { return std::clamp(step.confidence, 0.3f, 0.99f); }
+
+std::string format_agreement_steps(const std::vector<AgreementStep>& steps) {
+    std::string line;
+    char buf[32];
+    for (const AgreementStep& st : steps) {
+        std::snprintf(buf, sizeof buf, "%s%d:%.3f", line.empty() ? "" : " ", st.agrees ? 1 : 0,
+                      static_cast<double>(st.confidence));
+        line += buf;
+    }
+    return line;
+}
+
+std::vector<AgreementStep> read_agreement_pattern(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot open the agreement pattern");
+    std::vector<AgreementStep> steps;
+    std::string line;
+    for (int line_no = 1; std::getline(in, line); ++line_no) {
+        if (!line.empty() && line[0] == '#') continue;
+        std::istringstream words(line);
+        for (std::string w; words >> w;) {
+            char* end = nullptr;
+            const float p = w.size() > 2 && (w[0] == '0' || w[0] == '1') && w[1] == ':'
+                                ? std::strtof(w.c_str() + 2, &end)
+                                : -1.0f;
+            if (!end || *end != '\0' || !(p >= 0.0f && p <= 1.0f))
+                throw Error(path + ":" + std::to_string(line_no) + ": '" + w +
+                            "' is not a step A:P (A 0 or 1, P a probability)");
+            steps.push_back({w[0] == '1', p});
+        }
+    }
+    if (steps.empty()) throw Error(path + ": the agreement pattern has no steps");
+    return steps;
 }
 
 uint64_t SyntheticShape::n_params() const {
@@ -286,7 +440,8 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, con
         const GgmlType t = matrix_type("output", -1, s.dim);
         std::vector<uint8_t> output = random_matrix(rng, t, s.dim, s.n_vocab);
         w.add_tensor("token_embd.weight", GgmlType::F16, {dim, n_vocab},
-                     successor_embedding(output, t, s.dim, successor));
+                     successor_embedding(output, t, s.dim, successor, mixed_picks(s.n_vocab, *next),
+                                         qwen2 ? 1e-6f : 1e-5f));
         w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, ones_f32(s.dim));
         w.add_tensor("output.weight", t, {dim, n_vocab}, std::move(output));
     } else {

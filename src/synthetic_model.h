@@ -35,11 +35,34 @@ std::optional<SyntheticShape> synthetic_preset(const std::string& name);
 // agreement a follows the cycle from a fraction a of the tokens (picked by `seed`) and skips one cycle step from
 // the others. A draft made with agreement a beside a target made with 1 proposes each token the target would pick
 // with probability a, independently of the position (tokens are visited along the cycle).
+//
+// A draft can instead replay a recorded pattern (`pattern`; tandem-bench --record-agreement records a real pair's
+// greedy agreement along the target's output): the j-th id of the cycle, in the cycle's order, takes step
+// j mod size: the draft follows the cycle from it where the step agrees and skips a step where not, and its pick's
+// softmax probability is near the step's confidence (the rest going to three runner-ups, later ids of the cycle,
+// and to the vocabulary's other rows). A target's greedy run from any token then meets a stretch of the recording:
+// the disagreements in their runs, the draft unsure where it was (which --draft-p-min reads).
+struct AgreementStep {
+    bool agrees = true;
+    float confidence = 1.0f;  // the draft's top probability there (1: as sure as the plain rule's draft)
+};
 struct SyntheticNextToken {
+    SyntheticNextToken() = default;
+    SyntheticNextToken(double agreement_, uint64_t seed_ = 1, int cycle_ids_ = 32768)
+        : agreement(agreement_), seed(seed_), cycle_ids(cycle_ids_) {}
     double agreement = 1.0;
     uint64_t seed = 1;
     int cycle_ids = 32768;  // the cycle's ids are 3..min(cycle_ids, n_vocab)-1
+    std::vector<AgreementStep> pattern;  // non-empty: replayed instead of `agreement`
 };
+// A pattern file: '#' lines are comments, then steps "A:P" (A 1 where the draft agreed, 0 where not; P its top
+// probability) separated by white space, the lines one after another. read_ throws Error naming the file and what
+// is wrong with it.
+std::vector<AgreementStep> read_agreement_pattern(const std::string& path);
+std::string format_agreement_steps(const std::vector<AgreementStep>& steps);  // one line of "A:P" steps
+// The confidence a pattern step's draft is written for: its confidence within what the mixture can give (0.3 ..
+// 0.99), what the model's top probability is then near.
+float replayed_confidence(const AgreementStep& step);
 // The successor of each token id under the rule (what the model's greedy decoding picks after it).
 std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rule);
 

@@ -218,6 +218,60 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
     return cpu;
 }
 
+// --record-agreement: for each prompt the target's greedy output (plain decoding, n_gen tokens), and at each of its
+// positions whether the draft's greedy pick after the same prefix is the target's token, with the draft's top
+// probability there (its softmax over the whole vocabulary, the file's own weights): for greedy speculative decoding
+// this is all that decides what a round accepts. One line of steps per prompt (synthetic_model.h's pattern format),
+// which --make-synthetic ... --next-token-pattern replays at any shape.
+int record_agreement(const tandem::Model& model, const std::string& draft_path,
+                     const std::vector<std::string>& prompts, int n_gen, int threads, int chunk,
+                     const std::string& backend_kind, const std::string& kv_type, const std::string& out_path) {
+    auto draft_model = tandem::Model::load(draft_path);
+    tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
+    std::string text = "# tandem-bench --record-agreement: target " + model.config.name + ", draft " +
+                       draft_model->config.name + ", greedy, " + std::to_string(n_gen) + " tokens a prompt, " +
+                       backend_kind + " backend; a line a prompt, steps A:P (A: the draft's pick is the target's "
+                       "token, P: its top probability)\n";
+    long agreed = 0, steps = 0;
+    for (const std::string& prompt_text : prompts) {
+        const std::vector<int> prompt = model.tokenizer->encode(prompt_text, model.tokenizer->add_bos());
+        const int n_ctx = static_cast<int>(prompt.size()) + n_gen + 1;
+        auto backend = make_bench_backend(backend_kind, model, threads, chunk, n_ctx, kv_type);
+        auto cache = backend->new_cache(n_ctx);
+        tandem::GenerationParams params;
+        params.n_predict = n_gen;
+        params.chunk = chunk;
+        params.sampler.temperature = 0.0f;
+        tandem::Generator gen(model, *backend, *cache, tandem::DraftModel{});
+        const std::vector<int> out = gen.generate(prompt, params, [](std::string_view) { return true; }).generated;
+        if (out.empty()) throw tandem::Error("--record-agreement: the target generated nothing after a prompt");
+        // The draft teacher-forced along prompt + output: the logits before each output token.
+        auto draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx, kv_type);
+        auto draft_cache = draft_backend->new_cache(n_ctx);
+        std::vector<int> forced = prompt;
+        forced.insert(forced.end(), out.begin(), out.end() - 1);
+        const int n_vocab = draft_model->config.n_vocab, n = static_cast<int>(out.size());
+        std::vector<float> logits(static_cast<size_t>(n) * n_vocab);
+        draft_backend->forward(forced, *draft_cache, n, logits.data());
+        std::vector<tandem::AgreementStep> line;
+        for (int i = 0; i < n; ++i) {
+            const float* row = logits.data() + static_cast<size_t>(i) * n_vocab;
+            const int pick = static_cast<int>(std::max_element(row, row + n_vocab) - row);
+            double sum = 0;
+            for (int j = 0; j < n_vocab; ++j) sum += std::exp(static_cast<double>(row[j]) - row[pick]);
+            line.push_back({pick == out[static_cast<size_t>(i)], static_cast<float>(1.0 / sum)});
+            agreed += line.back().agrees;
+        }
+        steps += n;
+        text += tandem::format_agreement_steps(line) + "\n";
+    }
+    std::ofstream f(out_path);
+    if (!(f << text) || !(f.flush())) throw tandem::Error(out_path + ": cannot write the agreement pattern");
+    std::fprintf(stderr, "recorded %ld steps, %ld agreeing (%.1f%%), into %s\n", steps, agreed,
+                 100.0 * static_cast<double>(agreed) / static_cast<double>(steps), out_path.c_str());
+    return 0;
+}
+
 // Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
 // With `serve`, after loading it answers one generation per stdin line instead: "plain I" or "spec I" (prompt I,
 // from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
@@ -418,6 +472,11 @@ int main(int argc, char** argv) {
                    "vocabulary from this fraction of tokens (1 for a target, e.g. 0.9 for a draft beside it: a pair "
                    "with that acceptance rate and the shapes' step costs; synthetic_model.h)")
         ->check(CLI::Range(0.0, 1.0));
+    std::string pattern_path, record_path;
+    app.add_option("--next-token-pattern", pattern_path,
+                   "the synthetic model is a next-token draft replaying this recorded agreement pattern (written by "
+                   "--record-agreement; synthetic_model.h) beside a --next-token 1 target, instead of --next-token's "
+                   "fraction");
     std::string draft_path, prompts_path;
     bool lookup = false, json = false, serve = false, bandwidth = false, unescape = false;
     size_t bandwidth_mib = 1024;
@@ -439,6 +498,9 @@ int main(int argc, char** argv) {
     app.add_option("--draft-requant", draft_requant,
                    "speculative mode: the draft's weights requantized to this type where smaller (as tandem's flag), or none")
         ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
+    app.add_option("--record-agreement", record_path,
+                   "with --draft: write, for each prompt, where the draft's greedy pick is the target's along the "
+                   "target's greedy output (-n tokens) and the draft's top probability there, for --next-token-pattern");
     app.add_option("--prompts", prompts_path, "speculative mode: prompts, one per line (default: three built in)");
     app.add_flag("--unescape", unescape, "the --prompts lines use the escapes \\n, \\t and \\\\ (multi-line prompts)");
     app.add_flag("--json", json, "print JSON lines instead of Markdown tables");
@@ -486,9 +548,16 @@ int main(int argc, char** argv) {
             if (!type) throw tandem::Error("unknown type '" + synth_type + "'");
             if (synth_out.empty()) throw tandem::Error("--make-synthetic needs -o FILE");
             std::fprintf(stderr, "writing %s: %.2fB parameters, %s%s\n", synth_out.c_str(), shape->n_params() / 1e9,
-                         synth_type.c_str(), next_token >= 0 ? ", next-token rule" : "");
+                         synth_type.c_str(), next_token >= 0 ? ", next-token rule"
+                                             : pattern_path.empty() ? ""
+                                                                    : ", next-token rule replaying a pattern");
             std::optional<tandem::SyntheticNextToken> rule;
             if (next_token >= 0) rule = tandem::SyntheticNextToken{next_token, 2};
+            if (!pattern_path.empty()) {
+                if (next_token >= 0) throw tandem::Error("give --next-token or --next-token-pattern, not both");
+                rule = tandem::SyntheticNextToken{};
+                rule->pattern = tandem::read_agreement_pattern(pattern_path);
+            }
             tandem::write_synthetic_model(synth_out, *shape, *type, 1, rule);
             if (model_path.empty()) return 0;
         }
@@ -499,6 +568,7 @@ int main(int argc, char** argv) {
         auto model = tandem::Model::load(model_path);
         // Speculative mode builds its own backends (the target's and the draft's): before the pp/tg one, which it
         // would only repack for nothing.
+        if (!record_path.empty() && draft_path.empty()) throw tandem::Error("--record-agreement needs --draft");
         if (verify_sizes.empty() && (!draft_path.empty() || lookup)) {
             std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom went to the park",
                                                 "The little dog was sad because"};
@@ -509,6 +579,9 @@ int main(int argc, char** argv) {
                 for (std::string line; std::getline(in, line);)
                     if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
+            if (!record_path.empty())
+                return record_agreement(*model, draft_path, prompts, n_gen, threads, chunk, backend_kind, kv_type,
+                                        record_path);
             return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts,
                                      n_gen, reps, threads, chunk, json, serve, backend_kind, kv_type, temperature,
                                      whole_rows, draft_ahead);

@@ -56,6 +56,22 @@ check "--lookup --serve: valid JSON lines" json_ok "$tmp/specserve"
 check "--lookup --serve: ready, two runs, one error" bash -c "[ \$(grep -c '\"ready\":true' '$tmp/specserve') -eq 1 ] &&
   [ \$(grep -c '\"tokens_per_s\"' '$tmp/specserve') -eq 2 ] && [ \$(grep -c '\"error\"' '$tmp/specserve') -eq 1 ]"
 
+# --record-agreement: a pair's greedy agreement along the target's output, a line of A:P steps a prompt; a model as
+# its own draft agrees everywhere, sure of the token it then generates. --next-token-pattern replays such a file.
+"$bench" -m "$model" --draft "$model" --prompts "$tmp/prompts" --unescape -n 12 -t 1 \
+    --record-agreement "$tmp/agreement" >"$tmp/out" 2>"$tmp/err"
+check_all "--record-agreement: exit 0, nothing on stdout" [ $? -eq 0 ] ::: [ ! -s "$tmp/out" ]
+check_all "--record-agreement: a comment, then a line of 12 agreeing steps a prompt" \
+    [ "$(grep -c '^#' "$tmp/agreement")" -eq 1 ] ::: [ "$(grep -vc '^#' "$tmp/agreement")" -eq 2 ] ::: \
+    [ "$(grep -v '^#' "$tmp/agreement" | tr ' ' '\n' | grep -c '^1:[01]\.[0-9][0-9][0-9]$')" -eq 24 ]
+"$bench" --make-synthetic tiny --type q4_0 --next-token-pattern "$tmp/agreement" -o "$tmp/replay.gguf" 2>"$tmp/err"
+check_all "--next-token-pattern: the replaying model written" [ $? -eq 0 ] ::: [ -s "$tmp/replay.gguf" ]
+"$bench" -m "$model" --record-agreement "$tmp/agreement2" -n 4 -t 1 >"$tmp/out" 2>"$tmp/err"
+check_all "--record-agreement without --draft: exit 1, an error naming --draft" [ $? -eq 1 ] ::: grep -q -- "--draft" "$tmp/err"
+echo "1:0.5 2:0.5" >"$tmp/bad-pattern"
+"$bench" --make-synthetic tiny --next-token-pattern "$tmp/bad-pattern" -o "$tmp/bad.gguf" 2>"$tmp/err"
+check_all "--next-token-pattern: a bad step is an error naming the file" [ $? -eq 1 ] ::: grep -q "bad-pattern:1" "$tmp/err"
+
 # The comparison script: a missing model is a clear error naming scripts/fetch-models, before anything else.
 TANDEM_MODELS_DIR="$tmp/none" python3 "$root/scripts/compare-llamacpp" --models smollm2 >"$tmp/out" 2>"$tmp/err"
 rc=$?

@@ -150,7 +150,7 @@ check "calls: RoPE launched on its own" [ "$(rows '^TANDEM_CUDA_QKV_ROPE=0 \| ' 
 check "calls: RMSNorms launched on their own" [ "$(rows '^TANDEM_CUDA_MATVEC_NORM=0 \| ' "$c")" -eq 3 ]
 check_all "calls: the pair's target and draft with Q/K/V in a launch per type" [ "$(rows "^TANDEM_CUDA_QKV_PAIRS=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_QKV_PAIRS=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
 check "calls: every benchmark on the GPU" [ "$(grep -v -- '--make-synthetic' "$c" | grep -vc -- '--backend cuda')" -eq 0 ]
-check "calls: 1B models of 4 types and the pair made (two drafts)" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 7 ]
+check "calls: 1B models of 4 types and the pair made (three drafts)" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 8 ]
 check "calls: no 7B model in a --quick run" [ "$(rows '7b' "$c")" -eq 0 ]
 
 # The default pair's shapes (4c).
@@ -159,10 +159,11 @@ check_all "calls: the pair's target and draft with RoPE launched on its own" [ "
 check_all "calls: the pair's target and draft with the RMSNorms launched on their own" [ "$(rows "^TANDEM_CUDA_MATVEC_NORM=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_MATVEC_NORM=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
 check_all "calls: the pair made as next-token models, drafts agreeing on 90% and 95%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k_m --next-token 1 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_k_m --next-token 0.90 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_k_m --next-token 0.95 ' "$c")" -eq 1 ]
 check "calls: the pair's speculative runs on the GPU, each draft, and 90% with separate picks, without drafting ahead and at the default stream priority" [ "$(rows '--draft .*qwen0.5b-q4_k_m-next9[05].gguf --backend cuda -n 128' "$c")" -eq 5 ]
+check_all "calls: the replaying draft made from the recorded pattern and run" [ "$(rows '--make-synthetic qwen0.5b --type q4_k_m --next-token-pattern .*scripts/pair-agreement.txt ' "$c")" -eq 1 ] ::: [ "$(rows '^\| .*--draft .*qwen0.5b-q4_k_m-next-replay.gguf --backend cuda -n 128' "$c")" -eq 1 ]
 check "calls: the speculative run with the picks in separate launches" [ "$(rows '^TANDEM_CUDA_ONE_LAUNCH_PICKS=0 \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
 check "calls: the speculative run without drafting ahead" [ "$(rows '^\| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128 --draft-ahead 0' "$c")" -eq 1 ]
 check "calls: the speculative run at the default stream priority" [ "$(rows '^TANDEM_CUDA_STREAM_PRIORITY=0 \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
-check_all "pair-speculative.md: a row per built-in prompt and draft, with its speedup, the separate-picks run, the one without drafting ahead and the one at the default stream priority" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 15 ] ::: [ "$(rows '^next-token pair .* (90|95)% of tokens' "$out/pair-speculative.md")" -eq 2 ] ::: [ "$(rows '^the same at 90%, picks in separate launches' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, without drafting ahead' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, the target.s stream at the default priority' "$out/pair-speculative.md")" -eq 1 ]
+check_all "pair-speculative.md: a row per built-in prompt and draft, with its speedup, the separate-picks run, the one without drafting ahead and the one at the default stream priority" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 18 ] ::: [ "$(rows '^next-token pair .* replaying the real pair.s greedy agreement: [0-9]+ of [0-9]+ recorded steps agree' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^next-token pair .* (90|95)% of tokens' "$out/pair-speculative.md")" -eq 2 ] ::: [ "$(rows '^the same at 90%, picks in separate launches' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, without drafting ahead' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, the target.s stream at the default priority' "$out/pair-speculative.md")" -eq 1 ]
 check "pair-verify.md: a row per token count, the current binary's and the baseline's" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 20 ]
 check_all "pair-verify.md: the baseline's costs named by its revision, from its own binary" [ "$(rows '^the same, baseline abc1234:' "$out/pair-verify.md")" -eq 1 ] ::: [ "$(rows 'qwen1.5b-q4_k_m-next.gguf --backend cuda .*--verify' "$calls/baseline")" -eq 1 ]
 
@@ -214,7 +215,7 @@ device_test_runs=$(wc -l <"$calls/device-tests")
 run_check "$out" --bench-only --sizes 7b --llamacpp "$llama"
 check "bench-only run: exit 0" [ $? -eq 0 ]
 check "bench-only run: no device tests" [ "$(wc -l <"$calls/device-tests")" -eq "$device_test_runs" ]
-check_all "bench-only run: 7B models made, no pair (still the first call's three)" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] ::: [ "$(rows '--make-synthetic qwen' "$c")" -eq 3 ]
+check_all "bench-only run: 7B models made, no pair (still the first call's four)" [ "$(rows '--make-synthetic 7b ' "$c")" -eq 4 ] ::: [ "$(rows '--make-synthetic qwen' "$c")" -eq 4 ]
 check "bench-only run: bench.md still one header" [ "$(rows '^\| model \|' "$b")" -eq 1 ]
 check "bench-only run: 7B rows appended" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 8 ]
 check_all "bench-only run: its own steps timed, no checks" steps_timed "$out/summary.txt" "synthetic models (7b)" ::: \

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
@@ -1053,5 +1054,78 @@ TEST_CASE("speculative: a synthetic next-token pair picks the rule's successors 
     CHECK_THROWS_AS(write_synthetic_model(dir + "/tied.gguf", tied, GgmlType::Q8_0, 1, target_rule), Error);
     CHECK_THROWS_AS(synthetic_successors(tiny.n_vocab, {1.5, 1}), Error);
     CHECK_THROWS_AS(synthetic_successors(tiny.n_vocab, {1.0, 1, 4}), Error);
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("speculative: a synthetic draft replaying a recorded pattern agrees where it says, about as sure as it says") {
+    // tandem-bench --make-synthetic NAME --next-token-pattern FILE: the j-th id of the target's cycle takes step j mod
+    // size of the recording (tandem-bench --record-agreement: a real pair's greedy agreement and the draft's top
+    // probability along the target's output). Checked along the cycle: the rule's successors, then the written
+    // model's argmax and top probability at each of those ids (one forward: a next-token model's logits depend on the
+    // last token alone), and speculative decoding against plain decoding.
+    const std::string dir = std::filesystem::temp_directory_path() / ("tandem-pattern-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    const SyntheticShape tiny = *synthetic_preset("tiny");
+    const SyntheticShape small{"tiny-draft", 128, 384, 2, 4, 2, tiny.n_vocab, tiny.context_length, false};
+    {
+        std::ofstream f(dir + "/pattern.txt");
+        f << "# a comment\n1:0.990 1:0.950 0:0.350 1:0.500\n1:0.999 0:0.900 1:0.350 1:1.000 1:0.800 0:0.500\n";
+    }
+    SyntheticNextToken rule;
+    rule.pattern = read_agreement_pattern(dir + "/pattern.txt");
+    REQUIRE(rule.pattern.size() == 10);
+    CHECK(format_agreement_steps({rule.pattern.begin(), rule.pattern.begin() + 3}) == "1:0.990 1:0.950 0:0.350");
+    const size_t L = rule.pattern.size();
+    const std::vector<int> succ = synthetic_successors(tiny.n_vocab, SyntheticNextToken{1.0, 2});
+    const std::vector<int> draft_succ = synthetic_successors(tiny.n_vocab, rule);
+    std::vector<int> cycle = {succ[0]};  // id 0 leads to the cycle's first id
+    while (cycle.size() < 4 * L) cycle.push_back(succ[static_cast<size_t>(cycle.back())]);
+    for (size_t j = 0; j + 2 < cycle.size(); ++j) {
+        CAPTURE(j);
+        CHECK(draft_succ[static_cast<size_t>(cycle[j])] == (rule.pattern[j % L].agrees ? cycle[j + 1] : cycle[j + 2]));
+    }
+
+    write_synthetic_model(dir + "/target.gguf", tiny, GgmlType::Q8_0, 5, SyntheticNextToken{1.0, 2});
+    write_synthetic_model(dir + "/draft.gguf", small, GgmlType::Q4_0, 7, rule);
+    auto draft = Model::load(dir + "/draft.gguf");
+    const int V = tiny.n_vocab, n = static_cast<int>(3 * L);
+    CpuBackend backend(*draft, 1, 64);
+    auto cache = backend.new_cache(128);
+    std::vector<float> logits(static_cast<size_t>(n) * V);
+    backend.forward(std::vector<int>(cycle.begin(), cycle.begin() + n), *cache, n, logits.data());
+    for (int j = 0; j < n; ++j) {
+        const float* row = logits.data() + static_cast<size_t>(j) * V;
+        const int pick = static_cast<int>(std::max_element(row, row + V) - row);
+        double sum = 0;
+        for (int i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i]) - row[pick]);
+        const float p = static_cast<float>(1.0 / sum), want = replayed_confidence(rule.pattern[static_cast<size_t>(j) % L]);
+        CAPTURE(j);
+        CAPTURE(p);
+        CAPTURE(want);
+        CHECK(pick == draft_succ[static_cast<size_t>(cycle[static_cast<size_t>(j)])]);
+        if (want >= 0.99f)
+            CHECK(p > 0.9f);  // as sure as the plain rule makes a draft of this width
+        else
+            CHECK(std::abs(p - want) < 0.1f);
+    }
+
+    // Greedy speculative decoding gives the target's tokens, accepting along the recording.
+    auto target = Model::load(dir + "/target.gguf");
+    const std::vector<int> prompt = {1, 100, 200};
+    const Run plain = generate(*target, "", prompt, greedy_params(100));
+    GenerationParams p = greedy_params(100);
+    p.speculative.draft_min = 1;
+    const Run spec = generate(*target, dir + "/draft.gguf", prompt, p);
+    CHECK(spec.tokens == plain.tokens);
+    CHECK(spec.stats.spec.accepted > 0);
+    CHECK(spec.stats.spec.accepted < spec.stats.spec.drafted);
+
+    // Malformed patterns: a step that is not A:P, a probability past 1, no steps.
+    for (const char* bad : {"1:0.5 2:0.5\n", "1:1.5\n", "# only a comment\n", "1-0.5\n"}) {
+        CAPTURE(std::string(bad));
+        std::ofstream(dir + "/bad.txt") << bad;
+        CHECK_THROWS_AS(read_agreement_pattern(dir + "/bad.txt"), Error);
+    }
+    CHECK_THROWS_AS(read_agreement_pattern(dir + "/missing.txt"), Error);
     std::filesystem::remove_all(dir);
 }
