@@ -134,7 +134,9 @@ TEST_CASE("cuda matvec pairs: matvec_qkv_rope of two types is bitwise the two ty
     // A qwen2 layer of the Q4_K_M mixture: Q and K in one type, V in the other, with biases, RoPE (NeoX halves and
     // adjacent pairs) and the fp16 cache write in the launch's epilogue, against matvec_multi of Q and K, of V,
     // then rope_kv_write: q (rotated), k, v and both caches byte for byte, the counters back at zero, one launch per
-    // 8 tokens (persistent loads keep rope_kv_write's launch, as for one type).
+    // 8 tokens (persistent loads keep rope_kv_write's launch, as for one type). 13 tokens (two launches) on the two
+    // kernels a pair has, direct and split: staged loads run the direct kernel (the matvec_multi test covers the
+    // routing), and the sanitizer run pays for every launch.
     std::mt19937 rng(89);
     struct Heads {
         int n_heads, n_kv, hd;
@@ -163,6 +165,8 @@ TEST_CASE("cuda matvec pairs: matvec_qkv_rope of two types is bitwise the two ty
                 cuda::quantize_activations(p.type, x.data(), p.cols, n, xq.data(), nullptr);
                 for (bool int8 : {false, true})
                     for (cuda::MatvecLoads loads : cuda::kAllMatvecLoads) {
+                        const bool own_kernel = loads == cuda::MatvecLoads::Direct || loads == cuda::MatvecLoads::Split;
+                        if (n == 13 && !own_kernel) continue;
                         CAPTURE(int8);
                         CAPTURE(std::string(cuda::matvec_loads_name(loads)));
                         using Out = QkvRopeOut;
