@@ -416,7 +416,7 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, con
     w.add_f32(a + "rope.freq_base", qwen2 ? 1e6f : 10000.0f);
     add_vocabulary(w, s.n_vocab);
 
-    // Matrix `tensor` of layer `layer` (-1: none), named `name`.
+    // Matrix `tensor` ("attn_q", ...) of layer `layer` (-1: a model-wide one, "token_embd" or "output").
     auto matrix_type = [&](const std::string& tensor, int layer, int64_t cols) {
         return synthetic_matrix_type(s, types, tensor, layer, cols);
     };
