@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "test_paths.h"
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace tandem::fuzz {
@@ -27,7 +29,7 @@ namespace tandem::fuzz {
 // (file name, bytes) of inputs that reach deep into the target, for a campaign's starting corpus.
 std::vector<std::pair<std::string, std::string>> fuzz_seeds();
 
-// Where the test data lives (tests/data), set at compile time.
+// Where the test data lives (tests/data; the path comes from test_paths.cpp).
 inline std::string data_dir() { return TANDEM_TEST_DATA; }
 
 // A property the target checks failed: prints `what` on stderr and aborts, which libFuzzer reports as a crash

@@ -15,6 +15,7 @@
 #include "gguf_writer.h"
 #include "llama2c.h"
 #include "quantize_model.h"
+#include "test_paths.h"
 
 namespace tandem::test {
 

@@ -23,6 +23,7 @@
 #include "model.h"
 #include "backend_doubles.h"
 #include "sampler.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

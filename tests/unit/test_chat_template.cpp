@@ -14,6 +14,7 @@
 #include "chat_template.h"
 #include "mini_json.h"
 #include "error.h"
+#include "test_paths.h"
 
 using tandem::ChatMessage;
 using tandem::ChatTemplate;

@@ -16,6 +16,7 @@
 #include "gguf.h"
 #include "llama2c.h"
 #include "quantize_model.h"
+#include "test_paths.h"
 
 namespace {
 

@@ -41,6 +41,7 @@
 #include "model_registry.h"
 #include "quantize_model.h"
 #include "synthetic_model.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

@@ -16,6 +16,7 @@
 #include "error.h"
 #include "generator.h"
 #include "model.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

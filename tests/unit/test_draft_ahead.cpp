@@ -22,6 +22,7 @@
 #include "model.h"
 #include "sampler.h"
 #include "spec_test_models.h"
+#include "test_paths.h"
 
 using namespace tandem;
 using test::chi_square;

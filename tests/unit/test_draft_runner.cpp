@@ -19,6 +19,7 @@
 #include "draft_runner.h"
 #include "model.h"
 #include "sampler.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

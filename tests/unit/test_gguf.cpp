@@ -18,6 +18,7 @@
 #include "error.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

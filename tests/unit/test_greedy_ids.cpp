@@ -22,6 +22,7 @@
 #include "backend_doubles.h"
 #include "quantize_model.h"
 #include "sampler.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

@@ -18,6 +18,7 @@
 #include "model.h"
 #include "reference_files.h"
 #include "synthetic_model.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

@@ -15,6 +15,7 @@
 #include "model.h"
 #include "model_registry.h"
 #include "perplexity.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

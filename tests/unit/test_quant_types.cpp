@@ -29,6 +29,7 @@
 #include "gguf_writer.h"
 #include "model_config.h"
 #include "synthetic_model.h"
+#include "test_paths.h"
 #include "weights.h"
 
 using namespace tandem;

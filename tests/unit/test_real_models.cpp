@@ -21,6 +21,7 @@
 #include "model.h"
 #include "model_registry.h"
 #include "synthetic_model.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

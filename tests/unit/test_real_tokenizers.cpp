@@ -12,6 +12,7 @@
 #include "gguf.h"
 #include "mini_json.h"
 #include "model_registry.h"
+#include "test_paths.h"
 #include "tokenizer.h"
 
 using namespace tandem;

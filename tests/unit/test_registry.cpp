@@ -12,6 +12,7 @@
 #include <string>
 
 #include "model_registry.h"
+#include "test_paths.h"
 
 namespace fs = std::filesystem;
 

@@ -9,6 +9,7 @@
 #include "generator.h"
 #include "model.h"
 #include "repl_session.h"
+#include "test_paths.h"
 
 using namespace tandem;
 

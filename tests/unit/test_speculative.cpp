@@ -25,6 +25,7 @@
 #include "spec_test_models.h"
 #include "speculative.h"
 #include "synthetic_model.h"
+#include "test_paths.h"
 #include "vocab_check.h"
 
 using namespace tandem;

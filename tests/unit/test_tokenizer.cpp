@@ -18,6 +18,7 @@
 #include "gguf_writer.h"
 #include "reference_files.h"
 #include "sentencepiece_proto.h"
+#include "test_paths.h"
 #include "tokenizer.h"
 
 using namespace tandem;

@@ -19,6 +19,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "reference_files.h"
+#include "test_paths.h"
 #include "tokenizer.h"
 #include "chat_prompt.h"
 #include "chat_template.h"
