@@ -127,6 +127,24 @@ inline void require(bool ok, const char* what) {
     if (!ok) throw std::invalid_argument(std::string("tandem::cuda: ") + what);
 }
 
+#if defined(__CUDACC__)
+// cudaLaunchKernelEx with one launch attribute; a failure is returned (and cleared from the runtime's last error).
+template <class... P, class... A>
+cudaError_t launch_with_attribute(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
+                                  cudaLaunchAttribute attribute, A&&... args) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = static_cast<cudaStream_t>(stream);
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
+    if (err != cudaSuccess) (void)cudaGetLastError();
+    return err;
+}
+#endif
+
 template <class... P, class... A>
 void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, Stream stream,
                    A&&... args) {
@@ -136,15 +154,7 @@ void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
         cudaLaunchAttribute overlap{};
         overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
         overlap.val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t config{};
-        config.gridDim = grid;
-        config.blockDim = block;
-        config.dynamicSmemBytes = shared_bytes;
-        config.stream = static_cast<cudaStream_t>(stream);
-        config.attrs = &overlap;
-        config.numAttrs = 1;
-        err = cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
-        if (err != cudaSuccess) (void)cudaGetLastError();
+        err = launch_with_attribute(kernel, grid, block, shared_bytes, stream, overlap, std::forward<A>(args)...);
     } else {
         kernel<<<grid, block, shared_bytes, static_cast<cudaStream_t>(stream)>>>(std::forward<A>(args)...);
         err = cudaGetLastError();
@@ -154,6 +164,28 @@ void launch_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block
 #else
     // The stream decides whether the launch runs now or is recorded into the graph it is capturing.
     ::tandem::emu::launch_on(stream, name, kernel, grid, block, shared_bytes, std::forward<A>(args)...);
+#endif
+}
+
+// A launch whose blocks are all resident at once (cudaLaunchAttributeCooperative), so its threads may meet in
+// tandem_grid_sync(): one launch for work in phases that each need the whole previous phase, with no launch between
+// them. The grid must fit the device at once: at most cooperative_max_blocks(kernel, threads, shared_bytes) blocks
+// (device.h), else the launch fails (cudaErrorCooperativeLaunchTooLarge). It does not overlap the kernel before it
+// (no programmatic launch attribute): wait_for_inputs() returns at once in it.
+template <class... P, class... A>
+void launch_cooperative_kernel(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes,
+                               Stream stream, A&&... args) {
+#if defined(__CUDACC__)
+    cudaLaunchAttribute cooperative{};
+    cooperative.id = cudaLaunchAttributeCooperative;
+    cooperative.val.cooperative = 1;
+    const cudaError_t err =
+        launch_with_attribute(kernel, grid, block, shared_bytes, stream, cooperative, std::forward<A>(args)...);
+    if (err != cudaSuccess)
+        throw std::runtime_error(std::string("tandem::cuda: cooperative launch of ") + name +
+                                 " failed: " + cudaGetErrorString(err));
+#else
+    ::tandem::emu::launch_cooperative_on(stream, name, kernel, grid, block, shared_bytes, std::forward<A>(args)...);
 #endif
 }
 

@@ -7,8 +7,12 @@
 #pragma once
 
 #if defined(__CUDACC__)
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+// The grid-wide barrier of a cooperative launch (launch_cooperative_kernel): every thread of the grid waits here.
+__device__ __forceinline__ void tandem_grid_sync() { cooperative_groups::this_grid().sync(); }
 
 // TANDEM_SHARED(float, partial, 32) declares `__shared__ float partial[32]`.
 #define TANDEM_SHARED(type, name, count) __shared__ type name[count]

@@ -138,6 +138,13 @@ int multiprocessor_count() {
     return count;
 }
 
+int cooperative_max_blocks(const void* kernel, int block_threads, size_t dynamic_shared_bytes) {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, block_threads, dynamic_shared_bytes),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    return per_sm * multiprocessor_count();
+}
+
 Stream stream_create(bool overlap_launches, bool high_priority) {
     int least = 0, greatest = 0;
     check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
@@ -352,6 +359,10 @@ std::string device_name() { return "CUDA emulation"; }
 bool device_has_int8_mma() { return true; }
 
 int multiprocessor_count() { return 1; }
+
+int cooperative_max_blocks(const void*, int block_threads, size_t dynamic_shared_bytes) {
+    return emu::max_cooperative_blocks(dim3(static_cast<unsigned>(block_threads)), dynamic_shared_bytes);
+}
 
 DeviceMemory device_memory() {
     const size_t limit = emulated_limit() ? emulated_limit() : std::numeric_limits<size_t>::max();

@@ -36,6 +36,10 @@ bool device_has_int8_mma();
 // Streaming multiprocessors of the current device (cudaDevAttrMultiProcessorCount): what a persistent kernel's grid
 // is sized by. The emulation runs one block at a time, so it reports one.
 int multiprocessor_count();
+// The most blocks of `block_threads` threads with `dynamic_shared_bytes` of dynamic shared memory that a cooperative
+// launch of `kernel` may have (cudaOccupancyMaxActiveBlocksPerMultiprocessor times the SMs: every block resident at
+// once). The emulation's device is one SM without a register limit (emu::max_cooperative_blocks).
+int cooperative_max_blocks(const void* kernel, int block_threads, size_t dynamic_shared_bytes);
 
 struct DeviceMemory {
     size_t free_bytes = 0, total_bytes = 0;

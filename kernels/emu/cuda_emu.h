@@ -1,11 +1,12 @@
 // The CUDA execution model emulated on the CPU: the part of the CUDA device API that tandem's kernels use, so the
 // same kernel source compiles with g++ and runs under tests without a GPU. Included through cuda_compat.h only.
 //
-// How it runs (see emu/runtime.cpp): blocks run one after another; every thread of a block is a fiber on one OS
-// thread. A thread runs until it blocks in __syncthreads or a warp collective (__shfl*_sync, votes, __syncwarp);
-// when every thread is blocked the scheduler completes the collectives whose lanes have all arrived, or releases
-// the barrier, and checks the rules the hardware does not check for us (same barrier for all threads, no exited
-// lanes named in a mask, ...). Violations throw tandem::emu::Error from the launch.
+// How it runs (see emu/runtime.cpp): blocks run one after another (a cooperative launch's are all resident and
+// interleaved, for grid_sync); every thread of a block is a fiber on one OS thread. A thread runs until it blocks
+// in __syncthreads or a warp collective (__shfl*_sync, votes, __syncwarp); when every thread is blocked the
+// scheduler completes the collectives whose lanes have all arrived, or releases the barrier, and checks the rules
+// the hardware does not check for us (same barrier for all threads, no exited lanes named in a mask, ...).
+// Violations throw tandem::emu::Error from the launch.
 #pragma once
 
 #include <bit>
@@ -135,6 +136,17 @@ constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr size_t kDefaultSharedLimit = 48 * 1024;      // static + dynamic without an opt-in
 constexpr size_t kMaxSharedOptIn = 227 * 1024;         // cudaDevAttrMaxSharedMemoryPerBlockOptin on sm_90
 
+// A cooperative launch's blocks must all be resident at once. The emulated device is one SM with sm_80..90's
+// per-SM limits (2048 threads, 32 blocks, 228 KiB of shared memory with 1 KiB reserved per block). Registers, which
+// also limit it on a GPU, are not modelled, nor is static shared memory (known only once the kernel runs).
+constexpr unsigned kMaxThreadsPerSm = 2048;
+constexpr unsigned kMaxBlocksPerSm = 32;
+constexpr size_t kSharedPerSm = 228 * 1024;
+constexpr size_t kSharedReservedPerBlock = 1024;
+// The most blocks of `block` threads with `dynamic_shared_bytes` a cooperative launch may have here (0 for an invalid
+// block): the emulation's cudaOccupancyMaxActiveBlocksPerMultiprocessor times its one SM.
+int max_cooperative_blocks(dim3 block, size_t dynamic_shared_bytes);
+
 // cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes): lets launches of `kernel` use
 // up to `bytes` of dynamic shared memory (at most kMaxSharedOptIn).
 void set_max_dynamic_shared(const void* kernel, size_t bytes);
@@ -176,11 +188,20 @@ void* dynamic_shared();
 
 // Runs `invoke(ctx)` as every thread of every block. `programmatic`: launched to overlap the kernel before it
 // (programmatic dependent launch), so every thread must call cudaGridDependencySynchronize before it exits.
+// `cooperative` (cudaLaunchAttributeCooperative): every block is resident at once, so the threads may meet in
+// grid_sync and poll other blocks' writes; the blocks then run interleaved (each until it finishes, waits in a
+// grid_sync or polls), not one after another.
 void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
-            void (*invoke)(void*), void* ctx, bool programmatic = false);
+            void (*invoke)(void*), void* ctx, bool programmatic = false, bool cooperative = false);
 
 // cudaGridDependencySynchronize on the running thread: recorded, for the check above.
 void grid_dependency_wait();
+
+// The running thread waits until every thread of the grid has reached the same grid_sync (cooperative_groups'
+// grid.sync()). Errors: a launch that is not cooperative, threads or blocks at different calls, one that exited.
+void grid_sync(const std::source_location& where);
+// __nanosleep: in a cooperative launch, the thread waits until the other blocks have run.
+void nanosleep();
 
 template <class T>
 T shuffle(WarpOp op, unsigned mask, T var, int param, int width, const std::source_location& where) {
@@ -253,15 +274,17 @@ void graph_launch(const Graph& graph, void* stream);
 namespace detail {
 // The launch checks (block and grid limits, dynamic shared memory): made when a launch is recorded as well as
 // when it runs, since CUDA rejects a bad configuration at the capturing launch.
-void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes);
+void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+                  bool cooperative = false);
 }  // namespace detail
 
 // Launches `kernel` on `stream` with CUDA's by-value parameter passing: the arguments are converted to the
 // parameter types once, and every thread calls the kernel with (copies of) them. On a capturing stream the converted
 // arguments are stored in the graph node instead, and every replay launches with (copies of) those.
+// launch_cooperative_on: the same as a cooperative launch (detail::launch).
 template <class... P, class... A>
-void launch_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
-               size_t dynamic_shared_bytes, A&&... args) {
+void launch_on_as(bool cooperative, void* stream, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
+                  size_t dynamic_shared_bytes, A&&... args) {
     static_assert(sizeof...(P) == sizeof...(A), "wrong number of kernel arguments");
     struct Call {
         void (*kernel)(P...);
@@ -272,22 +295,39 @@ void launch_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, 
         }
     } call{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
     const void* key = reinterpret_cast<const void*>(kernel);
-    const bool programmatic = stream_is_programmatic(stream);
+    // A cooperative launch does not overlap the kernel before it (launch_cooperative_kernel sets no programmatic
+    // attribute): its threads' wait has nothing to wait for, as on the GPU.
+    const bool programmatic = !cooperative && stream_is_programmatic(stream);
     if (stream && is_capturing(stream)) {
         try {
-            detail::check_launch(name, key, grid, block, dynamic_shared_bytes);
+            detail::check_launch(name, key, grid, block, dynamic_shared_bytes, cooperative);
         } catch (const Error& e) {
             invalidate_capture(stream, e.what());
             throw;
         }
-        record(stream, GraphNode{NodeKind::Kernel, name, key,
-                                 [name, key, grid, block, dynamic_shared_bytes, call, programmatic]() mutable {
-                                     detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call,
-                                                    programmatic);
-                                 }});
+        record(stream,
+               GraphNode{NodeKind::Kernel, name, key,
+                         [name, key, grid, block, dynamic_shared_bytes, call, programmatic, cooperative]() mutable {
+                             detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call,
+                                            programmatic, cooperative);
+                         }});
         return;
     }
-    detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call, programmatic);
+    detail::launch(name, key, grid, block, dynamic_shared_bytes, &Call::invoke, &call, programmatic, cooperative);
+}
+
+template <class... P, class... A>
+void launch_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
+               size_t dynamic_shared_bytes, A&&... args) {
+    launch_on_as(false, stream, name, kernel, grid, block, dynamic_shared_bytes, std::forward<A>(args)...);
+}
+
+// cudaLaunchKernelEx with cudaLaunchAttributeCooperative: the grid must fit the device at once
+// (max_cooperative_blocks), and its threads may call grid_sync.
+template <class... P, class... A>
+void launch_cooperative_on(void* stream, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
+                           size_t dynamic_shared_bytes, A&&... args) {
+    launch_on_as(true, stream, name, kernel, grid, block, dynamic_shared_bytes, std::forward<A>(args)...);
 }
 
 // A launch on the legacy default stream: runs now.
@@ -371,14 +411,22 @@ inline void tandem_emu_mma_s8_m16n8k16(int (&d)[4], const uint32_t (&a)[2], uint
     for (int i = 0; i < 4; ++i) d[i] = out[i];
 }
 
-// ---- memory ordering between blocks: the blocks of a launch run one after another on one OS thread, so every
-// write is visible to every later read; the fence has nothing to order and an L1-bypassing load is a plain load.
+// ---- memory ordering between blocks: the blocks of a launch run one after another (a cooperative launch's
+// interleaved) on one OS thread, so every write is visible to every later read; the fence has nothing to order
+// and an L1-bypassing load is a plain load.
 // (What this cannot show: a missing fence on a real GPU. kernels/README, "What the emulation cannot show".)
 inline void __threadfence() {}
 template <class T>
 inline T __ldcg(const T* p) {
     return *p;
 }
+
+// ---- cooperative launches: the grid-wide barrier (cuda_compat.h: cooperative_groups' grid.sync() under nvcc) and
+// the back-off of a loop polling another block's write.
+inline void tandem_grid_sync(std::source_location where = std::source_location::current()) {
+    ::tandem::emu::detail::grid_sync(where);
+}
+inline void __nanosleep(unsigned) { ::tandem::emu::detail::nanosleep(); }
 
 // ---- programmatic dependent launch (sm_90+): kernels of a launch run after the previous launch has finished, so
 // the wait has nothing to wait for and the trigger nothing to start early; the wait is recorded, so that a launch

@@ -1,6 +1,7 @@
-// The CUDA emulation runtime: launches (limits, block order), the per-block fiber scheduler with exact
-// __syncthreads and warp collectives, the poisoned shared-memory arena, the pool of fiber stacks, and streams with
-// graph capture (recorded nodes replayed in order).
+// The CUDA emulation runtime: launches (limits, block order; a cooperative launch's resident blocks run in passes
+// between grid-wide barriers), the per-block fiber scheduler with exact __syncthreads and warp collectives, the
+// poisoned shared-memory arena, the pool of fiber stacks, and streams with graph capture (recorded nodes replayed
+// in order).
 //
 // Threads of a block are boost::context fibers on the calling OS thread. The scheduler resumes each runnable thread
 // (in the launch's thread order) until it blocks in a barrier / warp collective or returns; when none is runnable it
@@ -154,7 +155,9 @@ struct AsanSwitch {
 // catching std::exception cannot swallow it.
 struct Cancelled {};
 
-enum class Wait : uint8_t { Runnable, Barrier, Warp, Exited };
+// Barrier: in __syncthreads. GridBarrier: in grid_sync (cooperative launches). Yield: in __nanosleep, runnable again
+// after the other blocks of a cooperative launch have run (a block polling another's write).
+enum class Wait : uint8_t { Runnable, Barrier, GridBarrier, Yield, Warp, Exited };
 
 struct Thread {
     ctx::fiber fiber;
@@ -198,9 +201,12 @@ std::unordered_map<const void*, size_t>& dynamic_shared_limits() {
 
 class BlockRunner {
 public:
+    // `arena`: the block's shared memory (kMaxSharedOptIn bytes). `cooperative`: the blocks of the launch are
+    // co-resident (grid_sync, __nanosleep polling); each then has its own runner and arena.
     BlockRunner(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-                void* ctx, bool programmatic)
-        : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx), programmatic_(programmatic) {
+                void* ctx, bool programmatic, bool cooperative, unsigned char* arena)
+        : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx), programmatic_(programmatic),
+          cooperative_(cooperative), arena_(arena) {
         n_ = block.x * block.y * block.z;
         const auto it = dynamic_shared_limits().find(kernel);
         opt_in_ = it != dynamic_shared_limits().end() ? it->second : 0;
@@ -208,14 +214,20 @@ public:
         threads_.resize(n_);
         for (unsigned i = 0; i < n_; ++i)
             threads_[i].idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
-        static thread_local Arena arena;
-        arena_ = arena.data;
         std::memset(arena_, 0xFF, kMaxSharedOptIn);
         used_ = dyn_;
     }
 
+    // Runs a block to its end (launches that are not cooperative).
     void run_block(uint3 block_idx) {
+        start_block(block_idx);
+        run();
+    }
+
+    // Creates the block's threads (suspended before their first instruction).
+    void start_block(uint3 block_idx) {
         block_idx_ = block_idx;
+        rng_.seed(launch_options().seed ^ (uint64_t{block_idx.x} << 32) ^ (uint64_t{block_idx.y} << 16) ^ block_idx.z);
         std::memset(arena_, 0xFF, used_);  // NaN for every float a block reads before writing
         for (unsigned i = 0; i < n_; ++i) {
             Thread& t = threads_[i];
@@ -226,19 +238,57 @@ public:
             t.fiber = ctx::fiber(std::allocator_arg, pre, PoolAllocator{},
                                  [this, i](ctx::fiber&& sched) { return entry(i, std::move(sched)); });
         }
+    }
+
+    // What stopped a cooperative block's run: its end, every thread in one grid_sync, or threads polling
+    // (__nanosleep) for what another block has to write.
+    enum class Stop { Done, GridBarrier, Polling };
+
+    // Runs the block's threads until one of the stops above; an error unwinds every thread of the block first.
+    Stop run() {
         try {
-            schedule();
+            return schedule();
         } catch (...) {
             cancel_all();
             throw;
         }
     }
 
+    // After every block of the grid has reached the same grid_sync: its threads go on.
+    void release_grid_barrier() {
+        for (Thread& t : threads_) t.wait = Wait::Runnable;
+    }
+    // The grid_sync every thread of the block waits in (after run() returned Stop::GridBarrier).
+    const std::source_location& grid_barrier_site() const { return threads_[0].where; }
+    uint3 block_index() const { return block_idx_; }
+    // Unwinds the threads of a block that has not finished (another block of the launch failed).
+    void cancel() { cancel_all(); }
+
     // ---- called on a fiber -------------------------------------------------------------------------------------
     void syncthreads(const std::source_location& where) {
         Thread& t = threads_[current_];
         t.wait = Wait::Barrier;
         t.where = where;
+        suspend(t);
+    }
+
+    void grid_sync(const std::source_location& where) {
+        if (!cooperative_)
+            fail_here("grid_sync at " + format_location(where) +
+                      " in a launch that is not cooperative (launch_cooperative_kernel): its blocks need not be "
+                      "resident together, so a grid-wide barrier could wait forever");
+        Thread& t = threads_[current_];
+        t.wait = Wait::GridBarrier;
+        t.where = where;
+        suspend(t);
+    }
+
+    // __nanosleep: in a cooperative launch the thread lets the other blocks run before it goes on, so that a loop
+    // polling another block's write makes progress; elsewhere there is nothing to wait for.
+    void nanosleep() {
+        if (!cooperative_) return;
+        Thread& t = threads_[current_];
+        t.wait = Wait::Yield;
         suspend(t);
     }
 
@@ -349,24 +399,30 @@ private:
         throw Error(std::string("tandem::emu: kernel ") + name_ + ": " + what);
     }
 
-    void schedule() {
+    Stop schedule() {
         std::vector<unsigned> order(n_);
         std::iota(order.begin(), order.end(), 0u);
         const LaunchOptions opts = launch_options();
         if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
-        std::mt19937_64 rng(opts.seed ^ (uint64_t{block_idx_.x} << 32) ^ (uint64_t{block_idx_.y} << 16) ^ block_idx_.z);
+        // Threads polling since the last return: resumed once each per run(), after the others have run.
+        for (Thread& t : threads_)
+            if (t.wait == Wait::Yield) t.wait = Wait::Runnable;
         for (;;) {
-            if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), rng);
+            if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), rng_);
             for (unsigned i : order) {
                 if (threads_[i].wait != Wait::Runnable) continue;
                 resume(i);
                 if (error_) report_thread_error();
             }
-            bool all_exited = true;
-            for (const Thread& t : threads_) all_exited &= t.wait == Wait::Exited;
-            if (all_exited) return;
+            bool all_exited = true, polling = false;
+            for (const Thread& t : threads_) {
+                all_exited &= t.wait == Wait::Exited;
+                polling |= t.wait == Wait::Yield;
+            }
+            if (all_exited) return Stop::Done;
             if (complete_warp_collectives()) continue;
-            release_barrier();
+            if (polling) return Stop::Polling;
+            if (release_barrier()) return Stop::GridBarrier;
         }
     }
 
@@ -402,7 +458,7 @@ private:
                     };
                     if (o.wait == Wait::Exited)
                         fail(what() + " names lane " + std::to_string(m) + ", which has exited");
-                    if (o.wait == Wait::Barrier) {
+                    if (o.wait == Wait::Barrier || o.wait == Wait::GridBarrier || o.wait == Wait::Yield) {
                         ready = false;  // a deadlock unless something else progresses; release_barrier reports it
                         continue;
                     }
@@ -513,14 +569,19 @@ private:
     }
 
     // Every thread is blocked and no collective can complete: the barrier must hold all threads, at one call site.
-    void release_barrier() {
-        int first_barrier = -1, first_exited = -1, first_warp = -1;
-        unsigned n_barrier = 0;
+    // Returns true when that barrier is a grid_sync (the launch releases it once every block is there), false after
+    // releasing a __syncthreads.
+    bool release_barrier() {
+        int first_barrier = -1, first_exited = -1, first_warp = -1, first_grid = -1;
+        unsigned n_barrier = 0, n_grid = 0;
         for (unsigned i = 0; i < n_; ++i) {
             const Wait w = threads_[i].wait;
             if (w == Wait::Barrier) {
                 if (first_barrier < 0) first_barrier = static_cast<int>(i);
                 ++n_barrier;
+            } else if (w == Wait::GridBarrier) {
+                if (first_grid < 0) first_grid = static_cast<int>(i);
+                ++n_grid;
             } else if (w == Wait::Exited && first_exited < 0) {
                 first_exited = static_cast<int>(i);
             } else if (w == Wait::Warp && first_warp < 0) {
@@ -534,7 +595,27 @@ private:
             if (first_barrier >= 0)
                 msg += ": thread " + format_dim(threads_[first_barrier].idx) + " waits in __syncthreads at " +
                        format_location(threads_[first_barrier].where);
+            else if (first_grid >= 0)
+                msg += ": thread " + format_dim(threads_[first_grid].idx) + " waits in grid_sync at " +
+                       format_location(threads_[first_grid].where);
             fail(msg);
+        }
+        if (first_grid >= 0) {
+            const Thread& g = threads_[first_grid];
+            if (first_barrier >= 0)
+                fail("threads wait at different barriers: " + where_thread(first_grid) + " in grid_sync at " +
+                     format_location(g.where) + ", " + where_thread(first_barrier) + " in __syncthreads at " +
+                     format_location(threads_[first_barrier].where));
+            for (unsigned i = 0; i < n_; ++i)
+                if (threads_[i].wait == Wait::GridBarrier && !same_site(threads_[i].where, g.where))
+                    fail("threads wait at different grid_sync calls: " + where_thread(first_grid) + " at " +
+                         format_location(g.where) + ", " + where_thread(i) + " at " +
+                         format_location(threads_[i].where));
+            if (first_exited >= 0)
+                fail("grid_sync at " + format_location(g.where) + " is not reached by all threads of block " +
+                     format_dim(block_idx_) + ": " + std::to_string(n_grid) + " of " + std::to_string(n_) +
+                     " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
+            return true;
         }
         const Thread& b = threads_[first_barrier];
         for (unsigned i = 0; i < n_; ++i)
@@ -546,6 +627,7 @@ private:
                  " is not reached by all threads: " + std::to_string(n_barrier) + " of " + std::to_string(n_) +
                  " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
         for (Thread& t : threads_) t.wait = Wait::Runnable;
+        return false;
     }
 
     // Unwinds every thread that has not finished (see the file comment), leaving no fiber suspended.
@@ -563,6 +645,7 @@ private:
     void (*invoke_)(void*);
     void* ctx_;
     bool programmatic_;
+    bool cooperative_;
     unsigned n_ = 0;
     size_t opt_in_ = 0, shared_limit_ = 0;
     std::vector<Thread> threads_;
@@ -570,6 +653,7 @@ private:
     size_t used_ = 0, static_bytes_ = 0;
     std::vector<StaticAlloc> statics_;
     uint3 block_idx_{};
+    std::mt19937_64 rng_;  // the Shuffled thread order's
     unsigned current_ = 0;
     ctx::fiber sched_;
     const void* sched_bottom_ = nullptr;
@@ -596,6 +680,15 @@ void set_max_dynamic_shared(const void* kernel, size_t bytes) {
         throw Error("tandem::emu: cudaFuncAttributeMaxDynamicSharedMemorySize of " + std::to_string(bytes) +
                     " bytes exceeds the device maximum of " + std::to_string(kMaxSharedOptIn));
     dynamic_shared_limits()[kernel] = bytes;
+}
+
+int max_cooperative_blocks(dim3 block, size_t dynamic_shared_bytes) {
+    const uint64_t threads = uint64_t{block.x} * block.y * block.z;
+    if (threads == 0 || threads > kMaxThreadsPerBlock) return 0;
+    const uint64_t warps_threads = (threads + 31) / 32 * 32;  // a block holds whole warps
+    uint64_t blocks = std::min<uint64_t>(kMaxBlocksPerSm, kMaxThreadsPerSm / warps_threads);
+    blocks = std::min<uint64_t>(blocks, kSharedPerSm / (dynamic_shared_bytes + kSharedReservedPerBlock));
+    return static_cast<int>(blocks);
 }
 
 namespace detail {
@@ -628,7 +721,7 @@ void* dynamic_shared() { return runner().dynamic_shared(); }
 
 void grid_dependency_wait() { runner().grid_dependency_wait(); }
 
-void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn) {
+void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, bool cooperative) {
     const std::string who = std::string("tandem::emu: launch of ") + name + ": ";
     const uint64_t threads = uint64_t{block.x} * block.y * block.z;
     if (threads == 0 || uint64_t{grid.x} * grid.y * grid.z == 0)
@@ -646,38 +739,136 @@ void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, s
                     (it == dynamic_shared_limits().end()
                          ? " (opt in with cudaFuncAttributeMaxDynamicSharedMemorySize)"
                          : ""));
+    const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
+    if (cooperative && blocks > static_cast<uint64_t>(max_cooperative_blocks(block, dyn)))
+        throw Error(who + "cudaErrorCooperativeLaunchTooLarge: a cooperative grid of " + std::to_string(blocks) +
+                    " blocks, but the emulated device holds " + std::to_string(max_cooperative_blocks(block, dyn)) +
+                    " such blocks at once (max_cooperative_blocks)");
 }
 
-void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-            void* ctx, bool programmatic) {
-    if (g_runner)
-        throw Error(std::string("tandem::emu: launch of ") + name + ": launching from inside a kernel is not supported");
-    check_launch(name, kernel, grid, block, dyn);
+namespace {
 
-    BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx, programmatic);
-    struct Restore {
-        ~Restore() {
-            g_runner = nullptr;
-            detail::g_coords = {{0, 0, 0}, {0, 0, 0}, {1, 1, 1}, {1, 1, 1}};
-        }
-    } restore;
-    g_runner = &r;
-    g_coords.block_dim = block;
-    g_coords.grid_dim = grid;
-
+// The blocks of a launch in the order the launch options give.
+std::vector<uint64_t> block_order(dim3 grid) {
     const uint64_t n_blocks = uint64_t{grid.x} * grid.y * grid.z;
     std::vector<uint64_t> order(n_blocks);
     std::iota(order.begin(), order.end(), uint64_t{0});
     const LaunchOptions opts = launch_options();
     if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
     if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), std::mt19937_64(opts.seed));
-    for (uint64_t b : order) {
-        const uint3 idx{static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
-                        static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
+    return order;
+}
+
+uint3 block_coords(uint64_t b, dim3 grid) {
+    return {static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
+            static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
+}
+
+// A full pass over the blocks of a cooperative launch in which every live thread polled (__nanosleep), this many
+// times in a row: nothing can change any more, the kernel waits for a write no block will make.
+constexpr int kMaxPollingPasses = 10000;
+
+// A cooperative launch: every block resident at once, each with its own runner and shared memory. Each pass runs
+// every unfinished block (in the launch's block order) until it finishes, waits in a grid_sync, or polls; once every
+// block waits in the same grid_sync, all go on.
+void run_cooperative(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
+                     void* ctx, bool programmatic) {
+    const std::vector<uint64_t> order = block_order(grid);
+    std::vector<std::unique_ptr<Arena>> arenas(order.size());
+    std::vector<std::unique_ptr<BlockRunner>> blocks(order.size());
+    std::vector<BlockRunner::Stop> stop(order.size(), BlockRunner::Stop::Polling);
+    const auto enter = [&](uint64_t b) {
+        g_runner = blocks[b].get();
+        g_coords.block_idx = blocks[b]->block_index();
+    };
+    try {
+        for (uint64_t b = 0; b < order.size(); ++b) {
+            arenas[b] = std::make_unique<Arena>();
+            blocks[b] = std::make_unique<BlockRunner>(name, kernel, grid, block, dyn, invoke, ctx, programmatic, true,
+                                                      arenas[b]->data);
+            enter(b);
+            blocks[b]->start_block(block_coords(b, grid));
+        }
+        for (int polling_passes = 0;;) {
+            bool live = false, polled = false;
+            for (uint64_t b : order) {
+                if (stop[b] == BlockRunner::Stop::Done) continue;
+                enter(b);
+                stop[b] = blocks[b]->run();
+                live |= stop[b] != BlockRunner::Stop::Done;
+                polled |= stop[b] == BlockRunner::Stop::Polling;
+            }
+            if (!live) return;
+            if (polled) {
+                if (++polling_passes == kMaxPollingPasses)
+                    throw Error(std::string("tandem::emu: kernel ") + name + ": every thread still waiting polls "
+                                "(__nanosleep) after " + std::to_string(kMaxPollingPasses) +
+                                " rounds of every block: it waits for a write no block will make");
+                continue;
+            }
+            polling_passes = 0;
+            // Every block that has not finished waits in a grid_sync: all of them must, in the same one.
+            const uint64_t first = *std::find_if(order.begin(), order.end(),
+                                                 [&](uint64_t b) { return stop[b] == BlockRunner::Stop::GridBarrier; });
+            const std::source_location& site = blocks[first]->grid_barrier_site();
+            for (uint64_t b : order) {
+                if (stop[b] == BlockRunner::Stop::Done)
+                    throw Error(std::string("tandem::emu: kernel ") + name + ": grid_sync at " +
+                                format_location(site) + " is not reached by block " +
+                                format_dim(blocks[b]->block_index()) + ", which has exited");
+                if (!same_site(blocks[b]->grid_barrier_site(), site))
+                    throw Error(std::string("tandem::emu: kernel ") + name + ": blocks wait at different grid_sync "
+                                "calls: block " + format_dim(blocks[first]->block_index()) + " at " +
+                                format_location(site) + ", block " + format_dim(blocks[b]->block_index()) + " at " +
+                                format_location(blocks[b]->grid_barrier_site()));
+            }
+            for (uint64_t b : order) blocks[b]->release_grid_barrier();
+        }
+    } catch (...) {
+        // A block that failed has unwound its own threads; the others' wait in a grid_sync or poll.
+        for (uint64_t b = 0; b < blocks.size(); ++b)
+            if (blocks[b] && stop[b] != BlockRunner::Stop::Done) {
+                enter(b);
+                blocks[b]->cancel();
+            }
+        throw;
+    }
+}
+
+}  // namespace
+
+void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
+            void* ctx, bool programmatic, bool cooperative) {
+    if (g_runner)
+        throw Error(std::string("tandem::emu: launch of ") + name + ": launching from inside a kernel is not supported");
+    check_launch(name, kernel, grid, block, dyn, cooperative);
+
+    struct Restore {
+        ~Restore() {
+            g_runner = nullptr;
+            detail::g_coords = {{0, 0, 0}, {0, 0, 0}, {1, 1, 1}, {1, 1, 1}};
+        }
+    } restore;
+    g_coords.block_dim = block;
+    g_coords.grid_dim = grid;
+    if (cooperative) {
+        run_cooperative(name, kernel, grid, block, dyn, invoke, ctx, programmatic);
+        return;
+    }
+
+    static thread_local Arena arena;  // one block at a time: one arena, poisoned at every block's start
+    BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx, programmatic, false, arena.data);
+    g_runner = &r;
+    for (uint64_t b : block_order(grid)) {
+        const uint3 idx = block_coords(b, grid);
         g_coords.block_idx = idx;
         r.run_block(idx);
     }
 }
+
+void grid_sync(const std::source_location& where) { runner().grid_sync(where); }
+
+void nanosleep() { runner().nanosleep(); }
 
 }  // namespace detail
 

@@ -1,12 +1,14 @@
 // Helpers shared by the emulated kernel tests (test_cuda_kernels.cpp, test_cuda_matvec_epilogues.cpp,
-// test_cuda_matvec_pairs.cpp): the NaN that output buffers start as, normal random floats, a thread order's name for
-// INFO, RoPE's frequencies, and the outputs of a Q/K/V launch with RoPE.
+// test_cuda_matvec_pairs.cpp, test_cuda_emu_runtime.cpp, test_cuda_emu_cooperative.cpp): the NaN that output buffers
+// start as, normal random floats, the thread orders and a launch's error message, a thread order's name for INFO,
+// RoPE's frequencies, and the outputs of a Q/K/V launch with RoPE.
 #pragma once
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "emu/cuda_emu.h"
@@ -21,6 +23,22 @@ inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale
     std::vector<float> v(n);
     for (float& x : v) x = normal(rng);
     return v;
+}
+
+// Forward, Reverse and two shuffles: the orders the emulation runtime's own tests run their kernels in.
+inline const emu::LaunchOptions kFourOrders[] = {{emu::ThreadOrder::Forward, 0},
+                                                 {emu::ThreadOrder::Reverse, 0},
+                                                 {emu::ThreadOrder::Shuffled, 1},
+                                                 {emu::ThreadOrder::Shuffled, 2}};
+
+// The message of the tandem::emu::Error that f() throws, or "" when it throws none.
+inline std::string launch_error(auto&& f) {
+    try {
+        f();
+    } catch (const emu::Error& e) {
+        return e.what();
+    }
+    return "";
 }
 
 inline const char* order_name(const emu::LaunchOptions& o) {

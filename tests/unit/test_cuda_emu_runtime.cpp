@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cuda_compat.h"
+#include "kernel_test_helpers.h"
 
 using tandem::emu::Error;
 using tandem::emu::LaunchOptions;
@@ -19,17 +20,8 @@ using tandem::emu::ThreadOrder;
 
 namespace {
 
-const LaunchOptions kOrders[] = {{ThreadOrder::Forward, 0}, {ThreadOrder::Reverse, 0}, {ThreadOrder::Shuffled, 1},
-                                 {ThreadOrder::Shuffled, 2}};
-
-std::string launch_error(auto&& f) {
-    try {
-        f();
-    } catch (const Error& e) {
-        return e.what();
-    }
-    return "";
-}
+const auto& kOrders = tandem::kernel_test::kFourOrders;
+using tandem::kernel_test::launch_error;
 
 unsigned linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
