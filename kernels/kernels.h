@@ -312,6 +312,58 @@ void attention(const AttentionArgs& a, Stream stream);
 // position 0 and a tile past a query's last key leaves its state exactly as it was.
 void attention_prefill(const AttentionArgs& a, Stream stream);
 
+// ---- the persistent decode step (decode_step.cu) --------------------------------------------------------------
+// One token through every layer in one cooperative launch (every block resident, grid-wide barriers between the
+// phases: decode_step.cu's comment), from the embedded token in x to the output norm's input and output; the output
+// head stays the matvec launches above. Each weight row is computed with matvec's one-token walk of its type; the
+// norms' and attention's sums are in other orders than rms_norm's and attention's, so the step is within float
+// rounding of those launches, not bitwise: a backend uses it where that does not matter (a draft's steps, whose
+// proposals the target verifies) or everywhere when asked (CudaOptions::persistent_step).
+struct DecodeMatrix {
+    const void* data;  // GGUF rows, row_bytes apart, 16-byte aligned
+    size_t row_bytes;
+    GgmlType type;     // decode_step_supports(type, cols)
+};
+struct DecodeStepLayer {
+    DecodeMatrix wq, wk, wv, wo, gate, up, down;
+    const float* attn_norm;
+    const float* ffn_norm;
+    const float *bq, *bk, *bv;  // null: no bias
+    void* k_cache;              // this layer's fp16 cache, rows of n_kv_heads * head_dim
+    void* v_cache;
+};
+constexpr int kDecodeStepMaxHeadDim = 128;
+struct DecodeStepShape {
+    int n_layers, dim, hidden_dim, n_heads, n_kv_heads, head_dim;
+    KvType kv_type = KvType::F16;
+};
+// What a launch takes: the grid (every block resident), shared memory, and the attention workspace it needs.
+struct DecodeStepPlan {
+    int blocks = 0, threads = 0;
+    size_t shared_bytes = 0;
+    int max_splits = 0;           // key splits per head at most
+    size_t workspace_floats = 0;  // DecodeStepArgs::workspace
+};
+struct DecodeStepArgs {
+    const DecodeStepLayer* layers;  // device memory, n_layers of them
+    int n_layers, dim, hidden_dim, n_heads, n_kv_heads, head_dim, rope_dim;
+    RopeMode mode;
+    float eps;                 // RMSNorm epsilon
+    const float* inv_freq;     // as RopeKvArgs
+    const float* trig;         // rope_trig_table of this step's one token
+    const float* output_norm;  // [dim]
+    const int* device_pos;     // the token's position, read when the kernel runs (CUDA graphs)
+    float* x;                  // [dim]: the embedded token in, the residual stream after the last layer out
+    float* out;                // [dim]: RMSNorm(x) * output_norm
+    float *q, *k, *v, *h;      // scratch: [n_heads * head_dim], [kv dim], [kv dim], [hidden_dim]
+    float* workspace;          // DecodeStepPlan::workspace_floats
+};
+bool decode_step_supports(const DecodeStepShape& shape);  // head_dim <= 128, n_heads a multiple of n_kv_heads, fp16
+bool decode_step_supports(GgmlType type, int cols);       // matvec's types, rows of whole blocks
+// The launch for `shape` on this device: `blocks` (0: two per SM) capped at what a cooperative launch may have.
+DecodeStepPlan decode_step_plan(const DecodeStepShape& shape, int blocks = 0);
+void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream stream);
+
 // ---- sampling (sampling.cu) ------------------------------------------------------------------------------------
 // Rows are [n_rows][n_vocab] fp32 logits (n_rows <= 65535), ordered and cleaned as Sampler (src/sampler.cpp) does:
 // NaN counts as -inf, equal logits rank by lower id. `workspace` is sampling_workspace_bytes(n_rows, n_vocab) of

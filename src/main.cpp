@@ -131,6 +131,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         // The target's stream goes first where a draft on the same device drafts ahead while it verifies.
         const bool target = std::string_view(which) == "--backend";
         options.high_priority = target && tandem::cuda_stream_priority_from_env();
+        options.persistent_step = tandem::cuda_persistent_step_from_env(!target);
         if (verbose) {
             const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx, {}, options);
             std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
@@ -142,11 +143,16 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
             std::fprintf(stderr,
                          "tandem: CUDA kernels (%s): matvecs with %s (TANDEM_CUDA_INT8, TANDEM_CUDA_MATVEC), "
                          "overlapping launches %s (TANDEM_CUDA_PDL; sm_90+), prefill GEMM %s (TANDEM_CUDA_GEMM), "
-                         "stream priority %s (TANDEM_CUDA_STREAM_PRIORITY)\n",
+                         "stream priority %s (TANDEM_CUDA_STREAM_PRIORITY), one-token steps %s "
+                         "(TANDEM_CUDA_PERSISTENT_STEP)\n",
                          which, tandem::describe_matvec_routes(options).c_str(),
                          options.overlap_launches ? "on" : "off",
                          options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT",
-                         options.high_priority ? "high" : "default");
+                         options.high_priority ? "high" : "default",
+                         !options.persistent_step ? "kernel by kernel"
+                         : tandem::CudaBackend::persistent_step_plan(model, options)
+                             ? "in one persistent launch"
+                             : "kernel by kernel (the model's shapes or types do not fit the persistent launch)");
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);
     }

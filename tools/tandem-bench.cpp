@@ -187,6 +187,7 @@ tandem::CudaOptions bench_cuda_options(const std::string& kv_type, bool draft = 
     if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f16, q8_0)");
     options.kv_type = *kv;
     options.high_priority = !draft && tandem::cuda_stream_priority_from_env();
+    options.persistent_step = tandem::cuda_persistent_step_from_env(draft);
     return options;
 }
 tandem::CudaPrefillOptions bench_cuda_prefill(int chunk) {

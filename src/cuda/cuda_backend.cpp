@@ -152,7 +152,31 @@ void check_fits(const std::string& what, size_t need, const std::string& detail)
                     " (a smaller --ctx or a smaller quantization may fit)");
 }
 
+// The persistent decode step's shape for this model (kernels.h decode_step).
+cuda::DecodeStepShape step_shape(const ModelConfig& c, cuda::KvType kv_type) {
+    return {c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, kv_type};
+}
+
+// Device bytes of the persistent step's layer table and attention workspace.
+size_t persistent_step_bytes(const ModelConfig& c, const cuda::DecodeStepPlan& plan) {
+    return align_up(static_cast<size_t>(c.n_layers) * sizeof(cuda::DecodeStepLayer)) +
+           align_up(plan.workspace_floats * 4);
+}
+
 }  // namespace
+
+std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Model& model, const CudaOptions& options) {
+    if (!options.persistent_step) return std::nullopt;
+    const ModelConfig& c = model.config;
+    if (!cuda::decode_step_supports(step_shape(c, options.kv_type))) return std::nullopt;
+    for (const LayerWeights& L : model.weights.layers) {
+        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.w_gate, &L.w_up})
+            if (!cuda::decode_step_supports(v->type, c.dim)) return std::nullopt;
+        if (!cuda::decode_step_supports(L.wo.type, c.q_dim()) || !cuda::decode_step_supports(L.w_down.type, c.hidden_dim))
+            return std::nullopt;
+    }
+    return cuda::decode_step_plan(step_shape(c, options.kv_type), options.persistent_step_blocks);
+}
 
 std::optional<cuda::KvType> parse_kv_type(const std::string& name) {
     if (name == "f16") return cuda::KvType::F16;
@@ -202,6 +226,8 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
     p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options.kv_type) : 0;
     p.scratch = scratch_layout(model, prefill, p.blas, p.int8_gemm).total() +
                 (n_ctx > 0 ? workspace_bytes(c, n_ctx, options.attention_split) : 0);
+    if (const auto step = persistent_step_plan(model, options))
+        p.scratch += persistent_step_bytes(c, *step);
     return p;
 }
 
@@ -322,6 +348,11 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
             inv_freq.push_back(
                 static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
         cuda::copy_to_device(inv_freq_, inv_freq.data(), inv_freq.size() * 4, stream_);
+        if (const auto step = persistent_step_plan(model, options)) {
+            step_plan_ = *step;
+            step_layers_buf_ = cuda::DeviceBuffer(static_cast<size_t>(c.n_layers) * sizeof(cuda::DecodeStepLayer));
+            step_ws_buf_ = cuda::DeviceBuffer(step_plan_.workspace_floats * 4);
+        }
         if (n_ctx > 0) ensure_workspace(n_ctx);
         cuda::stream_synchronize(stream_);  // the uploads read host memory that must stay put until they finish
     } catch (...) {
@@ -576,6 +607,7 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     step_host_[0] = start_pos;
     std::copy(tokens.begin(), tokens.end(), step_host_.begin() + 1);
     cuda::copy_to_device(step_in_, step_host_.data(), static_cast<size_t>(n + 1) * sizeof(int), stream_);
+    if (persistent_step(n, prefill)) upload_step_layers(cache);
 
     if (prefill) {
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
@@ -625,6 +657,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const int dim = c.dim;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
+    if (persistent_step(n, prefill)) return enqueue_persistent_step(cache);
     const FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
     cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
 
@@ -721,6 +754,42 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         project_add_norm(L.w_down, gate_, n, last ? output_norm_ : layers_[l + 1].attn_norm,
                          last ? output_.type : layers_[l + 1].wq.type, prefill);
     }
+}
+
+void CudaBackend::upload_step_layers(const CudaKvCache& cache) {
+    // The layer table names the cache's rows: uploaded again (in stream order, before the launch that reads it) when
+    // a step runs on another cache than the last one; outside any capture (a captured copy must come from pinned
+    // memory). A replayed graph reads the table through its pointer, so it always sees the current cache's.
+    if (step_layers_cache_ == cache.key(0)) return;
+    const ModelConfig& c = model_.config;
+    std::vector<cuda::DecodeStepLayer> table;
+    const auto m = [](const DeviceMatrix& M) { return cuda::DecodeMatrix{M.data, M.row_bytes, M.type}; };
+    for (int l = 0; l < c.n_layers; ++l) {
+        const DeviceLayer& L = layers_[l];
+        table.push_back({m(L.wq), m(L.wk), m(L.wv), m(L.wo), m(L.w_gate), m(L.w_up), m(L.w_down), L.attn_norm,
+                         L.ffn_norm, L.bq, L.bk, L.bv, cache.key(l), cache.value(l)});
+    }
+    cuda::copy_to_device(step_layers_buf_.as<cuda::DecodeStepLayer>(), table.data(),
+                         table.size() * sizeof(cuda::DecodeStepLayer), stream_);
+    step_layers_cache_ = cache.key(0);
+}
+
+void CudaBackend::enqueue_persistent_step(CudaKvCache& cache) {
+    const ModelConfig& c = model_.config;
+    const cuda::RopeMode mode =
+        c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
+    // The step's RoPE angles, which the kernel's RoPE phase reads (it computes no cosines itself).
+    cuda::RopeKvArgs rope{q_, k_, v_, cache.key(0), cache.value(0), inv_freq_, 1, 0, c.n_heads, c.n_kv_heads,
+                          c.head_dim, c.rope_dim, mode, cache.type()};
+    rope.device_start_pos = step_in_;
+    cuda::rope_trig_table(rope, rope_trig_, stream_);
+    const cuda::DecodeStepArgs a{step_layers_buf_.as<cuda::DecodeStepLayer>(),
+                                 c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim,
+                                 mode, c.rms_eps, inv_freq_, rope_trig_, output_norm_, step_in_, x_, xb_, q_, k_, v_,
+                                 gate_, step_ws_buf_.as<float>()};
+    cuda::decode_step(a, step_plan_, stream_);
+    xq_format_ = cuda::Q8Format::None;  // the launch rewrote xb_ and quantized nothing: the head quantizes its input
+    ++graph_stats_.persistent_steps;
 }
 
 bool CudaBackend::restrict_logits(int n_first, std::span<const int> extra) {

@@ -39,6 +39,7 @@
 #include "cuda/cuda_options.h"
 #include "device.h"
 #include "ggml_types.h"
+#include "kernels.h"
 
 namespace tandem {
 
@@ -83,6 +84,7 @@ struct CudaGraphStats {
                              // another cache or workspace)
     int replays = 0;         // graph launches, one per short step
     int direct_steps = 0;    // steps launched kernel by kernel (graphs off, or the prefill path)
+    int persistent_steps = 0;  // one-token steps queued as the persistent launch (directly, or into a graph)
     size_t nodes = 0;        // kernels in the graph replayed last
 };
 
@@ -153,6 +155,10 @@ public:
     const CudaOptions& options() const { return options_; }
     bool stream_high_priority() const { return cuda::stream_high_priority(stream_); }
     const CudaGraphStats& graph_stats() const { return graph_stats_; }
+    // The persistent decode step's launch for this model (kernels.h decode_step), when the options ask for it
+    // (CudaOptions::persistent_step) and the model's shapes and types allow it; else its one-token steps take the
+    // usual launches.
+    static std::optional<cuda::DecodeStepPlan> persistent_step_plan(const Model& model, const CudaOptions& options);
 
 private:
     struct DeviceMatrix {
@@ -206,6 +212,12 @@ private:
     void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, const CallOutput& out, bool prefill);
     // Queues the embedding and every layer of a step of n tokens (their keys and values go into the cache).
     void enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill);
+    // Whether a step of n tokens runs its layers as the persistent launch (CudaOptions::persistent_step: one-token
+    // steps, where the model allows it), which enqueue_persistent_step queues after the embedding, reading the layer
+    // table that upload_step_layers keeps naming the step's cache.
+    bool persistent_step(int n, bool prefill) const { return n == 1 && !prefill && step_plan_.blocks > 0; }
+    void enqueue_persistent_step(CudaKvCache& cache);
+    void upload_step_layers(const CudaKvCache& cache);
     // What a step computes on the device from its output rows' logits (inside its graph).
     enum class Picks { None, Argmax, ArgmaxConfidence };
     static Picks picks_of(const CallOutput& out) {
@@ -309,6 +321,11 @@ private:
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
+    // The persistent step (blocks 0: not used), its layer table (for the cache step_layers_cache_ names, by its
+    // first key row) and its attention workspace.
+    cuda::DecodeStepPlan step_plan_;
+    cuda::DeviceBuffer step_layers_buf_, step_ws_buf_;
+    const void* step_layers_cache_ = nullptr;
     std::map<std::tuple<int, int, Picks>, StepGraph> graphs_;  // by (tokens in the step, output rows, picks)
     // Deferred outputs: on between defer_outputs() and collect_outputs(); the outputs queued into staging_ since.
     struct StagedOutput {

@@ -100,6 +100,11 @@ bool cuda_qkv_rope_from_env() { return env_switch("TANDEM_CUDA_QKV_ROPE", {"1", 
 
 bool cuda_matvec_norm_from_env() { return env_switch("TANDEM_CUDA_MATVEC_NORM", {"1", "0"}) == 0; }
 
+bool cuda_persistent_step_from_env(bool draft) {
+    const size_t choice = env_switch("TANDEM_CUDA_PERSISTENT_STEP", {"off", "draft", "all"});
+    return choice == 2 || (choice == 1 && draft);
+}
+
 bool cuda_one_launch_picks_from_env() { return env_switch("TANDEM_CUDA_ONE_LAUNCH_PICKS", {"1", "0"}) == 0; }
 
 bool cuda_overlap_launches_from_env() { return env_switch("TANDEM_CUDA_PDL", {"1", "0"}) == 0; }

@@ -31,6 +31,9 @@ bool cuda_qkv_type_pairs_from_env();
 bool cuda_matvec_norm_from_env();
 // TANDEM_CUDA_ONE_LAUNCH_PICKS=1|0: false for "0" (the default of CudaOptions::one_launch_picks), to measure it.
 bool cuda_one_launch_picks_from_env();
+// TANDEM_CUDA_PERSISTENT_STEP=off|draft|all: whether a backend's one-token decode steps run as one persistent
+// kernel (CudaOptions::persistent_step): for a draft's backend (`draft`) under "draft" or "all", for any under "all".
+bool cuda_persistent_step_from_env(bool draft);
 // TANDEM_CUDA_INT8=auto|0|1: every block type's matvecs with 8-bit ("1") or fp32 ("0") activations; auto (nullopt)
 // leaves each type its measured route.
 std::optional<bool> cuda_int8_activations_from_env();
@@ -95,6 +98,14 @@ struct CudaOptions {
     // combines the splits (kernels.h argmax with counters), instead of two (three). The same ids; the confidence to
     // float rounding. On by default, one or two launches a step fewer (not yet measured on a GPU, 2026-11-29).
     bool one_launch_picks = cuda_one_launch_picks_from_env();
+    // One-token decode steps run every layer in one cooperative launch (kernels.h decode_step: the embedding, that
+    // launch, the output head), where the model's shapes and types allow it, instead of ~5 launches a layer. Within
+    // float rounding of the launches it replaces, not bitwise, so a target's decode steps would no longer be bitwise
+    // its verification steps: tandem and tandem-bench set it for a draft under TANDEM_CUDA_PERSISTENT_STEP=draft
+    // (or all), never by default: not yet run on a GPU (2026-12-02).
+    bool persistent_step = false;
+    // Its grid: 0 lets kernels.h decode_step_plan choose (two blocks per SM); tests vary it.
+    int persistent_step_blocks = 0;
     // true: decode and verification matvecs of every block type through the 8-bit route (kernels.h matvec_q8):
     // each input quantized once per matvec launch, as the CPU backend does; false: fp32 activations; nullopt: each
     // type's measured route. Not bitwise the same, but within float rounding of the CPU backend's integer products.

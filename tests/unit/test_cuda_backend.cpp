@@ -453,13 +453,13 @@ TEST_CASE("cuda backend: out-of-range token ids are an error, not a NaN row") {
 // skip it.
 namespace {
 
-void check_real_model_on_cuda(const std::string& name, const std::string& prompt) {
+void check_real_model_on_cuda(const std::string& name, const std::string& prompt, CudaOptions options = {}) {
     const auto path = installed_path(name);
     if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
     auto model = Model::load(*path);
     const int n_vocab = model->config.n_vocab, n_ctx = 16;
     CpuBackend cpu(*model, 2, 16, cpu::Activations::Float);
-    CudaBackend gpu(*model, n_ctx);
+    CudaBackend gpu(*model, n_ctx, {}, options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);
     const auto t0 = std::chrono::steady_clock::now();
@@ -478,8 +478,12 @@ void check_real_model_on_cuda(const std::string& name, const std::string& prompt
     MESSAGE(name, ": max |cuda - cpu| = ", diff.worst_abs, " (", diff.worst_rel, " of the logit range), ", s, " s");
     CHECK(diff.worst_rel <= 1e-2);
     // The decode step's graph: the embedding, the norm, the step's RoPE angles, 5 kernels a layer (Q/K/V in one
-    // launch with RoPE, also where their types differ), the output matvec.
-    CHECK(gpu.graph_stats().nodes == 3 + 5 * model->config.n_layers + 1);
+    // launch with RoPE, also where their types differ), the output matvec; with the persistent step the embedding,
+    // the angles, the persistent launch and the output matvec.
+    if (options.persistent_step)
+        CHECK(gpu.graph_stats().nodes == 4);
+    else
+        CHECK(gpu.graph_stats().nodes == 3 + 5 * model->config.n_layers + 1);
 }
 
 }  // namespace
@@ -495,6 +499,14 @@ TEST_CASE("real: cuda backend on SmolLM2-135M matches the CPU backend for a few 
 // on it.
 TEST_CASE("real: cuda backend on Qwen2.5-Coder-0.5B (the default draft) matches the CPU backend for a few tokens") {
     check_real_model_on_cuda("qwen2.5-coder-0.5b-instruct-q4_k_m", "def fibonacci(n):");
+}
+
+// The same with its decode step as one persistent launch (CudaOptions::persistent_step, the draft's under
+// TANDEM_CUDA_PERSISTENT_STEP=draft): every layer of the real draft's types and shapes through kernels.h decode_step.
+TEST_CASE("real: the persistent decode step on Qwen2.5-Coder-0.5B (the default draft) matches the CPU backend") {
+    CudaOptions options;
+    options.persistent_step = true;
+    check_real_model_on_cuda("qwen2.5-coder-0.5b-instruct-q4_k_m", "def fibonacci(n):", options);
 }
 
 // The default target, Qwen2.5-Coder-1.5B: heads of 128 (12 / 2), Q4_K with Q6_K attn_v in half the layers (one Q/K/V

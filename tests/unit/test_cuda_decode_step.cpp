@@ -1,0 +1,312 @@
+// Tests of the persistent decode step (kernels.h decode_step, CudaOptions::persistent_step): one-token steps of the
+// CUDA backend run every layer in one cooperative launch. Against the CPU backend on stories260K (f32, q8_0, q4_0,
+// with Q/K/V biases) and on synthetic qwen2 models in llama.cpp's Q4_K_M mixture (Q4_K / Q6_K, Q5_0 / Q8_0, NeoX
+// RoPE, GQA): logits within tolerance through prefill, decodes, a truncate and a verification call, with and without
+// CUDA graphs; bitwise the same in two thread orders (a missing barrier shows as a difference, the shared memory
+// being poisoned at every block start); on grids of 1..8 blocks (the rows, heads and key splits spread differently);
+// as a draft, the speculative output equal to plain decoding; the switch that turns it on.
+// Also built into tandem_cuda_device_tests (TANDEM_TEST_REAL_DEVICE) for a GPU, where it is the real cooperative launch.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#ifdef TANDEM_TEST_REAL_DEVICE
+#include "real_device_shim.h"
+#else
+#include "emu/cuda_emu.h"
+#endif
+#include "error.h"
+#include "generator.h"
+#include "gguf.h"
+#include "model.h"
+#include "quantize_model.h"
+#include "synthetic_model.h"
+#include "test_paths.h"
+
+using namespace tandem;
+
+namespace {
+
+const std::string kData = std::getenv("TANDEM_TEST_DATA") ? std::getenv("TANDEM_TEST_DATA") : TANDEM_TEST_DATA;
+
+std::string temp_dir() {
+    const std::string dir =
+        std::filesystem::temp_directory_path() / ("tandem-decode-step-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    return dir;
+}
+struct RemoveTempDir {
+    ~RemoveTempDir() {
+        std::error_code ec;
+        std::filesystem::remove_all(temp_dir(), ec);
+    }
+} remove_temp_dir;
+
+std::unique_ptr<Model> stories(GgmlType type) {
+    if (type == GgmlType::F32) return Model::load(kData + "/stories260K.gguf");
+    const std::string path = temp_dir() + "/stories-" + ggml_type_name(type) + ".gguf";
+    if (!std::filesystem::exists(path)) requantize_gguf(*GgufFile::open(kData + "/stories260K.gguf"), type).write(path);
+    return Model::load(path);
+}
+
+// A two-layer qwen2 model in the Q4_K_M mixture: at dim 256 Q4_K with Q6_K attn_v / ffn_down in the second layer, at
+// dim 96 (rows that are not whole super-blocks) Q5_0 with Q8_0.
+std::unique_ptr<Model> mixture(const char* name, int dim) {
+    const std::string path = temp_dir() + "/" + name + ".gguf";
+    if (!std::filesystem::exists(path))
+        write_synthetic_model(path, {name, dim, 256, 2, 4, 2, 320, 64, false, "qwen2"}, SyntheticTypes::Q4_K_M(), 17);
+    return Model::load(path);
+}
+
+CudaOptions persistent(int blocks = 0) {
+    CudaOptions o;
+    o.persistent_step = true;
+    o.persistent_step_blocks = blocks;
+    o.int8_activations = false;  // the step's walks read fp32 activations; the CPU side below is Float too
+    o.attention_split = 4;       // the other steps' splits move within these short contexts
+    return o;
+}
+
+// The logits of every call of a schedule (a 21-token prefill, 6 decodes, a truncate by 4, a 5-token verification
+// call, 4 decodes), and how many steps took the persistent launch.
+struct Run {
+    std::vector<std::vector<float>> logits;
+    int persistent_steps = 0;
+    size_t graph_nodes = 0;  // in the graph replayed last
+};
+Run run_schedule(const Model& model, Backend& backend, const std::vector<int>* next_tokens = nullptr) {
+    const int n_vocab = model.config.n_vocab, n_ctx = 48;
+    auto cache = backend.new_cache(n_ctx);
+    Run run;
+    size_t call_index = 0;
+    int next = 0;
+    auto call = [&](std::vector<int> tokens) {
+        const int n = static_cast<int>(tokens.size());
+        std::vector<float> out(static_cast<size_t>(n) * n_vocab, std::nanf(""));
+        backend.forward(tokens, *cache, n, out.data());
+        const float* last = &out[static_cast<size_t>(n - 1) * n_vocab];
+        // The next token: the reference run's argmax when given (so that both backends read the same text).
+        next = next_tokens ? (*next_tokens)[call_index]
+                           : static_cast<int>(std::max_element(last, last + n_vocab) - last);
+        ++call_index;
+        run.logits.push_back(std::move(out));
+    };
+    std::vector<int> prompt = {1};
+    for (int i = 1; i < 21; ++i) prompt.push_back((i * 37 + 11) % n_vocab);
+    call(prompt);
+    for (int i = 0; i < 6; ++i) call({next});
+    cache->truncate(cache->n_committed() - 4);
+    call({next, 5, 17, 300 % n_vocab, 42});
+    for (int i = 0; i < 4; ++i) call({next});
+    if (auto* cuda = dynamic_cast<CudaBackend*>(&backend)) {
+        run.persistent_steps = cuda->graph_stats().persistent_steps;
+        run.graph_nodes = cuda->graph_stats().nodes;
+    }
+    return run;
+}
+
+// The next tokens a run followed (each call's last argmax).
+std::vector<int> argmaxes(const Run& run, int n_vocab) {
+    std::vector<int> ids;
+    for (const auto& l : run.logits) {
+        const float* last = l.data() + l.size() - n_vocab;
+        ids.push_back(static_cast<int>(std::max_element(last, last + n_vocab) - last));
+    }
+    return ids;
+}
+
+// The largest difference of any row from the reference's, relative to that row's logit range.
+double worst_relative(const Run& got, const Run& want, int n_vocab) {
+    REQUIRE(got.logits.size() == want.logits.size());
+    double worst = 0.0;
+    for (size_t c = 0; c < got.logits.size(); ++c) {
+        REQUIRE(got.logits[c].size() == want.logits[c].size());
+        for (size_t r = 0; r < got.logits[c].size() / n_vocab; ++r) {
+            const float* a = &got.logits[c][r * n_vocab];
+            const float* b = &want.logits[c][r * n_vocab];
+            const auto [lo, hi] = std::minmax_element(b, b + n_vocab);
+            double d = 0.0;
+            for (int i = 0; i < n_vocab; ++i) {
+                REQUIRE(std::isfinite(a[i]));
+                d = std::max(d, static_cast<double>(std::abs(a[i] - b[i])));
+            }
+            worst = std::max(worst, d / std::max(1e-6, static_cast<double>(*hi - *lo)));
+        }
+    }
+    return worst;
+}
+
+#ifndef TANDEM_TEST_REAL_DEVICE
+bool same_bits(const Run& a, const Run& b) {
+    if (a.logits.size() != b.logits.size()) return false;
+    for (size_t c = 0; c < a.logits.size(); ++c)
+        if (a.logits[c].size() != b.logits[c].size() ||
+            std::memcmp(a.logits[c].data(), b.logits[c].data(), a.logits[c].size() * 4) != 0)
+            return false;
+    return true;
+}
+#endif
+
+// The persistent step on `model` against the CPU backend (fp32 activations) and against the launches it replaces,
+// with graphs and without, in two thread orders.
+void check_against_cpu(const Model& model, const std::string& name, CudaOptions options = persistent()) {
+    CAPTURE(name);
+    const int n_vocab = model.config.n_vocab;
+    CpuBackend cpu(model, 1, 64, cpu::Activations::Float);
+    const Run want = run_schedule(model, cpu);
+    const std::vector<int> next = argmaxes(want, n_vocab);
+    CudaOptions usual = options;
+    usual.persistent_step = false;
+    CudaBackend plain_gpu(model, 48, {}, usual);
+    const Run launches = run_schedule(model, plain_gpu, &next);
+    CHECK(launches.persistent_steps == 0);
+    for (bool graphs : {true, false}) {
+        CAPTURE(graphs);
+        CudaOptions o = options;
+        o.graphs = graphs;
+        Run forward, reverse;
+        {
+            const emu::ScopedLaunchOptions order({emu::ThreadOrder::Forward, 0});
+            CudaBackend gpu(model, 48, {}, o);
+            forward = run_schedule(model, gpu, &next);
+        }
+        {
+            const emu::ScopedLaunchOptions order({emu::ThreadOrder::Reverse, 0});
+            CudaBackend gpu(model, 48, {}, o);
+            reverse = run_schedule(model, gpu, &next);
+        }
+        // Every one-token call (10 of the 12) took the persistent launch: directly, or recorded into the graph of
+        // one-token steps, whose launches are then the embedding, the step's RoPE angles, the persistent launch and
+        // the output matvec (on the 8-bit route after its input's quantization).
+        const GgmlType head = model.weights.output.type;
+        const bool quantized_head = o.matvec_route(head).int8 && cuda::matvec_q8_supports(head);
+        if (graphs) {
+            CHECK(forward.persistent_steps >= 1);
+            CHECK(forward.graph_nodes == (quantized_head ? 5u : 4u));
+        } else {
+            CHECK(forward.persistent_steps == 10);
+        }
+        const double vs_cpu = worst_relative(forward, want, n_vocab);
+        const double vs_launches = worst_relative(forward, launches, n_vocab);
+        MESSAGE(name, (graphs ? " (graphs)" : " (direct)"), ": persistent step vs CPU ", vs_cpu,
+                " of the logit range (the usual launches: ", worst_relative(launches, want, n_vocab),
+                "); vs the usual launches ", vs_launches);
+        CHECK(vs_cpu <= 1e-2);
+        CHECK(vs_launches <= 1e-2);
+#ifndef TANDEM_TEST_REAL_DEVICE
+        CHECK(same_bits(forward, reverse));  // each sum's order is fixed by the grid, not by the threads' timing
+#endif
+    }
+}
+
+}  // namespace
+
+TEST_CASE("persistent decode step: stories260K (f32) matches the CPU backend and the usual launches") {
+    check_against_cpu(*stories(GgmlType::F32), "stories260K f32");
+}
+
+TEST_CASE("persistent decode step: stories260K q8_0 and q4_0 with Q/K/V biases" * doctest::test_suite("emu-variants")) {
+    check_against_cpu(*stories(GgmlType::Q8_0), "stories260K q8_0");
+    auto model = stories(GgmlType::Q4_0);
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal(0.0f, 0.5f);
+    std::vector<std::vector<float>> biases;
+    for (LayerWeights& L : model->weights.layers)
+        for (WeightView* b : {&L.bq, &L.bk, &L.bv}) {
+            const int64_t width = (b == &L.bq ? L.wq : b == &L.bk ? L.wk : L.wv).rows;
+            biases.emplace_back(static_cast<size_t>(width));
+            for (float& v : biases.back()) v = normal(rng);
+            *b = WeightView{biases.back().data(), GgmlType::F32, width, 1};
+        }
+    model->config.qkv_bias = true;
+    check_against_cpu(*model, "stories260K q4_0 with Q/K/V biases");
+    // Q4_0's measured route, 8-bit activations: the output head after the persistent launch quantizes its input
+    // itself (the launch rewrote it; nothing may reuse an earlier quantization).
+    CudaOptions int8 = persistent();
+    int8.int8_activations = std::nullopt;
+    check_against_cpu(*model, "stories260K q4_0 with Q/K/V biases, 8-bit head", int8);
+}
+
+TEST_CASE("persistent decode step: the Q4_K_M mixture's types on qwen2 shapes (NeoX RoPE, GQA, biases)") {
+    auto k_quants = mixture("step-q4k", 256);
+    REQUIRE(k_quants->weights.layers[1].wv.type == GgmlType::Q6_K);
+    check_against_cpu(*k_quants, "Q4_K / Q6_K, dim 256");
+    auto legacy = mixture("step-q50", 96);
+    REQUIRE(legacy->weights.layers[1].wv.type == GgmlType::Q8_0);
+    check_against_cpu(*legacy, "Q5_0 / Q8_0, dim 96");
+}
+
+TEST_CASE("persistent decode step: grids of 1 to 8 blocks give the same text within float rounding") {
+    // One block does every row, head and split itself; more spread them (and split the keys into more parts).
+    auto model = stories(GgmlType::F32);
+    const int n_vocab = model->config.n_vocab;
+    CpuBackend cpu(*model, 1, 64, cpu::Activations::Float);
+    const Run want = run_schedule(*model, cpu);
+    const std::vector<int> next = argmaxes(want, n_vocab);
+    for (int blocks : {1, 3, 8}) {
+        CAPTURE(blocks);
+        CudaBackend gpu(*model, 48, {}, persistent(blocks));
+        const Run got = run_schedule(*model, gpu, &next);
+        CHECK(got.persistent_steps > 0);
+        CHECK(worst_relative(got, want, n_vocab) <= 1e-2);
+        CHECK(argmaxes(got, n_vocab) == next);
+    }
+}
+
+TEST_CASE("persistent decode step: a draft taking it keeps the speculative output that of plain decoding") {
+    // The target on the CPU (the emulation is slow), the draft the same model on the device with the persistent
+    // step: its proposals are the target's own greedy picks to float rounding, so nearly all are accepted, and the
+    // output is the target's whatever they are.
+    auto model = stories(GgmlType::F32);
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    auto run = [&](bool speculative) {
+        CpuBackend target(*model, 1, 64);
+        CudaBackend draft(*model, 64, {}, persistent());
+        auto cache = target.new_cache(64), draft_cache = draft.new_cache(64);
+        GenerationParams p;
+        p.n_predict = 16;
+        p.sampler.temperature = 0;
+        p.speculative.draft_min = p.speculative.draft_max = 4;
+        p.speculative.p_min = 0;
+        Generator gen(*model, target, *cache,
+                      speculative ? DraftModel{model.get(), &draft, draft_cache.get()} : DraftModel{});
+        const GenerationStats stats = gen.generate(prompt, p, [](std::string_view) { return true; });
+        if (speculative) CHECK(draft.graph_stats().persistent_steps > 0);
+        return stats;
+    };
+    const GenerationStats plain = run(false), speculative = run(true);
+    CHECK(speculative.generated == plain.generated);
+    CHECK(speculative.spec.drafted > 0);
+    CHECK(speculative.spec.accepted * 10 >= speculative.spec.drafted * 9);
+}
+
+TEST_CASE("persistent decode step: TANDEM_CUDA_PERSISTENT_STEP turns it on for a draft or for every backend") {
+    const char* name = "TANDEM_CUDA_PERSISTENT_STEP";
+    unsetenv(name);
+    CHECK(!cuda_persistent_step_from_env(true));
+    setenv(name, "draft", 1);
+    CHECK(cuda_persistent_step_from_env(true));
+    CHECK(!cuda_persistent_step_from_env(false));
+    setenv(name, "all", 1);
+    CHECK(cuda_persistent_step_from_env(false));
+    setenv(name, "on", 1);
+    CHECK_THROWS_AS(cuda_persistent_step_from_env(true), Error);
+    unsetenv(name);
+    // Off by default, and a model the kernel cannot take (here: a q8_0 KV cache) keeps the usual launches.
+    auto model = stories(GgmlType::F32);
+    CHECK(!CudaOptions{}.persistent_step);
+    CudaOptions q8 = persistent();
+    q8.kv_type = cuda::KvType::Q8_0;
+    CHECK(!CudaBackend::persistent_step_plan(*model, q8));
+    CHECK(CudaBackend::persistent_step_plan(*model, persistent()));
+}
