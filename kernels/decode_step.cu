@@ -5,9 +5,10 @@
 //      the rows of Q, K and V, a warp per row, with their biases;
 //   2. RoPE of Q in place and of K into the fp16 cache, V copied there: a block per head (rope::head_epilogue,
 //      the same functions as the Q/K/V launch's epilogue);
-//   3. attention: a warp per (head, split of the key positions), each split's online-softmax partial written out;
-//   4. every block combines the splits of every head into its shared memory, then the rows of attn_output, each
-//      added into the residual stream by the warp that computes it;
+//   3. attention: a warp per (head, split of the key positions), each split's online-softmax partial written out
+//      and the head's last split to finish combining the head's (counted with an atomic, as attention.cu does);
+//   4. the attention output copied into each block's shared memory, then the rows of attn_output, each added into
+//      the residual stream by the warp that computes it;
 //   5. RMSNorm again, then gate and up rows in pairs (the same warp computes both and applies SwiGLU);
 //   6. the FFN activations copied into each block's shared memory, then the rows of ffn_down added into the stream.
 // After the last layer block 0 applies the output norm. The embedding before and the output head after stay
@@ -21,7 +22,7 @@
 // walk, and reduced across the warp the same way; the norms' and attention's sums are in other orders than the
 // separate kernels', so the step is within float rounding of the usual one, not bitwise (kernels.h says where it
 // is used). Data that other blocks wrote during the launch (the residual stream, Q/K/V, the cache row, the
-// partials, the FFN activations) is read past L1 (__ldcg), which is not coherent across SMs; the weights are read
+// partials, the attention output, the FFN activations) is read past L1 (__ldcg), which is not coherent across SMs; the weights are read
 // through it.
 #include <cmath>
 
@@ -36,9 +37,9 @@ namespace {
 using namespace matvec_detail;
 
 constexpr int kThreads = 256, kWarpsPerBlock = kThreads / 32;
-// A split of the key positions has at least this many keys: below it a warp's partial costs more to combine than
-// to compute.
-constexpr int kMinSplitKeys = 8;
+// Attention: keys a warp takes per step, and the fewest a split has (two steps: below that a warp's partial costs
+// more to combine than to compute).
+constexpr int kKeysPerStep = 4, kMinSplitKeys = 2 * kKeysPerStep;
 
 // This lane's share of one row's dot product with x (shared memory, 16-byte aligned), by the row's type. Inlined into
 // each of the kernel's row loops: as a call (__noinline__, one copy of the walks), ptxas kept the callers' live
@@ -110,11 +111,34 @@ __device__ __forceinline__ float* partial(float* ws, int head, int split, int ma
     return ws + (static_cast<size_t>(head) * max_splits + split) * (hd + 2);
 }
 
-// One warp's (head, split): the online softmax of q . k / sqrt(head_dim) over the split's keys, one key at a time
-// (lane j's dims lane + 32 i, i < D), written as the split's partial.
+// att[head] from the head's splits' partials (written by other warps of the grid), by one warp.
+__device__ __forceinline__ void combine_head(const DecodeStepArgs& a, int head, Splits sp, int max_splits, int lane) {
+    const int hd = a.head_dim;
+    float M = -INFINITY;
+    for (int s = 0; s < sp.count; ++s) M = fmaxf(M, __ldcg(partial(a.workspace, head, s, max_splits, hd)));
+    for (int d = lane; d < hd; d += 32) {
+        float sum_l = 0.0f, sum_acc = 0.0f;
+        for (int s = 0; s < sp.count; ++s) {
+            const float* p = partial(a.workspace, head, s, max_splits, hd);
+            const float w = expf(__ldcg(p) - M);
+            sum_l += __ldcg(p + 1) * w;
+            sum_acc += __ldcg(p + 2 + d) * w;
+        }
+        a.att[head * hd + d] = sum_acc / sum_l;
+    }
+}
+
+// One warp's (head, split): the online softmax of q . k / sqrt(head_dim) over the split's keys, kKeysPerStep keys
+// a step (their K loads issued together, one update of the running max for them, then their V loads: a warp waits
+// for memory twice a step, not twice a key), lane j holding dims lane + 32 i (i < D); the split's partial written
+// out. The head's last split to finish (counted in a.head_counters: the threadFenceReduction pattern, as the
+// attention kernel's splits) combines the head's splits into att and resets its counter.
 template <int D>
 __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const DecodeStepLayer& L, int head, int split,
                                              Splits sp, int n_keys, int max_splits, int lane) {
+    // Heads over 64 (D = 4) take two keys a step: with four, ptxas (which kept the kernel at 128 registers) spilled 4
+    // bytes on sm_80.
+    constexpr int U = D >= 4 ? kKeysPerStep / 2 : kKeysPerStep;
     const int hd = a.head_dim, kv_dim = a.n_kv_heads * hd;
     const int e0 = (head / (a.n_heads / a.n_kv_heads)) * hd;  // the kv head's first element in a cache row
     const float scale = 1.0f / sqrtf(static_cast<float>(hd));
@@ -129,19 +153,43 @@ __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const Deco
     }
     float m = -INFINITY, l = 0.0f;
     const int begin = split * sp.size, end = begin + sp.size < n_keys ? begin + sp.size : n_keys;
-    for (int t = begin; t < end; ++t) {
-        const uint16_t* k = k_rows + static_cast<size_t>(t) * kv_dim + e0;
-        float s = 0.0f;
+    for (int t0 = begin; t0 < end; t0 += U) {
+        const int n_u = end - t0 < U ? end - t0 : U;  // >= 1, the same for the whole warp
+        float s[U];
 #pragma unroll
-        for (int i = 0; i < D; ++i)
-            if (lane + 32 * i < hd) s += q[i] * tandem_half_to_float(__ldcg(k + lane + 32 * i));
-        s = detail::warp_sum(s) * scale;
-        const float m_new = fmaxf(m, s), correction = expf(m - m_new), p = expf(s - m_new);
-        l = l * correction + p;
-        const uint16_t* v = v_rows + static_cast<size_t>(t) * kv_dim + e0;
+        for (int u = 0; u < U; ++u) {
+            s[u] = 0.0f;
+            if (u >= n_u) continue;
+            const uint16_t* k = k_rows + static_cast<size_t>(t0 + u) * kv_dim + e0;
 #pragma unroll
-        for (int i = 0; i < D; ++i)
-            if (lane + 32 * i < hd) acc[i] = acc[i] * correction + p * tandem_half_to_float(__ldcg(v + lane + 32 * i));
+            for (int i = 0; i < D; ++i)
+                if (lane + 32 * i < hd) s[u] += q[i] * tandem_half_to_float(__ldcg(k + lane + 32 * i));
+        }
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            s[u] = detail::warp_sum(s[u]) * scale;
+            if (u < n_u) m_new = fmaxf(m_new, s[u]);
+        }
+        const float correction = expf(m - m_new);
+        float p[U], p_sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            p[u] = u < n_u ? expf(s[u] - m_new) : 0.0f;
+            p_sum += p[u];
+        }
+        l = l * correction + p_sum;
+#pragma unroll
+        for (int i = 0; i < D; ++i) {
+            if (lane + 32 * i >= hd) continue;
+            float pv = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (u < n_u)
+                    pv += p[u] * tandem_half_to_float(
+                                     __ldcg(v_rows + static_cast<size_t>(t0 + u) * kv_dim + e0 + lane + 32 * i));
+            acc[i] = acc[i] * correction + pv;
+        }
         m = m_new;
     }
     float* out = partial(a.workspace, head, split, max_splits, hd);
@@ -152,26 +200,17 @@ __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const Deco
 #pragma unroll
     for (int i = 0; i < D; ++i)
         if (lane + 32 * i < hd) out[2 + lane + 32 * i] = acc[i];
-}
-
-// xs[h * head_dim + e] = head h's attention output, combined from its splits' partials (written by other blocks),
-// by every thread of the block; ends with a barrier.
-__device__ __forceinline__ void combine_into(float* xs, const DecodeStepArgs& a, Splits sp, int max_splits) {
-    const int hd = a.head_dim, q_dim = a.n_heads * hd;
-    for (int d = static_cast<int>(threadIdx.x); d < q_dim; d += kThreads) {
-        const int head = d / hd, e = d % hd;
-        float M = -INFINITY;
-        for (int s = 0; s < sp.count; ++s) M = fmaxf(M, __ldcg(partial(a.workspace, head, s, max_splits, hd)));
-        float sum_l = 0.0f, sum_acc = 0.0f;
-        for (int s = 0; s < sp.count; ++s) {
-            const float* p = partial(a.workspace, head, s, max_splits, hd);
-            const float w = expf(__ldcg(p) - M);
-            sum_l += __ldcg(p + 1) * w;
-            sum_acc += __ldcg(p + 2 + e) * w;
-        }
-        xs[d] = sum_acc / sum_l;
+    // Each lane's fence makes its share of the partial visible to the device before lane 0 counts the split.
+    __threadfence();
+    __syncwarp();
+    unsigned last = 0;
+    if (lane == 0) {
+        last = atomicAdd(a.head_counters + head, 1u) + 1 == static_cast<unsigned>(sp.count) ? 1u : 0u;
+        if (last) a.head_counters[head] = 0;  // every split of the head has counted
     }
-    __syncthreads();
+    if (!__shfl_sync(detail::kFullMask, last, 0)) return;
+    __threadfence();
+    combine_head(a, head, sp, max_splits, lane);
 }
 
 template <int D>
@@ -209,13 +248,13 @@ __global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a,
             rope::head_epilogue(rope, g, a.q, a.k, a.v, 0, 1);
         tandem_grid_sync();
 
-        // 3. Attention partials, a warp per (head, split).
+        // 3. Attention, a warp per (head, split); each head's last split combines the head's.
         for (int item = warp; item < a.n_heads * sp.count; item += n_warps)
             attend_split<D>(a, L, item / sp.count, item % sp.count, sp, n_keys, max_splits, lane);
         tandem_grid_sync();
 
-        // 4. The heads' outputs combined, then attn_output added into the stream.
-        combine_into(xs, a, sp, max_splits);
+        // 4. attn_output added into the stream.
+        copy_into(xs, a.att, q_dim);
         for (int r = warp; r < dim; r += n_warps) {
             const float y = row_dot(L.wo, r, q_dim, xs, lane);
             if (lane == 0) a.x[r] = __ldcg(a.x + r) + y;
@@ -312,8 +351,8 @@ DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks) {
 }
 
 void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream stream) {
-    detail::require(a.layers && a.x && a.out && a.q && a.k && a.v && a.h && a.workspace && a.device_pos && a.trig &&
-                        a.inv_freq && a.output_norm,
+    detail::require(a.layers && a.x && a.out && a.q && a.k && a.v && a.att && a.h && a.workspace && a.head_counters &&
+                        a.device_pos && a.trig && a.inv_freq && a.output_norm,
                     "decode_step: missing buffer");
     detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,
                     "decode_step: rope_dim must be even and <= head_dim");

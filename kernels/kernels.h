@@ -355,8 +355,9 @@ struct DecodeStepArgs {
     const int* device_pos;     // the token's position, read when the kernel runs (CUDA graphs)
     float* x;                  // [dim]: the embedded token in, the residual stream after the last layer out
     float* out;                // [dim]: RMSNorm(x) * output_norm
-    float *q, *k, *v, *h;      // scratch: [n_heads * head_dim], [kv dim], [kv dim], [hidden_dim]
-    float* workspace;          // DecodeStepPlan::workspace_floats
+    float *q, *k, *v, *att, *h;  // scratch: [n_heads * head_dim], [kv dim], [kv dim], [n_heads * head_dim], [hidden]
+    float* workspace;            // DecodeStepPlan::workspace_floats
+    unsigned* head_counters;     // [n_heads], zero before a launch and left zero by it
 };
 bool decode_step_supports(const DecodeStepShape& shape);  // head_dim <= 128, n_heads a multiple of n_kv_heads, fp16
 bool decode_step_supports(GgmlType type, int cols);       // matvec's types, rows of whole blocks
