@@ -278,10 +278,10 @@ void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, s
                   bool cooperative = false);
 }  // namespace detail
 
-// Launches `kernel` on `stream` with CUDA's by-value parameter passing: the arguments are converted to the
-// parameter types once, and every thread calls the kernel with (copies of) them. On a capturing stream the converted
-// arguments are stored in the graph node instead, and every replay launches with (copies of) those.
-// launch_cooperative_on: the same as a cooperative launch (detail::launch).
+// What launch_on and launch_cooperative_on (below) both do: launches `kernel` on `stream` with CUDA's by-value
+// parameter passing: the arguments are converted to the parameter types once, and every thread calls the kernel
+// with (copies of) them. On a capturing stream the converted arguments are stored in the graph node instead, and
+// every replay launches with (copies of) those. `cooperative`: as a cooperative launch (detail::launch).
 template <class... P, class... A>
 void launch_on_as(bool cooperative, void* stream, const char* name, void (*kernel)(P...), dim3 grid, dim3 block,
                   size_t dynamic_shared_bytes, A&&... args) {
