@@ -1,16 +1,16 @@
 // The persistent decode step: one token through every layer of a llama model in a single cooperative launch
 // (kernels.h decode_step). Each block stays resident for the whole step and the grid meets at a grid-wide barrier
-// between the phases that depend on the whole of the phase before them, six per layer:
+// between the phases that depend on the whole of the phase before them, five per layer:
 //   1. RMSNorm of the residual stream (every block computes it into its shared memory: no barrier needed), then
-//      the rows of Q, K and V, a warp per row, with their biases;
-//   2. RoPE of Q in place and of K into the fp16 cache, V copied there: a block per head (rope::head_epilogue,
-//      the same functions as the Q/K/V launch's epilogue);
-//   3. attention: a warp per (head, split of the key positions), each split's online-softmax partial written out
+//      the rows of Q, K and V, a warp per row, with their biases; the block that writes a head's last row (counted
+//      with an atomic per head, as the Q/K/V launch's epilogue counts them) then applies RoPE to it, Q in place and
+//      K into the fp16 cache, or copies V there (rope::head_epilogue, the same functions as that epilogue);
+//   2. attention: a warp per (head, split of the key positions), each split's online-softmax partial written out
 //      and the head's last split to finish combining the head's (counted with an atomic, as attention.cu does);
-//   4. the attention output copied into each block's shared memory, then the rows of attn_output, each added into
+//   3. the attention output copied into each block's shared memory, then the rows of attn_output, each added into
 //      the residual stream by the warp that computes it;
-//   5. RMSNorm again, then gate and up rows in pairs (the same warp computes both and applies SwiGLU);
-//   6. the FFN activations copied into each block's shared memory, then the rows of ffn_down added into the stream.
+//   4. RMSNorm again, then gate and up rows in pairs (the same warp computes both and applies SwiGLU);
+//   5. the FFN activations copied into each block's shared memory, then the rows of ffn_down added into the stream.
 // After the last layer block 0 applies the output norm. The embedding before and the output head after stay
 // separate launches (the head has its restricted-logit and pick variants); the rest of a decode step's ~5 kernels a
 // layer become one launch, whose blocks never wait for a launch or a ramp-up between kernels. (Hazy Research, "Look
@@ -217,6 +217,8 @@ template <int D>
 __global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a, int max_splits) {
     TANDEM_DYNAMIC_SHARED(float, xs);
     TANDEM_SHARED(float, scratch, 32);
+    TANDEM_SHARED(int, pending, kDecodeStepMaxHeads);  // the heads this block ropes in the current layer
+    TANDEM_SHARED(int, n_pending, 1);
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int warp = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
     const int n_warps = static_cast<int>(gridDim.x) * kWarpsPerBlock;
@@ -226,7 +228,13 @@ __global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a,
     for (int layer = 0; layer < a.n_layers; ++layer) {
         const DecodeStepLayer& L = a.layers[layer];
 
-        // 1. Q, K, V (rows of the three one after another) from the normalized stream.
+        // 1. Q, K, V (rows of the three one after another) from the normalized stream, each head roped (or V
+        //    copied into the cache) by the block that writes its last row.
+        RopeKvArgs rope{a.q,          a.k,          a.v,       L.k_cache, L.v_cache, a.inv_freq, 1, 0, a.n_heads,
+                        a.n_kv_heads, a.head_dim,   a.rope_dim, a.mode,   KvType::F16};
+        rope.device_start_pos = a.device_pos;
+        rope.trig = a.trig;
+        if (threadIdx.x == 0) n_pending[0] = 0;  // before the barrier that ends normalize_into
         normalize_into(xs, a.x, L.attn_norm, dim, a.eps, scratch);
         for (int r = warp; r < q_dim + 2 * kv_dim; r += n_warps) {
             const int which = r < q_dim ? 0 : r < q_dim + kv_dim ? 1 : 2;
@@ -235,25 +243,32 @@ __global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a,
             const float* bias = which == 0 ? L.bq : which == 1 ? L.bk : L.bv;
             float y = row_dot(M, row, dim, xs, lane);
             if (bias) y += bias[row];
-            if (lane == 0) (which == 0 ? a.q : which == 1 ? a.k : a.v)[row] = y;
+            if (lane == 0) {
+                (which == 0 ? a.q : which == 1 ? a.k : a.v)[row] = y;
+                // Q heads, then K heads, then V heads: r / head_dim is the head's index among them.
+                const int head = r / hd;
+                __threadfence();  // the row visible to the device before it is counted
+                if (atomicAdd(a.rope_counters + head, 1u) + 1 == static_cast<unsigned>(hd)) {
+                    a.rope_counters[head] = 0;  // every row of the head has counted
+                    pending[atomicAdd(n_pending, 1)] = head;
+                }
+            }
+        }
+        // The heads whose last row this block wrote, by the whole block (in the row loop, the RoPE code made ptxas
+        // spill the walks' registers).
+        __syncthreads();
+        if (n_pending[0] > 0) {
+            __threadfence();
+            for (int i = 0; i < n_pending[0]; ++i) rope::head_epilogue(rope, pending[i], a.q, a.k, a.v, 0, 1);
         }
         tandem_grid_sync();
 
-        // 2. RoPE and the cache write, a block per head (Q heads, then K, then V).
-        RopeKvArgs rope{a.q,          a.k,          a.v,       L.k_cache, L.v_cache, a.inv_freq, 1, 0, a.n_heads,
-                        a.n_kv_heads, a.head_dim,   a.rope_dim, a.mode,   KvType::F16};
-        rope.device_start_pos = a.device_pos;
-        rope.trig = a.trig;
-        for (int g = static_cast<int>(blockIdx.x); g < a.n_heads + 2 * a.n_kv_heads; g += static_cast<int>(gridDim.x))
-            rope::head_epilogue(rope, g, a.q, a.k, a.v, 0, 1);
-        tandem_grid_sync();
-
-        // 3. Attention, a warp per (head, split); each head's last split combines the head's.
+        // 2. Attention, a warp per (head, split); each head's last split combines the head's.
         for (int item = warp; item < a.n_heads * sp.count; item += n_warps)
             attend_split<D>(a, L, item / sp.count, item % sp.count, sp, n_keys, max_splits, lane);
         tandem_grid_sync();
 
-        // 4. attn_output added into the stream.
+        // 3. attn_output added into the stream.
         copy_into(xs, a.att, q_dim);
         for (int r = warp; r < dim; r += n_warps) {
             const float y = row_dot(L.wo, r, q_dim, xs, lane);
@@ -261,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a,
         }
         tandem_grid_sync();
 
-        // 5. gate and up from the normalized stream, SwiGLU.
+        // 4. gate and up from the normalized stream, SwiGLU.
         normalize_into(xs, a.x, L.ffn_norm, dim, a.eps, scratch);
         for (int r = warp; r < a.hidden_dim; r += n_warps) {
             const float g = row_dot(L.gate, r, dim, xs, lane), u = row_dot(L.up, r, dim, xs, lane);
@@ -269,7 +284,7 @@ __global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a,
         }
         tandem_grid_sync();
 
-        // 6. ffn_down added into the stream.
+        // 5. ffn_down added into the stream.
         copy_into(xs, a.h, a.hidden_dim);
         for (int r = warp; r < dim; r += n_warps) {
             const float y = row_dot(L.down, r, a.hidden_dim, xs, lane);
@@ -316,7 +331,8 @@ void allow_shared(DecodeStepKernel kernel, size_t bytes) {
 
 bool decode_step_supports(const DecodeStepShape& s) {
     return s.n_layers > 0 && s.dim > 0 && s.hidden_dim > 0 && s.n_heads > 0 && s.n_kv_heads > 0 &&
-           s.n_heads % s.n_kv_heads == 0 && s.head_dim > 0 && s.head_dim <= kDecodeStepMaxHeadDim &&
+           s.n_heads % s.n_kv_heads == 0 && s.n_heads + 2 * s.n_kv_heads <= kDecodeStepMaxHeads && s.head_dim > 0 &&
+           s.head_dim <= kDecodeStepMaxHeadDim &&
            s.kv_type == KvType::F16;
 }
 
@@ -331,7 +347,7 @@ bool decode_step_supports(GgmlType type, int cols) {
 }
 
 DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks) {
-    detail::require(decode_step_supports(s), "decode_step: unsupported shape (head_dim <= 128, fp16 cache)");
+    detail::require(decode_step_supports(s), "decode_step: unsupported shape (head_dim <= 128, at most 256 Q, K and V heads, fp16 cache)");
     DecodeStepKernel kernel = kernel_for(s.head_dim);
     const size_t shared = shared_bytes_for(s);
     allow_shared(kernel, shared);
@@ -352,6 +368,7 @@ DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks) {
 
 void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream stream) {
     detail::require(a.layers && a.x && a.out && a.q && a.k && a.v && a.att && a.h && a.workspace && a.head_counters &&
+                        a.rope_counters &&
                         a.device_pos && a.trig && a.inv_freq && a.output_norm,
                     "decode_step: missing buffer");
     detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,

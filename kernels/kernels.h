@@ -333,6 +333,7 @@ struct DecodeStepLayer {
     void* v_cache;
 };
 constexpr int kDecodeStepMaxHeadDim = 128;
+constexpr int kDecodeStepMaxHeads = 256;  // n_heads + 2 * n_kv_heads
 struct DecodeStepShape {
     int n_layers, dim, hidden_dim, n_heads, n_kv_heads, head_dim;
     KvType kv_type = KvType::F16;
@@ -358,8 +359,10 @@ struct DecodeStepArgs {
     float *q, *k, *v, *att, *h;  // scratch: [n_heads * head_dim], [kv dim], [kv dim], [n_heads * head_dim], [hidden]
     float* workspace;            // DecodeStepPlan::workspace_floats
     unsigned* head_counters;     // [n_heads], zero before a launch and left zero by it
+    unsigned* rope_counters;     // [n_heads + 2 n_kv_heads], the same
 };
-bool decode_step_supports(const DecodeStepShape& shape);  // head_dim <= 128, n_heads a multiple of n_kv_heads, fp16
+// head_dim <= 128, n_heads a multiple of n_kv_heads, n_heads + 2 n_kv_heads <= 256, an fp16 cache
+bool decode_step_supports(const DecodeStepShape& shape);
 bool decode_step_supports(GgmlType type, int cols);       // matvec's types, rows of whole blocks
 // The launch for `shape` on this device: `blocks` (0: two per SM) capped at what a cooperative launch may have.
 DecodeStepPlan decode_step_plan(const DecodeStepShape& shape, int blocks = 0);

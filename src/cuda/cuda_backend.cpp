@@ -157,10 +157,15 @@ cuda::DecodeStepShape step_shape(const ModelConfig& c, cuda::KvType kv_type) {
     return {c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, kv_type};
 }
 
-// Device bytes of the persistent step's layer table and attention workspace.
+// The persistent step's counters: attention's per head, then RoPE's per Q, K and V head.
+size_t persistent_step_counters(const ModelConfig& c) {
+    return static_cast<size_t>(2 * c.n_heads + 2 * c.n_kv_heads);
+}
+
+// Device bytes of the persistent step's layer table, attention workspace and counters.
 size_t persistent_step_bytes(const ModelConfig& c, const cuda::DecodeStepPlan& plan) {
     return align_up(static_cast<size_t>(c.n_layers) * sizeof(cuda::DecodeStepLayer)) +
-           align_up(plan.workspace_floats * 4 + static_cast<size_t>(c.n_heads) * sizeof(unsigned));
+           align_up(plan.workspace_floats * 4 + persistent_step_counters(c) * sizeof(unsigned));
 }
 
 }  // namespace
@@ -351,10 +356,10 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         if (const auto step = persistent_step_plan(model, options)) {
             step_plan_ = *step;
             step_layers_buf_ = cuda::DeviceBuffer(static_cast<size_t>(c.n_layers) * sizeof(cuda::DecodeStepLayer));
-            // The attention workspace, then the heads' split counters (zero: each launch leaves them so).
-            step_ws_buf_ = cuda::DeviceBuffer(step_plan_.workspace_floats * 4 + static_cast<size_t>(c.n_heads) * 4);
+            // The attention workspace, then the counters (zero: each launch leaves them so).
+            step_ws_buf_ = cuda::DeviceBuffer(step_plan_.workspace_floats * 4 + persistent_step_counters(c) * 4);
             cuda::device_memset(step_ws_buf_.as<float>() + step_plan_.workspace_floats, 0,
-                                static_cast<size_t>(c.n_heads) * 4, stream_);
+                                persistent_step_counters(c) * 4, stream_);
         }
         if (n_ctx > 0) ensure_workspace(n_ctx);
         cuda::stream_synchronize(stream_);  // the uploads read host memory that must stay put until they finish
@@ -786,11 +791,11 @@ void CudaBackend::enqueue_persistent_step(CudaKvCache& cache) {
                           c.head_dim, c.rope_dim, mode, cache.type()};
     rope.device_start_pos = step_in_;
     cuda::rope_trig_table(rope, rope_trig_, stream_);
+    unsigned* counters = reinterpret_cast<unsigned*>(step_ws_buf_.as<float>() + step_plan_.workspace_floats);
     const cuda::DecodeStepArgs a{step_layers_buf_.as<cuda::DecodeStepLayer>(),
                                  c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim,
                                  mode, c.rms_eps, inv_freq_, rope_trig_, output_norm_, step_in_, x_, xb_, q_, k_, v_,
-                                 att_, gate_, step_ws_buf_.as<float>(),
-                                 reinterpret_cast<unsigned*>(step_ws_buf_.as<float>() + step_plan_.workspace_floats)};
+                                 att_, gate_, step_ws_buf_.as<float>(), counters, counters + c.n_heads};
     cuda::decode_step(a, step_plan_, stream_);
     xq_format_ = cuda::Q8Format::None;  // the launch rewrote xb_ and quantized nothing: the head quantizes its input
     ++graph_stats_.persistent_steps;
