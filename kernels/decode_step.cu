@@ -337,13 +337,7 @@ bool decode_step_supports(const DecodeStepShape& s) {
 }
 
 bool decode_step_supports(GgmlType type, int cols) {
-    if (!matvec_supports(type)) return false;
-    const int block = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16 ? 1
-                      : type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K ||
-                              type == GgmlType::Q5_K || type == GgmlType::Q6_K
-                          ? 256
-                          : 32;
-    return cols % block == 0;
+    return matvec_supports(type) && cols % static_cast<int>(ggml_type_info(type).block_size) == 0;
 }
 
 DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks) {

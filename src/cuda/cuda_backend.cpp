@@ -766,10 +766,13 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
 
 void CudaBackend::upload_step_layers(const CudaKvCache& cache) {
     // The layer table names the cache's rows: uploaded again (in stream order, before the launch that reads it) when
-    // a step runs on another cache than the last one; outside any capture (a captured copy must come from pinned
-    // memory). A replayed graph reads the table through its pointer, so it always sees the current cache's.
-    if (step_layers_cache_ == cache.key(0)) return;
+    // they differ from the table's (another cache, or one at the same address with another capacity, whose layers
+    // start elsewhere); outside any capture (a captured copy must come from pinned memory). A replayed graph reads
+    // the table through its pointer, so it always sees the current cache's. The weights never change.
     const ModelConfig& c = model_.config;
+    std::vector<const void*> rows;
+    for (int l = 0; l < c.n_layers; ++l) rows.insert(rows.end(), {cache.key(l), cache.value(l)});
+    if (rows == step_layers_rows_) return;
     std::vector<cuda::DecodeStepLayer> table;
     const auto m = [](const DeviceMatrix& M) { return cuda::DecodeMatrix{M.data, M.row_bytes, M.type}; };
     for (int l = 0; l < c.n_layers; ++l) {
@@ -779,7 +782,7 @@ void CudaBackend::upload_step_layers(const CudaKvCache& cache) {
     }
     cuda::copy_to_device(step_layers_buf_.as<cuda::DecodeStepLayer>(), table.data(),
                          table.size() * sizeof(cuda::DecodeStepLayer), stream_);
-    step_layers_cache_ = cache.key(0);
+    step_layers_rows_ = std::move(rows);
 }
 
 void CudaBackend::enqueue_persistent_step(CudaKvCache& cache) {

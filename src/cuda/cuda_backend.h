@@ -321,11 +321,11 @@ private:
     uint16_t *x16_ = nullptr, *w_tile_ = nullptr;
     size_t w_tile_halves_ = 0;
     int workspace_ctx_ = 0;  // the context the attention workspace is sized for
-    // The persistent step (blocks 0: not used), its layer table (for the cache step_layers_cache_ names, by its
-    // first key row) and its attention workspace.
+    // The persistent step (blocks 0: not used), its layer table (naming the cache rows step_layers_rows_: each
+    // layer's key and value rows) and its attention workspace.
     cuda::DecodeStepPlan step_plan_;
     cuda::DeviceBuffer step_layers_buf_, step_ws_buf_;
-    const void* step_layers_cache_ = nullptr;
+    std::vector<const void*> step_layers_rows_;
     std::map<std::tuple<int, int, Picks>, StepGraph> graphs_;  // by (tokens in the step, output rows, picks)
     // Deferred outputs: on between defer_outputs() and collect_outputs(); the outputs queued into staging_ since.
     struct StagedOutput {
