@@ -41,8 +41,9 @@ constexpr int kThreads = 256, kWarpsPerBlock = kThreads / 32;
 // more to combine than to compute).
 constexpr int kKeysPerStep = 4, kMinSplitKeys = 2 * kKeysPerStep;
 
-// This lane's share of one row's dot product with x (shared memory, 16-byte aligned), by the row's type. Inlined into
-// each of the kernel's row loops: as a call (__noinline__, one copy of the walks), ptxas kept the callers' live
+// This lane's share of one row's dot product with x (shared memory, 16-byte aligned), by the row's type, each lane
+// loading its share of the row from global memory (MatvecLoads::Direct: the matvec kernels' direct walk). Inlined
+// into each of the kernel's row loops: as a call (__noinline__, one copy of the walks), ptxas kept the callers' live
 // registers in a stack frame across it (8-48 bytes of local memory, a build error).
 __device__ __forceinline__ float lane_dot(GgmlType type, const uint8_t* row, int cols, const float* x, int lane) {
     float acc[1] = {0.0f};
@@ -65,10 +66,146 @@ __device__ __forceinline__ float lane_dot(GgmlType type, const uint8_t* row, int
     return acc[0];
 }
 
-// Row r of M dotted with x, the whole warp's sum (every lane gets it).
-__device__ __forceinline__ float row_dot(const DecodeMatrix& M, int r, int cols, const float* x, int lane) {
-    const uint8_t* row = static_cast<const uint8_t*>(M.data) + static_cast<size_t>(r) * M.row_bytes;
-    return detail::warp_sum(lane_dot(M.type, row, cols, x, lane));
+// ---- staged rows (MatvecLoads::Staged, the default) --------------------------------------------------------------
+// Why: a warp of the direct walk has one walk step of its row in flight at a time (a 4096-wide Q4_0 row: 72 bytes a
+// step, 288 with nvcc's unroll by 4, eight memory latencies a row), and this kernel holds only 16 warps per SM (two
+// blocks of 8), where the matvec launches hold 24-64: by Little's law about 16 x 288 bytes = 4.6 KB in flight per
+// SM against the ~26 KB that 4.2 TB/s over 132 SMs asks at a ~0.8 us latency. Staged, each warp copies its row into
+// its own 2 KiB of shared memory a chunk at a time with 16-byte loads (the matvec staged kernel's chunks:
+// staged_chunk_blocks, load_slot), the next chunk -- or, at a row's last chunk, the warp's next row's first chunk, in
+// the same phase or the next one: the weights never change, so a load may cross a grid barrier -- in flight while the
+// lanes walk the current one with the same Dot from shared memory: 16 x 2 KiB = 32 KiB in flight per SM. A chunk is
+// a whole number of the walk's steps, so the sums are bitwise the direct walk's (tested). The float types (F32, F16,
+// BF16: 8- and 16-byte loads already) keep the direct walk.
+
+// 16-byte slots of shared memory per warp (a chunk in flight: kStepPerLane 16-byte loads per lane).
+#ifndef TANDEM_STEP_SLOTS
+#define TANDEM_STEP_SLOTS 64
+#endif
+constexpr int kStepSlots = TANDEM_STEP_SLOTS, kStepPerLane = kStepSlots / 32;
+
+// Blocks per chunk: whole steps of the walk (so the sums are the direct walk's), as many as kStepSlots slots hold
+// wherever in its first slot the chunk starts. (The matvec staged kernel's chunks also keep every chunk at the row's
+// offset within a slot; here each chunk has its own, so that Q6_K's 210-byte blocks fit a 1 KiB stage.)
+template <class Dot>
+__host__ __device__ constexpr int step_chunk_blocks() {
+    constexpr int fit = (kStepSlots * 16 - 15) / Dot::kBlockBytes;
+    static_assert(fit >= Dot::kStepBlocks, "a chunk must hold one step of the walk");
+    return fit / Dot::kStepBlocks * Dot::kStepBlocks;
+}
+
+// A weight row as the walks see it; begin null: none.
+struct RowRef {
+    const uint8_t* begin;
+    int bytes;
+    GgmlType type;
+};
+__device__ __forceinline__ RowRef row_ref(const DecodeMatrix& M, int r) {
+    return {static_cast<const uint8_t*>(M.data) + static_cast<size_t>(r) * M.row_bytes, static_cast<int>(M.row_bytes),
+            M.type};
+}
+__device__ __forceinline__ RowRef no_row() { return {nullptr, 0, GgmlType::F32}; }
+
+template <class Dot>
+__host__ __device__ constexpr int chunk_bytes() {
+    return step_chunk_blocks<Dot>() * Dot::kBlockBytes;
+}
+// A staged type's chunk size in bytes; 0 for the float types.
+__device__ __forceinline__ int staged_chunk_bytes(GgmlType type) {
+    switch (type) {
+        case GgmlType::Q8_0: return chunk_bytes<DotQ8_0>();
+        case GgmlType::Q4_0: return chunk_bytes<DotQ4_0>();
+        case GgmlType::Q4_1: return chunk_bytes<DotQ4_1>();
+        case GgmlType::Q5_0: return chunk_bytes<DotQ5_0>();
+        case GgmlType::Q5_1: return chunk_bytes<DotQ5_1>();
+        case GgmlType::Q4_K: return chunk_bytes<DotQ4_K>();
+        case GgmlType::Q6_K: return chunk_bytes<DotQ6_K>();
+        default: return 0;
+    }
+}
+
+// Where a chunk starts within its first 16-byte slot.
+__device__ __forceinline__ int slot_lead(const uint8_t* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) % 16); }
+
+// The `bytes` bytes of a row from `start` into buf, from the 16-byte slot holding start on (slot lane + 32 k in
+// buf[k]); bytes at or past the row's end are not read (load_slot).
+__device__ __forceinline__ void load_chunk(uint4 (&buf)[kStepPerLane], const uint8_t* start, int bytes,
+                                           const uint8_t* end, int lane) {
+    const int lead = slot_lead(start), n = (lead + bytes + 15) / 16;
+    const uint8_t* first = start - lead;
+#pragma unroll
+    for (int k = 0; k < kStepPerLane; ++k)
+        if (lane + 32 * k < n) buf[k] = load_slot(first + 16 * (lane + 32 * k), end);
+}
+
+// Requests row's first chunk into buf (nothing for no row or a type walked directly).
+__device__ __forceinline__ void prefetch_row(const RowRef& row, uint4 (&buf)[kStepPerLane], int lane) {
+    const int chunk = staged_chunk_bytes(row.type);
+    if (!row.begin || chunk == 0) return;
+    load_chunk(buf, row.begin, row.bytes < chunk ? row.bytes : chunk, row.begin + row.bytes, lane);
+}
+
+// This lane's share of cur . x, cur's first chunk already in buf (prefetch_row); the first chunk of next() (the
+// warp's next row, computed only then: a RowRef kept through the walk took registers ptxas did not have) is
+// requested before cur's last chunk is walked.
+template <class Dot, class Next>
+__device__ __forceinline__ float staged_lane_dot(const RowRef& cur, Next&& next, int cols, const float* x,
+                                                 uint4* stage, uint4 (&buf)[kStepPerLane], int lane) {
+    constexpr int kChunkBlocks = step_chunk_blocks<Dot>();
+    constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
+    const uint8_t* end = cur.begin + cur.bytes;
+    const int n_blocks = cols / Dot::kBlockCols, n_chunks = (n_blocks + kChunkBlocks - 1) / kChunkBlocks;
+    float acc[1] = {0.0f};
+    for (int c = 0; c < n_chunks; ++c) {
+        const int blocks = n_blocks - c * kChunkBlocks < kChunkBlocks ? n_blocks - c * kChunkBlocks : kChunkBlocks;
+        const int lead = slot_lead(cur.begin + static_cast<size_t>(c) * kChunkBytes);
+        const int n = (lead + blocks * Dot::kBlockBytes + 15) / 16;
+#pragma unroll
+        for (int k = 0; k < kStepPerLane; ++k)
+            if (lane + 32 * k < n) stage[lane + 32 * k] = buf[k];
+        __syncwarp();
+        if (c + 1 < n_chunks) {
+            const int rest = n_blocks - (c + 1) * kChunkBlocks;
+            load_chunk(buf, cur.begin + static_cast<size_t>(c + 1) * kChunkBytes,
+                       (rest < kChunkBlocks ? rest : kChunkBlocks) * Dot::kBlockBytes, end, lane);
+        } else {
+            prefetch_row(next(), buf, lane);
+        }
+        Dot::template dot<1, false>(reinterpret_cast<const uint8_t*>(stage) + lead, blocks * Dot::kBlockCols,
+                                    x + c * kChunkCols, 0, 1, lane, acc);
+        __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
+    }
+    return acc[0];
+}
+
+// The whole warp's cur . x (every lane gets it): staged for the block types (next's first chunk requested on the
+// way), direct for the float types (next's requested first) and under kStaged false.
+template <bool kStaged, class Next>
+__device__ __forceinline__ float row_dot(const RowRef& cur, Next&& next, int cols, const float* x, uint4* stage,
+                                         uint4 (&buf)[kStepPerLane], int lane) {
+    float v = 0.0f;
+    if constexpr (!kStaged) {
+        v = lane_dot(cur.type, cur.begin, cols, x, lane);
+    } else {
+        switch (cur.type) {
+            case GgmlType::Q8_0: v = staged_lane_dot<DotQ8_0>(cur, next, cols, x, stage, buf, lane); break;
+            case GgmlType::Q4_0: v = staged_lane_dot<DotQ4_0>(cur, next, cols, x, stage, buf, lane); break;
+            case GgmlType::Q4_1: v = staged_lane_dot<DotQ4_1>(cur, next, cols, x, stage, buf, lane); break;
+            case GgmlType::Q5_0: v = staged_lane_dot<DotQ5_0>(cur, next, cols, x, stage, buf, lane); break;
+            case GgmlType::Q5_1: v = staged_lane_dot<DotQ5_1>(cur, next, cols, x, stage, buf, lane); break;
+            case GgmlType::Q4_K: v = staged_lane_dot<DotQ4_K>(cur, next, cols, x, stage, buf, lane); break;
+            case GgmlType::Q6_K: v = staged_lane_dot<DotQ6_K>(cur, next, cols, x, stage, buf, lane); break;
+            default: {  // the types walked directly (kDirectInStaged)
+                prefetch_row(next(), buf, lane);
+                float acc[1] = {0.0f};
+                if (cur.type == GgmlType::F32) DotF32::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
+                if (cur.type == GgmlType::F16) DotF16::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
+                if (cur.type == GgmlType::BF16) DotBF16::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
+                v = acc[0];
+            }
+        }
+    }
+    return detail::warp_sum(v);
 }
 
 // xs = RMSNorm(x) * weight for one row of `cols` (x written by other blocks: read past L1), by every thread of the
@@ -213,107 +350,174 @@ __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const Deco
     combine_head(a, head, sp, max_splits, lane);
 }
 
-template <int D>
-__global__ void __launch_bounds__(kThreads) decode_step_kernel(DecodeStepArgs a, int max_splits) {
-    TANDEM_DYNAMIC_SHARED(float, xs);
+// Per block: each warp's 2 KiB stage for the staged walks (the start of the dynamic shared memory), then xs.
+constexpr size_t kStageBytes = static_cast<size_t>(kWarpsPerBlock) * kStepSlots * sizeof(uint4);
+
+// The four phases of a layer that walk weight rows, and the rows a warp walks in each: rows warp, warp + n_warps,
+// ... of the phase's matrices (Q, K and V one after another; gate/up: gate r then up r, for SwiGLU).
+enum Phase { kQkv, kAttnOut, kGateUp, kDown, kPhases };
+struct StepRows {
+    const DecodeStepArgs& a;
+    int warp, n_warps, q_dim, kv_dim;
+    __device__ __forceinline__ int rows(int phase) const {
+        return phase == kQkv ? q_dim + 2 * kv_dim : phase == kGateUp ? a.hidden_dim : a.dim;
+    }
+    __device__ __forceinline__ int cols(int phase) const {
+        return phase == kAttnOut ? q_dim : phase == kDown ? a.hidden_dim : a.dim;
+    }
+    __device__ __forceinline__ int per_row(int phase) const { return phase == kGateUp ? 2 : 1; }
+    // The row of the warp's item k in `phase` of `layer` (k < items(layer, phase)).
+    __device__ __forceinline__ int row(int phase, int k) const { return warp + k / per_row(phase) * n_warps; }
+    __device__ __forceinline__ bool has(int phase, int k) const { return row(phase, k) < rows(phase); }
+    __device__ __forceinline__ RowRef item(const DecodeStepLayer* layer, int phase, int k) const {
+        const DecodeStepLayer& L = *layer;
+        const int r = row(phase, k);
+        switch (phase) {
+            case kQkv:
+                return r < q_dim ? row_ref(L.wq, r) : r < q_dim + kv_dim ? row_ref(L.wk, r - q_dim)
+                                                                         : row_ref(L.wv, r - q_dim - kv_dim);
+            case kAttnOut: return row_ref(L.wo, r);
+            case kGateUp: return row_ref(k % 2 == 0 ? L.gate : L.up, r);
+            default: return row_ref(L.down, r);
+        }
+    }
+    // The warp's first row of `phase` (kPhases: the next layer's first), if any.
+    __device__ __forceinline__ RowRef first(const DecodeStepLayer* layer, int phase) const {
+        if (phase == kPhases) {
+            ++layer;
+            phase = kQkv;
+        }
+        return layer < a.layers + a.n_layers && has(phase, 0) ? item(layer, phase, 0) : no_row();
+    }
+    // What follows item k: the phase's next, else the next phase's first (none after Q/K/V: attention follows,
+    // and a chunk held across attention's registers would crowd them).
+    __device__ __forceinline__ RowRef after(const DecodeStepLayer* layer, int phase, int k) const {
+        if (has(phase, k + 1)) return item(layer, phase, k + 1);
+        return phase == kQkv ? no_row() : first(layer, phase + 1);
+    }
+};
+
+// kStaged: the block types' rows staged through shared memory (above), else the direct walk. Two blocks per SM, so
+// ptxas keeps to 128 registers. The four weight phases of a layer are one loop around one row walk: each call site
+// of the walk inlines every type's (as separate loops, 4 copies took nvcc minutes and ptxas spilled).
+template <int D, bool kStaged>
+__global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs a, int max_splits) {
+    TANDEM_DYNAMIC_SHARED(unsigned char, dynamic_shared);
+    uint4* stage = reinterpret_cast<uint4*>(dynamic_shared) + (threadIdx.x / 32) * kStepSlots;
+    float* xs = reinterpret_cast<float*>(dynamic_shared + (kStaged ? kStageBytes : 0));
     TANDEM_SHARED(float, scratch, 32);
     TANDEM_SHARED(int, pending, kDecodeStepMaxHeads);  // the heads this block ropes in the current layer
     TANDEM_SHARED(int, n_pending, 1);
     const int lane = static_cast<int>(threadIdx.x) % 32;
     const int warp = static_cast<int>(blockIdx.x) * kWarpsPerBlock + static_cast<int>(threadIdx.x) / 32;
     const int n_warps = static_cast<int>(gridDim.x) * kWarpsPerBlock;
-    const int pos = *a.device_pos, n_keys = pos + 1;
     const int dim = a.dim, hd = a.head_dim, q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
-    const Splits sp = key_splits(n_keys, max_splits);
-    for (int layer = 0; layer < a.n_layers; ++layer) {
-        const DecodeStepLayer& L = a.layers[layer];
-
-        // 1. Q, K, V (rows of the three one after another) from the normalized stream, each head roped (or V
-        //    copied into the cache) by the block that writes its last row.
-        RopeKvArgs rope{a.q,          a.k,          a.v,       L.k_cache, L.v_cache, a.inv_freq, 1, 0, a.n_heads,
-                        a.n_kv_heads, a.head_dim,   a.rope_dim, a.mode,   KvType::F16};
-        rope.device_start_pos = a.device_pos;
-        rope.trig = a.trig;
-        if (threadIdx.x == 0) n_pending[0] = 0;  // before the barrier that ends normalize_into
-        normalize_into(xs, a.x, L.attn_norm, dim, a.eps, scratch);
-        for (int r = warp; r < q_dim + 2 * kv_dim; r += n_warps) {
-            const int which = r < q_dim ? 0 : r < q_dim + kv_dim ? 1 : 2;
-            const int row = which == 0 ? r : which == 1 ? r - q_dim : r - q_dim - kv_dim;
-            const DecodeMatrix& M = which == 0 ? L.wq : which == 1 ? L.wk : L.wv;
-            const float* bias = which == 0 ? L.bq : which == 1 ? L.bk : L.bv;
-            float y = row_dot(M, row, dim, xs, lane);
-            if (bias) y += bias[row];
-            if (lane == 0) {
-                (which == 0 ? a.q : which == 1 ? a.k : a.v)[row] = y;
-                // Q heads, then K heads, then V heads: r / head_dim is the head's index among them.
-                const int head = r / hd;
-                __threadfence();  // the row visible to the device before it is counted
-                if (atomicAdd(a.rope_counters + head, 1u) + 1 == static_cast<unsigned>(hd)) {
-                    a.rope_counters[head] = 0;  // every row of the head has counted
-                    pending[atomicAdd(n_pending, 1)] = head;
+    const StepRows rows{a, warp, n_warps, q_dim, kv_dim};
+    // The staged walks' chunk in flight: always the first chunk of the warp's next row, requested by the walk of the
+    // row before it or, where that row is the warp's first in a phase, after the phase before.
+    uint4 buf[kStepPerLane];
+    if (kStaged) prefetch_row(rows.first(a.layers, kQkv), buf, lane);
+    // The layer by its pointer (as an index too, ptxas spilled the index).
+    for (const DecodeStepLayer* layer = a.layers; layer != a.layers + a.n_layers; ++layer) {
+        const DecodeStepLayer& L = *layer;
+#pragma unroll 1
+        for (int phase = kQkv; phase < kPhases; ++phase) {
+            // What the phase's rows read, into xs (each ends with a block barrier).
+            if (phase == kQkv) {
+                if (threadIdx.x == 0) n_pending[0] = 0;  // before the barrier that ends normalize_into
+                normalize_into(xs, a.x, L.attn_norm, dim, a.eps, scratch);
+            } else if (phase == kAttnOut) {
+                copy_into(xs, a.att, q_dim);
+            } else if (phase == kGateUp) {
+                normalize_into(xs, a.x, L.ffn_norm, dim, a.eps, scratch);
+            } else {
+                copy_into(xs, a.h, a.hidden_dim);
+            }
+            const int cols = rows.cols(phase);
+            float gate = 0.0f;
+            for (int k = 0; rows.has(phase, k); ++k) {
+                const float y = row_dot<kStaged>(
+                    rows.item(layer, phase, k), [&] { return rows.after(layer, phase, k); }, cols, xs, stage, buf,
+                    lane);
+                const int r = rows.row(phase, k);
+                if (phase == kQkv) {
+                    // Q, K, V with their biases; each head roped (or V copied into the cache) by the block that
+                    // writes its last row.
+                    const int which = r < q_dim ? 0 : r < q_dim + kv_dim ? 1 : 2;
+                    const int row = which == 0 ? r : which == 1 ? r - q_dim : r - q_dim - kv_dim;
+                    const float* bias = which == 0 ? L.bq : which == 1 ? L.bk : L.bv;
+                    if (lane == 0) {
+                        (which == 0 ? a.q : which == 1 ? a.k : a.v)[row] = bias ? y + bias[row] : y;
+                        // Q heads, then K heads, then V heads: r / head_dim is the head's index among them.
+                        const int head = r / hd;
+                        __threadfence();  // the row visible to the device before it is counted
+                        if (atomicAdd(a.rope_counters + head, 1u) + 1 == static_cast<unsigned>(hd)) {
+                            a.rope_counters[head] = 0;  // every row of the head has counted
+                            pending[atomicAdd(n_pending, 1)] = head;
+                        }
+                    }
+                } else if (phase == kGateUp) {
+                    if (k % 2 == 0) gate = y;
+                    else if (lane == 0) a.h[r] = detail::silu_times(gate, y);
+                } else if (lane == 0) {  // attn_output and ffn_down add into the stream
+                    a.x[r] = __ldcg(a.x + r) + y;
                 }
             }
+            // A warp without rows here still requests its first of the next phase (the others' last walk did).
+            if (kStaged && !rows.has(phase, 0) && phase != kQkv) prefetch_row(rows.first(layer, phase + 1), buf, lane);
+            if (phase == kQkv) {
+                // The heads whose last row this block wrote, by the whole block (in the row loop, the RoPE code made
+                // ptxas spill the walks' registers).
+                __syncthreads();
+                if (n_pending[0] > 0) {
+                    RopeKvArgs rope{a.q,        a.k,        a.v,          L.k_cache,  L.v_cache,
+                                    a.inv_freq, 1,          0,            a.n_heads,  a.n_kv_heads,
+                                    a.head_dim, a.rope_dim, a.mode,       KvType::F16};
+                    rope.device_start_pos = a.device_pos;
+                    rope.trig = a.trig;
+                    __threadfence();
+                    for (int i = 0; i < n_pending[0]; ++i) rope::head_epilogue(rope, pending[i], a.q, a.k, a.v, 0, 1);
+                }
+                tandem_grid_sync();
+                // Attention, a warp per (head, split); each head's last split combines the head's.
+                // The keys read here, not held through the layer (registers).
+                const int n_keys = *a.device_pos + 1;
+                const Splits sp = key_splits(n_keys, max_splits);
+                for (int item = warp; item < a.n_heads * sp.count; item += n_warps)
+                    attend_split<D>(a, L, item / sp.count, item % sp.count, sp, n_keys, max_splits, lane);
+                if (kStaged) prefetch_row(rows.first(layer, kAttnOut), buf, lane);  // in flight through the barrier
+            }
+            tandem_grid_sync();
         }
-        // The heads whose last row this block wrote, by the whole block (in the row loop, the RoPE code made ptxas
-        // spill the walks' registers).
-        __syncthreads();
-        if (n_pending[0] > 0) {
-            __threadfence();
-            for (int i = 0; i < n_pending[0]; ++i) rope::head_epilogue(rope, pending[i], a.q, a.k, a.v, 0, 1);
-        }
-        tandem_grid_sync();
-
-        // 2. Attention, a warp per (head, split); each head's last split combines the head's.
-        for (int item = warp; item < a.n_heads * sp.count; item += n_warps)
-            attend_split<D>(a, L, item / sp.count, item % sp.count, sp, n_keys, max_splits, lane);
-        tandem_grid_sync();
-
-        // 3. attn_output added into the stream.
-        copy_into(xs, a.att, q_dim);
-        for (int r = warp; r < dim; r += n_warps) {
-            const float y = row_dot(L.wo, r, q_dim, xs, lane);
-            if (lane == 0) a.x[r] = __ldcg(a.x + r) + y;
-        }
-        tandem_grid_sync();
-
-        // 4. gate and up from the normalized stream, SwiGLU.
-        normalize_into(xs, a.x, L.ffn_norm, dim, a.eps, scratch);
-        for (int r = warp; r < a.hidden_dim; r += n_warps) {
-            const float g = row_dot(L.gate, r, dim, xs, lane), u = row_dot(L.up, r, dim, xs, lane);
-            if (lane == 0) a.h[r] = detail::silu_times(g, u);
-        }
-        tandem_grid_sync();
-
-        // 5. ffn_down added into the stream.
-        copy_into(xs, a.h, a.hidden_dim);
-        for (int r = warp; r < dim; r += n_warps) {
-            const float y = row_dot(L.down, r, a.hidden_dim, xs, lane);
-            if (lane == 0) a.x[r] = __ldcg(a.x + r) + y;
-        }
-        tandem_grid_sync();
     }
     if (blockIdx.x != 0) return;
     normalize_into(xs, a.x, a.output_norm, dim, a.eps, scratch);
     for (int i = static_cast<int>(threadIdx.x); i < dim; i += kThreads) a.out[i] = xs[i];
 }
 
-// The kernel for a head size (lanes hold dims lane + 32 i, i < D).
+// The kernel for a head size (lanes hold dims lane + 32 i, i < D) and row walk.
 using DecodeStepKernel = void (*)(DecodeStepArgs, int);
+template <bool kStaged>
 DecodeStepKernel kernel_for(int head_dim) {
-    if (head_dim <= 32) return decode_step_kernel<1>;
-    if (head_dim <= 64) return decode_step_kernel<2>;
-    return decode_step_kernel<4>;
+    if (head_dim <= 32) return decode_step_kernel<1, kStaged>;
+    if (head_dim <= 64) return decode_step_kernel<2, kStaged>;
+    return decode_step_kernel<4, kStaged>;
+}
+DecodeStepKernel kernel_for(int head_dim, MatvecLoads loads) {
+    return loads == MatvecLoads::Staged ? kernel_for<true>(head_dim) : kernel_for<false>(head_dim);
 }
 
-size_t shared_bytes_for(const DecodeStepShape& s) {
+size_t shared_bytes_for(const DecodeStepShape& s, MatvecLoads loads) {
     int most = s.dim > s.hidden_dim ? s.dim : s.hidden_dim;
     if (s.n_heads * s.head_dim > most) most = s.n_heads * s.head_dim;
-    return static_cast<size_t>(most) * sizeof(float);
+    return (loads == MatvecLoads::Staged ? kStageBytes : 0) + static_cast<size_t>(most) * sizeof(float);
 }
 
-// Lets the kernel take `bytes` of dynamic shared memory (beyond 48 KiB only with the opt-in).
+// Lets the kernel take `bytes` of dynamic shared memory beside its static arrays (scratch, pending: under 2 KiB),
+// beyond 48 KiB in all only with the opt-in.
 void allow_shared(DecodeStepKernel kernel, size_t bytes) {
-    if (bytes <= 48 * 1024) return;
+    constexpr size_t kStaticBound = 2048;
+    if (bytes + kStaticBound <= 48 * 1024) return;
 #if defined(__CUDACC__)
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
@@ -323,7 +527,8 @@ void allow_shared(DecodeStepKernel kernel, size_t bytes) {
                                  " bytes of shared memory: " + cudaGetErrorString(err));
     }
 #else
-    emu::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), bytes);
+    // The emulation checks static + dynamic against the opt-in.
+    emu::set_max_dynamic_shared(reinterpret_cast<const void*>(kernel), bytes + kStaticBound);
 #endif
 }
 
@@ -340,10 +545,21 @@ bool decode_step_supports(GgmlType type, int cols) {
     return matvec_supports(type) && cols % static_cast<int>(ggml_type_info(type).block_size) == 0;
 }
 
-DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks) {
+bool decode_step_stages(GgmlType type) {
+    switch (type) {
+        case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
+        case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
+        case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
+        default: return false;
+    }
+}
+
+DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks, MatvecLoads loads) {
     detail::require(decode_step_supports(s), "decode_step: unsupported shape (head_dim <= 128, at most 256 Q, K and V heads, fp16 cache)");
-    DecodeStepKernel kernel = kernel_for(s.head_dim);
-    const size_t shared = shared_bytes_for(s);
+    detail::require(loads == MatvecLoads::Staged || loads == MatvecLoads::Direct,
+                    "decode_step: rows are walked staged or direct");
+    DecodeStepKernel kernel = kernel_for(s.head_dim, loads);
+    const size_t shared = shared_bytes_for(s, loads);
     allow_shared(kernel, shared);
     const int most = cooperative_max_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared);
     detail::require(most > 0, "decode_step: no block of the kernel fits on the device");
@@ -353,6 +569,7 @@ DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks) {
     DecodeStepPlan plan;
     plan.blocks = blocks < most ? blocks : most;
     plan.threads = kThreads;
+    plan.loads = loads;
     plan.shared_bytes = shared;
     const int warps = plan.blocks * kWarpsPerBlock;
     plan.max_splits = warps / s.n_heads > 1 ? warps / s.n_heads : 1;
@@ -368,7 +585,7 @@ void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream str
     detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,
                     "decode_step: rope_dim must be even and <= head_dim");
     detail::require(plan.blocks > 0 && plan.threads == kThreads && plan.max_splits > 0, "decode_step: bad plan");
-    detail::launch_cooperative_kernel("decode_step_kernel", kernel_for(a.head_dim), dim3(plan.blocks),
+    detail::launch_cooperative_kernel("decode_step_kernel", kernel_for(a.head_dim, plan.loads), dim3(plan.blocks),
                                       dim3(kThreads), plan.shared_bytes, stream, a, plan.max_splits);
 }
 

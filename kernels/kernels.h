@@ -341,6 +341,7 @@ struct DecodeStepShape {
 // What a launch takes: the grid (every block resident), shared memory, and the attention workspace it needs.
 struct DecodeStepPlan {
     int blocks = 0, threads = 0;
+    MatvecLoads loads = MatvecLoads::Staged;  // how the block types' rows are read: Staged or Direct
     size_t shared_bytes = 0;
     int max_splits = 0;           // key splits per head at most
     size_t workspace_floats = 0;  // DecodeStepArgs::workspace
@@ -364,8 +365,15 @@ struct DecodeStepArgs {
 // head_dim <= 128, n_heads a multiple of n_kv_heads, n_heads + 2 n_kv_heads <= 256, an fp16 cache
 bool decode_step_supports(const DecodeStepShape& shape);
 bool decode_step_supports(GgmlType type, int cols);       // matvec's types, rows of whole blocks
-// The launch for `shape` on this device: `blocks` (0: two per SM) capped at what a cooperative launch may have.
-DecodeStepPlan decode_step_plan(const DecodeStepShape& shape, int blocks = 0);
+// Whether the MatvecLoads::Staged kernel takes rows of `type`: the float types (walked directly) and Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0, Q4_K, Q6_K (staged). A model with rows of another type (Q2_K, Q3_K, Q5_K) takes
+// MatvecLoads::Direct: with their walks too, ptxas spilled the staged kernel (decode_step.cu).
+bool decode_step_stages(GgmlType type);
+// The launch for `shape` on this device: `blocks` (0: two per SM) capped at what a cooperative launch may have;
+// `loads`: the block types' rows staged through shared memory (each warp's next chunk, or next row's first, in
+// flight while it walks the current one) or direct (each lane loads its share as it walks); the same sums.
+DecodeStepPlan decode_step_plan(const DecodeStepShape& shape, int blocks = 0,
+                                MatvecLoads loads = MatvecLoads::Staged);
 void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream stream);
 
 // ---- sampling (sampling.cu) ------------------------------------------------------------------------------------

@@ -149,10 +149,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
                          options.overlap_launches ? "on" : "off",
                          options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT",
                          options.high_priority ? "high" : "default",
-                         !options.persistent_step ? "kernel by kernel"
-                         : tandem::CudaBackend::persistent_step_plan(model, options)
-                             ? "in one persistent launch"
-                             : "kernel by kernel (the model's shapes or types do not fit the persistent launch)");
+                         tandem::CudaBackend::describe_persistent_step(model, options).c_str());
         }
         return std::make_unique<tandem::CudaBackend>(model, n_ctx, tandem::CudaPrefillOptions{}, options);
     }

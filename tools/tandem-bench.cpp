@@ -206,8 +206,11 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
                                                     int64_t head_rows = 0, bool draft = false) {
     if (kind == "cuda") {
 #ifdef TANDEM_HAS_CUDA
-        return std::make_unique<tandem::CudaBackend>(model, n_ctx, bench_cuda_prefill(chunk),
-                                                     bench_cuda_options(kv_type, draft));
+        const tandem::CudaOptions options = bench_cuda_options(kv_type, draft);
+        if (options.persistent_step)  // which walk a persistent-step row measured (TANDEM_CUDA_MATVEC=direct)
+            std::fprintf(stderr, "tandem-bench: %s's one-token steps: %s\n", draft ? "the draft" : "the model",
+                         tandem::CudaBackend::describe_persistent_step(model, options).c_str());
+        return std::make_unique<tandem::CudaBackend>(model, n_ctx, bench_cuda_prefill(chunk), options);
 #else
         (void)kv_type, (void)draft;
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");

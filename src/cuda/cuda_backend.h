@@ -159,6 +159,8 @@ public:
     // (CudaOptions::persistent_step) and the model's shapes and types allow it; else its one-token steps take the
     // usual launches.
     static std::optional<cuda::DecodeStepPlan> persistent_step_plan(const Model& model, const CudaOptions& options);
+    // How its one-token steps run, in words for -v: "kernel by kernel", "in one persistent launch (rows staged)", ...
+    static std::string describe_persistent_step(const Model& model, const CudaOptions& options);
 
 private:
     struct DeviceMatrix {

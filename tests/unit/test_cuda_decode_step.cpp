@@ -4,7 +4,8 @@
 // RoPE, GQA): logits within tolerance through prefill, decodes, a truncate and a verification call, with and without
 // CUDA graphs; bitwise the same in two thread orders (a missing barrier shows as a difference, the shared memory
 // being poisoned at every block start); on grids of 1..8 blocks (the rows, heads and key splits spread differently);
-// as a draft, the speculative output equal to plain decoding; the switch that turns it on.
+// as a draft, the speculative output equal to plain decoding; the switch that turns it on; rows staged through shared
+// memory bitwise the direct walk's (rows of several chunks, warps with no row in a phase).
 // Also built into tandem_cuda_device_tests (TANDEM_TEST_REAL_DEVICE) for a GPU, where it is the real cooperative launch.
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -60,11 +61,12 @@ std::unique_ptr<Model> stories(GgmlType type) {
 }
 
 // A two-layer qwen2 model in the Q4_K_M mixture: at dim 256 Q4_K with Q6_K attn_v / ffn_down in the second layer, at
-// dim 96 (rows that are not whole super-blocks) Q5_0 with Q8_0.
-std::unique_ptr<Model> mixture(const char* name, int dim) {
+// dim 96 (rows that are not whole super-blocks) Q5_0 with Q8_0; or in one type.
+std::unique_ptr<Model> mixture(const char* name, int dim, int hidden = 256,
+                               SyntheticTypes types = SyntheticTypes::Q4_K_M()) {
     const std::string path = temp_dir() + "/" + name + ".gguf";
     if (!std::filesystem::exists(path))
-        write_synthetic_model(path, {name, dim, 256, 2, 4, 2, 320, 64, false, "qwen2"}, SyntheticTypes::Q4_K_M(), 17);
+        write_synthetic_model(path, {name, dim, hidden, 2, 4, 2, 320, 64, false, "qwen2"}, types, 17);
     return Model::load(path);
 }
 
@@ -309,4 +311,55 @@ TEST_CASE("persistent decode step: TANDEM_CUDA_PERSISTENT_STEP turns it on for a
     q8.kv_type = cuda::KvType::Q8_0;
     CHECK(!CudaBackend::persistent_step_plan(*model, q8));
     CHECK(CudaBackend::persistent_step_plan(*model, persistent()));
+}
+
+#ifndef TANDEM_TEST_REAL_DEVICE
+TEST_CASE("persistent decode step: rows staged through shared memory give the direct walk's bits") {
+    // Staged (the default) and direct walks add the same terms in the same order, so the logits are the same bits.
+    // The models: one chunk per row (stories260K), rows of several chunks (ffn_down of 2560 columns: Q6_K in 9-block
+    // chunks; of 1920: Q8_0 in 56-block chunks, whose rows start at 8 bytes into a 16-byte slot every other row), and
+    // a model narrower than the grid's 64 warps (dim 32: in attn_output and ffn_down half the warps have no row and
+    // request the next phase's first row themselves); grids of 3 and 8 blocks.
+    std::vector<std::pair<std::string, std::unique_ptr<Model>>> models;
+    models.emplace_back("stories260K q8_0", stories(GgmlType::Q8_0));
+    models.emplace_back("stories260K q4_0", stories(GgmlType::Q4_0));
+    models.emplace_back("Q4_K / Q6_K, ffn_down of 2560", mixture("step-q4k-wide", 256, 2560));
+    models.emplace_back("Q5_0 / Q8_0, ffn_down of 1920", mixture("step-q50-wide", 96, 1920));
+    models.emplace_back("Q4_1, dim 32", mixture("step-q41-narrow", 32, 64, SyntheticTypes(GgmlType::Q4_1)));
+    REQUIRE(models[2].second->weights.layers[1].w_down.type == GgmlType::Q6_K);
+    REQUIRE(models[3].second->weights.layers[1].w_down.type == GgmlType::Q8_0);
+    REQUIRE(models[4].second->weights.layers[0].wo.type == GgmlType::Q4_1);
+    for (const auto& [name, model] : models) {
+        for (int blocks : {3, 8}) {
+            CAPTURE(name);
+            CAPTURE(blocks);
+            CudaOptions staged = persistent(blocks), direct = staged;
+            direct.matvec_loads = cuda::MatvecLoads::Direct;
+            REQUIRE(CudaBackend::persistent_step_plan(*model, staged)->loads == cuda::MatvecLoads::Staged);
+            REQUIRE(CudaBackend::persistent_step_plan(*model, direct)->loads == cuda::MatvecLoads::Direct);
+            CudaBackend staged_gpu(*model, 48, {}, staged), direct_gpu(*model, 48, {}, direct);
+            const Run a = run_schedule(*model, staged_gpu), b = run_schedule(*model, direct_gpu);
+            CHECK(a.persistent_steps > 0);
+            CHECK(same_bits(a, b));
+        }
+    }
+}
+#endif
+
+TEST_CASE("persistent decode step: a model with Q5_K rows takes the direct walk, within tolerance of the CPU") {
+    // The staged kernel has no Q2_K, Q3_K or Q5_K walk (with them ptxas spilled it): such a model's step walks its
+    // rows directly.
+    auto model = mixture("step-q5k", 256, 256, SyntheticTypes(GgmlType::Q5_K));
+    REQUIRE(model->weights.layers[0].wq.type == GgmlType::Q5_K);
+    const auto plan = CudaBackend::persistent_step_plan(*model, persistent());
+    REQUIRE(plan);
+    CHECK(plan->loads == cuda::MatvecLoads::Direct);
+    const int n_vocab = model->config.n_vocab;
+    CpuBackend cpu(*model, 1, 64, cpu::Activations::Float);
+    const Run want = run_schedule(*model, cpu);
+    const std::vector<int> next = argmaxes(want, n_vocab);
+    CudaBackend gpu(*model, 48, {}, persistent());
+    const Run got = run_schedule(*model, gpu, &next);
+    CHECK(got.persistent_steps > 0);
+    CHECK(worst_relative(got, want, n_vocab) <= 1e-2);
 }
