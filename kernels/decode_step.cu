@@ -43,8 +43,8 @@ constexpr int kKeysPerStep = 4, kMinSplitKeys = 2 * kKeysPerStep;
 
 // This lane's share of one row's dot product with x (shared memory, 16-byte aligned), by the row's type, each lane
 // loading its share of the row from global memory (MatvecLoads::Direct: the matvec kernels' direct walk). Inlined
-// into each of the kernel's row loops: as a call (__noinline__, one copy of the walks), ptxas kept the callers' live
-// registers in a stack frame across it (8-48 bytes of local memory, a build error).
+// into the kernel's row walk: as a call (__noinline__), ptxas kept the caller's live registers in a stack frame
+// across it (8-48 bytes of local memory, a build error).
 __device__ __forceinline__ float lane_dot(GgmlType type, const uint8_t* row, int cols, const float* x, int lane) {
     float acc[1] = {0.0f};
     switch (type) {
@@ -71,22 +71,20 @@ __device__ __forceinline__ float lane_dot(GgmlType type, const uint8_t* row, int
 // step, 288 with nvcc's unroll by 4, eight memory latencies a row), and this kernel holds only 16 warps per SM (two
 // blocks of 8), where the matvec launches hold 24-64: by Little's law about 16 x 288 bytes = 4.6 KB in flight per
 // SM against the ~26 KB that 4.2 TB/s over 132 SMs asks at a ~0.8 us latency. Staged, each warp copies its row into
-// its own 2 KiB of shared memory a chunk at a time with 16-byte loads (the matvec staged kernel's chunks:
-// staged_chunk_blocks, load_slot), the next chunk -- or, at a row's last chunk, the warp's next row's first chunk, in
+// its own 2 KiB of shared memory a chunk at a time with 16-byte loads (load_slot, as the matvec staged kernel), the
+// next chunk -- or, at a row's last chunk, the warp's next row's first chunk, in
 // the same phase or the next one: the weights never change, so a load may cross a grid barrier -- in flight while the
 // lanes walk the current one with the same Dot from shared memory: 16 x 2 KiB = 32 KiB in flight per SM. A chunk is
 // a whole number of the walk's steps, so the sums are bitwise the direct walk's (tested). The float types (F32, F16,
 // BF16: 8- and 16-byte loads already) keep the direct walk.
 
-// 16-byte slots of shared memory per warp (a chunk in flight: kStepPerLane 16-byte loads per lane).
-#ifndef TANDEM_STEP_SLOTS
-#define TANDEM_STEP_SLOTS 64
-#endif
-constexpr int kStepSlots = TANDEM_STEP_SLOTS, kStepPerLane = kStepSlots / 32;
+// 16-byte slots of shared memory per warp, 2 KiB: a chunk in flight is kStepPerLane 16-byte loads per lane.
+constexpr int kStepSlots = 128, kStepPerLane = kStepSlots / 32;
 
 // Blocks per chunk: whole steps of the walk (so the sums are the direct walk's), as many as kStepSlots slots hold
-// wherever in its first slot the chunk starts. (The matvec staged kernel's chunks also keep every chunk at the row's
-// offset within a slot; here each chunk has its own, so that Q6_K's 210-byte blocks fit a 1 KiB stage.)
+// wherever in its first slot the chunk starts. (The matvec staged kernel's chunks, staged_chunk_blocks, also keep
+// every chunk at the row's offset within a slot, which for Q6_K's 210-byte blocks means 8-block units; here each
+// chunk has its own offset, so any whole walk steps fit.)
 template <class Dot>
 __host__ __device__ constexpr int step_chunk_blocks() {
     constexpr int fit = (kStepSlots * 16 - 15) / Dot::kBlockBytes;
@@ -195,7 +193,7 @@ __device__ __forceinline__ float row_dot(const RowRef& cur, Next&& next, int col
             case GgmlType::Q5_1: v = staged_lane_dot<DotQ5_1>(cur, next, cols, x, stage, buf, lane); break;
             case GgmlType::Q4_K: v = staged_lane_dot<DotQ4_K>(cur, next, cols, x, stage, buf, lane); break;
             case GgmlType::Q6_K: v = staged_lane_dot<DotQ6_K>(cur, next, cols, x, stage, buf, lane); break;
-            default: {  // the types walked directly (kDirectInStaged)
+            default: {  // the float types, walked directly (decode_step_stages refuses the others)
                 prefetch_row(next(), buf, lane);
                 float acc[1] = {0.0f};
                 if (cur.type == GgmlType::F32) DotF32::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
@@ -366,7 +364,7 @@ struct StepRows {
         return phase == kAttnOut ? q_dim : phase == kDown ? a.hidden_dim : a.dim;
     }
     __device__ __forceinline__ int per_row(int phase) const { return phase == kGateUp ? 2 : 1; }
-    // The row of the warp's item k in `phase` of `layer` (k < items(layer, phase)).
+    // The row of the warp's item k in `phase` (valid while has(phase, k)).
     __device__ __forceinline__ int row(int phase, int k) const { return warp + k / per_row(phase) * n_warps; }
     __device__ __forceinline__ bool has(int phase, int k) const { return row(phase, k) < rows(phase); }
     __device__ __forceinline__ RowRef item(const DecodeStepLayer* layer, int phase, int k) const {
