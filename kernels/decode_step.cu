@@ -66,7 +66,7 @@ __device__ __forceinline__ float lane_dot(GgmlType type, const uint8_t* row, int
     return acc[0];
 }
 
-// ---- staged rows (MatvecLoads::Staged, the default) --------------------------------------------------------------
+// ---- staged rows (kernels.h DecodeStepRows: the default) ---------------------------------------------------------
 // Why: a warp of the direct walk has one walk step of its row in flight at a time (a 4096-wide Q4_0 row: 72 bytes a
 // step, 288 with nvcc's unroll by 4, eight memory latencies a row), and this kernel holds only 16 warps per SM (two
 // blocks of 8), where the matvec launches hold 24-64: by Little's law about 16 x 288 bytes = 4.6 KB in flight per
@@ -108,18 +108,37 @@ template <class Dot>
 __host__ __device__ constexpr int chunk_bytes() {
     return step_chunk_blocks<Dot>() * Dot::kBlockBytes;
 }
-// A staged type's chunk size in bytes; 0 for the float types.
-__device__ __forceinline__ int staged_chunk_bytes(GgmlType type) {
-    switch (type) {
-        case GgmlType::Q8_0: return chunk_bytes<DotQ8_0>();
-        case GgmlType::Q4_0: return chunk_bytes<DotQ4_0>();
-        case GgmlType::Q4_1: return chunk_bytes<DotQ4_1>();
-        case GgmlType::Q5_0: return chunk_bytes<DotQ5_0>();
-        case GgmlType::Q5_1: return chunk_bytes<DotQ5_1>();
-        case GgmlType::Q4_K: return chunk_bytes<DotQ4_K>();
-        case GgmlType::Q6_K: return chunk_bytes<DotQ6_K>();
-        default: return 0;
-    }
+
+// The block types a staged kernel copies through shared memory, each a GGUF type with its walk. Every call site of
+// the row walk inlines each of its types' walks, and ptxas kept a kernel within 128 registers with no spill only
+// for some types together, so there are two sets (kernels.h DecodeStepRows): one for the legacy types and Q4_K_M's
+// mixtures, one for Q5_K_M's; Q2_K and Q3_K rows have only the direct kernel. An empty set: the direct kernel.
+template <GgmlType T, class W>
+struct StagedType {
+    static constexpr GgmlType kType = T;
+    using Dot = W;
+};
+template <class... S>
+struct Stages {
+    static constexpr bool kAny = sizeof...(S) > 0;
+    static constexpr bool has(GgmlType type) { return ((S::kType == type) || ... || false); }
+};
+struct DirectRows : Stages<> {};
+struct StagesQ4K : Stages<StagedType<GgmlType::Q8_0, DotQ8_0>, StagedType<GgmlType::Q4_0, DotQ4_0>,
+                          StagedType<GgmlType::Q4_1, DotQ4_1>, StagedType<GgmlType::Q5_0, DotQ5_0>,
+                          StagedType<GgmlType::Q5_1, DotQ5_1>, StagedType<GgmlType::Q4_K, DotQ4_K>,
+                          StagedType<GgmlType::Q6_K, DotQ6_K>> {};
+struct StagesQ5K : Stages<StagedType<GgmlType::Q8_0, DotQ8_0>, StagedType<GgmlType::Q5_0, DotQ5_0>,
+                          StagedType<GgmlType::Q5_1, DotQ5_1>, StagedType<GgmlType::Q4_K, DotQ4_K>,
+                          StagedType<GgmlType::Q5_K, DotQ5_K>, StagedType<GgmlType::Q6_K, DotQ6_K>> {};
+
+// A staged type's chunk size in bytes; 0 for the types the set walks directly.
+template <class... S>
+__device__ __forceinline__ int staged_chunk_bytes(Stages<S...>, GgmlType type) {
+    int bytes = 0;
+    (void)type;  // (unused in the direct kernel's empty set)
+    (void)((type == S::kType && (bytes = chunk_bytes<typename S::Dot>(), true)) || ... || false);
+    return bytes;
 }
 
 // Where a chunk starts within its first 16-byte slot.
@@ -137,8 +156,9 @@ __device__ __forceinline__ void load_chunk(uint4 (&buf)[kStepPerLane], const uin
 }
 
 // Requests row's first chunk into buf (nothing for no row or a type walked directly).
-__device__ __forceinline__ void prefetch_row(const RowRef& row, uint4 (&buf)[kStepPerLane], int lane) {
-    const int chunk = staged_chunk_bytes(row.type);
+template <class Set>
+__device__ __forceinline__ void prefetch_row(Set set, const RowRef& row, uint4 (&buf)[kStepPerLane], int lane) {
+    const int chunk = staged_chunk_bytes(set, row.type);
     if (!row.begin || chunk == 0) return;
     load_chunk(buf, row.begin, row.bytes < chunk ? row.bytes : chunk, row.begin + row.bytes, lane);
 }
@@ -146,8 +166,8 @@ __device__ __forceinline__ void prefetch_row(const RowRef& row, uint4 (&buf)[kSt
 // This lane's share of cur . x, cur's first chunk already in buf (prefetch_row); the first chunk of next() (the
 // warp's next row, computed only then: a RowRef kept through the walk took registers ptxas did not have) is
 // requested before cur's last chunk is walked.
-template <class Dot, class Next>
-__device__ __forceinline__ float staged_lane_dot(const RowRef& cur, Next&& next, int cols, const float* x,
+template <class Dot, class Set, class Next>
+__device__ __forceinline__ float staged_lane_dot(Set set, const RowRef& cur, Next&& next, int cols, const float* x,
                                                  uint4* stage, uint4 (&buf)[kStepPerLane], int lane) {
     constexpr int kChunkBlocks = step_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
@@ -167,7 +187,7 @@ __device__ __forceinline__ float staged_lane_dot(const RowRef& cur, Next&& next,
             load_chunk(buf, cur.begin + static_cast<size_t>(c + 1) * kChunkBytes,
                        (rest < kChunkBlocks ? rest : kChunkBlocks) * Dot::kBlockBytes, end, lane);
         } else {
-            prefetch_row(next(), buf, lane);
+            prefetch_row(set, next(), buf, lane);
         }
         Dot::template dot<1, false>(reinterpret_cast<const uint8_t*>(stage) + lead, blocks * Dot::kBlockCols,
                                     x + c * kChunkCols, 0, 1, lane, acc);
@@ -176,32 +196,34 @@ __device__ __forceinline__ float staged_lane_dot(const RowRef& cur, Next&& next,
     return acc[0];
 }
 
-// The whole warp's cur . x (every lane gets it): staged for the block types (next's first chunk requested on the
-// way), direct for the float types (next's requested first) and under kStaged false.
-template <bool kStaged, class Next>
-__device__ __forceinline__ float row_dot(const RowRef& cur, Next&& next, int cols, const float* x, uint4* stage,
-                                         uint4 (&buf)[kStepPerLane], int lane) {
+// This lane's share of cur . x for a type that `set` walks directly: the float types (next's first chunk requested
+// first).
+template <class Set, class Next>
+__device__ __forceinline__ float unstaged_lane_dot(Set set, const RowRef& cur, Next&& next, int cols, const float* x,
+                                                   uint4 (&buf)[kStepPerLane], int lane) {
+    prefetch_row(set, next(), buf, lane);
+    float acc[1] = {0.0f};
+    if (cur.type == GgmlType::F32) DotF32::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
+    if (cur.type == GgmlType::F16) DotF16::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
+    if (cur.type == GgmlType::BF16) DotBF16::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
+    return acc[0];
+}
+
+// The whole warp's cur . x (every lane gets it): staged for the set's block types (next's first chunk requested on
+// the way), direct for the float types and for every type in the direct kernel (an empty set).
+template <class... S, class Next>
+__device__ __forceinline__ float row_dot(Stages<S...> set, const RowRef& cur, Next&& next, int cols, const float* x,
+                                         uint4* stage, uint4 (&buf)[kStepPerLane], int lane) {
     float v = 0.0f;
-    if constexpr (!kStaged) {
+    if constexpr (!Stages<S...>::kAny) {
         v = lane_dot(cur.type, cur.begin, cols, x, lane);
     } else {
-        switch (cur.type) {
-            case GgmlType::Q8_0: v = staged_lane_dot<DotQ8_0>(cur, next, cols, x, stage, buf, lane); break;
-            case GgmlType::Q4_0: v = staged_lane_dot<DotQ4_0>(cur, next, cols, x, stage, buf, lane); break;
-            case GgmlType::Q4_1: v = staged_lane_dot<DotQ4_1>(cur, next, cols, x, stage, buf, lane); break;
-            case GgmlType::Q5_0: v = staged_lane_dot<DotQ5_0>(cur, next, cols, x, stage, buf, lane); break;
-            case GgmlType::Q5_1: v = staged_lane_dot<DotQ5_1>(cur, next, cols, x, stage, buf, lane); break;
-            case GgmlType::Q4_K: v = staged_lane_dot<DotQ4_K>(cur, next, cols, x, stage, buf, lane); break;
-            case GgmlType::Q6_K: v = staged_lane_dot<DotQ6_K>(cur, next, cols, x, stage, buf, lane); break;
-            default: {  // the float types, walked directly (decode_step_stages refuses the others)
-                prefetch_row(next(), buf, lane);
-                float acc[1] = {0.0f};
-                if (cur.type == GgmlType::F32) DotF32::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
-                if (cur.type == GgmlType::F16) DotF16::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
-                if (cur.type == GgmlType::BF16) DotBF16::dot<1, false>(cur.begin, cols, x, 0, 1, lane, acc);
-                v = acc[0];
-            }
-        }
+        const bool staged = ((cur.type == S::kType
+                                  ? (v = staged_lane_dot<typename S::Dot>(set, cur, next, cols, x, stage, buf, lane),
+                                     true)
+                                  : false) ||
+                             ...);
+        if (!staged) v = unstaged_lane_dot(set, cur, next, cols, x, buf, lane);  // decode_step_stages refuses others
     }
     return detail::warp_sum(v);
 }
@@ -395,14 +417,16 @@ struct StepRows {
     }
 };
 
-// kStaged: the block types' rows staged through shared memory (above), else the direct walk. Two blocks per SM, so
-// ptxas keeps to 128 registers. The four weight phases of a layer are one loop around one row walk: each call site
-// of the walk inlines every type's (as separate loops, 4 copies took nvcc minutes and ptxas spilled).
-template <int D, bool kStaged>
+// Set: the block types whose rows are staged through shared memory (above); an empty set, the direct walk. Two blocks
+// per SM, so ptxas keeps to 128 registers. The four weight phases of a layer are one loop around one row walk: each
+// call site of the walk inlines every type's (as separate loops, 4 copies took nvcc minutes and ptxas spilled).
+template <int D, class Set>
 __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs a, int max_splits) {
+    constexpr bool kStaged = Set::kAny;
+    const Set set;
     TANDEM_DYNAMIC_SHARED(unsigned char, dynamic_shared);
     uint4* stage = reinterpret_cast<uint4*>(dynamic_shared) + (threadIdx.x / 32) * kStepSlots;
-    float* xs = reinterpret_cast<float*>(dynamic_shared + (kStaged ? kStageBytes : 0));
+    float* xs = reinterpret_cast<float*>(dynamic_shared + (Set::kAny ? kStageBytes : 0));
     TANDEM_SHARED(float, scratch, 32);
     TANDEM_SHARED(int, pending, kDecodeStepMaxHeads);  // the heads this block ropes in the current layer
     TANDEM_SHARED(int, n_pending, 1);
@@ -414,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
     // The staged walks' chunk in flight: always the first chunk of the warp's next row, requested by the walk of the
     // row before it or, where that row is the warp's first in a phase, after the phase before.
     uint4 buf[kStepPerLane];
-    if (kStaged) prefetch_row(rows.first(a.layers, kQkv), buf, lane);
+    if (kStaged) prefetch_row(set, rows.first(a.layers, kQkv), buf, lane);
     // The layer by its pointer (as an index too, ptxas spilled the index).
     for (const DecodeStepLayer* layer = a.layers; layer != a.layers + a.n_layers; ++layer) {
         const DecodeStepLayer& L = *layer;
@@ -434,9 +458,9 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
             const int cols = rows.cols(phase);
             float gate = 0.0f;
             for (int k = 0; rows.has(phase, k); ++k) {
-                const float y = row_dot<kStaged>(
-                    rows.item(layer, phase, k), [&] { return rows.after(layer, phase, k); }, cols, xs, stage, buf,
-                    lane);
+                const float y = row_dot(
+                    set, rows.item(layer, phase, k), [&] { return rows.after(layer, phase, k); }, cols, xs, stage,
+                    buf, lane);
                 const int r = rows.row(phase, k);
                 if (phase == kQkv) {
                     // Q, K, V with their biases; each head roped (or V copied into the cache) by the block that
@@ -462,7 +486,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
                 }
             }
             // A warp without rows here still requests its first of the next phase (the others' last walk did).
-            if (kStaged && !rows.has(phase, 0) && phase != kQkv) prefetch_row(rows.first(layer, phase + 1), buf, lane);
+            if (kStaged && !rows.has(phase, 0) && phase != kQkv)
+                prefetch_row(set, rows.first(layer, phase + 1), buf, lane);
             if (phase == kQkv) {
                 // The heads whose last row this block wrote, by the whole block (in the row loop, the RoPE code made
                 // ptxas spill the walks' registers).
@@ -483,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
                 const Splits sp = key_splits(n_keys, max_splits);
                 for (int item = warp; item < a.n_heads * sp.count; item += n_warps)
                     attend_split<D>(a, L, item / sp.count, item % sp.count, sp, n_keys, max_splits, lane);
-                if (kStaged) prefetch_row(rows.first(layer, kAttnOut), buf, lane);  // in flight through the barrier
+                if (kStaged) prefetch_row(set, rows.first(layer, kAttnOut), buf, lane);  // in flight through the barrier
             }
             tandem_grid_sync();
         }
@@ -495,20 +520,32 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
 
 // The kernel for a head size (lanes hold dims lane + 32 i, i < D) and row walk.
 using DecodeStepKernel = void (*)(DecodeStepArgs, int);
-template <bool kStaged>
+// (The Q5_K set's kernel for heads of 32 spilled 68-80 bytes on sm_80-90: such heads take its kernel for 64, whose
+// lanes past the head sit attention out, the same sums.)
+template <class Set>
+constexpr bool kHasNarrowHeads = true;
+template <>
+constexpr bool kHasNarrowHeads<StagesQ5K> = false;
+template <class Set>
 DecodeStepKernel kernel_for(int head_dim) {
-    if (head_dim <= 32) return decode_step_kernel<1, kStaged>;
-    if (head_dim <= 64) return decode_step_kernel<2, kStaged>;
-    return decode_step_kernel<4, kStaged>;
+    if constexpr (kHasNarrowHeads<Set>)
+        if (head_dim <= 32) return decode_step_kernel<1, Set>;
+    if (head_dim <= 64) return decode_step_kernel<2, Set>;
+    return decode_step_kernel<4, Set>;
 }
-DecodeStepKernel kernel_for(int head_dim, MatvecLoads loads) {
-    return loads == MatvecLoads::Staged ? kernel_for<true>(head_dim) : kernel_for<false>(head_dim);
+DecodeStepKernel kernel_for(int head_dim, DecodeStepRows rows) {
+    switch (rows) {
+        case DecodeStepRows::StagedQ4K: return kernel_for<StagesQ4K>(head_dim);
+        case DecodeStepRows::StagedQ5K: return kernel_for<StagesQ5K>(head_dim);
+        case DecodeStepRows::Direct: break;
+    }
+    return kernel_for<DirectRows>(head_dim);
 }
 
-size_t shared_bytes_for(const DecodeStepShape& s, MatvecLoads loads) {
+size_t shared_bytes_for(const DecodeStepShape& s, DecodeStepRows rows) {
     int most = s.dim > s.hidden_dim ? s.dim : s.hidden_dim;
     if (s.n_heads * s.head_dim > most) most = s.n_heads * s.head_dim;
-    return (loads == MatvecLoads::Staged ? kStageBytes : 0) + static_cast<size_t>(most) * sizeof(float);
+    return (rows != DecodeStepRows::Direct ? kStageBytes : 0) + static_cast<size_t>(most) * sizeof(float);
 }
 
 // Lets the kernel take `bytes` of dynamic shared memory beside its static arrays (scratch, pending: under 2 KiB),
@@ -543,21 +580,29 @@ bool decode_step_supports(GgmlType type, int cols) {
     return matvec_supports(type) && cols % static_cast<int>(ggml_type_info(type).block_size) == 0;
 }
 
-bool decode_step_stages(GgmlType type) {
-    switch (type) {
-        case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16:
-        case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1:
-        case GgmlType::Q4_K: case GgmlType::Q6_K: return true;
-        default: return false;
+bool decode_step_stages(DecodeStepRows rows, GgmlType type) {
+    const bool is_float = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+    switch (rows) {
+        case DecodeStepRows::StagedQ4K: return is_float || StagesQ4K::has(type);
+        case DecodeStepRows::StagedQ5K: return is_float || StagesQ5K::has(type);
+        case DecodeStepRows::Direct: break;
     }
+    return true;
 }
 
-DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks, MatvecLoads loads) {
+const char* decode_step_rows_name(DecodeStepRows rows) {
+    switch (rows) {
+        case DecodeStepRows::StagedQ4K: return "staged, Q4_K set";
+        case DecodeStepRows::StagedQ5K: return "staged, Q5_K set";
+        case DecodeStepRows::Direct: break;
+    }
+    return "walked directly";
+}
+
+DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks, DecodeStepRows rows) {
     detail::require(decode_step_supports(s), "decode_step: unsupported shape (head_dim <= 128, at most 256 Q, K and V heads, fp16 cache)");
-    detail::require(loads == MatvecLoads::Staged || loads == MatvecLoads::Direct,
-                    "decode_step: rows are walked staged or direct");
-    DecodeStepKernel kernel = kernel_for(s.head_dim, loads);
-    const size_t shared = shared_bytes_for(s, loads);
+    DecodeStepKernel kernel = kernel_for(s.head_dim, rows);
+    const size_t shared = shared_bytes_for(s, rows);
     allow_shared(kernel, shared);
     const int most = cooperative_max_blocks(reinterpret_cast<const void*>(kernel), kThreads, shared);
     detail::require(most > 0, "decode_step: no block of the kernel fits on the device");
@@ -567,7 +612,7 @@ DecodeStepPlan decode_step_plan(const DecodeStepShape& s, int blocks, MatvecLoad
     DecodeStepPlan plan;
     plan.blocks = blocks < most ? blocks : most;
     plan.threads = kThreads;
-    plan.loads = loads;
+    plan.rows = rows;
     plan.shared_bytes = shared;
     const int warps = plan.blocks * kWarpsPerBlock;
     plan.max_splits = warps / s.n_heads > 1 ? warps / s.n_heads : 1;
@@ -583,7 +628,7 @@ void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream str
     detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,
                     "decode_step: rope_dim must be even and <= head_dim");
     detail::require(plan.blocks > 0 && plan.threads == kThreads && plan.max_splits > 0, "decode_step: bad plan");
-    detail::launch_cooperative_kernel("decode_step_kernel", kernel_for(a.head_dim, plan.loads), dim3(plan.blocks),
+    detail::launch_cooperative_kernel("decode_step_kernel", kernel_for(a.head_dim, plan.rows), dim3(plan.blocks),
                                       dim3(kThreads), plan.shared_bytes, stream, a, plan.max_splits);
 }
 

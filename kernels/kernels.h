@@ -338,10 +338,21 @@ struct DecodeStepShape {
     int n_layers, dim, hidden_dim, n_heads, n_kv_heads, head_dim;
     KvType kv_type = KvType::F16;
 };
+// How a step reads the block types' weight rows: staged through shared memory (each warp's next chunk, or next row's
+// first, in flight while it walks the current one) by one of two kernels, or directly (each lane loads its share as
+// it walks); the same sums. A kernel inlines the walk of each type it stages, and ptxas kept one within its
+// registers only for some types together (decode_step.cu), hence two staged kernels:
+//   StagedQ4K: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K (the legacy types' files and Q4_K_M's mixtures);
+//   StagedQ5K: Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (Q5_K_M's and Q4_K_S's).
+// The float types walk directly in both. A model with Q2_K or Q3_K rows takes Direct.
+enum class DecodeStepRows { Direct, StagedQ4K, StagedQ5K };
+// Whether the kernel of `rows` takes rows of `type` (Direct: every decode_step_supports type).
+bool decode_step_stages(DecodeStepRows rows, GgmlType type);
+const char* decode_step_rows_name(DecodeStepRows rows);  // "staged, Q4_K set", ..., "walked directly"
 // What a launch takes: the grid (every block resident), shared memory, and the attention workspace it needs.
 struct DecodeStepPlan {
     int blocks = 0, threads = 0;
-    MatvecLoads loads = MatvecLoads::Staged;  // how the block types' rows are read: Staged or Direct
+    DecodeStepRows rows = DecodeStepRows::StagedQ4K;
     size_t shared_bytes = 0;
     int max_splits = 0;           // key splits per head at most
     size_t workspace_floats = 0;  // DecodeStepArgs::workspace
@@ -365,15 +376,10 @@ struct DecodeStepArgs {
 // head_dim <= 128, n_heads a multiple of n_kv_heads, n_heads + 2 n_kv_heads <= 256, an fp16 cache
 bool decode_step_supports(const DecodeStepShape& shape);
 bool decode_step_supports(GgmlType type, int cols);       // matvec's types, rows of whole blocks
-// Whether the MatvecLoads::Staged kernel takes rows of `type`: the float types (walked directly) and Q4_0, Q4_1,
-// Q5_0, Q5_1, Q8_0, Q4_K, Q6_K (staged). A model with rows of another type (Q2_K, Q3_K, Q5_K) takes
-// MatvecLoads::Direct: with their walks too, ptxas spilled the staged kernel (decode_step.cu).
-bool decode_step_stages(GgmlType type);
-// The launch for `shape` on this device: `blocks` (0: two per SM) capped at what a cooperative launch may have;
-// `loads`: the block types' rows staged through shared memory (each warp's next chunk, or next row's first, in
-// flight while it walks the current one) or direct (each lane loads its share as it walks); the same sums.
+// The launch for `shape` on this device: `blocks` (0: two per SM) capped at what a cooperative launch may have, the
+// rows read as `rows` says (the caller checks decode_step_stages for every matrix).
 DecodeStepPlan decode_step_plan(const DecodeStepShape& shape, int blocks = 0,
-                                MatvecLoads loads = MatvecLoads::Staged);
+                                DecodeStepRows rows = DecodeStepRows::StagedQ4K);
 void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream stream);
 
 // ---- sampling (sampling.cu) ------------------------------------------------------------------------------------

@@ -277,16 +277,26 @@ int name_rank(int layer, int n_layers) {
 
 SyntheticTypes SyntheticTypes::Q4_K_M() {
     SyntheticTypes t(GgmlType::Q4_K);
-    t.q4_k_m = true;
+    t.k_m = true;
     return t;
 }
 
-std::string SyntheticTypes::name() const { return q4_k_m ? "q4_k_m" : ggml_type_name(type); }
+SyntheticTypes SyntheticTypes::Q5_K_M() {
+    SyntheticTypes t(GgmlType::Q5_K);
+    t.k_m = true;
+    return t;
+}
+
+std::string SyntheticTypes::name() const {
+    if (k_m) return type == GgmlType::Q5_K ? "q5_k_m" : "q4_k_m";
+    return ggml_type_name(type);
+}
 
 std::optional<SyntheticTypes> synthetic_types_from_name(const std::string& name) {
     std::string lower = name;
     for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (lower == "q4_k_m") return SyntheticTypes::Q4_K_M();
+    if (lower == "q5_k_m") return SyntheticTypes::Q5_K_M();
     if (auto type = ggml_type_from_name(name)) return SyntheticTypes(*type);
     return std::nullopt;
 }
@@ -294,14 +304,16 @@ std::optional<SyntheticTypes> synthetic_types_from_name(const std::string& name)
 GgmlType synthetic_matrix_type(const SyntheticShape& shape, const SyntheticTypes& types, const std::string& tensor,
                                int layer, int64_t cols) {
     GgmlType t = types.type;
-    if (types.q4_k_m) {
-        // llama.cpp's Q4_K_M (llama_tensor_get_type): Q4_K, but the output in Q6_K, and attn_v and ffn_down in
-        // Q6_K where use_more_bits picks their count; rows that are not whole super-blocks take its fallbacks
-        // (Q4_K -> Q5_0, Q6_K -> Q8_0). Checked against the two Qwen2.5-Coder files (test_real_models.cpp).
+    if (types.k_m) {
+        // llama.cpp's Q4_K_M and Q5_K_M (llama_tensor_get_type): the base type, but the output in Q6_K, and attn_v
+        // and ffn_down in Q6_K where use_more_bits picks their count; rows that are not whole super-blocks take its
+        // fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). Q4_K_M checked against the two Qwen2.5-Coder files
+        // (test_real_models.cpp).
         const bool more = (tensor == "attn_v" || tensor == "ffn_down") &&
                           use_more_bits(name_rank(layer, shape.n_layers), shape.n_layers);
-        t = tensor == "output" || more ? GgmlType::Q6_K : GgmlType::Q4_K;
-        if (cols % 256 != 0) t = t == GgmlType::Q6_K ? GgmlType::Q8_0 : GgmlType::Q5_0;
+        t = tensor == "output" || more ? GgmlType::Q6_K : types.type;
+        if (cols % 256 != 0)
+            t = t == GgmlType::Q6_K ? GgmlType::Q8_0 : t == GgmlType::Q5_K ? GgmlType::Q5_1 : GgmlType::Q5_0;
     }
     return cols % static_cast<int64_t>(ggml_type_info(t).block_size) == 0 ? t : GgmlType::F16;
 }

@@ -67,17 +67,19 @@ float replayed_confidence(const AgreementStep& step);
 std::vector<int> synthetic_successors(int n_vocab, const SyntheticNextToken& rule);
 
 // The weight types of a synthetic model's matrices: one type for all (rows whose length is not a multiple of its
-// block size fall back to f16), or llama.cpp's Q4_K_M mixture, the default models' (q4_k_m: Q4_K with attn_v and
-// ffn_down in Q6_K in some layers and the output in Q6_K; rows that are not whole super-blocks of 256 in Q5_0 and
-// Q8_0 instead), so that the kernels a GPU times are the real files' kernels.
+// block size fall back to f16), or one of llama.cpp's _K_M mixtures: Q4_K_M, the default models' (q4_k_m: Q4_K
+// with attn_v and ffn_down in Q6_K in some layers and the output in Q6_K; rows that are not whole super-blocks of
+// 256 in Q5_0 and Q8_0 instead), or Q5_K_M (q5_k_m: the same with Q5_K, whose fallback is Q5_1), so that the kernels
+// a GPU times are the real files' kernels.
 struct SyntheticTypes {
-    GgmlType type = GgmlType::F32;  // every matrix's, or the mixture's base (Q4_K)
-    bool q4_k_m = false;
+    GgmlType type = GgmlType::F32;  // every matrix's, or the mixture's base (Q4_K, Q5_K)
+    bool k_m = false;               // the _K_M mixture of that base
     SyntheticTypes(GgmlType t) : type(t) {}  // NOLINT(google-explicit-constructor): one type, the usual case
     static SyntheticTypes Q4_K_M();
-    std::string name() const;  // "q4_0", ..., "q4_k_m"
+    static SyntheticTypes Q5_K_M();
+    std::string name() const;  // "q4_0", ..., "q4_k_m", "q5_k_m"
 };
-// "q4_k_m", or a type name (ggml_type_from_name); nullopt when neither.
+// "q4_k_m", "q5_k_m", or a type name (ggml_type_from_name); nullopt when none.
 std::optional<SyntheticTypes> synthetic_types_from_name(const std::string& name);
 // The type of matrix `tensor` ("token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
 // "ffn_up", "ffn_down") of layer `layer` (ignored for the first two), whose rows are `cols` long.

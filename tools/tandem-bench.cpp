@@ -467,7 +467,8 @@ int main(int argc, char** argv) {
     app.add_option("--type", synth_type,
                    "weight type of the synthetic model (any type the CPU backend reads; k-quants get random codes), "
                    "or q4_k_m: llama.cpp's Q4_K_M mixture of Q4_K and Q6_K (Q5_0 and Q8_0 in rows that are not "
-                   "whole super-blocks), as the default models have it")
+                   "whole super-blocks), as the default models have it, or q5_k_m: its Q5_K_M (Q5_K, Q6_K; Q5_1, "
+                   "Q8_0)")
         ->capture_default_str();
     app.add_option("-o,--output", synth_out, "where to write the synthetic model");
     double next_token = -1.0;

@@ -174,19 +174,27 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
     if (!options.persistent_step) return std::nullopt;
     const ModelConfig& c = model.config;
     if (!cuda::decode_step_supports(step_shape(c, options.kv_type))) return std::nullopt;
-    // Rows staged through shared memory unless TANDEM_CUDA_MATVEC=direct asks otherwise or a type has no staged
-    // walk in the kernel.
-    bool staged = options.matvec_loads != cuda::MatvecLoads::Direct;
+    // Rows staged through shared memory, by the first staged kernel that takes every matrix's type, unless
+    // TANDEM_CUDA_MATVEC=direct asks otherwise or neither does.
+    std::vector<GgmlType> types;
     for (const LayerWeights& L : model.weights.layers) {
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.w_gate, &L.w_up})
             if (!cuda::decode_step_supports(v->type, c.dim)) return std::nullopt;
         if (!cuda::decode_step_supports(L.wo.type, c.q_dim()) || !cuda::decode_step_supports(L.w_down.type, c.hidden_dim))
             return std::nullopt;
-        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
-            staged = staged && cuda::decode_step_stages(v->type);
+        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) types.push_back(v->type);
     }
-    return cuda::decode_step_plan(step_shape(c, options.kv_type), options.persistent_step_blocks,
-                                  staged ? cuda::MatvecLoads::Staged : cuda::MatvecLoads::Direct);
+    cuda::DecodeStepRows rows = cuda::DecodeStepRows::Direct;
+    if (options.matvec_loads != cuda::MatvecLoads::Direct) {
+        for (const cuda::DecodeStepRows staged : {cuda::DecodeStepRows::StagedQ4K, cuda::DecodeStepRows::StagedQ5K}) {
+            if (std::all_of(types.begin(), types.end(),
+                            [&](GgmlType t) { return cuda::decode_step_stages(staged, t); })) {
+                rows = staged;
+                break;
+            }
+        }
+    }
+    return cuda::decode_step_plan(step_shape(c, options.kv_type), options.persistent_step_blocks, rows);
 }
 
 std::string CudaBackend::describe_persistent_step(const Model& model, const CudaOptions& options) {
@@ -194,7 +202,7 @@ std::string CudaBackend::describe_persistent_step(const Model& model, const Cuda
     const auto plan = persistent_step_plan(model, options);
     if (!plan) return "kernel by kernel (the model's shapes or types do not fit the persistent launch)";
     return std::string("in one persistent launch of ") + std::to_string(plan->blocks) + " blocks (rows " +
-           (plan->loads == cuda::MatvecLoads::Staged ? "staged" : "walked directly") + ")";
+           cuda::decode_step_rows_name(plan->rows) + ")";
 }
 
 std::optional<cuda::KvType> parse_kv_type(const std::string& name) {

@@ -103,8 +103,8 @@ struct CudaOptions {
     // float rounding of the launches it replaces, not bitwise, so a target's decode steps would no longer be bitwise
     // its verification steps: tandem and tandem-bench set it for a draft under TANDEM_CUDA_PERSISTENT_STEP=draft
     // (or all), never by default: not yet run on a GPU (2026-12-02). Its block types' rows are staged through
-    // shared memory (kernels.h decode_step_plan) unless matvec_loads is Direct (TANDEM_CUDA_MATVEC=direct, to
-    // measure the staging) or a matrix's type has no staged walk there (kernels.h decode_step_stages); the same sums.
+    // shared memory (kernels.h DecodeStepRows) unless matvec_loads is Direct (TANDEM_CUDA_MATVEC=direct, to
+    // measure the staging) or neither staged kernel takes every matrix's type (Q2_K, Q3_K rows); the same sums.
     bool persistent_step = false;
     // Its grid: 0 lets kernels.h decode_step_plan choose (two blocks per SM); tests vary it.
     int persistent_step_blocks = 0;

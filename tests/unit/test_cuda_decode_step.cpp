@@ -5,7 +5,8 @@
 // CUDA graphs; bitwise the same in two thread orders (a missing barrier shows as a difference, the shared memory
 // being poisoned at every block start); on grids of 1..8 blocks (the rows, heads and key splits spread differently);
 // as a draft, the speculative output equal to plain decoding; the switch that turns it on; rows staged through shared
-// memory bitwise the direct walk's (rows of several chunks, warps with no row in a phase).
+// memory by either staged kernel bitwise the direct walk's (rows of several chunks, warps with no row in a phase);
+// which kernel a model's types take.
 // Also built into tandem_cuda_device_tests (TANDEM_TEST_REAL_DEVICE) for a GPU, where it is the real cooperative launch.
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -319,26 +320,43 @@ TEST_CASE("persistent decode step: rows staged through shared memory give the di
     // The models: one chunk per row (stories260K), rows of several chunks (ffn_down of 2560 columns: Q6_K in 9-block
     // chunks; of 1920: Q8_0 in 56-block chunks, whose rows start at 8 bytes into a 16-byte slot every other row), and
     // a model narrower than the grid's 64 warps (dim 32: in attn_output and ffn_down half the warps have no row and
-    // request the next phase's first row themselves); grids of 3 and 8 blocks.
-    std::vector<std::pair<std::string, std::unique_ptr<Model>>> models;
-    models.emplace_back("stories260K q8_0", stories(GgmlType::Q8_0));
-    models.emplace_back("stories260K q4_0", stories(GgmlType::Q4_0));
-    models.emplace_back("Q4_K / Q6_K, ffn_down of 2560", mixture("step-q4k-wide", 256, 2560));
-    models.emplace_back("Q5_0 / Q8_0, ffn_down of 1920", mixture("step-q50-wide", 96, 1920));
-    models.emplace_back("Q4_1, dim 32", mixture("step-q41-narrow", 32, 64, SyntheticTypes(GgmlType::Q4_1)));
-    REQUIRE(models[2].second->weights.layers[1].w_down.type == GgmlType::Q6_K);
-    REQUIRE(models[3].second->weights.layers[1].w_down.type == GgmlType::Q8_0);
-    REQUIRE(models[4].second->weights.layers[0].wo.type == GgmlType::Q4_1);
-    for (const auto& [name, model] : models) {
+    // request the next phase's first row themselves); then Q5_K_M's mixture at dim 96 through the second staged
+    // kernel (ffn_down of 3072: Q5_K in 11 + 1 blocks, Q6_K in 9 + 3; the other rows in the fallbacks Q5_1 and Q8_0;
+    // heads of 24 in that kernel's attention for 64); grids of 3 and 8 blocks.
+    using cuda::DecodeStepRows;
+    struct Case {
+        std::string name;
+        std::unique_ptr<Model> model;
+        DecodeStepRows rows;
+    };
+    std::vector<Case> cases;
+    cases.push_back({"stories260K q8_0", stories(GgmlType::Q8_0), DecodeStepRows::StagedQ4K});
+    cases.push_back({"stories260K q4_0", stories(GgmlType::Q4_0), DecodeStepRows::StagedQ4K});
+    cases.push_back({"Q4_K / Q6_K, ffn_down of 2560", mixture("step-q4k-wide", 256, 2560), DecodeStepRows::StagedQ4K});
+    cases.push_back({"Q5_0 / Q8_0, ffn_down of 1920", mixture("step-q50-wide", 96, 1920), DecodeStepRows::StagedQ4K});
+    cases.push_back({"Q4_1, dim 32", mixture("step-q41-narrow", 32, 64, SyntheticTypes(GgmlType::Q4_1)),
+                     DecodeStepRows::StagedQ4K});
+    cases.push_back({"Q5_1 / Q8_0 / Q5_K / Q6_K, dim 96", mixture("step-q51", 96, 3072, SyntheticTypes::Q5_K_M()),
+                     DecodeStepRows::StagedQ5K});
+    REQUIRE(cases[2].model->weights.layers[1].w_down.type == GgmlType::Q6_K);
+    REQUIRE(cases[3].model->weights.layers[1].w_down.type == GgmlType::Q8_0);
+    REQUIRE(cases[4].model->weights.layers[0].wo.type == GgmlType::Q4_1);
+    const LayerWeights* q5 = cases[5].model->weights.layers.data();
+    REQUIRE(q5[0].wq.type == GgmlType::Q5_1);
+    REQUIRE(q5[1].wv.type == GgmlType::Q8_0);
+    REQUIRE(q5[0].w_down.type == GgmlType::Q5_K);
+    REQUIRE(q5[1].w_down.type == GgmlType::Q6_K);
+    REQUIRE(cases[5].model->config.head_dim == 24);
+    for (const Case& c : cases) {
         for (int blocks : {3, 8}) {
-            CAPTURE(name);
+            CAPTURE(c.name);
             CAPTURE(blocks);
             CudaOptions staged = persistent(blocks), direct = staged;
             direct.matvec_loads = cuda::MatvecLoads::Direct;
-            REQUIRE(CudaBackend::persistent_step_plan(*model, staged)->loads == cuda::MatvecLoads::Staged);
-            REQUIRE(CudaBackend::persistent_step_plan(*model, direct)->loads == cuda::MatvecLoads::Direct);
-            CudaBackend staged_gpu(*model, 48, {}, staged), direct_gpu(*model, 48, {}, direct);
-            const Run a = run_schedule(*model, staged_gpu), b = run_schedule(*model, direct_gpu);
+            REQUIRE(CudaBackend::persistent_step_plan(*c.model, staged)->rows == c.rows);
+            REQUIRE(CudaBackend::persistent_step_plan(*c.model, direct)->rows == DecodeStepRows::Direct);
+            CudaBackend staged_gpu(*c.model, 48, {}, staged), direct_gpu(*c.model, 48, {}, direct);
+            const Run a = run_schedule(*c.model, staged_gpu), b = run_schedule(*c.model, direct_gpu);
             CHECK(a.persistent_steps > 0);
             CHECK(same_bits(a, b));
         }
@@ -346,14 +364,32 @@ TEST_CASE("persistent decode step: rows staged through shared memory give the di
 }
 #endif
 
-TEST_CASE("persistent decode step: a model with Q5_K rows takes the direct walk, within tolerance of the CPU") {
-    // The staged kernel has no Q2_K, Q3_K or Q5_K walk (with them ptxas spilled it): such a model's step walks its
+TEST_CASE("persistent decode step: each staged kernel takes its types, a model with Q3_K rows the direct walk") {
+    using cuda::DecodeStepRows;
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0,
+                       GgmlType::Q4_K, GgmlType::Q6_K}) {
+        CHECK(cuda::decode_step_stages(DecodeStepRows::StagedQ4K, t));
+        CHECK(cuda::decode_step_stages(DecodeStepRows::StagedQ5K, t));
+    }
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q4_1}) {
+        CHECK(cuda::decode_step_stages(DecodeStepRows::StagedQ4K, t));
+        CHECK_FALSE(cuda::decode_step_stages(DecodeStepRows::StagedQ5K, t));
+    }
+    CHECK_FALSE(cuda::decode_step_stages(DecodeStepRows::StagedQ4K, GgmlType::Q5_K));
+    CHECK(cuda::decode_step_stages(DecodeStepRows::StagedQ5K, GgmlType::Q5_K));
+    for (GgmlType t : {GgmlType::Q2_K, GgmlType::Q3_K}) {
+        CHECK_FALSE(cuda::decode_step_stages(DecodeStepRows::StagedQ4K, t));
+        CHECK_FALSE(cuda::decode_step_stages(DecodeStepRows::StagedQ5K, t));
+        CHECK(cuda::decode_step_stages(DecodeStepRows::Direct, t));
+    }
+    // Neither staged kernel has a Q2_K or Q3_K walk (with them ptxas spilled it): such a model's step walks its
     // rows directly.
-    auto model = mixture("step-q5k", 256, 256, SyntheticTypes(GgmlType::Q5_K));
-    REQUIRE(model->weights.layers[0].wq.type == GgmlType::Q5_K);
+    auto model = mixture("step-q3k", 256, 256, SyntheticTypes(GgmlType::Q3_K));
+    REQUIRE(model->weights.layers[0].wq.type == GgmlType::Q3_K);
     const auto plan = CudaBackend::persistent_step_plan(*model, persistent());
     REQUIRE(plan);
-    CHECK(plan->loads == cuda::MatvecLoads::Direct);
+    CHECK(plan->rows == DecodeStepRows::Direct);
+    CHECK(CudaBackend::describe_persistent_step(*model, persistent()).find("walked directly") != std::string::npos);
     const int n_vocab = model->config.n_vocab;
     CpuBackend cpu(*model, 1, 64, cpu::Activations::Float);
     const Run want = run_schedule(*model, cpu);

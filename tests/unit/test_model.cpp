@@ -213,6 +213,34 @@ TEST_CASE("model: a synthetic qwen2 model has the architecture's biases, RoPE an
     CHECK_FALSE(std::filesystem::exists(path));
 }
 
+
+TEST_CASE("model: the synthetic _K_M mixtures follow llama.cpp's rules for their base type") {
+    // llama_tensor_get_type for Q4_K_M and Q5_K_M: the base type, Q6_K for the output and for attn_v / ffn_down in
+    // the layers use_more_bits picks (of 8: 0, 3, 6, 7), and rows that are not whole super-blocks in the base's and
+    // Q6_K's fallbacks (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0). (Q4_K_M is also checked against the default
+    // models' files in test_real_models.cpp.)
+    SyntheticShape shape = *synthetic_preset("tiny");
+    shape.n_layers = 8;
+    const SyntheticTypes q4 = SyntheticTypes::Q4_K_M(), q5 = SyntheticTypes::Q5_K_M();
+    CHECK(q4.name() == "q4_k_m");
+    CHECK(q5.name() == "q5_k_m");
+    CHECK(synthetic_types_from_name("Q5_K_M")->name() == "q5_k_m");
+    CHECK(synthetic_types_from_name("q5_k")->name() == "q5_K");  // a type, not the mixture
+    const auto type = [&](const SyntheticTypes& t, const char* tensor, int layer, int64_t cols) {
+        return std::string(ggml_type_name(synthetic_matrix_type(shape, t, tensor, layer, cols)));
+    };
+    for (int layer = 0; layer < 8; ++layer) {
+        CAPTURE(layer);
+        const bool more = layer == 0 || layer == 3 || layer == 6 || layer == 7;
+        CHECK(type(q5, "attn_q", layer, 512) == "q5_K");
+        CHECK(type(q5, "ffn_down", layer, 512) == (more ? "q6_K" : "q5_K"));
+        CHECK(type(q5, "attn_v", layer, 896) == (more ? "q8_0" : "q5_1"));
+        CHECK(type(q4, "ffn_down", layer, 512) == (more ? "q6_K" : "q4_K"));
+        CHECK(type(q4, "attn_v", layer, 896) == (more ? "q8_0" : "q5_0"));
+    }
+    CHECK(type(q5, "output", -1, 512) == "q6_K");
+    CHECK(type(q5, "token_embd", -1, 896) == "q5_1");
+}
 // Restricted logits (a draft model's): ids below n_first and the extra ids bitwise the unrestricted ones, every other
 // -inf, whether the output matrix is used in the file's layout (stories260K, f32) or repacked (a synthetic model
 // in Q6_K, where this CPU has the repacked kernels), the restricted backend copying only the kept first rows;
