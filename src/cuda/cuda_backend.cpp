@@ -896,8 +896,8 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
     StepGraph& g = graphs_[{n, n_logits, picks}];
     const void *k = cache.key(0), *v = cache.value(0);
     const float* ws = workspace_buf_.as<float>();
-    if (!g.graph || g.k_cache != k || g.v_cache != v || g.workspace != ws || g.splits != splits ||
-        g.restriction != restriction_version_) {
+    if (!g.graph || g.k_cache != k || g.v_cache != v || g.capacity != cache.capacity() || g.workspace != ws ||
+        g.splits != splits || g.restriction != restriction_version_) {
         // The grid bound: the largest start position whose keys still fit in `splits` splits (>= start_pos).
         const int bound = splits * options_.attention_split - n;
         assert(bound >= start_pos);
@@ -915,7 +915,8 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
         const bool updated = cuda::end_capture(stream_, g.graph);
         ++graph_stats_.captures;
         ++(updated ? graph_stats_.updates : graph_stats_.instantiations);
-        g.k_cache = k, g.v_cache = v, g.workspace = ws, g.splits = splits, g.restriction = restriction_version_;
+        g.k_cache = k, g.v_cache = v, g.capacity = cache.capacity(), g.workspace = ws, g.splits = splits;
+        g.restriction = restriction_version_;
     }
     g.graph.launch(stream_);
     // The graph rewrote xb_ and xq_ in the stream; what xq_ holds after it is not tracked here.

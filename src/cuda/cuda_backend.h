@@ -188,7 +188,10 @@ private:
     // A short step captured into a graph, and what its by-value arguments were captured for.
     struct StepGraph {
         cuda::Graph graph;
+        // The first layer's cache rows and the capacity: every layer's are at those plus the layer times the
+        // capacity's rows (a cache freed and another of another capacity allocated where it was has the same first).
         const void *k_cache = nullptr, *v_cache = nullptr;
+        int capacity = 0;
         const float* workspace = nullptr;
         int splits = 0;  // attention grid
         uint64_t restriction = 0;  // restriction_version_ at capture
