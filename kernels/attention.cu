@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "common.cuh"
+#include "online_softmax.cuh"
 #include "quantize_q8.cuh"
 
 namespace tandem::cuda {
@@ -119,41 +120,13 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     for (int t0 = begin + warp * U; t0 < end; t0 += kWarps * U) {
         // Keys t0..t0+U-1 that exist: n_u >= 1 (t0 < end), the same for the whole warp.
         const int n_u = end - t0 < U ? end - t0 : U;
-        float s[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            s[u] = 0.0f;
-            if (u >= n_u) continue;
-            const uint8_t* k = k_rows + static_cast<size_t>(t0 + u) * row_bytes;
-#pragma unroll
-            for (int j = 0; j < D; ++j)
-                if (lane + 32 * j < hd) s[u] += q[j] * kv_value<Q8>(k, e0 + lane + 32 * j);
-        }
-        float m_new = m;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            s[u] = detail::warp_sum(s[u]) * scale;
-            if (u < n_u) m_new = fmaxf(m_new, s[u]);
-        }
-        const float correction = expf(m - m_new);
-        float p[U], p_sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            p[u] = u < n_u ? expf(s[u] - m_new) : 0.0f;
-            p_sum += p[u];
-        }
-        l = l * correction + p_sum;
-#pragma unroll
-        for (int j = 0; j < D; ++j) {
-            if (lane + 32 * j >= hd) continue;
-            float pv = 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (u < n_u)
-                    pv += p[u] * kv_value<Q8>(v_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
-            acc[j] = acc[j] * correction + pv;
-        }
-        m = m_new;
+        const auto key = [&](int u, int j) {
+            return kv_value<Q8>(k_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
+        };
+        const auto value = [&](int u, int j) {
+            return kv_value<Q8>(v_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
+        };
+        attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, key, value, m, l, acc);
     }
     if (lane == 0) {
         warp_m[warp] = m;

@@ -28,6 +28,7 @@
 
 #include "common.cuh"
 #include "matvec_dots.cuh"
+#include "online_softmax.cuh"
 #include "rms_norm.cuh"
 #include "rope_kv.cuh"
 
@@ -286,9 +287,8 @@ __device__ __forceinline__ void combine_head(const DecodeStepArgs& a, int head, 
 }
 
 // One warp's (head, split): the online softmax of q . k / sqrt(head_dim) over the split's keys, kKeysPerStep keys
-// a step (their K loads issued together, one update of the running max for them, then their V loads: a warp waits
-// for memory twice a step, not twice a key), lane j holding dims lane + 32 i (i < D); the split's partial written
-// out. The head's last split to finish (counted in a.head_counters: the threadFenceReduction pattern, as the
+// a step (attend::online_softmax_step, attention.cu's arithmetic), lane j holding dims lane + 32 i (i < D); the
+// split's partial written out. The head's last split to finish (counted in a.head_counters: the threadFenceReduction pattern, as the
 // attention kernel's splits) combines the head's splits into att and resets its counter.
 template <int D>
 __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const DecodeStepLayer& L, int head, int split,
@@ -312,42 +312,13 @@ __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const Deco
     const int begin = split * sp.size, end = begin + sp.size < n_keys ? begin + sp.size : n_keys;
     for (int t0 = begin; t0 < end; t0 += U) {
         const int n_u = end - t0 < U ? end - t0 : U;  // >= 1, the same for the whole warp
-        float s[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            s[u] = 0.0f;
-            if (u >= n_u) continue;
-            const uint16_t* k = k_rows + static_cast<size_t>(t0 + u) * kv_dim + e0;
-#pragma unroll
-            for (int i = 0; i < D; ++i)
-                if (lane + 32 * i < hd) s[u] += q[i] * tandem_half_to_float(__ldcg(k + lane + 32 * i));
-        }
-        float m_new = m;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            s[u] = detail::warp_sum(s[u]) * scale;
-            if (u < n_u) m_new = fmaxf(m_new, s[u]);
-        }
-        const float correction = expf(m - m_new);
-        float p[U], p_sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            p[u] = u < n_u ? expf(s[u] - m_new) : 0.0f;
-            p_sum += p[u];
-        }
-        l = l * correction + p_sum;
-#pragma unroll
-        for (int i = 0; i < D; ++i) {
-            if (lane + 32 * i >= hd) continue;
-            float pv = 0.0f;
-#pragma unroll
-            for (int u = 0; u < U; ++u)
-                if (u < n_u)
-                    pv += p[u] * tandem_half_to_float(
-                                     __ldcg(v_rows + static_cast<size_t>(t0 + u) * kv_dim + e0 + lane + 32 * i));
-            acc[i] = acc[i] * correction + pv;
-        }
-        m = m_new;
+        const auto key = [&](int u, int i) {
+            return tandem_half_to_float(__ldcg(k_rows + static_cast<size_t>(t0 + u) * kv_dim + e0 + lane + 32 * i));
+        };
+        const auto value = [&](int u, int i) {
+            return tandem_half_to_float(__ldcg(v_rows + static_cast<size_t>(t0 + u) * kv_dim + e0 + lane + 32 * i));
+        };
+        attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, key, value, m, l, acc);
     }
     float* out = partial(a.workspace, head, split, max_splits, hd);
     if (lane == 0) {
