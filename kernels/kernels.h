@@ -344,7 +344,8 @@ struct DecodeStepShape {
 // registers only for some types together (decode_step.cu), hence two staged kernels:
 //   StagedQ4K: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K (the legacy types' files and Q4_K_M's mixtures);
 //   StagedQ5K: Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (Q5_K_M's and Q4_K_S's).
-// The float types walk directly in both. A model with Q2_K or Q3_K rows takes Direct.
+// The float types walk directly in both. A model with Q2_K or Q3_K rows takes Direct (CudaBackend: so does one of
+// float types only, the same sums without the stage).
 enum class DecodeStepRows { Direct, StagedQ4K, StagedQ5K };
 // Whether the kernel of `rows` takes rows of `type` (Direct: every decode_step_supports type).
 bool decode_step_stages(DecodeStepRows rows, GgmlType type);

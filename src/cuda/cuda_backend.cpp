@@ -175,7 +175,8 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
     const ModelConfig& c = model.config;
     if (!cuda::decode_step_supports(step_shape(c, options.kv_type))) return std::nullopt;
     // Rows staged through shared memory, by the first staged kernel that takes every matrix's type, unless
-    // TANDEM_CUDA_MATVEC=direct asks otherwise or neither does.
+    // TANDEM_CUDA_MATVEC=direct asks otherwise, neither does, or every matrix is of a float type (walked directly
+    // in either kernel: the direct one, without the stage, is the same sums).
     std::vector<GgmlType> types;
     for (const LayerWeights& L : model.weights.layers) {
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.w_gate, &L.w_up})
@@ -184,8 +185,9 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
             return std::nullopt;
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) types.push_back(v->type);
     }
+    const auto is_float = [](GgmlType t) { return ggml_type_info(t).block_size == 1; };
     cuda::DecodeStepRows rows = cuda::DecodeStepRows::Direct;
-    if (options.matvec_loads != cuda::MatvecLoads::Direct) {
+    if (options.matvec_loads != cuda::MatvecLoads::Direct && !std::all_of(types.begin(), types.end(), is_float)) {
         for (const cuda::DecodeStepRows staged : {cuda::DecodeStepRows::StagedQ4K, cuda::DecodeStepRows::StagedQ5K}) {
             if (std::all_of(types.begin(), types.end(),
                             [&](GgmlType t) { return cuda::decode_step_stages(staged, t); })) {

@@ -311,7 +311,11 @@ TEST_CASE("persistent decode step: TANDEM_CUDA_PERSISTENT_STEP turns it on for a
     CudaOptions q8 = persistent();
     q8.kv_type = cuda::KvType::Q8_0;
     CHECK(!CudaBackend::persistent_step_plan(*model, q8));
-    CHECK(CudaBackend::persistent_step_plan(*model, persistent()));
+    const auto plan = CudaBackend::persistent_step_plan(*model, persistent());
+    REQUIRE(plan);
+    // An f32 model's rows are walked directly either way: it takes the kernel without the stage.
+    CHECK(plan->rows == cuda::DecodeStepRows::Direct);
+    CHECK(CudaBackend::describe_persistent_step(*model, persistent()).find("walked directly") != std::string::npos);
 }
 
 #ifndef TANDEM_TEST_REAL_DEVICE
