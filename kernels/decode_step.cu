@@ -288,8 +288,9 @@ __device__ __forceinline__ void combine_head(const DecodeStepArgs& a, int head, 
 
 // One warp's (head, split): the online softmax of q . k / sqrt(head_dim) over the split's keys, kKeysPerStep keys
 // a step (attend::online_softmax_step, attention.cu's arithmetic), lane j holding dims lane + 32 i (i < D); the
-// split's partial written out. The head's last split to finish (counted in a.head_counters: the threadFenceReduction pattern, as the
-// attention kernel's splits) combines the head's splits into att and resets its counter.
+// split's partial written out. The head's last split to finish (counted in a.head_counters: the
+// threadFenceReduction pattern, as the attention kernel's splits) combines the head's splits into att and resets
+// its counter.
 template <int D>
 __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const DecodeStepLayer& L, int head, int split,
                                              Splits sp, int n_keys, int max_splits, int lane) {
