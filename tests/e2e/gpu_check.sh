@@ -246,6 +246,15 @@ check_all "--loads persistent: only those forced rows, both activations" [ "$(ro
     [ "$(rows '\| tg128, (fp32|int8) activations, (direct|staged|split) matvec \|' "$t")" -eq 0 ]
 run_check "$tmp/badloads" --loads "staged wide"
 check_all "--loads: unknown loads are refused with exit 2" [ $? -eq 2 ] ::: grep -q "'wide' is not one of" "$tmp/badloads.stderr"
+# A mixture (llama.cpp's Q5_K_M) is a --types name too: its model is written with that --type and gets the
+# quantized types' rows.
+before=$(wc -l <"$c")
+run_check "$tmp/mixture" --bench-only --sizes 7b --types q5_k_m --loads ""
+check "--types q5_k_m: exit 0" [ $? -eq 0 ]
+new_calls=$(tail -n +$((before + 1)) "$c")
+made=$(grep -c -- '--make-synthetic 7b --type q5_k_m' <<<"$new_calls")
+check_all "--types q5_k_m: its model made and benchmarked" [ "$made" -eq 1 ] ::: \
+    [ "$(rows '\| tg128, persistent decode step, rows walked directly \|' "$tmp/mixture/bench.md")" -eq 1 ]
 run_check "$tmp/badtype" --types "q4_0 q7_k"
 check_all "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] ::: grep -q "'q7_k' is not one of" "$tmp/badtype.stderr"
 
