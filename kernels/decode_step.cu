@@ -553,7 +553,7 @@ bool decode_step_supports(GgmlType type, int cols) {
 }
 
 bool decode_step_stages(DecodeStepRows rows, GgmlType type) {
-    const bool is_float = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+    const bool is_float = ggml_is_float_type(type);
     switch (rows) {
         case DecodeStepRows::StagedQ4K: return is_float || StagesQ4K::has(type);
         case DecodeStepRows::StagedQ5K: return is_float || StagesQ5K::has(type);

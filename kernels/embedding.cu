@@ -39,7 +39,7 @@ void embedding(GgmlType type, const void* table, size_t row_bytes, int n_vocab, 
     detail::require(n_tokens > 0 && dim > 0, "embedding: empty shape");
     const bool k_quant = type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K ||
                          type == GgmlType::Q5_K || type == GgmlType::Q6_K;
-    const bool plain = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+    const bool plain = ggml_is_float_type(type);
     detail::require(plain || dim % (k_quant ? 256 : 32) == 0, "embedding: block-quantized rows are whole blocks");
     detail::launch_kernel("embedding_kernel", embedding_kernel, dim3(n_tokens), dim3(kThreads), 0, stream, type,
                           static_cast<const uint8_t*>(table), row_bytes, n_vocab, dim, tokens, out);

@@ -162,7 +162,7 @@ bool is_k_quant(GgmlType type) {
 }
 
 void check_blocks(GgmlType type, int cols, const char* who) {
-    const bool plain = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+    const bool plain = ggml_is_float_type(type);
     detail::require(plain || cols % (is_k_quant(type) ? 256 : 32) == 0,
                     (std::string(who) + ": block-quantized rows are whole blocks").c_str());
 }

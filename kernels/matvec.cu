@@ -157,8 +157,6 @@ MatvecJob multi_job(const MatvecTarget* targets, int n_targets) {
     return job;
 }
 
-bool is_float_type(GgmlType type) { return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16; }
-
 }  // namespace
 
 void matvec_multi(MatvecTypes types, const MatvecTarget* targets, int n_targets, int cols, const float* x,
@@ -175,7 +173,7 @@ bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& r
     // block; split: one), and not the persistent kernel, whose blocks walk several block-rows (the float types
     // always load directly).
     return rope.trig && rope.kv_type == KvType::F16 && rope.head_dim % kWarps == 0 &&
-           (loads != MatvecLoads::Persistent || is_float_type(type));
+           (loads != MatvecLoads::Persistent || ggml_is_float_type(type));
 }
 
 void matvec_qkv_rope(MatvecTypes types, const MatvecTarget* qkv, int cols, const float* x, int n_tokens,

@@ -37,6 +37,12 @@ std::optional<GgmlType> ggml_type_from_name(const std::string& name);
 // the float types. Every other byte of a quantized block is a valid code whatever its value.
 std::vector<size_t> ggml_fp16_scale_offsets(GgmlType type);
 
+// The float weight types tandem computes with (F32, F16, BF16): plain elements, no blocks or scales. The quantized
+// matvec routes and the persistent step's staged rows leave them to their float walks.
+constexpr bool ggml_is_float_type(GgmlType type) {
+    return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+}
+
 inline size_t ggml_row_bytes(GgmlType type, uint64_t n) {
     GgmlTypeInfo info = ggml_type_info(type);
     return static_cast<size_t>(n / info.block_size * info.type_size);

@@ -185,9 +185,8 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
             return std::nullopt;
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) types.push_back(v->type);
     }
-    const auto is_float = [](GgmlType t) { return ggml_type_info(t).block_size == 1; };
     cuda::DecodeStepRows rows = cuda::DecodeStepRows::Direct;
-    if (options.matvec_loads != cuda::MatvecLoads::Direct && !std::all_of(types.begin(), types.end(), is_float)) {
+    if (options.matvec_loads != cuda::MatvecLoads::Direct && !std::all_of(types.begin(), types.end(), ggml_is_float_type)) {
         for (const cuda::DecodeStepRows staged : {cuda::DecodeStepRows::StagedQ4K, cuda::DecodeStepRows::StagedQ5K}) {
             if (std::all_of(types.begin(), types.end(),
                             [&](GgmlType t) { return cuda::decode_step_stages(staged, t); })) {

@@ -23,6 +23,8 @@ bench_stub() {  # bench_stub FILE LOGNAME
     cat >"$1" <<EOF
 #!/usr/bin/env bash
 echo "\$(env | grep '^TANDEM_CUDA_' | sort | tr '\n' ' ')| \$*" >>"$calls/$2"
+# STUB_PERSISTENT_HANGS=1: a persistent-step run never returns (a grid barrier that never opens).
+[[ \${STUB_PERSISTENT_HANGS:-0} == 1 && -n \${TANDEM_CUDA_PERSISTENT_STEP:-} ]] && exec sleep 600
 args=()
 while [[ \$# -gt 0 ]]; do
     case "\$1" in
@@ -255,6 +257,15 @@ new_calls=$(tail -n +$((before + 1)) "$c")
 made=$(grep -c -- '--make-synthetic 7b --type q5_k_m' <<<"$new_calls")
 check_all "--types q5_k_m: its model made and benchmarked" [ "$made" -eq 1 ] ::: \
     [ "$(rows '\| tg128, persistent decode step, rows walked directly \|' "$tmp/mixture/bench.md")" -eq 1 ]
+# --run-timeout bounds each run: a hung one costs its seconds, and the rows after it are still measured.
+start=$SECONDS
+STUB_PERSISTENT_HANGS=1 run_check "$tmp/hang" --bench-only --sizes 7b --types q8_0 --loads "" --run-timeout 5
+check_all "--run-timeout: a hung run is cut and the call goes on" [ $? -eq 0 ] ::: [ $((SECONDS - start)) -lt 120 ] ::: \
+    [ "$(rows '\| tg128, persistent decode step' "$tmp/hang/bench.md")" -eq 0 ] ::: \
+    [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$tmp/hang/bench.md")" -eq 1 ]
+run_check "$tmp/badtimeout" --run-timeout 5s
+check_all "--run-timeout: a value that is not whole seconds is refused with exit 2" [ $? -eq 2 ] ::: \
+    grep -q "whole seconds" "$tmp/badtimeout.stderr"
 run_check "$tmp/badtype" --types "q4_0 q7_k"
 check_all "--types: an unknown type is refused with exit 2" [ $? -eq 2 ] ::: grep -q "'q7_k' is not one of" "$tmp/badtype.stderr"
 
