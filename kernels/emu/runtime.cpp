@@ -61,6 +61,12 @@ namespace {
 // 64 KiB is plenty for kernels (their locals are registers on the GPU); ASan's redzones need more.
 #ifdef TANDEM_EMU_ASAN
 constexpr size_t kStackBytes = 512 * 1024;
+// The redzones ASan poisons in a frame are unpoisoned when the function returns. The frames at the top of a fiber's
+// stack never return (fiber_entry switches away when the thread exits), so their poison stays, within this many
+// bytes of the top: those are unpoisoned when a stack is handed out again. Frames an exception unwound may keep
+// theirs anywhere, so a fiber that ended in one unpoisons its whole stack (BlockRunner::entry). Unpoisoning every
+// whole stack at every block start cost a fifth of an ASan test's time (64 KiB of shadow memset per thread).
+constexpr size_t kAsanEntryBytes = 32 * 1024;
 #else
 constexpr size_t kStackBytes = 64 * 1024;
 #endif
@@ -104,8 +110,8 @@ public:
             mprotect(base, page(), PROT_NONE);
         }
 #ifdef TANDEM_EMU_ASAN
-        // A previous fiber may have left its frames' redzones poisoned here.
-        ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(base) + page(), kStackBytes);
+        // The previous fiber's entry frames left their redzones poisoned here (kAsanEntryBytes).
+        ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(base) + page() + kStackBytes - kAsanEntryBytes, kAsanEntryBytes);
 #endif
         ctx::stack_context sc;
         sc.size = kStackBytes;
@@ -349,6 +355,7 @@ private:
         sched_ = std::move(sched);
         Thread& t = threads_[i];
         AsanSwitch::finish(nullptr, &sched_bottom_, &sched_size_);
+        bool unwound = false;  // an exception went through the thread's frames
         if (!cancel_) {
             try {
                 invoke_(ctx_);
@@ -357,13 +364,20 @@ private:
                     fail_here("launched to overlap the kernel before it (programmatic dependent launch), but the "
                               "thread exited without cudaGridDependencySynchronize (detail::wait_for_inputs)");
             } catch (const Cancelled&) {
+                unwound = true;
             } catch (...) {
+                unwound = true;
                 if (!error_) {
                     error_ = std::current_exception();
                     error_thread_ = i;
                 }
             }
         }
+#ifdef TANDEM_EMU_ASAN
+        if (unwound) ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
+#else
+        (void)unwound;
+#endif
         t.wait = Wait::Exited;
         AsanSwitch::start(nullptr, sched_bottom_, sched_size_);  // this fiber is done: no fake stack to keep
         return std::move(sched_);
