@@ -37,10 +37,8 @@ void embedding(GgmlType type, const void* table, size_t row_bytes, int n_vocab, 
                int n_tokens, float* out, Stream stream) {
     detail::require(embedding_supports(type), "embedding: unsupported table type");
     detail::require(n_tokens > 0 && dim > 0, "embedding: empty shape");
-    const bool k_quant = type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K ||
-                         type == GgmlType::Q5_K || type == GgmlType::Q6_K;
-    const bool plain = ggml_is_float_type(type);
-    detail::require(plain || dim % (k_quant ? 256 : 32) == 0, "embedding: block-quantized rows are whole blocks");
+    detail::require(dim % static_cast<int>(ggml_type_info(type).block_size) == 0,
+                    "embedding: block-quantized rows are whole blocks");
     detail::launch_kernel("embedding_kernel", embedding_kernel, dim3(n_tokens), dim3(kThreads), 0, stream, type,
                           static_cast<const uint8_t*>(table), row_bytes, n_vocab, dim, tokens, out);
 }

@@ -156,14 +156,8 @@ void launch_gemm(const char* name, const void* W, size_t row_bytes, int rows, in
                           row_bytes, rows, cols, x, n_tokens, y, ldy, x_vec);
 }
 
-bool is_k_quant(GgmlType type) {
-    return type == GgmlType::Q2_K || type == GgmlType::Q3_K || type == GgmlType::Q4_K || type == GgmlType::Q5_K ||
-           type == GgmlType::Q6_K;
-}
-
 void check_blocks(GgmlType type, int cols, const char* who) {
-    const bool plain = ggml_is_float_type(type);
-    detail::require(plain || cols % (is_k_quant(type) ? 256 : 32) == 0,
+    detail::require(cols % static_cast<int>(ggml_type_info(type).block_size) == 0,
                     (std::string(who) + ": block-quantized rows are whole blocks").c_str());
 }
 

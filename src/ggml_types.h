@@ -32,7 +32,6 @@ const char* ggml_type_name(GgmlType type);
 // Parses "f32", "f16", "q8_0", ... (case-insensitive); nullopt when unknown.
 std::optional<GgmlType> ggml_type_from_name(const std::string& name);
 
-// Bytes of one row of `n` elements; n must be a multiple of the block size (checked by the caller).
 // Byte offsets of the fp16 scale fields (d, and dmin where the type has one) inside one block of `type`; empty for
 // the float types. Every other byte of a quantized block is a valid code whatever its value.
 std::vector<size_t> ggml_fp16_scale_offsets(GgmlType type);
@@ -43,6 +42,7 @@ constexpr bool ggml_is_float_type(GgmlType type) {
     return type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
 }
 
+// Bytes of one row of `n` elements; n must be a multiple of the block size (checked by the caller).
 inline size_t ggml_row_bytes(GgmlType type, uint64_t n) {
     GgmlTypeInfo info = ggml_type_info(type);
     return static_cast<size_t>(n / info.block_size * info.type_size);

@@ -655,10 +655,17 @@ TEST_CASE("cuda kernels: embedding gather dequantizes rows of every matvec type"
             }
         }
     std::vector<float> table(32 * 4, 1.0f), out(32, 0.0f);
-    const int bad = 4;
+    const int bad = 4, tokens_ok[1] = {1};
     cuda::embedding(GgmlType::F32, table.data(), 32 * 4, 4, 32, &bad, 1, out.data(), nullptr);
     CHECK(std::isnan(out[0]));
     CHECK(std::isnan(out[31]));
+    // Rows that are not whole blocks of the type are refused: a k-quant's are 256 wide, so 288 (nine 32s) is not.
+    std::vector<uint8_t> kq(4 * 2 * 144);
+    std::vector<float> wide(288);
+    CHECK_THROWS_AS(cuda::embedding(GgmlType::Q4_K, kq.data(), 2 * 144, 4, 288, tokens_ok, 1, wide.data(), nullptr),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(cuda::embedding(GgmlType::Q8_0, kq.data(), 34, 4, 40, tokens_ok, 1, wide.data(), nullptr),
+                    std::invalid_argument);
 }
 
 namespace {
@@ -954,6 +961,9 @@ TEST_CASE("cuda kernels: gemm rejects what it cannot do") {
                     std::invalid_argument);
     CHECK_THROWS_AS(cuda::gemm(GgmlType::Q8_0, w.data(), 34, 2, 40, x.data(), 1, y.data(), nullptr),
                     std::invalid_argument);
+    std::vector<float> x288(288);
+    CHECK_THROWS_AS(cuda::gemm(GgmlType::Q4_K, w.data(), 2 * 144, 2, 288, x288.data(), 1, y.data(), nullptr),
+                    std::invalid_argument);  // a k-quant row is whole 256-element blocks
     CHECK_THROWS_AS(cuda::gemm(GgmlType::F32, w.data(), 256, 2, 64, x.data(), 0, y.data(), nullptr),
                     std::invalid_argument);
     CHECK_FALSE(cuda::blas_available());  // the emulation has no cuBLAS
