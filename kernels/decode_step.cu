@@ -28,6 +28,7 @@
 
 #include "common.cuh"
 #include "matvec_dots.cuh"
+#include "matvec_dots_q8.cuh"
 #include "online_softmax.cuh"
 #include "rms_norm.cuh"
 #include "rope_kv.cuh"
@@ -77,7 +78,9 @@ __device__ __forceinline__ float lane_dot(GgmlType type, const uint8_t* row, int
 // the same phase or the next one: the weights never change, so a load may cross a grid barrier -- in flight while the
 // lanes walk the current one with the same Dot from shared memory: 16 x 2 KiB = 32 KiB in flight per SM. A chunk is
 // a whole number of the walk's steps, so the sums are bitwise the direct walk's (tested). The float types (F32, F16,
-// BF16: 8- and 16-byte loads already) keep the direct walk.
+// BF16: 8- and 16-byte loads already) keep the direct walk. The 8-bit sets (StagesInt8*) walk the same chunks with
+// matvec_q8's walks against the phase's input quantized in shared memory (quantize_into): kernels.h DecodeStepRows
+// says why.
 
 // 16-byte slots of shared memory per warp, 2 KiB: a chunk in flight is kStepPerLane 16-byte loads per lane.
 constexpr int kStepSlots = 128, kStepPerLane = kStepSlots / 32;
@@ -123,6 +126,9 @@ template <class... S>
 struct Stages {
     static constexpr bool kAny = sizeof...(S) > 0;
     static constexpr bool has(GgmlType type) { return ((S::kType == type) || ... || false); }
+    // Whether a walk of the set reads 8-bit activations: the step then quantizes each phase's input in shared
+    // memory, to the formats the phase's matrices read (quantize_into).
+    static constexpr bool kInt8 = (!std::is_same_v<typename S::Dot::Input, FloatInput> || ... || false);
 };
 struct DirectRows : Stages<> {};
 struct StagesQ4K : Stages<StagedType<GgmlType::Q8_0, DotQ8_0>, StagedType<GgmlType::Q4_0, DotQ4_0>,
@@ -132,6 +138,28 @@ struct StagesQ4K : Stages<StagedType<GgmlType::Q8_0, DotQ8_0>, StagedType<GgmlTy
 struct StagesQ5K : Stages<StagedType<GgmlType::Q8_0, DotQ8_0>, StagedType<GgmlType::Q5_0, DotQ5_0>,
                           StagedType<GgmlType::Q5_1, DotQ5_1>, StagedType<GgmlType::Q4_K, DotQ4_K>,
                           StagedType<GgmlType::Q5_K, DotQ5_K>, StagedType<GgmlType::Q6_K, DotQ6_K>> {};
+// 8-bit activations (kernels.h DecodeStepRows::Int8*): matvec_q8's walks (matvec_dots_q8.cuh) against Q8_1 (the
+// 32-element types) or Q8_K (the k-quants) rows that each block quantizes into its shared memory. Two types a
+// kernel: on sm_80 a Q4_0-only kernel took 119 registers, and every set of three of Q5_0, Q8_0, Q4_K, Q6_K spilled
+// 8-16 bytes (four: 84; the legacy five: 32), where the fp32 walks fit seven; Q5_K with Q6_K spilled 12 bytes on a
+// later architecture, so Q5_K_M's rows stay fp32.
+struct StagesInt8Q4_0 : Stages<StagedType<GgmlType::Q4_0, DotQ4_0Q8>, StagedType<GgmlType::Q8_0, DotQ8_0Q8>> {};
+struct StagesInt8Q4K : Stages<StagedType<GgmlType::Q4_K, DotQ4_KQ8>, StagedType<GgmlType::Q6_K, DotQ6_KQ8>> {};
+
+// A phase's input as each walk reads it: fp32 (xs, always), and with an 8-bit set the same row as Q8_1 and Q8_K
+// blocks (where the phase's matrices read them), at these byte offsets from xs.
+struct StepInput {
+    float* f;
+    int q8_1, q8_k;
+    __device__ __forceinline__ uint8_t* q8_1_row() const { return reinterpret_cast<uint8_t*>(f) + q8_1; }
+    __device__ __forceinline__ uint8_t* q8_k_row() const { return reinterpret_cast<uint8_t*>(f) + q8_k; }
+};
+template <class Dot>
+__device__ __forceinline__ const typename Dot::X* input_for(const StepInput& x) {
+    if constexpr (std::is_same_v<typename Dot::Input, FloatInput>) return x.f;
+    else if constexpr (std::is_same_v<typename Dot::Input, Q8_1Input>) return x.q8_1_row();
+    else return x.q8_k_row();
+}
 
 // A staged type's chunk size in bytes; 0 for the types the set walks directly.
 template <class... S>
@@ -168,8 +196,9 @@ __device__ __forceinline__ void prefetch_row(Set set, const RowRef& row, uint4 (
 // warp's next row, computed only then: a RowRef kept through the walk took registers ptxas did not have) is
 // requested before cur's last chunk is walked.
 template <class Dot, class Set, class Next>
-__device__ __forceinline__ float staged_lane_dot(Set set, const RowRef& cur, Next&& next, int cols, const float* x,
-                                                 uint4* stage, uint4 (&buf)[kStepPerLane], int lane) {
+__device__ __forceinline__ float staged_lane_dot(Set set, const RowRef& cur, Next&& next, int cols,
+                                                 const typename Dot::X* x, uint4* stage, uint4 (&buf)[kStepPerLane],
+                                                 int lane) {
     constexpr int kChunkBlocks = step_chunk_blocks<Dot>();
     constexpr int kChunkBytes = kChunkBlocks * Dot::kBlockBytes, kChunkCols = kChunkBlocks * Dot::kBlockCols;
     const uint8_t* end = cur.begin + cur.bytes;
@@ -191,7 +220,7 @@ __device__ __forceinline__ float staged_lane_dot(Set set, const RowRef& cur, Nex
             prefetch_row(set, next(), buf, lane);
         }
         Dot::template dot<1, false>(reinterpret_cast<const uint8_t*>(stage) + lead, blocks * Dot::kBlockCols,
-                                    x + c * kChunkCols, 0, 1, lane, acc);
+                                    x + Dot::x_units(c * kChunkCols), 0, 1, lane, acc);
         __syncwarp();  // every lane is done with the copy before the next chunk overwrites it
     }
     return acc[0];
@@ -213,18 +242,20 @@ __device__ __forceinline__ float unstaged_lane_dot(Set set, const RowRef& cur, N
 // The whole warp's cur . x (every lane gets it): staged for the set's block types (next's first chunk requested on
 // the way), direct for the float types and for every type in the direct kernel (an empty set).
 template <class... S, class Next>
-__device__ __forceinline__ float row_dot(Stages<S...> set, const RowRef& cur, Next&& next, int cols, const float* x,
-                                         uint4* stage, uint4 (&buf)[kStepPerLane], int lane) {
+__device__ __forceinline__ float row_dot(Stages<S...> set, const RowRef& cur, Next&& next, int cols,
+                                         const StepInput& x, uint4* stage, uint4 (&buf)[kStepPerLane], int lane) {
     float v = 0.0f;
     if constexpr (!Stages<S...>::kAny) {
-        v = lane_dot(cur.type, cur.begin, cols, x, lane);
+        v = lane_dot(cur.type, cur.begin, cols, x.f, lane);
     } else {
-        const bool staged = ((cur.type == S::kType
-                                  ? (v = staged_lane_dot<typename S::Dot>(set, cur, next, cols, x, stage, buf, lane),
-                                     true)
-                                  : false) ||
-                             ...);
-        if (!staged) v = unstaged_lane_dot(set, cur, next, cols, x, buf, lane);  // decode_step_stages refuses others
+        const bool staged =
+            ((cur.type == S::kType ? (v = staged_lane_dot<typename S::Dot>(set, cur, next, cols,
+                                                                           input_for<typename S::Dot>(x), stage, buf,
+                                                                           lane),
+                                      true)
+                                   : false) ||
+             ...);
+        if (!staged) v = unstaged_lane_dot(set, cur, next, cols, x.f, buf, lane);  // decode_step_stages refuses others
     }
     return detail::warp_sum(v);
 }
@@ -342,8 +373,48 @@ __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const Deco
     combine_head(a, head, sp, max_splits, lane);
 }
 
-// Per block: each warp's 2 KiB stage for the staged walks (the start of the dynamic shared memory), then xs.
+// Per block: each warp's 2 KiB stage for the staged walks (the start of the dynamic shared memory), then xs (the
+// phase's input in fp32, as wide as the widest), then with an 8-bit set the same as Q8_1 and as Q8_K rows.
 constexpr size_t kStageBytes = static_cast<size_t>(kWarpsPerBlock) * kStepSlots * sizeof(uint4);
+struct SharedLayout {
+    size_t xs, q8_1, q8_k, bytes;
+};
+__host__ __device__ constexpr size_t round_up_16(size_t n) { return (n + 15) / 16 * 16; }
+__host__ __device__ inline SharedLayout shared_layout(int widest, bool staged, bool int8) {
+    const size_t w = static_cast<size_t>(widest);
+    SharedLayout l{};
+    l.xs = staged ? kStageBytes : 0;
+    l.q8_1 = l.xs + round_up_16(w * sizeof(float));
+    l.q8_k = l.q8_1 + (int8 ? round_up_16(w / q8::block_elems(false) * q8::block_bytes(false)) : 0);
+    l.bytes = int8 ? l.q8_k + round_up_16(w / q8::block_elems(true) * q8::block_bytes(true)) : l.q8_1;
+    return l;
+}
+__host__ __device__ inline int widest_input(int dim, int hidden_dim, int q_dim) {
+    const int most = dim > hidden_dim ? dim : hidden_dim;
+    return q_dim > most ? q_dim : most;
+}
+
+// The 8-bit formats a matrix's walk reads (bit 1: Q8_1, bit 2: Q8_K; none for the float types).
+__device__ __forceinline__ unsigned q8_formats(const DecodeMatrix& M) {
+    const Q8Format f = q8::format_for(M.type);
+    return f == Q8Format::Q8_1 ? 1u : f == Q8Format::Q8_K ? 2u : 0u;
+}
+
+// An 8-bit set's phase input: xs quantized, by the block's warps a block each in turn, into the formats the phase's
+// matrices read (q8::quantize_block: the CPU's and quantize_activations' bytes for the same floats); ends with a
+// barrier where it wrote anything. cols is a whole number of each format's blocks where a matrix reads it (the
+// matrices' rows are whole blocks of their types).
+__device__ __forceinline__ void quantize_into(const StepInput& in, int cols, unsigned formats) {
+    if (formats == 0) return;
+    const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+    if (formats & 1u)
+        for (int b = warp; b < cols / q8::block_elems(false); b += kWarpsPerBlock)
+            q8::quantize_block(false, in.f, in.q8_1_row(), b, lane);
+    if (formats & 2u)
+        for (int b = warp; b < cols / q8::block_elems(true); b += kWarpsPerBlock)
+            q8::quantize_block(true, in.f, in.q8_k_row(), b, lane);
+    __syncthreads();
+}
 
 // The four phases of a layer that walk weight rows, and the rows a warp walks in each: rows warp, warp + n_warps,
 // ... of the phase's matrices (Q, K and V one after another; gate/up: gate r then up r, for SwiGLU).
@@ -398,7 +469,6 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
     const Set set;
     TANDEM_DYNAMIC_SHARED(unsigned char, dynamic_shared);
     uint4* stage = reinterpret_cast<uint4*>(dynamic_shared) + (threadIdx.x / 32) * kStepSlots;
-    float* xs = reinterpret_cast<float*>(dynamic_shared + (Set::kAny ? kStageBytes : 0));
     TANDEM_SHARED(float, scratch, 32);
     TANDEM_SHARED(int, pending, kDecodeStepMaxHeads);  // the heads this block ropes in the current layer
     TANDEM_SHARED(int, n_pending, 1);
@@ -407,6 +477,10 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
     const int n_warps = static_cast<int>(gridDim.x) * kWarpsPerBlock;
     const int dim = a.dim, hd = a.head_dim, q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
     const StepRows rows{a, warp, n_warps, q_dim, kv_dim};
+    const SharedLayout shared = shared_layout(widest_input(dim, a.hidden_dim, q_dim), kStaged, Set::kInt8);
+    const StepInput in{reinterpret_cast<float*>(dynamic_shared + shared.xs),
+                       static_cast<int>(shared.q8_1 - shared.xs), static_cast<int>(shared.q8_k - shared.xs)};
+    float* xs = in.f;
     // The staged walks' chunk in flight: always the first chunk of the warp's next row, requested by the walk of the
     // row before it or, where that row is the warp's first in a phase, after the phase before.
     uint4 buf[kStepPerLane];
@@ -428,10 +502,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
                 copy_into(xs, a.h, a.hidden_dim);
             }
             const int cols = rows.cols(phase);
+            if constexpr (Set::kInt8)
+                quantize_into(in, cols,
+                              phase == kQkv      ? q8_formats(L.wq) | q8_formats(L.wk) | q8_formats(L.wv)
+                              : phase == kAttnOut ? q8_formats(L.wo)
+                              : phase == kGateUp  ? q8_formats(L.gate) | q8_formats(L.up)
+                                                  : q8_formats(L.down));
             float gate = 0.0f;
             for (int k = 0; rows.has(phase, k); ++k) {
                 const float y = row_dot(
-                    set, rows.item(layer, phase, k), [&] { return rows.after(layer, phase, k); }, cols, xs, stage,
+                    set, rows.item(layer, phase, k), [&] { return rows.after(layer, phase, k); }, cols, in, stage,
                     buf, lane);
                 const int r = rows.row(phase, k);
                 if (phase == kQkv) {
@@ -495,7 +575,7 @@ using DecodeStepKernel = void (*)(DecodeStepArgs, int);
 // (The Q5_K set's kernel for heads of 32 spilled 68-80 bytes on sm_80-90: such heads take its kernel for 64, whose
 // lanes past the head sit attention out, the same sums.)
 template <class Set>
-constexpr bool kHasNarrowHeads = true;
+constexpr bool kHasNarrowHeads = !Set::kInt8;
 template <>
 constexpr bool kHasNarrowHeads<StagesQ5K> = false;
 template <class Set>
@@ -509,15 +589,17 @@ DecodeStepKernel kernel_for(int head_dim, DecodeStepRows rows) {
     switch (rows) {
         case DecodeStepRows::StagedQ4K: return kernel_for<StagesQ4K>(head_dim);
         case DecodeStepRows::StagedQ5K: return kernel_for<StagesQ5K>(head_dim);
+        case DecodeStepRows::Int8Q4_0: return kernel_for<StagesInt8Q4_0>(head_dim);
+        case DecodeStepRows::Int8Q4K: return kernel_for<StagesInt8Q4K>(head_dim);
         case DecodeStepRows::Direct: break;
     }
     return kernel_for<DirectRows>(head_dim);
 }
 
 size_t shared_bytes_for(const DecodeStepShape& s, DecodeStepRows rows) {
-    int most = s.dim > s.hidden_dim ? s.dim : s.hidden_dim;
-    if (s.n_heads * s.head_dim > most) most = s.n_heads * s.head_dim;
-    return (rows != DecodeStepRows::Direct ? kStageBytes : 0) + static_cast<size_t>(most) * sizeof(float);
+    return shared_layout(widest_input(s.dim, s.hidden_dim, s.n_heads * s.head_dim), rows != DecodeStepRows::Direct,
+                         decode_step_int8(rows))
+        .bytes;
 }
 
 // Lets the kernel take `bytes` of dynamic shared memory beside its static arrays (scratch, pending: under 2 KiB),
@@ -557,15 +639,23 @@ bool decode_step_stages(DecodeStepRows rows, GgmlType type) {
     switch (rows) {
         case DecodeStepRows::StagedQ4K: return is_float || StagesQ4K::has(type);
         case DecodeStepRows::StagedQ5K: return is_float || StagesQ5K::has(type);
+        case DecodeStepRows::Int8Q4_0: return is_float || StagesInt8Q4_0::has(type);
+        case DecodeStepRows::Int8Q4K: return is_float || StagesInt8Q4K::has(type);
         case DecodeStepRows::Direct: break;
     }
     return true;
+}
+
+bool decode_step_int8(DecodeStepRows rows) {
+    return rows == DecodeStepRows::Int8Q4_0 || rows == DecodeStepRows::Int8Q4K;
 }
 
 const char* decode_step_rows_name(DecodeStepRows rows) {
     switch (rows) {
         case DecodeStepRows::StagedQ4K: return "staged, Q4_K set";
         case DecodeStepRows::StagedQ5K: return "staged, Q5_K set";
+        case DecodeStepRows::Int8Q4_0: return "staged, 8-bit activations, Q4_0 set";
+        case DecodeStepRows::Int8Q4K: return "staged, 8-bit activations, Q4_K set";
         case DecodeStepRows::Direct: break;
     }
     return "walked directly";

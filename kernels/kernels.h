@@ -346,9 +346,16 @@ struct DecodeStepShape {
 //   StagedQ5K: Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K (Q5_K_M's and Q4_K_S's).
 // The float types walk directly in both. A model with Q2_K or Q3_K rows takes Direct (CudaBackend: so does one of
 // float types only, the same sums without the stage).
-enum class DecodeStepRows { Direct, StagedQ4K, StagedQ5K };
+// With 8-bit activations (matvec_q8's walks), two kernels of two types each (ptxas spilled any three):
+//   Int8Q4_0: Q4_0, Q8_0 (those types' files);  Int8Q4K: Q4_K, Q6_K (Q4_K_M's where rows are whole super-blocks).
+// Each block quantizes a phase's input in its shared memory to the Q8_1 / Q8_K rows its matrices read: a quarter of
+// the fp32 activation bytes that each weight row's walk otherwise reads from shared memory (a 4-bit row 7x its own
+// bytes). Within float rounding of the 8-bit launches (CudaOptions::int8_activations), not bitwise (the norms'
+// order of summation).
+enum class DecodeStepRows { Direct, StagedQ4K, StagedQ5K, Int8Q4_0, Int8Q4K };
 // Whether the kernel of `rows` takes rows of `type` (Direct: every decode_step_supports type).
 bool decode_step_stages(DecodeStepRows rows, GgmlType type);
+bool decode_step_int8(DecodeStepRows rows);  // the Int8* kernels
 const char* decode_step_rows_name(DecodeStepRows rows);  // "staged, Q4_K set", ..., "walked directly"
 // What a launch takes: the grid (every block resident), shared memory, and the attention workspace it needs.
 struct DecodeStepPlan {

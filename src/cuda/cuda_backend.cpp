@@ -175,8 +175,8 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
     const ModelConfig& c = model.config;
     if (!cuda::decode_step_supports(step_shape(c, options.kv_type))) return std::nullopt;
     // Rows staged through shared memory, by the first staged kernel that takes every matrix's type, unless
-    // TANDEM_CUDA_MATVEC=direct asks otherwise, neither does, or every matrix is of a float type (walked directly
-    // in either kernel: the direct one, without the stage, is the same sums).
+    // TANDEM_CUDA_MATVEC=direct asks otherwise, none does, or every matrix is of a float type (walked directly
+    // in any kernel: the direct one, without the stage, is the same sums).
     std::vector<GgmlType> types;
     for (const LayerWeights& L : model.weights.layers) {
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.w_gate, &L.w_up})
@@ -185,9 +185,19 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
             return std::nullopt;
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) types.push_back(v->type);
     }
+    // With 8-bit activations where every block type's route reads them (TANDEM_CUDA_INT8=1, or a model of Q4_0 rows
+    // only, its measured route), as the launches the step replaces would, where an 8-bit kernel takes every type
+    // (Q5_K_M's rows and the real draft's Q5_0 / Q8_0 / Q4_K / Q6_K take fp32 rows: those 8-bit kernels spilled).
+    const auto block_type_is_int8 = [&](GgmlType t) {
+        return ggml_is_float_type(t) || (options.matvec_route(t).int8 && cuda::matvec_q8_supports(t));
+    };
     cuda::DecodeStepRows rows = cuda::DecodeStepRows::Direct;
     if (options.matvec_loads != cuda::MatvecLoads::Direct && !std::all_of(types.begin(), types.end(), ggml_is_float_type)) {
-        for (const cuda::DecodeStepRows staged : {cuda::DecodeStepRows::StagedQ4K, cuda::DecodeStepRows::StagedQ5K}) {
+        const bool int8 = std::all_of(types.begin(), types.end(), block_type_is_int8);
+        for (const cuda::DecodeStepRows staged :
+             {cuda::DecodeStepRows::Int8Q4_0, cuda::DecodeStepRows::Int8Q4K, cuda::DecodeStepRows::StagedQ4K,
+              cuda::DecodeStepRows::StagedQ5K}) {
+            if (cuda::decode_step_int8(staged) && !int8) continue;  // (then an fp32 kernel, as without 8-bit)
             if (std::all_of(types.begin(), types.end(),
                             [&](GgmlType t) { return cuda::decode_step_stages(staged, t); })) {
                 rows = staged;

@@ -129,6 +129,9 @@ check "bench.md: baseline rows named by its revision" [ "$(rows '\| (pp512|tg128
 check "bench.md: PDL-off rows, every type" [ "$(rows '\| tg128, no overlapping launches \(PDL off\) \|' "$b")" -eq 4 ]
 check "bench.md: persistent decode step rows, every type" [ "$(rows '\| tg128, persistent decode step \|' "$b")" -eq 4 ]
 check "bench.md: persistent decode step rows walked directly, quantized types" [ "$(rows '\| tg128, persistent decode step, rows walked directly \|' "$b")" -eq 3 ]
+check_all "bench.md: persistent decode step rows with the other activations (Q4_0 fp32, Q4_K and Q8_0 8-bit)" \
+    [ "$(rows '\| synthetic-tiny-q4_0 \| .*\| tg128, persistent decode step, fp32 activations \|' "$b")" -eq 1 ] ::: \
+    [ "$(rows '\| synthetic-tiny-(q4_K|q8_0) \| .*\| tg128, persistent decode step, 8-bit activations \|' "$b")" -eq 2 ]
 check "bench.md: fp32 rows, each loads, quantized types" [ "$(rows '\| tg128, fp32 activations, (direct|staged|split|persistent) matvec \|' "$b")" -eq 12 ]
 check "bench.md: int8 activation rows, each loads" [ "$(rows '\| tg128, int8 activations, (direct|staged|split|persistent) matvec \|' "$b")" -eq 12 ]
 check "bench.md: no-graphs row" [ "$(rows '\| tg128, no CUDA graphs \|' "$b")" -eq 1 ]
@@ -146,6 +149,9 @@ check "calls: fp32 rows under TANDEM_CUDA_INT8=0, each loads" [ "$(rows '^TANDEM
 check "calls: PDL off" [ "$(rows '^TANDEM_CUDA_PDL=0 \| ' "$c")" -eq 4 ]
 check "calls: the persistent decode step, every type" [ "$(rows '^TANDEM_CUDA_PERSISTENT_STEP=all \| .* -p 0 -n 128' "$c")" -eq 4 ]
 check "calls: the persistent decode step walked directly, quantized types" [ "$(rows '^TANDEM_CUDA_MATVEC=direct TANDEM_CUDA_PERSISTENT_STEP=all \| .* -p 0 -n 128' "$c")" -eq 3 ]
+check_all "calls: the persistent decode step with the other activations" \
+    [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_PERSISTENT_STEP=all \| .*q4_0.* -p 0 -n 128' "$c")" -eq 1 ] ::: \
+    [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_PERSISTENT_STEP=all \| .*(q4_k|q8_0).* -p 0 -n 128' "$c")" -eq 2 ]
 check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
 check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
 check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
@@ -255,8 +261,9 @@ run_check "$tmp/mixture" --bench-only --sizes 7b --types q5_k_m --loads ""
 check "--types q5_k_m: exit 0" [ $? -eq 0 ]
 new_calls=$(tail -n +$((before + 1)) "$c")
 made=$(grep -c -- '--make-synthetic 7b --type q5_k_m' <<<"$new_calls")
-check_all "--types q5_k_m: its model made and benchmarked" [ "$made" -eq 1 ] ::: \
-    [ "$(rows '\| tg128, persistent decode step, rows walked directly \|' "$tmp/mixture/bench.md")" -eq 1 ]
+check_all "--types q5_k_m: its model made and benchmarked (no 8-bit persistent row: no such kernel takes Q5_K)" [ "$made" -eq 1 ] ::: \
+    [ "$(rows '\| tg128, persistent decode step, rows walked directly \|' "$tmp/mixture/bench.md")" -eq 1 ] ::: \
+    [ "$(rows '\| tg128, persistent decode step, (8-bit|fp32) activations \|' "$tmp/mixture/bench.md")" -eq 0 ]
 # --run-timeout bounds each run: a hung one costs its seconds, and the rows after it are still measured.
 start=$SECONDS
 STUB_PERSISTENT_HANGS=1 run_check "$tmp/hang" --bench-only --sizes 7b --types q8_0 --loads "" --run-timeout 5
