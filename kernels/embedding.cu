@@ -24,14 +24,8 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-bool embedding_supports(GgmlType type) {
-    switch (type) {
-        case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q8_0: case GgmlType::Q4_0:
-        case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q2_K: case GgmlType::Q3_K:
-        case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: return true;
-        default: return false;
-    }
-}
+// dequant.cuh decodes every type the matvec walks: the one list is matvec_supports'.
+bool embedding_supports(GgmlType type) { return matvec_supports(type); }
 
 void embedding(GgmlType type, const void* table, size_t row_bytes, int n_vocab, int dim, const int* tokens,
                int n_tokens, float* out, Stream stream) {

@@ -162,13 +162,14 @@ bool same_bits(const Run& a, const Run& b) {
 #endif
 
 // The persistent step on `model` against the CPU backend (fp32 activations, or 8-bit for the step's 8-bit kernels)
-// and against the launches it replaces, with graphs and without, in two thread orders; within these fractions of
-// the logit range.
+// and against the launches it replaces, with graphs and without, in two thread orders (or, without `variants`,
+// once: graphs, forward order); within these fractions of the logit range.
 struct Tolerance {
     double cpu = 1e-2, launches = 1e-2;
 };
 void check_against_cpu(const Model& model, const std::string& name, CudaOptions options = persistent(),
-                       cpu::Activations cpu_activations = cpu::Activations::Float, Tolerance tolerance = {}) {
+                       cpu::Activations cpu_activations = cpu::Activations::Float, Tolerance tolerance = {},
+                       bool variants = true) {
     CAPTURE(name);
     const int n_vocab = model.config.n_vocab;
     CpuBackend cpu(model, 1, 64, cpu_activations);
@@ -180,6 +181,7 @@ void check_against_cpu(const Model& model, const std::string& name, CudaOptions 
     const Run launches = run_schedule(model, plain_gpu, &next);
     CHECK(launches.persistent_steps == 0);
     for (bool graphs : {true, false}) {
+        if (!graphs && !variants) break;
         CAPTURE(graphs);
         CudaOptions o = options;
         o.graphs = graphs;
@@ -189,7 +191,7 @@ void check_against_cpu(const Model& model, const std::string& name, CudaOptions 
             CudaBackend gpu(model, 48, {}, o);
             forward = run_schedule(model, gpu, &next);
         }
-        {
+        if (variants) {
             const emu::ScopedLaunchOptions order({emu::ThreadOrder::Reverse, 0});
             CudaBackend gpu(model, 48, {}, o);
             reverse = run_schedule(model, gpu, &next);
@@ -213,7 +215,7 @@ void check_against_cpu(const Model& model, const std::string& name, CudaOptions 
         CHECK(vs_cpu <= tolerance.cpu);
         CHECK(vs_launches <= tolerance.launches);
 #ifndef TANDEM_TEST_REAL_DEVICE
-        CHECK(same_bits(forward, reverse));  // each sum's order is fixed by the grid, not by the threads' timing
+        if (variants) CHECK(same_bits(forward, reverse));  // each sum's order is fixed by the grid, not by timing
 #endif
     }
 }
@@ -258,8 +260,9 @@ TEST_CASE("persistent decode step: the Q4_K_M mixture's types on qwen2 shapes (N
 
 TEST_CASE("persistent decode step: 8-bit activations match the CPU's 8-bit products and the 8-bit launches") {
     // Each kernel of two 8-bit walks on a model of its types, with rows of several chunks, so that a chunk's
-    // activations are found at its offset in the Q8_1 / Q8_K row (ffn_down of 4096 columns: Q4_0 in 112 + 16 blocks,
-    // Q8_0 in 56 + 56 + 16; of 3584: Q4_K in 12 + 2, Q6_K in 9 + 5); Q5_K_M's types keep fp32 rows.
+    // activations are found at its offset in the Q8_1 / Q8_K row (ffn_down of 4096 columns: Q4_0 in 112 + 16 blocks;
+    // of 2048: Q8_0 in 56 + 8; of 3584: Q4_K in 12 + 2, Q6_K in 9 + 5); Q5_K_M's types keep fp32 rows. Graphs on
+    // and off and two thread orders (the quantizing warps' barrier) on the first only: the emulation's time.
     using cuda::DecodeStepRows;
     CudaOptions int8 = persistent();
     int8.int8_activations = true;
@@ -269,9 +272,9 @@ TEST_CASE("persistent decode step: 8-bit activations match the CPU's 8-bit produ
         DecodeStepRows rows;
     };
     std::vector<Case> cases;
-    cases.push_back({"Q4_0, ffn_down of 4096", mixture("step-int8-q40", 256, 4096, SyntheticTypes(GgmlType::Q4_0)),
+    cases.push_back({"Q4_0, ffn_down of 4096", mixture("step-int8-q40", 64, 4096, SyntheticTypes(GgmlType::Q4_0)),
                      DecodeStepRows::Int8Q4_0});
-    cases.push_back({"Q8_0, ffn_down of 4096", mixture("step-int8-q80", 256, 4096, SyntheticTypes(GgmlType::Q8_0)),
+    cases.push_back({"Q8_0, ffn_down of 2048", mixture("step-int8-q80", 64, 2048, SyntheticTypes(GgmlType::Q8_0)),
                      DecodeStepRows::Int8Q4_0});
     cases.push_back({"Q4_K / Q6_K, ffn_down of 3584", mixture("step-int8-q4k", 256, 3584), DecodeStepRows::Int8Q4K});
     REQUIRE(cases[2].model->weights.layers[0].w_down.type == GgmlType::Q4_K);
@@ -283,9 +286,10 @@ TEST_CASE("persistent decode step: 8-bit activations match the CPU's 8-bit produ
         CHECK(CudaBackend::describe_persistent_step(*c.model, int8).find("8-bit activations") != std::string::npos);
         // Against the 8-bit launches it replaces: the same walks on the same codes (a norm's other order moves an
         // fp32 value by an ulp, which Q8_1's fp16 scale mostly absorbs: measured 0 for Q4_0 / Q8_0, 1.1e-7 for
-        // Q4_K / Q6_K). Against the CPU's 8-bit products the launches themselves were 1.2-1.7% of the logit range
+        // Q4_K / Q6_K). Against the CPU's 8-bit products the launches themselves were 1.4-1.9% of the logit range
         // apart on the Q4_0 / Q8_0 models (5e-4 on Q4_K / Q6_K; kernels/README), so that bound is looser.
-        check_against_cpu(*c.model, c.name + ", 8-bit", int8, cpu::Activations::Int8, {2.5e-2, 1e-5});
+        check_against_cpu(*c.model, c.name + ", 8-bit", int8, cpu::Activations::Int8, {2.5e-2, 1e-5},
+                          &c == &cases.front());
     }
 }
 
