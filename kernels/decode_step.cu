@@ -574,6 +574,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_step_kernel(DecodeStepArgs
 using DecodeStepKernel = void (*)(DecodeStepArgs, int);
 // (The Q5_K set's kernel for heads of 32 spilled 68-80 bytes on sm_80-90: such heads take its kernel for 64, whose
 // lanes past the head sit attention out, the same sums.)
+// The 8-bit kernels have none either (on sm_80 they fit the registers for 32 too, 2026-12-04): two fewer
+// instantiations for nvcc, the same sums.
 template <class Set>
 constexpr bool kHasNarrowHeads = !Set::kInt8;
 template <>
@@ -585,21 +587,31 @@ DecodeStepKernel kernel_for(int head_dim) {
     if (head_dim <= 64) return decode_step_kernel<2, Set>;
     return decode_step_kernel<4, Set>;
 }
-DecodeStepKernel kernel_for(int head_dim, DecodeStepRows rows) {
+// f(set) for the kernel set of `rows` (DirectRows for Direct): the one map from kernels.h's names to the sets, from
+// which the host's answers (kernel, shared memory, 8-bit or not) are derived as the kernel derives its own.
+template <class F>
+auto with_set(DecodeStepRows rows, F&& f) {
     switch (rows) {
-        case DecodeStepRows::StagedQ4K: return kernel_for<StagesQ4K>(head_dim);
-        case DecodeStepRows::StagedQ5K: return kernel_for<StagesQ5K>(head_dim);
-        case DecodeStepRows::Int8Q4_0: return kernel_for<StagesInt8Q4_0>(head_dim);
-        case DecodeStepRows::Int8Q4K: return kernel_for<StagesInt8Q4K>(head_dim);
+        case DecodeStepRows::StagedQ4K: return f(StagesQ4K{});
+        case DecodeStepRows::StagedQ5K: return f(StagesQ5K{});
+        case DecodeStepRows::Int8Q4_0: return f(StagesInt8Q4_0{});
+        case DecodeStepRows::Int8Q4K: return f(StagesInt8Q4K{});
         case DecodeStepRows::Direct: break;
     }
-    return kernel_for<DirectRows>(head_dim);
+    return f(DirectRows{});
 }
 
+DecodeStepKernel kernel_for(int head_dim, DecodeStepRows rows) {
+    return with_set(rows, [&](auto set) { return kernel_for<decltype(set)>(head_dim); });
+}
+
+// The kernel's own layout (shared_layout of its Set's kAny and kInt8).
 size_t shared_bytes_for(const DecodeStepShape& s, DecodeStepRows rows) {
-    return shared_layout(widest_input(s.dim, s.hidden_dim, s.n_heads * s.head_dim), rows != DecodeStepRows::Direct,
-                         decode_step_int8(rows))
-        .bytes;
+    const int widest = widest_input(s.dim, s.hidden_dim, s.n_heads * s.head_dim);
+    return with_set(rows, [&](auto set) {
+        using Set = decltype(set);
+        return shared_layout(widest, Set::kAny, Set::kInt8).bytes;
+    });
 }
 
 // Lets the kernel take `bytes` of dynamic shared memory beside its static arrays (scratch, pending: under 2 KiB),
@@ -635,19 +647,13 @@ bool decode_step_supports(GgmlType type, int cols) {
 }
 
 bool decode_step_stages(DecodeStepRows rows, GgmlType type) {
-    const bool is_float = ggml_is_float_type(type);
-    switch (rows) {
-        case DecodeStepRows::StagedQ4K: return is_float || StagesQ4K::has(type);
-        case DecodeStepRows::StagedQ5K: return is_float || StagesQ5K::has(type);
-        case DecodeStepRows::Int8Q4_0: return is_float || StagesInt8Q4_0::has(type);
-        case DecodeStepRows::Int8Q4K: return is_float || StagesInt8Q4K::has(type);
-        case DecodeStepRows::Direct: break;
-    }
-    return true;
+    // The direct kernel walks every type; a staged one its set's block types and the float types (directly).
+    return rows == DecodeStepRows::Direct || ggml_is_float_type(type) ||
+           with_set(rows, [&](auto set) { return decltype(set)::has(type); });
 }
 
 bool decode_step_int8(DecodeStepRows rows) {
-    return rows == DecodeStepRows::Int8Q4_0 || rows == DecodeStepRows::Int8Q4K;
+    return with_set(rows, [](auto set) { return decltype(set)::kInt8; });
 }
 
 const char* decode_step_rows_name(DecodeStepRows rows) {
