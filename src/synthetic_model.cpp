@@ -92,6 +92,18 @@ std::vector<uint8_t> ones_f32(int64_t n) {
     return out;
 }
 
+// RMSNorm weights uniform in [0.75, 1.25]. Not all ones: a norm of unit weights keeps a quantized embedding's values
+// on its block's grid (a Q4_0 block's k * d, scaled by one factor), so the 8-bit activations made from them land on
+// exact rounding ties (the block's max 8 d becomes code 127, and 4 d becomes 63.5), and the last bit of a sum, which
+// differs between any two correct implementations, decides their codes. Real models' norms are not ones either.
+std::vector<uint8_t> norm_weights(Rng& rng, int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& f : v) f = 1.0f + 0.25f * rng.uniform_pm1();
+    std::vector<uint8_t> out(v.size() * sizeof(float));
+    std::memcpy(out.data(), v.data(), out.size());
+    return out;
+}
+
 // A sentencepiece-style vocabulary: <unk>, <s>, </s>, the 256 byte pieces, then made-up normal pieces.
 void add_vocabulary(GgufWriter& w, int n_vocab) {
     std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
@@ -411,6 +423,8 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, con
     const std::vector<int> successor = next ? synthetic_successors(s.n_vocab, *next) : std::vector<int>{};
     const bool qwen2 = s.arch == "qwen2";
     Rng rng{seed};
+    // The norms' weights come from their own stream, so that every matrix keeps the values it had when they were ones.
+    Rng norm_rng{seed ^ 0x6e6f726d73ull};
     const int64_t kv_dim = static_cast<int64_t>(s.dim) / s.n_heads * s.n_kv_heads;
 
     GgufWriter w;
@@ -458,12 +472,14 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, con
         w.add_tensor("output.weight", t, {dim, n_vocab}, std::move(output));
     } else {
         add_matrix("token_embd", -1, s.dim, s.n_vocab);
-        w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, ones_f32(s.dim));
+        w.add_tensor("output_norm.weight", GgmlType::F32, {dim}, norm_weights(norm_rng, s.dim));
         if (!s.tied_output) add_matrix("output", -1, s.dim, s.n_vocab);
     }
+    // A next-token model's norms stay ones: its construction (successor_embedding) assumes them.
+    auto layer_norm = [&] { return next ? ones_f32(s.dim) : norm_weights(norm_rng, s.dim); };
     for (int l = 0; l < s.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
-        w.add_tensor(p + "attn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
+        w.add_tensor(p + "attn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, layer_norm());
         add_matrix("attn_q", l, s.dim, s.dim);
         add_matrix("attn_k", l, s.dim, kv_dim);
         add_matrix("attn_v", l, s.dim, kv_dim);
@@ -473,7 +489,7 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, con
                 w.add_tensor(p + name, GgmlType::F32, {static_cast<uint64_t>(n)},
                              random_matrix(rng, GgmlType::F32, n, 1));
         add_projection("attn_output", l, s.dim, s.dim);
-        w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
+        w.add_tensor(p + "ffn_norm.weight", GgmlType::F32, {static_cast<uint64_t>(s.dim)}, layer_norm());
         add_matrix("ffn_gate", l, s.dim, s.hidden_dim);
         add_matrix("ffn_up", l, s.dim, s.hidden_dim);
         add_projection("ffn_down", l, s.hidden_dim, s.dim);
