@@ -125,7 +125,7 @@ struct StagedType {
 template <class... S>
 struct Stages {
     static constexpr bool kAny = sizeof...(S) > 0;
-    static constexpr bool has(GgmlType type) { return ((S::kType == type) || ... || false); }
+    static constexpr bool has([[maybe_unused]] GgmlType type) { return ((S::kType == type) || ... || false); }
     // Whether a walk of the set reads 8-bit activations: the step then quantizes each phase's input in shared
     // memory, to the formats the phase's matrices read (quantize_into).
     static constexpr bool kInt8 = (!std::is_same_v<typename S::Dot::Input, FloatInput> || ... || false);

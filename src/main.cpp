@@ -43,8 +43,7 @@ struct Options {
     std::string chat_template;
     std::string draft_backend = "auto";
     std::string draft_requant = "q4_0";
-    std::string kv_type = "f16";
-    bool kv_type_given = false;
+    std::string kv_type = "auto";
     int n_predict = -1;
     int n_ctx = 0;
     int chunk = 256;
@@ -76,7 +75,8 @@ std::string read_stdin() {
 int choose_context(const Options& opt, const tandem::ModelConfig& c) {
     if (opt.n_ctx > 0) return opt.n_ctx;
     const size_t phys = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t per_pos = tandem::CpuKvCache::bytes_needed(c.n_layers, 1, c.kv_dim());
+    const size_t per_pos = tandem::CpuKvCache::bytes_needed(
+        c.n_layers, 1, c.kv_dim(), opt.kv_type == "f16" ? tandem::CpuKvType::F16 : tandem::CpuKvType::F32);
     const size_t fit = std::max<size_t>(256, phys / 4 / per_pos);
     return static_cast<int>(std::min<size_t>(static_cast<size_t>(c.context_length), fit));
 }
@@ -110,7 +110,8 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 #ifdef TANDEM_HAS_CUDA
 tandem::CudaOptions cuda_options(const Options& opt) {
     tandem::CudaOptions options;
-    options.kv_type = *tandem::parse_kv_type(opt.kv_type);  // CLI11 admitted only the known names
+    // A storage the CUDA backend lacks (f32) leaves its default, as the CPU's does below.
+    options.kv_type = tandem::parse_kv_type(opt.kv_type).value_or(tandem::cuda::KvType::F16);
     return options;
 }
 #endif
@@ -132,6 +133,9 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         const bool target = std::string_view(which) == "--backend";
         options.high_priority = target && tandem::cuda_stream_priority_from_env();
         options.persistent_step = tandem::cuda_persistent_step_from_env(!target);
+        if (verbose && opt.kv_type == "f32")
+            std::fprintf(stderr, "tandem: note: --kv-type f32 applies to the CPU backend; %s cuda keeps an f16 KV cache\n",
+                         which);
         if (verbose) {
             const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx, {}, options);
             std::fprintf(stderr, "tandem: CUDA memory plan: %s\n", plan.describe().c_str());
@@ -156,12 +160,17 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
 #else
     (void)kind, (void)n_ctx;
 #endif
-    // The CPU backend keeps its fp32 cache whatever was asked: an explicit --kv-type is not dropped without a word.
-    if (verbose && opt.kv_type_given)
+    // A storage the CPU backend lacks (q8_0) leaves its fp32 default: a script written for a GPU still runs here,
+    // and an explicit request is not dropped without a word under -v.
+    const std::optional<tandem::CpuKvType> kv = tandem::parse_cpu_kv_type(opt.kv_type);
+    if (verbose && !kv && opt.kv_type != "auto")
         std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an fp32 KV cache\n",
                      opt.kv_type.c_str(), which);
-    return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk), tandem::cpu::Activations::Int8,
-                                                true, requantize_to, huge_pages, head_rows);
+    return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk),
+                                                tandem::CpuBackendOptions{.requantize_to = requantize_to,
+                                                                          .huge_pages = huge_pages,
+                                                                          .head_rows = head_rows,
+                                                                          .kv_type = kv.value_or(tandem::CpuKvType::F32)});
 }
 
 int run(const Options& opt) {
@@ -379,12 +388,11 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--backend", opt.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-    auto* kv_type_opt =
-        app.add_option("--kv-type", opt.kv_type,
-                       "KV-cache storage of the CUDA backend: f16, or q8_0 (ggml Q8_0 blocks, about half the memory); "
-                       "the CPU backend's cache is fp32")
-            ->capture_default_str()
-            ->check(CLI::IsMember({"f16", "q8_0"}));
+    app.add_option("--kv-type", opt.kv_type,
+                   "KV-cache storage: auto (the backend's default: f16 on CUDA, f32 on the CPU), f32 (CPU), f16, "
+                   "or q8_0 (CUDA; ggml Q8_0 blocks, about half of f16's memory)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "f32", "f16", "q8_0"}));
     app.add_option("--draft", opt.draft_path, "draft model (same vocabulary) for speculative decoding")
         ->check(CLI::ExistingFile);
     app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu, cuda")
@@ -423,7 +431,6 @@ int main(int argc, char** argv) {
         return 0;
     }
     opt.seed_given = seed_opt->count() > 0;
-    opt.kv_type_given = kv_type_opt->count() > 0;
     if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();
     if (opt.gen.speculative.draft_min > opt.gen.speculative.draft_max) {
         std::fprintf(stderr, "tandem: --draft-min must not exceed --draft-max\n");

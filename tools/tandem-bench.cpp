@@ -183,8 +183,8 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
 // choice: the target's goes first, CudaOptions::high_priority, unless TANDEM_CUDA_STREAM_PRIORITY=0).
 tandem::CudaOptions bench_cuda_options(const std::string& kv_type, bool draft = false) {
     tandem::CudaOptions options;
-    const auto kv = tandem::parse_kv_type(kv_type);
-    if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f16, q8_0)");
+    const auto kv = tandem::parse_kv_type(kv_type == "auto" ? "f16" : kv_type);
+    if (!kv) throw tandem::Error("--kv-type " + kv_type + ": the CUDA backend's KV cache is f16 or q8_0");
     options.kv_type = *kv;
     options.high_priority = !draft && tandem::cuda_stream_priority_from_env();
     options.persistent_step = tandem::cuda_persistent_step_from_env(draft);
@@ -216,8 +216,12 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
 #endif
     }
-    auto cpu = std::make_unique<tandem::CpuBackend>(model, threads, chunk, tandem::cpu::Activations::Int8, true,
-                                                    requantize_to, /*huge_pages=*/true, head_rows);
+    const auto kv = tandem::parse_cpu_kv_type(kv_type == "auto" ? "f32" : kv_type);
+    if (!kv) throw tandem::Error("--kv-type " + kv_type + ": the CPU backend's KV cache is f32 or f16");
+    auto cpu = std::make_unique<tandem::CpuBackend>(
+        model, threads, chunk,
+        tandem::CpuBackendOptions{
+            .requantize_to = requantize_to, .huge_pages = true, .head_rows = head_rows, .kv_type = *kv});
     cpu->wait_for_repacking();  // timings are of the steady state
     return cpu;
 }
@@ -515,11 +519,11 @@ int main(int argc, char** argv) {
     app.add_flag("--bandwidth", bandwidth, "measure the memory read bandwidth with -t threads (median of -r passes)");
     app.add_option("--bandwidth-mib", bandwidth_mib, "buffer size of --bandwidth")->capture_default_str()
         ->check(CLI::Range(size_t{16}, size_t{1} << 20));
-    std::string backend_kind = "cpu", kv_type = "f16";
+    std::string backend_kind = "cpu", kv_type = "auto";
     app.add_option("--backend", backend_kind, "cpu, or cuda (the GPU; builds with nvcc)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
-    app.add_option("--kv-type", kv_type, "KV-cache storage of the CUDA backend: f16 or q8_0")
-        ->capture_default_str()->check(CLI::IsMember({"f16", "q8_0"}));
+    app.add_option("--kv-type", kv_type, "KV-cache storage: auto (f16 on CUDA, f32 on the CPU), f32 (CPU), f16, q8_0 (CUDA)")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "f32", "f16", "q8_0"}));
     float temperature = 0.0f;
     app.add_option("--temp", temperature,
                    "speculative mode: sampling temperature (0: greedy; else the CLI's sampler defaults, seed 1234)")

@@ -11,11 +11,12 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TANDEM_ATTENTION_SIMD 1
 #include <immintrin.h>
 #endif
 
+#include "cpu/fp16.h"
 #include "cpu/matmul.h"
 #include "cpu/quant.h"
 #include "cpu/vec_math.h"
@@ -25,11 +26,34 @@
 
 namespace tandem {
 
-CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim)
+CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type)
     : KvCache(capacity),
       kv_dim_(kv_dim),
-      k_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]),
-      v_(new float[static_cast<size_t>(n_layers) * capacity * kv_dim]) {}
+      type_(type),
+      k_(new uint8_t[static_cast<size_t>(n_layers) * capacity * row_bytes()]),
+      v_(new uint8_t[static_cast<size_t>(n_layers) * capacity * row_bytes()]) {}
+
+void CpuKvCache::store(int layer, int pos, const float* key, const float* value) {
+    uint8_t* k = k_.get() + offset(layer, pos);
+    uint8_t* v = v_.get() + offset(layer, pos);
+    if (type_ == CpuKvType::F32) {
+        std::memcpy(k, key, row_bytes());
+        std::memcpy(v, value, row_bytes());
+        return;
+    }
+    auto* k16 = reinterpret_cast<uint16_t*>(k);
+    auto* v16 = reinterpret_cast<uint16_t*>(v);
+    for (int j = 0; j < kv_dim_; ++j) {
+        k16[j] = fp32_to_fp16(key[j]);
+        v16[j] = fp32_to_fp16(value[j]);
+    }
+}
+
+std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name) {
+    if (name == "f32") return CpuKvType::F32;
+    if (name == "f16") return CpuKvType::F16;
+    return std::nullopt;
+}
 
 std::optional<GgmlType> parse_requant(const std::string& name) {
     if (name == "none") return std::nullopt;
@@ -38,9 +62,12 @@ std::optional<GgmlType> parse_requant(const std::string& name) {
     return type;
 }
 
-CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Activations activations, bool repack,
-                       std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows)
-    : model_(model), pool_(std::max(1, n_threads)), max_batch_(std::max(1, max_batch)), activations_(activations) {
+CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, const CpuBackendOptions& options)
+    : model_(model),
+      pool_(std::max(1, n_threads)),
+      max_batch_(std::max(1, max_batch)),
+      activations_(options.activations),
+      kv_type_(options.kv_type) {
     const ModelConfig& c = model.config;
     logit_first_ = c.n_vocab;
     const size_t B = static_cast<size_t>(max_batch_);
@@ -59,7 +86,8 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, cpu::Ac
         rope_inv_freq_.push_back(
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(c.rope_dim));
-    if (repack && activations_ == cpu::Activations::Int8) repack_weights(requantize_to, huge_pages, head_rows);
+    if (options.repack && activations_ == cpu::Activations::Int8)
+        repack_weights(options.requantize_to, options.huge_pages, options.head_rows);
 }
 
 // Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked
@@ -101,7 +129,7 @@ std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
         scores_stride_ = n_ctx;
         scores_.assign(static_cast<size_t>(pool_.size()) * n_ctx, 0.0f);
     }
-    return std::make_unique<CpuKvCache>(c.n_layers, n_ctx, c.kv_dim());
+    return std::make_unique<CpuKvCache>(c.n_layers, n_ctx, c.kv_dim(), kv_type_);
 }
 
 namespace {
@@ -186,11 +214,23 @@ void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, 
     }
 }
 
-// att[t] = scale * dot(q, key t) for t < n_keys, key t at keys + t * key_stride (hd floats each). Each score is
+// A cache element as fp32: as stored, or an fp16 widened (exactly). The same arithmetic then follows for both
+// storages, so an fp16 cache computes what an fp32 cache holding the rounded values would.
+inline float kv_element(const float* row, int d) { return row[d]; }
+inline float kv_element(const uint16_t* row, int d) { return fp16_to_fp32(row[d]); }
+#ifdef TANDEM_ATTENTION_SIMD
+inline __m256 kv_load8(const float* row) { return _mm256_loadu_ps(row); }
+inline __m256 kv_load8(const uint16_t* row) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+}
+#endif
+
+// att[t] = scale * dot(q, key t) for t < n_keys, key t at keys + t * key_stride (hd elements each). Each score is
 // one fixed sequence of operations (8-lane FMAs over the head in order, then a fixed horizontal sum), whatever n_keys
 // and however scores are grouped, so a query scores the same in a 1-token step and in a prefill chunk. Four keys at
 // a time keep four independent FMA chains in flight.
-void attention_scores(const float* q, const float* keys, size_t key_stride, int hd, int n_keys, float scale,
+template <typename Element>
+void attention_scores(const float* q, const Element* keys, size_t key_stride, int hd, int n_keys, float scale,
                       float* att) {
     int t = 0;
 #ifdef TANDEM_ATTENTION_SIMD
@@ -201,14 +241,14 @@ void attention_scores(const float* q, const float* keys, size_t key_stride, int 
             return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
         };
         for (; t + 4 <= n_keys; t += 4) {
-            const float* k = keys + t * key_stride;
+            const Element* k = keys + t * key_stride;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int d = 0; d < hd; d += 8) {
                 const __m256 qv = _mm256_loadu_ps(q + d);
-                a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + d), a0);
-                a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + key_stride + d), a1);
-                a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 2 * key_stride + d), a2);
-                a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k + 3 * key_stride + d), a3);
+                a0 = _mm256_fmadd_ps(qv, kv_load8(k + d), a0);
+                a1 = _mm256_fmadd_ps(qv, kv_load8(k + key_stride + d), a1);
+                a2 = _mm256_fmadd_ps(qv, kv_load8(k + 2 * key_stride + d), a2);
+                a3 = _mm256_fmadd_ps(qv, kv_load8(k + 3 * key_stride + d), a3);
             }
             att[t] = hsum(a0) * scale;
             att[t + 1] = hsum(a1) * scale;
@@ -216,19 +256,62 @@ void attention_scores(const float* q, const float* keys, size_t key_stride, int 
             att[t + 3] = hsum(a3) * scale;
         }
         for (; t < n_keys; ++t) {
-            const float* k = keys + t * key_stride;
+            const Element* k = keys + t * key_stride;
             __m256 a0 = _mm256_setzero_ps();
-            for (int d = 0; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), a0);
+            for (int d = 0; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k + d), a0);
             att[t] = hsum(a0) * scale;
         }
         return;
     }
 #endif
     for (; t < n_keys; ++t) {
-        const float* k = keys + t * key_stride;
+        const Element* k = keys + t * key_stride;
         float s = 0.0f;
-        for (int d = 0; d < hd; ++d) s += q[d] * k[d];
+        for (int d = 0; d < hd; ++d) s += q[d] * kv_element(k, d);
         att[t] = s * scale;
+    }
+}
+
+#ifdef TANDEM_ATTENTION_SIMD
+// out[8j..8j+7] for j < NJ: weighted_values' sums (below), NJ eight-lane groups held in registers over all keys.
+template <int NJ, typename Element>
+inline void weighted_value_lanes(const float* att, float inv_sum, const Element* values, size_t stride, int n_keys,
+                                 float* out) {
+    __m256 acc[NJ];
+#pragma GCC unroll 8
+    for (int j = 0; j < NJ; ++j) acc[j] = _mm256_setzero_ps();
+    for (int t = 0; t < n_keys; ++t) {
+        const __m256 a = _mm256_set1_ps(att[t] * inv_sum);
+        const Element* row = values + t * stride;
+#pragma GCC unroll 8
+        for (int j = 0; j < NJ; ++j) acc[j] = _mm256_fmadd_ps(a, kv_load8(row + 8 * j), acc[j]);
+    }
+#pragma GCC unroll 8
+    for (int j = 0; j < NJ; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
+}
+#endif
+
+// out[d] = sum over t < n_keys of (att[t] * inv_sum) * value t[d], value t at values + t * stride (hd elements):
+// one fused multiply-add per key in key order, from 0, for every d. The vector path keeps 64 dims in registers
+// across the keys (fp16 values widened on the way); the scalar loop, which the compiler contracts to the same
+// FMAs, serves heads that are not whole 8-lane groups. Either way a position's output does not depend on how many
+// tokens share the step.
+template <typename Element>
+void weighted_values(const float* att, float inv_sum, const Element* values, size_t stride, int hd, int n_keys,
+                     float* out) {
+#ifdef TANDEM_ATTENTION_SIMD
+    if (hd % 8 == 0) {
+        int d = 0;
+        for (; d + 64 <= hd; d += 64) weighted_value_lanes<8>(att, inv_sum, values + d, stride, n_keys, out + d);
+        for (; d < hd; d += 8) weighted_value_lanes<1>(att, inv_sum, values + d, stride, n_keys, out + d);
+        return;
+    }
+#endif
+    std::fill(out, out + hd, 0.0f);
+    for (int t = 0; t < n_keys; ++t) {
+        const Element* v = values + t * stride;
+        const float a = att[t] * inv_sum;
+        for (int d = 0; d < hd; ++d) out[d] += a * kv_element(v, d);
     }
 }
 
@@ -272,9 +355,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             rope_angles(pos, rope_inv_freq_.data(), n_pairs, cos_a, sin_a);
             rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
             rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
-            std::copy(k, k + kv_dim, cache.key(l, pos));
-            std::copy(&v_[static_cast<size_t>(i) * kv_dim], &v_[static_cast<size_t>(i + 1) * kv_dim],
-                      cache.value(l, pos));
+            cache.store(l, pos, k, &v_[static_cast<size_t>(i) * kv_dim]);
         }
         attention(l, n, start_pos, cache);
         mm(L.wo, att_out_.data(), proj_.data());
@@ -352,9 +433,20 @@ void CpuBackend::restricted_logits(const float* x, int n, float* logits) {
 // Causal grouped-query attention of the step's n tokens over the cache (which already holds their own keys and
 // values). Parallel over (token, head) pairs; each pair is computed the same way whatever n is.
 void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& cache) {
+    if (cache.type() == CpuKvType::F16)
+        attention_over<uint16_t>(layer, n, start_pos, cache);
+    else
+        attention_over<float>(layer, n, start_pos, cache);
+}
+
+template <typename Element>
+void CpuBackend::attention_over(int layer, int n, int start_pos, const CpuKvCache& cache) {
     const ModelConfig& c = model_.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const auto* keys = static_cast<const Element*>(cache.key(layer, 0));
+    const auto* values = static_cast<const Element*>(cache.value(layer, 0));
+    const size_t stride = static_cast<size_t>(c.kv_dim());  // elements from one position to the next
     pool_.parallel_for(static_cast<int64_t>(n) * c.n_heads, [&](int64_t begin, int64_t end, int thread) {
         float* att = &scores_[static_cast<size_t>(thread) * scores_stride_];
         for (int64_t item = begin; item < end; ++item) {
@@ -362,18 +454,13 @@ void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& ca
             const int pos = start_pos + i;
             const int kv_off = (h / group) * hd;
             const float* q = &q_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
-            attention_scores(q, cache.key(layer, 0) + kv_off, c.kv_dim(), hd, pos + 1, scale, att);
+            attention_scores(q, keys + kv_off, stride, hd, pos + 1, scale, att);
             float max_score = -INFINITY;
             for (int t = 0; t <= pos; ++t) max_score = std::max(max_score, att[t]);
             const float sum = cpu::exp_shifted_sum(att, pos + 1, max_score);
             const float inv_sum = 1.0f / sum;
             float* out = &att_out_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
-            std::fill(out, out + hd, 0.0f);
-            for (int t = 0; t <= pos; ++t) {
-                const float* v = cache.value(layer, t) + kv_off;
-                const float a = att[t] * inv_sum;
-                for (int d = 0; d < hd; ++d) out[d] += a * v[d];
-            }
+            weighted_values(att, inv_sum, values + kv_off, stride, hd, pos + 1, out);
         }
     });
 }

@@ -19,54 +19,76 @@ namespace tandem {
 struct Model;
 struct WeightView;
 
+// How a CpuKvCache stores keys and values: fp32 (the default: the CPU's reference precision), or fp16 (half the
+// memory, and the values the CUDA backend's fp16 cache holds: the same rounding of the same fp32 numbers, so that the
+// two backends can be compared without the cache's precision between them).
+enum class CpuKvType { F32, F16 };
+// "f32" / "f16" (the --kv-type values the CPU backend takes); nullopt for anything else.
+std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name);
+
 class CpuKvCache : public KvCache {
 public:
-    CpuKvCache(int n_layers, int capacity, int kv_dim);
-    // Keys / values of `layer` at `pos`: kv_dim floats (heads one after another).
-    float* key(int layer, int pos) { return k_.get() + offset(layer, pos); }
-    float* value(int layer, int pos) { return v_.get() + offset(layer, pos); }
-    const float* key(int layer, int pos) const { return k_.get() + offset(layer, pos); }
-    const float* value(int layer, int pos) const { return v_.get() + offset(layer, pos); }
-    static size_t bytes_needed(int n_layers, int capacity, int kv_dim) {
-        return 2 * sizeof(float) * static_cast<size_t>(n_layers) * capacity * kv_dim;
+    CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32);
+    CpuKvType type() const { return type_; }
+    // Stores the key and the value of `layer` at `pos` (kv_dim floats each, heads one after another), rounded to the
+    // cache's type.
+    void store(int layer, int pos, const float* key, const float* value);
+    // The stored key / value of `layer` at `pos`: row_bytes() bytes, kv_dim elements of the cache's type (float or
+    // IEEE binary16 bits); positions follow one another, row_bytes() apart.
+    const void* key(int layer, int pos) const { return k_.get() + offset(layer, pos); }
+    const void* value(int layer, int pos) const { return v_.get() + offset(layer, pos); }
+    size_t row_bytes() const { return static_cast<size_t>(kv_dim_) * element_bytes(type_); }
+    static size_t bytes_needed(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32) {
+        return 2 * element_bytes(type) * static_cast<size_t>(n_layers) * capacity * kv_dim;
     }
 
 private:
+    static size_t element_bytes(CpuKvType type) { return type == CpuKvType::F16 ? 2 : 4; }
     size_t offset(int layer, int pos) const {
-        return (static_cast<size_t>(layer) * capacity() + pos) * static_cast<size_t>(kv_dim_);
+        return (static_cast<size_t>(layer) * capacity() + pos) * row_bytes();
     }
     int kv_dim_;
-    // [layer][pos][kv_dim], left uninitialized: a position is written before it is read, and untouched pages of a
-    // large context cost no memory (the resident size grows with the tokens actually held).
-    std::unique_ptr<float[]> k_, v_;
+    CpuKvType type_;
+    // [layer][pos][kv_dim] elements, left uninitialized: a position is written before it is read, and untouched
+    // pages of a large context cost no memory (the resident size grows with the tokens actually held).
+    std::unique_ptr<uint8_t[]> k_, v_;
 };
 
 // The value of --draft-requant (tandem-bench: also --requant): "none", or the type a draft's copies are
 // requantized to (see CpuBackend's requantize_to). nullopt for "none".
 std::optional<GgmlType> parse_requant(const std::string& name);
 
-class CpuBackend : public Backend {
-public:
-    // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
-    // `activations`: how quantized weights meet the activations (see cpu/matmul.h); Int8 is the fast default.
-    // `repack`: repack the matrices that have a row-lane kernel (Int8 only; the results are the same bits either way).
-    // `requantize_to`: a speculative draft's copies are requantized to this type where that makes them smaller
+// How a CpuBackend computes and what it keeps (its constructor's options).
+struct CpuBackendOptions {
+    // How quantized weights meet the activations (see cpu/matmul.h); Int8 is the fast default.
+    cpu::Activations activations = cpu::Activations::Int8;
+    // Repack the matrices that have a row-lane kernel (Int8 only; the results are the same bits either way).
+    bool repack = true;
+    // A speculative draft's copies are requantized to this type where that makes them smaller
     // (RepackedMatrix::requantized_type): fewer bytes per draft step, and lossy, so never for a model whose output
     // is shown. The logits differ from the file's once the copies are in use (the Generator waits for them before
     // the draft's first round, so drafting always sees the requantized weights).
-    // `huge_pages`: the copies on transparent huge pages. A step that reads them is faster (interleaved tg runs
-    // here: the 0.5B's draft step 5 of 5 pairs faster, median +10%; the 1.5B's decode +3%), but fresh huge pages
-    // can be slow to fault in: on this project's VM (Firecracker, whose host takes freed guest memory back) 1 GB
-    // costs ~2.2 s against ~0.4 s on small pages, which held a one-shot run's first draft round up 1.5 s. So ask
-    // for them where the copies are read long enough to repay that: a draft's (read k times per target step) and
-    // a long-lived process's (the chat REPL, the benchmarks), not a one-shot run's target.
-    // `head_rows` > 0: copy only the first head_rows rows of the output matrix, for a draft whose logits
-    // restrict_logits limits to them (the 0.5B's 151,936-row head is 76.6 MB as Q4_0 copies, of which the first
-    // 32,768 rows, 16.5 MB, are read). Logits of rows beyond come from the file's layout, so lifting the
-    // restriction stays correct, only slower. 0: every row.
-    CpuBackend(const Model& model, int n_threads, int max_batch,
-               cpu::Activations activations = cpu::Activations::Int8, bool repack = true,
-               std::optional<GgmlType> requantize_to = std::nullopt, bool huge_pages = false, int64_t head_rows = 0);
+    std::optional<GgmlType> requantize_to;
+    // The copies on transparent huge pages. A step that reads them is faster (interleaved tg runs here: the 0.5B's
+    // draft step 5 of 5 pairs faster, median +10%; the 1.5B's decode +3%), but fresh huge pages can be slow to fault
+    // in: on this project's VM (Firecracker, whose host takes freed guest memory back) 1 GB costs ~2.2 s against
+    // ~0.4 s on small pages, which held a one-shot run's first draft round up 1.5 s. So ask for them where the copies
+    // are read long enough to repay that: a draft's (read k times per target step) and a long-lived process's (the
+    // chat REPL, the benchmarks), not a one-shot run's target.
+    bool huge_pages = false;
+    // > 0: copy only the first head_rows rows of the output matrix, for a draft whose logits restrict_logits limits
+    // to them (the 0.5B's 151,936-row head is 76.6 MB as Q4_0 copies, of which the first 32,768 rows, 16.5 MB, are
+    // read). Logits of rows beyond come from the file's layout, so lifting the restriction stays correct, only
+    // slower. 0: every row.
+    int64_t head_rows = 0;
+    // The storage of the caches new_cache makes (--kv-type).
+    CpuKvType kv_type = CpuKvType::F32;
+};
+
+class CpuBackend : public Backend {
+public:
+    // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
+    CpuBackend(const Model& model, int n_threads, int max_batch, const CpuBackendOptions& options = {});
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
@@ -86,6 +108,8 @@ private:
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
+    template <typename Element>  // float or uint16_t (fp16 bits): the cache's storage
+    void attention_over(int layer, int n, int start_pos, const CpuKvCache& cache);
     // The logits of n normed rows x under restrict_logits.
     void restricted_logits(const float* x, int n, float* logits);
 
@@ -93,6 +117,7 @@ private:
     cpu::ThreadPool pool_;
     int max_batch_;
     cpu::Activations activations_;
+    CpuKvType kv_type_;
     // Scratch, sized once (nothing is allocated per token). Row i belongs to the i-th token of the step.
     std::vector<float> x_;       // [max_batch][dim] residual stream
     std::vector<float> xb_;      // [max_batch][dim] normed input of a sublayer

@@ -15,7 +15,7 @@ namespace tandem::fuzz {
 // the loader accepted must run without reading outside its tensors (the sanitizers check that).
 inline void run_two_tokens(const Model& model) {
     const int n_vocab = model.config.n_vocab;
-    CpuBackend backend(model, 1, 2, cpu::Activations::Int8, /*repack=*/false);
+    CpuBackend backend(model, 1, 2, {.repack = false});
     auto cache = backend.new_cache(4);
     const int tokens[] = {0, n_vocab - 1};
     std::vector<float> logits(static_cast<size_t>(n_vocab) * 2);

@@ -86,7 +86,7 @@ CudaOptions fp32_route() {
 Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {},
                       cpu::Activations cpu_activations = cpu::Activations::Float, bool repack = true) {
     const int n_vocab = model.config.n_vocab;
-    CpuBackend cpu(model, 1, 64, cpu_activations, repack);
+    CpuBackend cpu(model, 1, 64, {.activations = cpu_activations, .repack = repack, .kv_type = CpuKvType::F16});
     CudaBackend gpu(model, n_ctx, {}, options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);
@@ -161,8 +161,10 @@ TEST_CASE("cuda backend: stories260K f32 logits match the CPU backend through pr
     auto model = Model::load(kData + "/stories260K.gguf");
     const Diff d = compare_backends(*model, 64);
     MESSAGE("stories260K f32: max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel, " of the logit range)");
-    // fp16 keys and values are the only deliberate rounding; everything else is fp32 in a different order.
-    CHECK(d.worst_rel <= 1e-2);
+    // Both caches hold the same fp16 keys and values (the CPU's CpuKvType::F16); everything else is fp32 in a
+    // different order. A last-bit difference that moves a key across an fp16 rounding boundary moves the logits
+    // ~2e-5 of their range (measured 6.7e-6 worst): the bound leaves room for a few.
+    CHECK(d.worst_rel <= 1e-3);
 }
 
 TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CPU backend on the fp32 route" * doctest::test_suite("emu-variants")) {
@@ -173,16 +175,18 @@ TEST_CASE("cuda backend: stories260K requantized to q8_0 and q4_0 matches the CP
         const Diff d = compare_backends(*model, 48, fp32_route());
         const std::string name = std::string("stories260K ") + ggml_type_name(type);
         MESSAGE(name, ": max |cuda - cpu| = ", d.worst_abs, " (", d.worst_rel, " of the logit range)");
-        CHECK(d.worst_rel <= 1e-2);
+        CHECK(d.worst_rel <= 5e-3);  // measured 5.7e-5 (q8_0), 3.9e-4 (q4_0): fp16 rounding flips, as above
     }
 }
 
 TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int8 logits (stories260K q8_0 and q4_0)" * doctest::test_suite("emu-variants")) {
     // CudaOptions::int8_activations: every block-type matvec of a step takes its input quantized as the CPU's Int8
-    // matmul does, with the same integer sums (the kernel tests check both bitwise / to float rounding). The model
-    // cannot agree that closely: the fp16 KV cache already moves attention outputs by ~1e-4, and wherever that
-    // crosses a rounding boundary of the 8-bit codes (about one code of a 64-wide row here) the two backends
-    // quantize differently. So the check is the backends' usual agreement, and that the route is in use.
+    // matmul does, with the same integer sums (the kernel tests check both bitwise / to float rounding), and both
+    // caches hold the same fp16 values. The model still cannot agree bitwise: sums in another order differ in their
+    // last bit, and where that crosses a rounding boundary of an 8-bit code (or of the fp16 cache) the backends
+    // quantize differently, one code moving the logits ~2e-3 of their range at that position and after (measured:
+    // q8_0 1e-7, with no such crossing; q4_0 8.9e-3 worst, 3.3e-3 median). So the check is the backends' usual
+    // agreement, and that the route is in use.
     for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0}) {
         CAPTURE(std::string(ggml_type_name(type)));
         auto model = Model::load(requantized(type));
@@ -191,7 +195,7 @@ TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int
         const Diff with_int8 = compare_backends(*model, 48, int8, cpu::Activations::Int8);
         const Diff fp32_vs_cpu_fp32 = compare_backends(*model, 48, fp32_route(), cpu::Activations::Float);
         const Diff int8_vs_cpu_fp32 = compare_backends(*model, 48, int8, cpu::Activations::Float);
-        MESSAGE("stories260K ", ggml_type_name(type), ": cuda int8 vs cpu int8: worst ", with_int8.worst_rel,
+        MESSAGE("stories260K ", std::string(ggml_type_name(type)), ": cuda int8 vs cpu int8: worst ", with_int8.worst_rel,
                 ", median ", with_int8.median_rel(), " of the logit range; cuda fp32 vs cpu fp32: median ",
                 fp32_vs_cpu_fp32.median_rel(), "; cuda int8 vs cpu fp32: median ", int8_vs_cpu_fp32.median_rel());
         CHECK(with_int8.worst_rel <= 2e-2);
@@ -222,7 +226,7 @@ PrefillRun run_prefill(const Model& model, CudaPrefillOptions options, const std
                        int n_ctx, CudaOptions cuda_options = {},
                        cpu::Activations cpu_activations = cpu::Activations::Float) {
     const int n_vocab = model.config.n_vocab;
-    CpuBackend cpu(model, 1, 64, cpu_activations);
+    CpuBackend cpu(model, 1, 64, {.activations = cpu_activations, .kv_type = CpuKvType::F16});
     CudaBackend gpu(model, n_ctx, options, cuda_options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);
@@ -289,11 +293,15 @@ TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU ba
         auto model = synthetic_model ? synthetic({"q6k", 256, 512, 2, 4, 2, 512, 128}, type, 13)
                                      : Model::load(requantized(type));
         REQUIRE(model->weights.layers[0].wq.type == type);
-        // The output projection after the chunk is a matvec: fp32 activations for it on both sides (Q4_0's
-        // measured matvec route is 8-bit), so that only the GEMM differs.
+        // The output projection after the chunk is a matvec: against the CPU's Int8 logits it takes 8-bit
+        // activations too (the CPU's Int8 quantizes the head's input as well), against the CPU's float logits fp32
+        // ones (Q4_0's measured matvec route is 8-bit), so that only the GEMM differs.
         CudaOptions int8 = fp32_route();
         int8.int8_gemm = true;
-        const PrefillRun with_int8 = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8, cpu::Activations::Int8);
+        CudaOptions int8_head = int8;
+        int8_head.int8_activations = true;
+        const PrefillRun with_int8 =
+            run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8_head, cpu::Activations::Int8);
         const PrefillRun float_run = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, fp32_route());
         const PrefillRun int8_vs_float = run_prefill(*model, kPrefillFrom17, {100}, 0, 128, int8);
         const std::string model_name =
@@ -306,8 +314,9 @@ TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU ba
             CHECK(with_int8.diff.worst_rel <= 3e-2);
             CHECK(int8_vs_float.diff.worst_rel <= 3e-2);
         } else {
-            CHECK(with_int8.diff.worst_rel <= 2e-2);
-            CHECK(with_int8.diff.median_rel() <= 1e-2);
+            // The CPU's codes and scales, the same integer sums and the same fp16 cache: measured 8e-8 of the logit
+            // range; the bound leaves room for a last bit that crosses a code's rounding boundary (~2e-3 each).
+            CHECK(with_int8.diff.worst_rel <= 5e-3);
         }
         CHECK(int8_vs_float.diff.median_rel() > 5 * float_run.diff.median_rel());
     }
@@ -458,7 +467,7 @@ void check_real_model_on_cuda(const std::string& name, const std::string& prompt
     if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
     auto model = Model::load(*path);
     const int n_vocab = model->config.n_vocab, n_ctx = 16;
-    CpuBackend cpu(*model, 2, 16, cpu::Activations::Float);
+    CpuBackend cpu(*model, 2, 16, {.activations = cpu::Activations::Float, .kv_type = CpuKvType::F16});
     CudaBackend gpu(*model, n_ctx, {}, options);
     auto cpu_cache = cpu.new_cache(n_ctx);
     auto gpu_cache = gpu.new_cache(n_ctx);

@@ -1,6 +1,6 @@
 // Forward-pass tests on stories260K against llama2.c's outputs (an independent implementation): logits at
 // positions 4..7 of "Once upon a time", greedy continuations of every reference prompt, and batch invariance; logits
-// restricted to part of the vocabulary (Backend::restrict_logits).
+// restricted to part of the vocabulary (Backend::restrict_logits); the fp16 KV cache (CpuKvType::F16).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cpu/cpu_backend.h"
+#include "cpu/fp16.h"
 #include "error.h"
 #include "generator.h"
 #include "gguf.h"
@@ -139,6 +140,66 @@ TEST_CASE("model: batch invariance — chunk sizes 1, 2, 7 and 64 give bitwise i
     }
 }
 
+TEST_CASE("model: an fp16 KV cache holds the fp32 cache's values rounded, and keeps batch invariance and the text") {
+    // CpuKvType::F16 (--kv-type f16): each stored key / value is the fp32 cache's, rounded to nearest even (what the
+    // CUDA backend's fp16 cache holds), in half the bytes; attention reads them back exactly, so chunk sizes still
+    // give the same bits, and on stories260K the greedy text is still llama2.c's (fp32 throughout).
+    auto model = Model::load(kData + "/stories260K.gguf");
+    const ModelConfig& c = model->config;
+    CHECK(CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::F16) * 2 ==
+          CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::F32));
+    const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
+    std::vector<int> tokens = cases[0].prompt_ids;
+    tokens.insert(tokens.end(), cases[0].generated_ids.begin(), cases[0].generated_ids.begin() + 40);
+    CpuBackend f32(*model, 1, 64);
+    auto f32_cache = f32.new_cache(64);
+    const std::vector<float> f32_logits = run_logits(f32, *f32_cache, tokens, 64, 512);
+    std::vector<float> baseline;
+    for (int chunk : {1, 7, 64}) {
+        CAPTURE(chunk);
+        CpuBackend f16(*model, 2, chunk == 64 ? 64 : 16, {.kv_type = CpuKvType::F16});
+        auto cache = f16.new_cache(64);
+        REQUIRE(static_cast<CpuKvCache&>(*cache).type() == CpuKvType::F16);
+        const std::vector<float> all = run_logits(f16, *cache, tokens, chunk, 512);
+        if (baseline.empty()) {
+            baseline = all;
+            // The stored values: the fp32 cache's, rounded (the keys after RoPE). In the first layer only: its keys
+            // and values come from the embeddings alone; every later layer's input has passed through attention
+            // over the rounded values, and differs.
+            const auto& a = static_cast<const CpuKvCache&>(*f32_cache);
+            const auto& b = static_cast<const CpuKvCache&>(*cache);
+            REQUIRE(b.row_bytes() * 2 == a.row_bytes());
+            int differing = 0, rounded = 0;
+            for (int l = 0; l < 1; ++l)
+                for (int pos = 0; pos < static_cast<int>(tokens.size()); ++pos)
+                    for (const bool key : {true, false}) {
+                        const auto* x = static_cast<const float*>(key ? a.key(l, pos) : a.value(l, pos));
+                        const auto* h = static_cast<const uint16_t*>(key ? b.key(l, pos) : b.value(l, pos));
+                        for (int j = 0; j < c.kv_dim(); ++j) {
+                            differing += h[j] != fp32_to_fp16(x[j]);
+                            rounded += fp16_to_fp32(h[j]) != x[j];
+                        }
+                    }
+            CHECK(differing == 0);
+            CHECK(rounded > 0);  // (fp32 values that fp16 holds exactly would make the test vacuous)
+            // The logits move by the rounding, and only a little.
+            double worst = 0.0;
+            for (size_t i = 0; i < all.size(); ++i) worst = std::max(worst, double{std::abs(all[i] - f32_logits[i])});
+            MESSAGE("stories260K, fp16 vs fp32 KV cache: max |logit difference| ", worst);
+            CHECK(worst > 0.0);
+            CHECK(worst <= 5e-2);  // (measured 1.4e-2 of a logit range of ~20)
+            continue;
+        }
+        CHECK(std::memcmp(all.data(), baseline.data(), all.size() * sizeof(float)) == 0);
+    }
+    CpuBackend f16(*model, 2, 64, {.kv_type = CpuKvType::F16});
+    for (const auto& g : cases) {
+        CAPTURE(g.prompt);
+        auto cache = f16.new_cache(256);
+        CHECK(greedy_ids(f16, *cache, g.prompt_ids, 200, 512, 64) == g.generated_ids);
+    }
+}
+
 TEST_CASE("model: truncating the cache and refeeding reproduces the logits") {
     auto model = Model::load(kData + "/stories260K.gguf");
     CpuBackend backend(*model, 2, 64);
@@ -257,7 +318,7 @@ TEST_CASE("model: restricted logits are the unrestricted ones on the kept ids an
         // `restricted` copies only the output's first n_first rows (as a draft's backend does): the extra ids and,
         // once the restriction is lifted, every id beyond come from the file's layout, the same bits.
         CpuBackend full(*model, 2, 16),
-            restricted(*model, 2, 16, cpu::Activations::Int8, true, std::nullopt, false, /*head_rows=*/n_first);
+            restricted(*model, 2, 16, {.head_rows = n_first});
         full.wait_for_repacking();
         restricted.wait_for_repacking();
         if (full.repacked_bytes() > 0) CHECK(restricted.repacked_bytes() < full.repacked_bytes());

@@ -59,7 +59,7 @@ void check_model(const std::string& name, const std::string& reference_file, cpu
                  int min_full_agreement) {
     auto model = load_real(name);
     const test::Json ref = test::Json::parse(read_text(kData + "/" + reference_file));
-    CpuBackend backend(*model, 2, 256, activations);
+    CpuBackend backend(*model, 2, 256, {.activations = activations});
     const int n_vocab = model->config.n_vocab;
     int n_cases = 0, n_agree16 = 0, n_positions = 0, n_ties = 0;
     double worst_margin = 0;
@@ -141,8 +141,8 @@ TEST_CASE("real: Qwen2.5-Coder-1.5B greedy continuations agree with llama.cpp") 
 // with every copy ready and while they are being made.
 TEST_CASE("real: Qwen2.5-Coder-1.5B logits are bitwise the same with repacked weights") {
     auto model = load_real("qwen2.5-coder-1.5b-instruct-q4_k_m");
-    CpuBackend plain(*model, 2, 64, cpu::Activations::Int8, /*repack=*/false);
-    CpuBackend repacked(*model, 2, 64, cpu::Activations::Int8, /*repack=*/true);
+    CpuBackend plain(*model, 2, 64, {.repack = false});
+    CpuBackend repacked(*model, 2, 64, {.repack = true});
     repacked.wait_for_repacking();
     if (repacked.repacked_bytes() == 0) {
         MESSAGE("no repacked kernels on this CPU: nothing to compare");
@@ -169,7 +169,7 @@ TEST_CASE("real: Qwen2.5-Coder-1.5B logits are bitwise the same with repacked we
     REQUIRE(a.size() == b.size());
     CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
     // Forward passes that do not wait: each matrix switches to its copy whenever it is published, mid-sequence.
-    CpuBackend switching(*model, 2, 64, cpu::Activations::Int8, /*repack=*/true);
+    CpuBackend switching(*model, 2, 64, {.repack = true});
     const std::vector<float> c = run(switching);
     REQUIRE(a.size() == c.size());
     CHECK(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)) == 0);

@@ -54,7 +54,7 @@ Run generate(const Model& target, const std::string& draft_path, const std::vect
     DraftModel draft;
     if (!draft_path.empty()) {
         draft_model = Model::load(draft_path);
-        draft_backend = std::make_unique<CpuBackend>(*draft_model, 1, 64, cpu::Activations::Int8, true, draft_requant);
+        draft_backend = std::make_unique<CpuBackend>(*draft_model, 1, 64, CpuBackendOptions{.requantize_to = draft_requant});
         draft_cache = draft_backend->new_cache(256);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
     }
@@ -118,7 +118,7 @@ TEST_CASE("speculative: a draft requantized at load keeps the output, and really
     auto target = Model::load(kData + "/stories260K.gguf");
     // The f32 model's copies as Q4_0 (the matrices 64 wide; the FFN's down projection, 172 wide, stays f32): an
     // eighth of the bytes.
-    CpuBackend as_file(*target, 1, 64), requantized(*target, 1, 64, cpu::Activations::Int8, true, GgmlType::Q4_0);
+    CpuBackend as_file(*target, 1, 64), requantized(*target, 1, 64, {.requantize_to = GgmlType::Q4_0});
     as_file.wait_for_repacking();
     requantized.wait_for_repacking();
     CHECK(requantized.repacked_bytes() > 0);
