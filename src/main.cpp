@@ -43,7 +43,7 @@ struct Options {
     std::string chat_template;
     std::string draft_backend = "auto";
     std::string draft_requant = "q4_0";
-    std::string kv_type = "auto";
+    std::string kv_type = "f16";
     int n_predict = -1;
     int n_ctx = 0;
     int chunk = 256;
@@ -76,7 +76,7 @@ int choose_context(const Options& opt, const tandem::ModelConfig& c) {
     if (opt.n_ctx > 0) return opt.n_ctx;
     const size_t phys = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t per_pos = tandem::CpuKvCache::bytes_needed(
-        c.n_layers, 1, c.kv_dim(), opt.kv_type == "f16" ? tandem::CpuKvType::F16 : tandem::CpuKvType::F32);
+        c.n_layers, 1, c.kv_dim(), opt.kv_type == "f32" ? tandem::CpuKvType::F32 : tandem::CpuKvType::F16);
     const size_t fit = std::max<size_t>(256, phys / 4 / per_pos);
     return static_cast<int>(std::min<size_t>(static_cast<size_t>(c.context_length), fit));
 }
@@ -160,17 +160,17 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
 #else
     (void)kind, (void)n_ctx;
 #endif
-    // A storage the CPU backend lacks (q8_0) leaves its fp32 default: a script written for a GPU still runs here,
+    // A storage the CPU backend lacks (q8_0) leaves its f16 default: a script written for a GPU still runs here,
     // and an explicit request is not dropped without a word under -v.
     const std::optional<tandem::CpuKvType> kv = tandem::parse_cpu_kv_type(opt.kv_type);
-    if (verbose && !kv && opt.kv_type != "auto")
-        std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an fp32 KV cache\n",
+    if (verbose && !kv)
+        std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an f16 KV cache\n",
                      opt.kv_type.c_str(), which);
     return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk),
                                                 tandem::CpuBackendOptions{.requantize_to = requantize_to,
                                                                           .huge_pages = huge_pages,
                                                                           .head_rows = head_rows,
-                                                                          .kv_type = kv.value_or(tandem::CpuKvType::F32)});
+                                                                          .kv_type = kv.value_or(tandem::CpuKvType::F16)});
 }
 
 int run(const Options& opt) {
@@ -389,10 +389,10 @@ int main(int argc, char** argv) {
     app.add_option("--backend", opt.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--kv-type", opt.kv_type,
-                   "KV-cache storage: auto (the backend's default: f16 on CUDA, f32 on the CPU), f32 (CPU), f16, "
-                   "or q8_0 (CUDA; ggml Q8_0 blocks, about half of f16's memory)")
+                   "KV-cache storage: f16 (both backends), f32 (CPU: the reference precision, twice the memory), or "
+                   "q8_0 (CUDA: ggml Q8_0 blocks, about half of f16's memory)")
         ->capture_default_str()
-        ->check(CLI::IsMember({"auto", "f32", "f16", "q8_0"}));
+        ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     app.add_option("--draft", opt.draft_path, "draft model (same vocabulary) for speculative decoding")
         ->check(CLI::ExistingFile);
     app.add_option("--draft-backend", opt.draft_backend, "backend of the draft model: auto, cpu, cuda")

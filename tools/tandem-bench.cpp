@@ -183,7 +183,7 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
 // choice: the target's goes first, CudaOptions::high_priority, unless TANDEM_CUDA_STREAM_PRIORITY=0).
 tandem::CudaOptions bench_cuda_options(const std::string& kv_type, bool draft = false) {
     tandem::CudaOptions options;
-    const auto kv = tandem::parse_kv_type(kv_type == "auto" ? "f16" : kv_type);
+    const auto kv = tandem::parse_kv_type(kv_type);
     if (!kv) throw tandem::Error("--kv-type " + kv_type + ": the CUDA backend's KV cache is f16 or q8_0");
     options.kv_type = *kv;
     options.high_priority = !draft && tandem::cuda_stream_priority_from_env();
@@ -216,7 +216,7 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
 #endif
     }
-    const auto kv = tandem::parse_cpu_kv_type(kv_type == "auto" ? "f32" : kv_type);
+    const auto kv = tandem::parse_cpu_kv_type(kv_type);
     if (!kv) throw tandem::Error("--kv-type " + kv_type + ": the CPU backend's KV cache is f32 or f16");
     auto cpu = std::make_unique<tandem::CpuBackend>(
         model, threads, chunk,
@@ -519,11 +519,11 @@ int main(int argc, char** argv) {
     app.add_flag("--bandwidth", bandwidth, "measure the memory read bandwidth with -t threads (median of -r passes)");
     app.add_option("--bandwidth-mib", bandwidth_mib, "buffer size of --bandwidth")->capture_default_str()
         ->check(CLI::Range(size_t{16}, size_t{1} << 20));
-    std::string backend_kind = "cpu", kv_type = "auto";
+    std::string backend_kind = "cpu", kv_type = "f16";
     app.add_option("--backend", backend_kind, "cpu, or cuda (the GPU; builds with nvcc)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
-    app.add_option("--kv-type", kv_type, "KV-cache storage: auto (f16 on CUDA, f32 on the CPU), f32 (CPU), f16, q8_0 (CUDA)")
-        ->capture_default_str()->check(CLI::IsMember({"auto", "f32", "f16", "q8_0"}));
+    app.add_option("--kv-type", kv_type, "KV-cache storage: f16, f32 (CPU), q8_0 (CUDA)")
+        ->capture_default_str()->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     float temperature = 0.0f;
     app.add_option("--temp", temperature,
                    "speculative mode: sampling temperature (0: greedy; else the CLI's sampler defaults, seed 1234)")

@@ -19,9 +19,10 @@ namespace tandem {
 struct Model;
 struct WeightView;
 
-// How a CpuKvCache stores keys and values: fp32 (the default: the CPU's reference precision), or fp16 (half the
-// memory, and the values the CUDA backend's fp16 cache holds: the same rounding of the same fp32 numbers, so that the
-// two backends can be compared without the cache's precision between them).
+// How a CpuKvCache stores keys and values: fp32 (CpuBackendOptions' default: the reference precision, which the
+// tests compare with llama2.c), or fp16 (the CLI's default, as llama.cpp's: half the memory, and the values the CUDA
+// backend's fp16 cache holds, the same rounding of the same fp32 numbers, so that the two backends give the same
+// results to the last bits of their sums).
 enum class CpuKvType { F32, F16 };
 // "f32" / "f16" (the --kv-type values the CPU backend takes); nullopt for anything else.
 std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name);
@@ -81,7 +82,7 @@ struct CpuBackendOptions {
     // read). Logits of rows beyond come from the file's layout, so lifting the restriction stays correct, only
     // slower. 0: every row.
     int64_t head_rows = 0;
-    // The storage of the caches new_cache makes (--kv-type).
+    // The storage of the caches new_cache makes (--kv-type; the CLI's default is F16).
     CpuKvType kv_type = CpuKvType::F32;
 };
 

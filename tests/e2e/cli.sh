@@ -85,17 +85,17 @@ else
   check "--backend cuda without a GPU: the error names CUDA" grep -q "cuda.*\(CUDA\|cuda\)" "$tmp/err"
 fi
 
-# --kv-type: auto (the default: f16 on CUDA, f32 on the CPU), f32, f16, q8_0. The CPU stores f32 or f16; asked for
-# q8_0 it keeps its fp32 cache and, under -v, says so in one line rather than drop an explicit request silently.
-# Anything else is a usage error.
-expect_error "--kv-type other than auto / f32 / f16 / q8_0" "$tandem" -m "$model" -p hi --kv-type q4_0
-out_kv16=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --backend cpu --kv-type f16 -v 2>"$tmp/err")
-check "--backend cpu --kv-type f16: greedy text still matches llama2.c" \
-  [ "${out_kv16:0:${#expected_start}}" = "$expected_start" ]
-check "--backend cpu --kv-type f16 -v: no note (the CPU honours it)" [ "$(grep -c 'kv-type' "$tmp/err")" -eq 0 ]
+# --kv-type: f16 (the default), f32, q8_0. The CPU stores f16 or f32 (its reference precision); asked for q8_0 it
+# keeps its f16 cache and, under -v, says so in one line rather than drop an explicit request silently. Anything
+# else is a usage error.
+expect_error "--kv-type other than f32 / f16 / q8_0" "$tandem" -m "$model" -p hi --kv-type q4_0
+out_kv32=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --backend cpu --kv-type f32 -v 2>"$tmp/err")
+check "--backend cpu --kv-type f32: greedy text still matches llama2.c" \
+  [ "${out_kv32:0:${#expected_start}}" = "$expected_start" ]
+check "--backend cpu --kv-type f32 -v: no note (the CPU honours it)" [ "$(grep -c 'kv-type' "$tmp/err")" -eq 0 ]
 out_kv=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --backend cpu --kv-type q8_0 -v 2>"$tmp/err")
 check "--backend cpu --kv-type q8_0: the CPU's text" [ "$out_kv" = "$out_cpu" ]
-check "--backend cpu --kv-type q8_0 -v: a note that the CPU cache is fp32" grep -q "kv-type q8_0.*fp32" "$tmp/err"
+check "--backend cpu --kv-type q8_0 -v: a note that the CPU cache is f16" grep -q "kv-type q8_0.*f16" "$tmp/err"
 check "--backend cpu --kv-type q8_0 -v: the note is one line" [ "$(grep -c 'kv-type' "$tmp/err")" -eq 1 ]
 "$tandem" -m "$model" -p "Once upon a time" -n 5 --temp 0 --backend cpu --kv-type q8_0 >/dev/null 2>"$tmp/err"
 check "--kv-type without -v: nothing on stderr" [ ! -s "$tmp/err" ]

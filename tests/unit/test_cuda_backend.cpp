@@ -315,8 +315,9 @@ TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU ba
             CHECK(int8_vs_float.diff.worst_rel <= 3e-2);
         } else {
             // The CPU's codes and scales, the same integer sums and the same fp16 cache: measured 8e-8 of the logit
-            // range; the bound leaves room for a last bit that crosses a code's rounding boundary (~2e-3 each).
-            CHECK(with_int8.diff.worst_rel <= 5e-3);
+            // range under the emulation. The bound leaves room for a few last bits that cross a code's rounding
+            // boundary (~2e-3 each), as a GPU's tensor cores and FMA contraction may add.
+            CHECK(with_int8.diff.worst_rel <= 1e-2);
         }
         CHECK(int8_vs_float.diff.median_rel() > 5 * float_run.diff.median_rel());
     }
