@@ -76,7 +76,7 @@ int choose_context(const Options& opt, const tandem::ModelConfig& c) {
     if (opt.n_ctx > 0) return opt.n_ctx;
     const size_t phys = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t per_pos = tandem::CpuKvCache::bytes_needed(
-        c.n_layers, 1, c.kv_dim(), opt.kv_type == "f32" ? tandem::CpuKvType::F32 : tandem::CpuKvType::F16);
+        c.n_layers, 1, c.kv_dim(), tandem::parse_cpu_kv_type(opt.kv_type).value_or(tandem::CpuKvType::F16));
     const size_t fit = std::max<size_t>(256, phys / 4 / per_pos);
     return static_cast<int>(std::min<size_t>(static_cast<size_t>(c.context_length), fit));
 }
@@ -125,9 +125,9 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
                                               bool huge_pages,
                                               std::optional<tandem::GgmlType> requantize_to = std::nullopt,
                                               int64_t head_rows = 0) {
-    const bool verbose = opt.verbose;
 #ifdef TANDEM_HAS_CUDA
     if (kind == "cuda") {
+        const bool verbose = opt.verbose;
         tandem::CudaOptions options = cuda_options(opt);
         // The target's stream goes first where a draft on the same device drafts ahead while it verifies.
         const bool target = std::string_view(which) == "--backend";
@@ -160,17 +160,12 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
 #else
     (void)kind, (void)n_ctx;
 #endif
-    // A storage the CPU backend lacks (q8_0) leaves its f16 default: a script written for a GPU still runs here,
-    // and an explicit request is not dropped without a word under -v.
-    const std::optional<tandem::CpuKvType> kv = tandem::parse_cpu_kv_type(opt.kv_type);
-    if (verbose && !kv)
-        std::fprintf(stderr, "tandem: note: --kv-type %s applies to the CUDA backend; %s cpu keeps an f16 KV cache\n",
-                     opt.kv_type.c_str(), which);
+    const std::optional<tandem::CpuKvType> kv = tandem::parse_cpu_kv_type(opt.kv_type);  // CLI11 admitted only these
     return std::make_unique<tandem::CpuBackend>(model, threads, std::max(1, chunk),
                                                 tandem::CpuBackendOptions{.requantize_to = requantize_to,
                                                                           .huge_pages = huge_pages,
                                                                           .head_rows = head_rows,
-                                                                          .kv_type = kv.value_or(tandem::CpuKvType::F16)});
+                                                                          .kv_type = *kv});
 }
 
 int run(const Options& opt) {
@@ -389,8 +384,8 @@ int main(int argc, char** argv) {
     app.add_option("--backend", opt.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--kv-type", opt.kv_type,
-                   "KV-cache storage: f16 (both backends), f32 (CPU: the reference precision, twice the memory), or "
-                   "q8_0 (CUDA: ggml Q8_0 blocks, about half of f16's memory)")
+                   "KV-cache storage: f16, f32 (CPU: the reference precision, twice the memory), or q8_0 (ggml Q8_0 "
+                   "blocks, about half of f16's memory; the key/value width must be a multiple of 32)")
         ->capture_default_str()
         ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     app.add_option("--draft", opt.draft_path, "draft model (same vocabulary) for speculative decoding")

@@ -217,7 +217,7 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 #endif
     }
     const auto kv = tandem::parse_cpu_kv_type(kv_type);
-    if (!kv) throw tandem::Error("--kv-type " + kv_type + ": the CPU backend's KV cache is f32 or f16");
+    if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f32, f16, q8_0)");
     auto cpu = std::make_unique<tandem::CpuBackend>(
         model, threads, chunk,
         tandem::CpuBackendOptions{
@@ -522,7 +522,7 @@ int main(int argc, char** argv) {
     std::string backend_kind = "cpu", kv_type = "f16";
     app.add_option("--backend", backend_kind, "cpu, or cuda (the GPU; builds with nvcc)")
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
-    app.add_option("--kv-type", kv_type, "KV-cache storage: f16, f32 (CPU), q8_0 (CUDA)")
+    app.add_option("--kv-type", kv_type, "KV-cache storage: f16, f32 (CPU), q8_0")
         ->capture_default_str()->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     float temperature = 0.0f;
     app.add_option("--temp", temperature,

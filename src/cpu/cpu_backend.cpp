@@ -28,10 +28,17 @@ namespace tandem {
 
 CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type)
     : KvCache(capacity),
-      kv_dim_(kv_dim),
+      kv_dim_(check_kv_width(kv_dim, type)),
       type_(type),
       k_(new uint8_t[static_cast<size_t>(n_layers) * capacity * row_bytes()]),
       v_(new uint8_t[static_cast<size_t>(n_layers) * capacity * row_bytes()]) {}
+
+int CpuKvCache::check_kv_width(int kv_dim, CpuKvType type) {
+    if (type == CpuKvType::Q8_0 && kv_dim % 32 != 0)
+        throw Error("a q8_0 KV cache needs the model's key/value width to be a multiple of 32 (this model's is " +
+                    std::to_string(kv_dim) + "): use --kv-type f16");
+    return kv_dim;
+}
 
 void CpuKvCache::store(int layer, int pos, const float* key, const float* value) {
     uint8_t* k = k_.get() + offset(layer, pos);
@@ -39,6 +46,11 @@ void CpuKvCache::store(int layer, int pos, const float* key, const float* value)
     if (type_ == CpuKvType::F32) {
         std::memcpy(k, key, row_bytes());
         std::memcpy(v, value, row_bytes());
+        return;
+    }
+    if (type_ == CpuKvType::Q8_0) {  // ggml's Q8_0 rounding, the bytes the CUDA backend's q8_0 cache holds
+        cpu::quantize_row(GgmlType::Q8_0, key, k, kv_dim_);
+        cpu::quantize_row(GgmlType::Q8_0, value, v, kv_dim_);
         return;
     }
     auto* k16 = reinterpret_cast<uint16_t*>(k);
@@ -52,6 +64,7 @@ void CpuKvCache::store(int layer, int pos, const float* key, const float* value)
 std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name) {
     if (name == "f32") return CpuKvType::F32;
     if (name == "f16") return CpuKvType::F16;
+    if (name == "q8_0") return CpuKvType::Q8_0;
     return std::nullopt;
 }
 
@@ -214,41 +227,73 @@ void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, 
     }
 }
 
-// A cache element as fp32: as stored, or an fp16 widened (exactly). The same arithmetic then follows for both
-// storages, so an fp16 cache computes what an fp32 cache holding the rounded values would.
-inline float kv_element(const float* row, int d) { return row[d]; }
-inline float kv_element(const uint16_t* row, int d) { return fp16_to_fp32(row[d]); }
-#ifdef TANDEM_ATTENTION_SIMD
-inline __m256 kv_load8(const float* row) { return _mm256_loadu_ps(row); }
-inline __m256 kv_load8(const uint16_t* row) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+// Readers of one layer's cached keys or values: element d of position t as fp32, and (d % 8 == 0, within one row)
+// eight of them. fp16 is widened exactly; a Q8_0 element is its code times the block's scale, as dequantize_row
+// computes it. The same arithmetic then follows for every storage, so a cache computes what an fp32 cache holding
+// its rounded values would.
+inline uint16_t load_u16(const uint8_t* p) {  // a Q8_0 block's scale, at any alignment
+    uint16_t v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
 }
+struct F32Rows {
+    const float* base;
+    size_t stride;  // floats from one position to the next
+    float element(int t, int d) const { return base[t * stride + d]; }
+#ifdef TANDEM_ATTENTION_SIMD
+    __m256 load8(int t, int d) const { return _mm256_loadu_ps(base + t * stride + d); }
 #endif
+};
+struct F16Rows {
+    const uint16_t* base;
+    size_t stride;
+    float element(int t, int d) const { return fp16_to_fp32(base[t * stride + d]); }
+#ifdef TANDEM_ATTENTION_SIMD
+    __m256 load8(int t, int d) const {
+        return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + t * stride + d)));
+    }
+#endif
+};
+struct Q8_0Rows {  // rows of kv_dim / 32 blocks: an fp16 scale, then 32 int8 codes (34 bytes)
+    const uint8_t* base;
+    size_t row_bytes;
+    const uint8_t* block(int t, int d) const { return base + t * row_bytes + static_cast<size_t>(d / 32) * 34; }
+    float element(int t, int d) const {
+        const uint8_t* blk = block(t, d);
+        return static_cast<float>(static_cast<int8_t>(blk[2 + d % 32])) * fp16_to_fp32(load_u16(blk));
+    }
+#ifdef TANDEM_ATTENTION_SIMD
+    __m256 load8(int t, int d) const {
+        const uint8_t* blk = block(t, d);
+        const __m256 codes = _mm256_cvtepi32_ps(
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + d % 32))));
+        return _mm256_mul_ps(codes, _mm256_set1_ps(fp16_to_fp32(load_u16(blk))));
+    }
+#endif
+};
 
-// att[t] = scale * dot(q, key t) for t < n_keys, key t at keys + t * key_stride (hd elements each). Each score is
-// one fixed sequence of operations (8-lane FMAs over the head in order, then a fixed horizontal sum), whatever n_keys
-// and however scores are grouped, so a query scores the same in a 1-token step and in a prefill chunk. Four keys at
-// a time keep four independent FMA chains in flight.
-template <typename Element>
-void attention_scores(const float* q, const Element* keys, size_t key_stride, int hd, int n_keys, float scale,
-                      float* att) {
+// att[t] = scale * dot(q, key t) for t < n_keys, key t's head at element `off` of its row (hd elements). Each score
+// is one fixed sequence of operations (8-lane FMAs over the head in order, then a fixed horizontal sum), whatever
+// n_keys and however scores are grouped, so a query scores the same in a 1-token step and in a prefill chunk. Four
+// keys at a time keep four independent FMA chains in flight.
+template <typename Rows>
+void attention_scores(const float* q, const Rows& keys, int off, int hd, int n_keys, float scale, float* att) {
     int t = 0;
 #ifdef TANDEM_ATTENTION_SIMD
-    if (hd % 8 == 0) {
+    if (hd % 8 == 0 && off % 8 == 0) {
         auto hsum = [](__m256 v) {
             const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
             return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
         };
         for (; t + 4 <= n_keys; t += 4) {
-            const Element* k = keys + t * key_stride;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int d = 0; d < hd; d += 8) {
                 const __m256 qv = _mm256_loadu_ps(q + d);
-                a0 = _mm256_fmadd_ps(qv, kv_load8(k + d), a0);
-                a1 = _mm256_fmadd_ps(qv, kv_load8(k + key_stride + d), a1);
-                a2 = _mm256_fmadd_ps(qv, kv_load8(k + 2 * key_stride + d), a2);
-                a3 = _mm256_fmadd_ps(qv, kv_load8(k + 3 * key_stride + d), a3);
+                a0 = _mm256_fmadd_ps(qv, keys.load8(t, off + d), a0);
+                a1 = _mm256_fmadd_ps(qv, keys.load8(t + 1, off + d), a1);
+                a2 = _mm256_fmadd_ps(qv, keys.load8(t + 2, off + d), a2);
+                a3 = _mm256_fmadd_ps(qv, keys.load8(t + 3, off + d), a3);
             }
             att[t] = hsum(a0) * scale;
             att[t + 1] = hsum(a1) * scale;
@@ -256,62 +301,56 @@ void attention_scores(const float* q, const Element* keys, size_t key_stride, in
             att[t + 3] = hsum(a3) * scale;
         }
         for (; t < n_keys; ++t) {
-            const Element* k = keys + t * key_stride;
             __m256 a0 = _mm256_setzero_ps();
-            for (int d = 0; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_load8(k + d), a0);
+            for (int d = 0; d < hd; d += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), keys.load8(t, off + d), a0);
             att[t] = hsum(a0) * scale;
         }
         return;
     }
 #endif
     for (; t < n_keys; ++t) {
-        const Element* k = keys + t * key_stride;
         float s = 0.0f;
-        for (int d = 0; d < hd; ++d) s += q[d] * kv_element(k, d);
+        for (int d = 0; d < hd; ++d) s += q[d] * keys.element(t, off + d);
         att[t] = s * scale;
     }
 }
 
 #ifdef TANDEM_ATTENTION_SIMD
 // out[8j..8j+7] for j < NJ: weighted_values' sums (below), NJ eight-lane groups held in registers over all keys.
-template <int NJ, typename Element>
-inline void weighted_value_lanes(const float* att, float inv_sum, const Element* values, size_t stride, int n_keys,
+template <int NJ, typename Rows>
+inline void weighted_value_lanes(const float* att, float inv_sum, const Rows& values, int off, int n_keys,
                                  float* out) {
     __m256 acc[NJ];
 #pragma GCC unroll 8
     for (int j = 0; j < NJ; ++j) acc[j] = _mm256_setzero_ps();
     for (int t = 0; t < n_keys; ++t) {
         const __m256 a = _mm256_set1_ps(att[t] * inv_sum);
-        const Element* row = values + t * stride;
 #pragma GCC unroll 8
-        for (int j = 0; j < NJ; ++j) acc[j] = _mm256_fmadd_ps(a, kv_load8(row + 8 * j), acc[j]);
+        for (int j = 0; j < NJ; ++j) acc[j] = _mm256_fmadd_ps(a, values.load8(t, off + 8 * j), acc[j]);
     }
 #pragma GCC unroll 8
     for (int j = 0; j < NJ; ++j) _mm256_storeu_ps(out + 8 * j, acc[j]);
 }
 #endif
 
-// out[d] = sum over t < n_keys of (att[t] * inv_sum) * value t[d], value t at values + t * stride (hd elements):
-// one fused multiply-add per key in key order, from 0, for every d. The vector path keeps 64 dims in registers
-// across the keys (fp16 values widened on the way); the scalar loop, which the compiler contracts to the same
-// FMAs, serves heads that are not whole 8-lane groups. Either way a position's output does not depend on how many
-// tokens share the step.
-template <typename Element>
-void weighted_values(const float* att, float inv_sum, const Element* values, size_t stride, int hd, int n_keys,
-                     float* out) {
+// out[d] = sum over t < n_keys of (att[t] * inv_sum) * value t[off + d] for d < hd: one fused multiply-add per key
+// in key order, from 0, for every d. The vector path keeps 64 dims in registers across the keys; the scalar loop,
+// which the compiler contracts to the same FMAs, serves heads that are not whole 8-lane groups. Either way a
+// position's output does not depend on how many tokens share the step.
+template <typename Rows>
+void weighted_values(const float* att, float inv_sum, const Rows& values, int off, int hd, int n_keys, float* out) {
 #ifdef TANDEM_ATTENTION_SIMD
-    if (hd % 8 == 0) {
+    if (hd % 8 == 0 && off % 8 == 0) {
         int d = 0;
-        for (; d + 64 <= hd; d += 64) weighted_value_lanes<8>(att, inv_sum, values + d, stride, n_keys, out + d);
-        for (; d < hd; d += 8) weighted_value_lanes<1>(att, inv_sum, values + d, stride, n_keys, out + d);
+        for (; d + 64 <= hd; d += 64) weighted_value_lanes<8>(att, inv_sum, values, off + d, n_keys, out + d);
+        for (; d < hd; d += 8) weighted_value_lanes<1>(att, inv_sum, values, off + d, n_keys, out + d);
         return;
     }
 #endif
     std::fill(out, out + hd, 0.0f);
     for (int t = 0; t < n_keys; ++t) {
-        const Element* v = values + t * stride;
         const float a = att[t] * inv_sum;
-        for (int d = 0; d < hd; ++d) out[d] += a * kv_element(v, d);
+        for (int d = 0; d < hd; ++d) out[d] += a * values.element(t, off + d);
     }
 }
 
@@ -433,20 +472,26 @@ void CpuBackend::restricted_logits(const float* x, int n, float* logits) {
 // Causal grouped-query attention of the step's n tokens over the cache (which already holds their own keys and
 // values). Parallel over (token, head) pairs; each pair is computed the same way whatever n is.
 void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& cache) {
-    if (cache.type() == CpuKvType::F16)
-        attention_over<uint16_t>(layer, n, start_pos, cache);
-    else
-        attention_over<float>(layer, n, start_pos, cache);
+    const auto* k = static_cast<const uint8_t*>(cache.key(layer, 0));
+    const auto* v = static_cast<const uint8_t*>(cache.value(layer, 0));
+    const size_t kv_dim = static_cast<size_t>(model_.config.kv_dim());
+    switch (cache.type()) {
+        case CpuKvType::F32:
+            return attention_over(F32Rows{reinterpret_cast<const float*>(k), kv_dim},
+                                  F32Rows{reinterpret_cast<const float*>(v), kv_dim}, n, start_pos);
+        case CpuKvType::F16:
+            return attention_over(F16Rows{reinterpret_cast<const uint16_t*>(k), kv_dim},
+                                  F16Rows{reinterpret_cast<const uint16_t*>(v), kv_dim}, n, start_pos);
+        case CpuKvType::Q8_0:
+            return attention_over(Q8_0Rows{k, cache.row_bytes()}, Q8_0Rows{v, cache.row_bytes()}, n, start_pos);
+    }
 }
 
-template <typename Element>
-void CpuBackend::attention_over(int layer, int n, int start_pos, const CpuKvCache& cache) {
+template <typename Rows>
+void CpuBackend::attention_over(const Rows& keys, const Rows& values, int n, int start_pos) {
     const ModelConfig& c = model_.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-    const auto* keys = static_cast<const Element*>(cache.key(layer, 0));
-    const auto* values = static_cast<const Element*>(cache.value(layer, 0));
-    const size_t stride = static_cast<size_t>(c.kv_dim());  // elements from one position to the next
     pool_.parallel_for(static_cast<int64_t>(n) * c.n_heads, [&](int64_t begin, int64_t end, int thread) {
         float* att = &scores_[static_cast<size_t>(thread) * scores_stride_];
         for (int64_t item = begin; item < end; ++item) {
@@ -454,13 +499,13 @@ void CpuBackend::attention_over(int layer, int n, int start_pos, const CpuKvCach
             const int pos = start_pos + i;
             const int kv_off = (h / group) * hd;
             const float* q = &q_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
-            attention_scores(q, keys + kv_off, stride, hd, pos + 1, scale, att);
+            attention_scores(q, keys, kv_off, hd, pos + 1, scale, att);
             float max_score = -INFINITY;
             for (int t = 0; t <= pos; ++t) max_score = std::max(max_score, att[t]);
             const float sum = cpu::exp_shifted_sum(att, pos + 1, max_score);
             const float inv_sum = 1.0f / sum;
             float* out = &att_out_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(h) * hd];
-            weighted_values(att, inv_sum, values + kv_off, stride, hd, pos + 1, out);
+            weighted_values(att, inv_sum, values, kv_off, hd, pos + 1, out);
         }
     });
 }

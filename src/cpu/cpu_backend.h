@@ -22,9 +22,10 @@ struct WeightView;
 // How a CpuKvCache stores keys and values: fp32 (CpuBackendOptions' default: the reference precision, which the
 // tests compare with llama2.c), or fp16 (the CLI's default, as llama.cpp's: half the memory, and the values the CUDA
 // backend's fp16 cache holds, the same rounding of the same fp32 numbers, so that the two backends give the same
-// results to the last bits of their sums).
-enum class CpuKvType { F32, F16 };
-// "f32" / "f16" (the --kv-type values the CPU backend takes); nullopt for anything else.
+// results to the last bits of their sums), or Q8_0 (ggml's blocks of 32 codes and an fp16 scale, 34 bytes: about half
+// of fp16's memory, the bytes the CUDA backend's q8_0 cache holds; the key/value width must be a multiple of 32).
+enum class CpuKvType { F32, F16, Q8_0 };
+// "f32" / "f16" / "q8_0" (the --kv-type values); nullopt for anything else.
 std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name);
 
 class CpuKvCache : public KvCache {
@@ -35,16 +36,21 @@ public:
     // cache's type.
     void store(int layer, int pos, const float* key, const float* value);
     // The stored key / value of `layer` at `pos`: row_bytes() bytes, kv_dim elements of the cache's type (float or
-    // IEEE binary16 bits); positions follow one another, row_bytes() apart.
+    // IEEE binary16 bits, or ggml Q8_0 blocks); positions follow one another, row_bytes() apart.
     const void* key(int layer, int pos) const { return k_.get() + offset(layer, pos); }
     const void* value(int layer, int pos) const { return v_.get() + offset(layer, pos); }
-    size_t row_bytes() const { return static_cast<size_t>(kv_dim_) * element_bytes(type_); }
+    size_t row_bytes() const { return row_bytes(kv_dim_, type_); }
     static size_t bytes_needed(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32) {
-        return 2 * element_bytes(type) * static_cast<size_t>(n_layers) * capacity * kv_dim;
+        return 2 * row_bytes(kv_dim, type) * static_cast<size_t>(n_layers) * capacity;
     }
 
 private:
-    static size_t element_bytes(CpuKvType type) { return type == CpuKvType::F16 ? 2 : 4; }
+    static size_t row_bytes(int kv_dim, CpuKvType type) {
+        const size_t n = static_cast<size_t>(kv_dim);
+        return type == CpuKvType::Q8_0 ? n / 32 * 34 : type == CpuKvType::F16 ? 2 * n : 4 * n;
+    }
+    // kv_dim, or an Error where the type cannot hold rows of that width (Q8_0: whole 32-element blocks).
+    static int check_kv_width(int kv_dim, CpuKvType type);
     size_t offset(int layer, int pos) const {
         return (static_cast<size_t>(layer) * capacity() + pos) * row_bytes();
     }
@@ -109,8 +115,8 @@ private:
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
-    template <typename Element>  // float or uint16_t (fp16 bits): the cache's storage
-    void attention_over(int layer, int n, int start_pos, const CpuKvCache& cache);
+    template <typename Rows>  // a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows)
+    void attention_over(const Rows& keys, const Rows& values, int n, int start_pos);
     // The logits of n normed rows x under restrict_logits.
     void restricted_logits(const float* x, int n, float* logits);
 

@@ -1376,7 +1376,10 @@ TEST_CASE("cuda backend: a q8_0 KV cache matches a reference that quantizes K/V 
     CHECK(static_cast<CudaKvCache&>(*q8_cache).type() == cuda::KvType::Q8_0);
     CHECK(static_cast<CudaKvCache&>(*f16_cache).type() == cuda::KvType::F16);
     Q8KvReference ref(*model);
-    Diff q8_vs_ref, f16_vs_ref, q8_vs_f16;
+    // The CPU backend with its own q8_0 cache (the same bytes: ggml's Q8_0 of the same keys and values).
+    CpuBackend cpu_q8(*model, 1, 64, {.activations = cpu::Activations::Float, .kv_type = CpuKvType::Q8_0});
+    auto cpu_q8_cache = cpu_q8.new_cache(n_ctx);
+    Diff q8_vs_ref, f16_vs_ref, q8_vs_f16, q8_vs_cpu_q8;
     int same_argmax = 0, rows = 0, next = 0;
     auto call = [&](std::vector<int> tokens, int n_logits) {
         const int n = static_cast<int>(tokens.size());
@@ -1384,6 +1387,10 @@ TEST_CASE("cuda backend: a q8_0 KV cache matches a reference that quantizes K/V 
         std::vector<float> a(size, std::nanf("")), b(size, std::nanf(""));
         f16_backend.forward(tokens, *f16_cache, n_logits, a.data());
         q8_backend.forward(tokens, *q8_cache, n_logits, b.data());
+        std::vector<float> c(size);
+        cpu_q8.forward(tokens, *cpu_q8_cache, n_logits, c.data());
+        for (int row = 0; row < n_logits; ++row)
+            q8_vs_cpu_q8.add(&b[static_cast<size_t>(row) * n_vocab], &c[static_cast<size_t>(row) * n_vocab], n_vocab);
         for (int i = 0; i < n; ++i) {
             const std::vector<double> r = ref.step(tokens[i]);
             const int row = i - (n - n_logits);
@@ -1404,18 +1411,22 @@ TEST_CASE("cuda backend: a q8_0 KV cache matches a reference that quantizes K/V 
     for (int i = 0; i < 4; ++i) call({next}, 1);
     f16_cache->truncate(22);
     q8_cache->truncate(22);
+    cpu_q8_cache->truncate(22);
     ref.truncate(22);
     call({next, 5, 17, 300}, 4);
     for (int i = 0; i < 2; ++i) call({next}, 1);
     REQUIRE(ref.n_past() == q8_cache->n_committed());
     MESSAGE("stories260K, q8_0 KV: vs the Q8_0 reference ", q8_vs_ref.worst_rel, " of the logit range (the f16 cache: ",
             f16_vs_ref.worst_rel, "); vs the f16 cache ", q8_vs_f16.worst_rel, " (max |diff| ", q8_vs_f16.worst_abs,
-            "); argmax agrees with f16 on ", same_argmax, " of ", rows, " rows");
+            "); argmax agrees with f16 on ", same_argmax, " of ", rows, " rows; vs the CPU's q8_0 cache ",
+            q8_vs_cpu_q8.worst_rel);
     // The Q8_0 cache is what the reference's quantization predicts: a key whose float value lands near a rounding
     // boundary may take the neighbouring code (the GPU's sums differ from the reference's in the last bits), which
     // is the only slack. The f16 cache, without that quantization, is far from this reference.
     // (Measured: 1.5e-7 of the range, i.e. no code differs; the f16 cache is 2e-2 away.)
     CHECK(q8_vs_ref.worst_rel <= 1e-3);
+    // The CPU backend's q8_0 cache holds the same bytes: the same slack (a code on a boundary) and nothing more.
+    CHECK(q8_vs_cpu_q8.worst_rel <= 1e-3);
     CHECK(f16_vs_ref.worst_rel > 10 * q8_vs_ref.worst_rel);
     // Against the f16 cache: 8-bit keys and values in blocks that each span four of stories260K's 8-wide heads cost
     // 1-3% of the logit range on this model (about 40 times the f16 cache's own error against the CPU's fp32).

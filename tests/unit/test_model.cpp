@@ -1,6 +1,6 @@
 // Forward-pass tests on stories260K against llama2.c's outputs (an independent implementation): logits at
 // positions 4..7 of "Once upon a time", greedy continuations of every reference prompt, and batch invariance; logits
-// restricted to part of the vocabulary (Backend::restrict_logits); the fp16 KV cache (CpuKvType::F16).
+// restricted to part of the vocabulary (Backend::restrict_logits); fp16 and q8_0 KV caches (CpuKvType).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -13,6 +13,7 @@
 
 #include "cpu/cpu_backend.h"
 #include "cpu/fp16.h"
+#include "cpu/quant.h"
 #include "error.h"
 #include "generator.h"
 #include "gguf.h"
@@ -140,57 +141,73 @@ TEST_CASE("model: batch invariance — chunk sizes 1, 2, 7 and 64 give bitwise i
     }
 }
 
-TEST_CASE("model: an fp16 KV cache holds the fp32 cache's values rounded, and keeps batch invariance and the text") {
-    // CpuKvType::F16 (--kv-type f16): each stored key / value is the fp32 cache's, rounded to nearest even (what the
-    // CUDA backend's fp16 cache holds), in half the bytes; attention reads them back exactly, so chunk sizes still
-    // give the same bits, and on stories260K the greedy text is still llama2.c's (fp32 throughout).
+TEST_CASE("model: fp16 and q8_0 KV caches hold the fp32 cache's values rounded, and keep batch invariance") {
+    // CpuKvType::F16 / Q8_0 (--kv-type): each stored key / value row is the fp32 cache's, rounded to nearest even
+    // (what the CUDA backend's fp16 cache holds) or quantized as ggml's Q8_0 (its q8_0 cache's bytes); attention
+    // reads them back as dequantize_row does, so chunk sizes still give the same bits. On stories260K the greedy
+    // text with fp16 is still llama2.c's (fp32 throughout) for every reference prompt.
     auto model = Model::load(kData + "/stories260K.gguf");
     const ModelConfig& c = model->config;
-    CHECK(CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::F16) * 2 ==
-          CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::F32));
+    REQUIRE(c.kv_dim() % 32 == 0);
+    const size_t f32_bytes = CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::F32);
+    CHECK(CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::F16) * 2 == f32_bytes);
+    CHECK(CpuKvCache::bytes_needed(c.n_layers, 64, c.kv_dim(), CpuKvType::Q8_0) * 128 == f32_bytes * 34);
     const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
     std::vector<int> tokens = cases[0].prompt_ids;
     tokens.insert(tokens.end(), cases[0].generated_ids.begin(), cases[0].generated_ids.begin() + 40);
     CpuBackend f32(*model, 1, 64);
     auto f32_cache = f32.new_cache(64);
     const std::vector<float> f32_logits = run_logits(f32, *f32_cache, tokens, 64, 512);
-    std::vector<float> baseline;
-    for (int chunk : {1, 7, 64}) {
-        CAPTURE(chunk);
-        CpuBackend f16(*model, 2, chunk == 64 ? 64 : 16, {.kv_type = CpuKvType::F16});
-        auto cache = f16.new_cache(64);
-        REQUIRE(static_cast<CpuKvCache&>(*cache).type() == CpuKvType::F16);
-        const std::vector<float> all = run_logits(f16, *cache, tokens, chunk, 512);
-        if (baseline.empty()) {
+    const auto& exact = static_cast<const CpuKvCache&>(*f32_cache);
+    for (CpuKvType type : {CpuKvType::F16, CpuKvType::Q8_0}) {
+        const std::string type_name = type == CpuKvType::F16 ? "f16" : "q8_0";
+        CAPTURE(type_name);
+        std::vector<float> baseline;
+        for (int chunk : {1, 7, 64}) {
+            CAPTURE(chunk);
+            CpuBackend backend(*model, 2, chunk == 64 ? 64 : 16, {.kv_type = type});
+            auto cache = backend.new_cache(64);
+            const auto& held = static_cast<const CpuKvCache&>(*cache);
+            REQUIRE(held.type() == type);
+            const std::vector<float> all = run_logits(backend, *cache, tokens, chunk, 512);
+            if (!baseline.empty()) {
+                CHECK(std::memcmp(all.data(), baseline.data(), all.size() * sizeof(float)) == 0);
+                continue;
+            }
             baseline = all;
-            // The stored values: the fp32 cache's, rounded (the keys after RoPE). In the first layer only: its keys
+            // The stored rows: the fp32 cache's, rounded (the keys after RoPE). In the first layer only: its keys
             // and values come from the embeddings alone; every later layer's input has passed through attention
             // over the rounded values, and differs.
-            const auto& a = static_cast<const CpuKvCache&>(*f32_cache);
-            const auto& b = static_cast<const CpuKvCache&>(*cache);
-            REQUIRE(b.row_bytes() * 2 == a.row_bytes());
             int differing = 0, rounded = 0;
-            for (int l = 0; l < 1; ++l)
-                for (int pos = 0; pos < static_cast<int>(tokens.size()); ++pos)
-                    for (const bool key : {true, false}) {
-                        const auto* x = static_cast<const float*>(key ? a.key(l, pos) : a.value(l, pos));
-                        const auto* h = static_cast<const uint16_t*>(key ? b.key(l, pos) : b.value(l, pos));
+            std::vector<uint8_t> want(held.row_bytes());
+            std::vector<float> back(static_cast<size_t>(c.kv_dim()));
+            for (int pos = 0; pos < static_cast<int>(tokens.size()); ++pos)
+                for (const bool key : {true, false}) {
+                    const auto* x = static_cast<const float*>(key ? exact.key(0, pos) : exact.value(0, pos));
+                    const void* got = key ? held.key(0, pos) : held.value(0, pos);
+                    if (type == CpuKvType::F16) {
                         for (int j = 0; j < c.kv_dim(); ++j) {
-                            differing += h[j] != fp32_to_fp16(x[j]);
-                            rounded += fp16_to_fp32(h[j]) != x[j];
+                            reinterpret_cast<uint16_t*>(want.data())[j] = fp32_to_fp16(x[j]);
+                            back[j] = fp16_to_fp32(reinterpret_cast<const uint16_t*>(want.data())[j]);
                         }
+                    } else {
+                        cpu::quantize_row(GgmlType::Q8_0, x, want.data(), c.kv_dim());
+                        cpu::dequantize_row(GgmlType::Q8_0, want.data(), back.data(), c.kv_dim());
                     }
+                    differing += std::memcmp(got, want.data(), want.size()) != 0;
+                    for (int j = 0; j < c.kv_dim(); ++j) rounded += back[j] != x[j];
+                }
             CHECK(differing == 0);
-            CHECK(rounded > 0);  // (fp32 values that fp16 holds exactly would make the test vacuous)
+            CHECK(rounded > 0);  // (values the storage holds exactly would make the test vacuous)
             // The logits move by the rounding, and only a little.
             double worst = 0.0;
             for (size_t i = 0; i < all.size(); ++i) worst = std::max(worst, double{std::abs(all[i] - f32_logits[i])});
-            MESSAGE("stories260K, fp16 vs fp32 KV cache: max |logit difference| ", worst);
+            MESSAGE("stories260K, ", type_name, " vs fp32 KV cache: max |logit difference| ", worst);
             CHECK(worst > 0.0);
-            CHECK(worst <= 5e-2);  // (measured 1.4e-2 of a logit range of ~20)
-            continue;
+            // (measured 1.4e-2 (f16) and 0.87 (q8_0: 8-bit codes in blocks that span four of the 8-wide heads) in a
+            // logit range of ~20; a wrong scale or code moves them by the whole range)
+            CHECK(worst <= (type == CpuKvType::F16 ? 5e-2 : 2.0));
         }
-        CHECK(std::memcmp(all.data(), baseline.data(), all.size() * sizeof(float)) == 0);
     }
     CpuBackend f16(*model, 2, 64, {.kv_type = CpuKvType::F16});
     for (const auto& g : cases) {
@@ -198,6 +215,8 @@ TEST_CASE("model: an fp16 KV cache holds the fp32 cache's values rounded, and ke
         auto cache = f16.new_cache(256);
         CHECK(greedy_ids(f16, *cache, g.prompt_ids, 200, 512, 64) == g.generated_ids);
     }
+    // Q8_0 needs whole blocks: a width that is not a multiple of 32 is a clear error, not a misread row.
+    CHECK_THROWS_WITH_AS(CpuKvCache(1, 4, 48, CpuKvType::Q8_0), doctest::Contains("multiple of 32"), Error);
 }
 
 TEST_CASE("model: truncating the cache and refeeding reproduces the logits") {
