@@ -110,7 +110,7 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
 #ifdef TANDEM_HAS_CUDA
 tandem::CudaOptions cuda_options(const Options& opt) {
     tandem::CudaOptions options;
-    // A storage the CUDA backend lacks (f32) leaves its default, as the CPU's does below.
+    // The one storage the CUDA backend lacks, f32, leaves its default (make_backend notes it under -v).
     options.kv_type = tandem::parse_kv_type(opt.kv_type).value_or(tandem::cuda::KvType::F16);
     return options;
 }
@@ -118,8 +118,8 @@ tandem::CudaOptions cuda_options(const Options& opt) {
 
 // `which` is "--backend" or "--draft-backend", for the notes.
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
-// `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackend).
-// `head_rows`: only the output's first rows copied (a draft's, under --draft-vocab: see CpuBackend).
+// `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackendOptions).
+// `head_rows`: only the output's first rows copied (a draft's, under --draft-vocab: see CpuBackendOptions).
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
                                               int chunk, int n_ctx, const Options& opt, const char* which,
                                               bool huge_pages,
@@ -134,7 +134,8 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         options.high_priority = target && tandem::cuda_stream_priority_from_env();
         options.persistent_step = tandem::cuda_persistent_step_from_env(!target);
         if (verbose && opt.kv_type == "f32")
-            std::fprintf(stderr, "tandem: note: --kv-type f32 applies to the CPU backend; %s cuda keeps an f16 KV cache\n",
+            std::fprintf(stderr,
+                         "tandem: note: --kv-type f32 applies to the CPU backend; %s cuda keeps an f16 KV cache\n",
                          which);
         if (verbose) {
             const tandem::CudaMemoryPlan plan = tandem::CudaBackend::plan(model, n_ctx, {}, options);

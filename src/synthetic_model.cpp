@@ -85,12 +85,14 @@ std::vector<uint8_t> random_matrix(Rng& rng, GgmlType type, int64_t cols, int64_
     return out;
 }
 
-std::vector<uint8_t> ones_f32(int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+// An F32 tensor's bytes.
+std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
     std::vector<uint8_t> out(v.size() * sizeof(float));
     std::memcpy(out.data(), v.data(), out.size());
     return out;
 }
+
+std::vector<uint8_t> ones_f32(int64_t n) { return f32_bytes(std::vector<float>(static_cast<size_t>(n), 1.0f)); }
 
 // RMSNorm weights uniform in [0.75, 1.25]. Not all ones: a norm of unit weights keeps a quantized embedding's values
 // on its block's grid (a Q4_0 block's k * d, scaled by one factor), so the 8-bit activations made from them land on
@@ -99,9 +101,7 @@ std::vector<uint8_t> ones_f32(int64_t n) {
 std::vector<uint8_t> norm_weights(Rng& rng, int64_t n) {
     std::vector<float> v(static_cast<size_t>(n));
     for (float& f : v) f = 1.0f + 0.25f * rng.uniform_pm1();
-    std::vector<uint8_t> out(v.size() * sizeof(float));
-    std::memcpy(out.data(), v.data(), out.size());
-    return out;
+    return f32_bytes(v);
 }
 
 // A sentencepiece-style vocabulary: <unk>, <s>, </s>, the 256 byte pieces, then made-up normal pieces.

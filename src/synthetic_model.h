@@ -86,9 +86,9 @@ std::optional<SyntheticTypes> synthetic_types_from_name(const std::string& name)
 GgmlType synthetic_matrix_type(const SyntheticShape& shape, const SyntheticTypes& types, const std::string& tensor,
                                int layer, int64_t cols);
 
-// Writes a model of `shape` whose 2-D matrices are of `types` (norms f32, weights around 1): random values quantized for the types
-// tandem can write, random codes with scales fitted to the same RMS for the others (the k-quants). Deterministic
-// for a given seed.
+// Writes a model of `shape` whose 2-D matrices are of `types` (norms f32, weights around 1): random values
+// quantized for the types tandem can write, random codes with scales fitted to the same RMS for the others (the
+// k-quants). Deterministic for a given seed.
 // With `next`: the layers' output projections (attn_output, ffn_down) are zero, so the residual stream leaving
 // the last layer is the token's embedding, and the embedding (f16, which costs a step nothing: it is gathered, not
 // multiplied) of token t is output row succ(t) centred per 32 columns: its logit is that row's squared norm over

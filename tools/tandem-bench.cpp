@@ -198,7 +198,7 @@ tandem::CudaPrefillOptions bench_cuda_prefill(int chunk) {
 #endif
 
 // The backend a measurement runs on: "cpu" (whose weights are repacked, on huge pages as in the chat REPL, before
-// any timing starts) or "cuda". `head_rows`: only the output's first rows copied, as a draft's (see CpuBackend).
+// any timing starts) or "cuda". `head_rows`: only the output's first rows copied, as a draft's (see CpuBackendOptions).
 // `draft`: a draft's backend (bench_cuda_options).
 std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
                                                     int chunk, int n_ctx, const std::string& kv_type,

@@ -56,13 +56,13 @@ private:
     }
     int kv_dim_;
     CpuKvType type_;
-    // [layer][pos][kv_dim] elements, left uninitialized: a position is written before it is read, and untouched
+    // [layer][pos] rows of row_bytes(), left uninitialized: a position is written before it is read, and untouched
     // pages of a large context cost no memory (the resident size grows with the tokens actually held).
     std::unique_ptr<uint8_t[]> k_, v_;
 };
 
 // The value of --draft-requant (tandem-bench: also --requant): "none", or the type a draft's copies are
-// requantized to (see CpuBackend's requantize_to). nullopt for "none".
+// requantized to (see CpuBackendOptions::requantize_to). nullopt for "none".
 std::optional<GgmlType> parse_requant(const std::string& name);
 
 // How a CpuBackend computes and what it keeps (its constructor's options).

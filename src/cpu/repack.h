@@ -137,7 +137,7 @@ public:
     // resident size then stays near the file's). With nothing to repack, or no memory for the copies, nothing
     // is repacked and the backend keeps the file's layout.
     // With `requantize_to`, the copies are requantized where RepackedMatrix::requantized_type says so (a draft's).
-    // `huge_pages`: ask for transparent huge pages for the copies (see CpuBackend's huge_pages).
+    // `huge_pages`: ask for transparent huge pages for the copies (see CpuBackendOptions::huge_pages).
     RepackedWeights(const std::vector<const WeightView*>& views, std::function<void(const WeightView&)> release,
                     std::optional<GgmlType> requantize_to = std::nullopt, bool huge_pages = false);
     ~RepackedWeights();  // stops the background thread after the matrix in progress

@@ -90,8 +90,11 @@ fi
 expect_error "--kv-type other than f32 / f16 / q8_0" "$tandem" -m "$model" -p hi --kv-type q4_0
 for kv in f32 q8_0; do
   out_kv=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 --backend cpu --kv-type $kv -v 2>"$tmp/err")
-  # q8_0's 8-bit keys and values move the logits by ~4% of their range on stories260K: its text may part late.
-  check "--backend cpu --kv-type $kv: greedy text starts like llama2.c's" [ "${out_kv:0:30}" = "${expected_start:0:30}" ]
+  # f32 is llama2.c's precision: its whole expected start. q8_0's 8-bit keys and values move the logits by ~4% of
+  # their range on stories260K: its text may part late.
+  n=${#expected_start}; [ "$kv" = q8_0 ] && n=30
+  check "--backend cpu --kv-type $kv: greedy text starts like llama2.c's" \
+    [ "${out_kv:0:$n}" = "${expected_start:0:$n}" ]
   check "--backend cpu --kv-type $kv -v: no note (the CPU honours it)" [ "$(grep -c 'kv-type' "$tmp/err")" -eq 0 ]
 done
 # A q8_0 cache needs whole 32-value blocks: stories260K's 32-wide keys have them; the check itself is a unit test.

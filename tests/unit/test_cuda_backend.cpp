@@ -195,7 +195,8 @@ TEST_CASE("cuda backend: the 8-bit matvec route stays with the CPU backend's Int
         const Diff with_int8 = compare_backends(*model, 48, int8, cpu::Activations::Int8);
         const Diff fp32_vs_cpu_fp32 = compare_backends(*model, 48, fp32_route(), cpu::Activations::Float);
         const Diff int8_vs_cpu_fp32 = compare_backends(*model, 48, int8, cpu::Activations::Float);
-        MESSAGE("stories260K ", std::string(ggml_type_name(type)), ": cuda int8 vs cpu int8: worst ", with_int8.worst_rel,
+        MESSAGE("stories260K ", std::string(ggml_type_name(type)), ": cuda int8 vs cpu int8: worst ",
+                with_int8.worst_rel,
                 ", median ", with_int8.median_rel(), " of the logit range; cuda fp32 vs cpu fp32: median ",
                 fp32_vs_cpu_fp32.median_rel(), "; cuda int8 vs cpu fp32: median ", int8_vs_cpu_fp32.median_rel());
         CHECK(with_int8.worst_rel <= 2e-2);

@@ -54,7 +54,8 @@ Run generate(const Model& target, const std::string& draft_path, const std::vect
     DraftModel draft;
     if (!draft_path.empty()) {
         draft_model = Model::load(draft_path);
-        draft_backend = std::make_unique<CpuBackend>(*draft_model, 1, 64, CpuBackendOptions{.requantize_to = draft_requant});
+        draft_backend =
+            std::make_unique<CpuBackend>(*draft_model, 1, 64, CpuBackendOptions{.requantize_to = draft_requant});
         draft_cache = draft_backend->new_cache(256);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
     }
