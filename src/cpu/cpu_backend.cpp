@@ -19,6 +19,7 @@
 #include "cpu/fp16.h"
 #include "cpu/matmul.h"
 #include "cpu/quant.h"
+#include "cpu/unaligned.h"
 #include "cpu/vec_math.h"
 #include "error.h"
 #include "gguf.h"
@@ -231,11 +232,6 @@ void rope(float* vec, int n_heads, int head_dim, int rope_dim, RopeStyle style, 
 // eight of them. fp16 is widened exactly; a Q8_0 element is its code times the block's scale, as dequantize_row
 // computes it. The same arithmetic then follows for every storage, so a cache computes what an fp32 cache holding
 // its rounded values would.
-inline uint16_t load_u16(const uint8_t* p) {  // a Q8_0 block's scale, at any alignment
-    uint16_t v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
 struct F32Rows {
     const float* base;
     size_t stride;  // floats from one position to the next
@@ -260,14 +256,14 @@ struct Q8_0Rows {  // rows of kv_dim / 32 blocks: an fp16 scale, then 32 int8 co
     const uint8_t* block(int t, int d) const { return base + t * row_bytes + static_cast<size_t>(d / 32) * 34; }
     float element(int t, int d) const {
         const uint8_t* blk = block(t, d);
-        return static_cast<float>(static_cast<int8_t>(blk[2 + d % 32])) * fp16_to_fp32(load_u16(blk));
+        return static_cast<float>(static_cast<int8_t>(blk[2 + d % 32])) * fp16_to_fp32(cpu::load_u16(blk));
     }
 #ifdef TANDEM_ATTENTION_SIMD
     __m256 load8(int t, int d) const {
         const uint8_t* blk = block(t, d);
         const __m256 codes = _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + d % 32))));
-        return _mm256_mul_ps(codes, _mm256_set1_ps(fp16_to_fp32(load_u16(blk))));
+        return _mm256_mul_ps(codes, _mm256_set1_ps(fp16_to_fp32(cpu::load_u16(blk))));
     }
 #endif
 };

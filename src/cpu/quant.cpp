@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cpu/fp16.h"
+#include "cpu/unaligned.h"
 #include "error.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -50,12 +51,6 @@ inline float opaque(float v) {
 #if defined(__GNUC__)
     __asm__("" : "+m"(v));
 #endif
-    return v;
-}
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, sizeof v);
     return v;
 }
 

@@ -16,6 +16,7 @@
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
+#include "cpu/unaligned.h"
 #include "error.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -169,9 +170,7 @@ void dequantize_activations(ActFormat f, const void* src, float* dst, int64_t co
             d = p->d;
             qs = p->qs;
         } else {
-            uint16_t h;
-            std::memcpy(&h, blk, sizeof h);
-            d = fp16_to_fp32(h);
+            d = fp16_to_fp32(load_u16(blk));
             qs = reinterpret_cast<const int8_t*>(blk + (f == ActFormat::Q8_1 ? 4 : 2));
         }
         for (int64_t j = 0; j < bs; ++j) dst[b * bs + j] = static_cast<float>(qs[j]) * d;

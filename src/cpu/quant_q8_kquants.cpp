@@ -25,6 +25,7 @@
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
+#include "cpu/unaligned.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TANDEM_Q8K_SIMD 1
@@ -45,18 +46,6 @@ constexpr size_t kXBytes = sizeof(BlockQ8_K);
 // (4096 x 4096, one thread): 4, 6 and 8 tokens run at about 66, 70 and 75 GMAC/s for Q4_K; the tile is bound by
 // the two multiply pipes (maddubs + madd per 32 products and token) more than by anything a larger tile amortises.
 constexpr int kTile = 8;
-
-uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
-float load_f32(const uint8_t* p) {
-    float v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
 
 // acc + a * b rounded once: the hardware fma when there is one (the AVX2 kernel's operation, so the two kernels
 // agree), else the two roundings of a plain multiply and add (nothing can fuse them without FMA instructions).

@@ -49,6 +49,7 @@
 
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
+#include "cpu/unaligned.h"
 
 #if defined(TANDEM_AVX2) && defined(__x86_64__)
 #include <immintrin.h>
@@ -94,16 +95,6 @@ TQ_INLINE void unroll(F&& f) {
 // a super-block for a tree of adds and spills them (see the AVX2 kernel).
 TQ_INLINE void pin(__m512i& v) { __asm__("" : "+v"(v)); }
 
-TQ_INLINE uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-TQ_INLINE uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
 TQ_INLINE __m128i load16(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 TQ_INLINE __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 TQ_INLINE __m512i load64(const uint8_t* p) { return _mm512_loadu_si512(p); }

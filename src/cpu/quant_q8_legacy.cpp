@@ -18,22 +18,13 @@
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
+#include "cpu/unaligned.h"
 
 #define TANDEM_Q8L_INLINE inline __attribute__((always_inline))
 
 namespace tandem::cpu::q8_detail {
 namespace {
 
-TANDEM_Q8L_INLINE uint16_t load_u16(const uint8_t* p) {
-    uint16_t v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-TANDEM_Q8L_INLINE uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
 
 // ---- activation formats ----------------------------------------------------------------------------------------
 // Both start with the fp16 scale d; Q8_1 follows it with the fp16 s. kQs is where the 32 codes start.

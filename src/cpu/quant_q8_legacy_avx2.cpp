@@ -34,6 +34,7 @@
 
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
+#include "cpu/unaligned.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define TANDEM_Q8R_SIMD 1
@@ -52,11 +53,6 @@ constexpr int kTile = 8;        // tokens per tile: 8 accumulators (+ the block'
 constexpr int64_t kSuper = 64;  // tokens per super-tile: 64 x 4096 activation bytes stay in L2
 constexpr int64_t kFused = 2;   // up to this many tokens: decode and use each block at once (rows_fused)
 
-TANDEM_Q8R_INLINE uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
 TANDEM_Q8R_INLINE __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 // [16 bytes at lo | 16 bytes at hi]
 TANDEM_Q8R_INLINE __m256i load_2x128(const uint8_t* lo, const uint8_t* hi) {

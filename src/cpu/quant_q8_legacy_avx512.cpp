@@ -21,6 +21,7 @@
 
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
+#include "cpu/unaligned.h"
 
 #if defined(TANDEM_AVX2) && defined(__x86_64__)
 #define TANDEM_Q8R512 1
@@ -78,11 +79,6 @@ constexpr int kChunk = 32;      // blocks decoded at a time: 32 x 640 bytes
 constexpr int64_t kFused = 2;
 
 TANDEM_Q8R512_INLINE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
-TANDEM_Q8R512_INLINE uint32_t load_u32(const uint8_t* p) {
-    uint32_t v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
 TANDEM_Q8R512_INLINE __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
 // [16 bytes at p0 | p1 | p2 | p3]
 TANDEM_Q8R512_INLINE __m512i load_4x128(const uint8_t* p0, const uint8_t* p1, const uint8_t* p2, const uint8_t* p3) {

@@ -32,6 +32,7 @@
 #include "cpu/quant_q8.h"
 #include "cpu/quant_q8_driver.h"
 #include "cpu/repack.h"
+#include "cpu/unaligned.h"
 
 #if defined(TANDEM_AVX2) && defined(__x86_64__)
 #define TANDEM_R512 1
@@ -74,16 +75,7 @@ TR_INLINE void unroll(F&& f) {
     unroll_seq(std::make_integer_sequence<int, N>{}, f);
 }
 
-TR_INLINE int32_t load_i32(const uint8_t* p) {
-    int32_t v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-TR_INLINE float load_f32(const uint8_t* p) {
-    float v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
+TR_INLINE int32_t load_i32(const uint8_t* p) { return static_cast<int32_t>(load_u32(p)); }
 TR_INLINE __m512i load512(const uint8_t* p) { return _mm512_load_si512(p); }
 TR_INLINE __m128i load128(const uint8_t* p) { return _mm_load_si128(reinterpret_cast<const __m128i*>(p)); }
 TR_INLINE __m256i load256(const uint8_t* p) { return _mm256_load_si256(reinterpret_cast<const __m256i*>(p)); }
