@@ -29,6 +29,7 @@ struct Options {
     int n_chunks = -1;
     int threads = 0;
     int batch = 512;
+    std::string kv_type = "f16";  // llama-perplexity's default cache, and tandem's
 };
 
 std::string read_text(const std::string& path) {
@@ -75,14 +76,16 @@ int run(const Options& opt) {
     const int n_windows = tandem::perplexity_windows(static_cast<int>(tokens.size()), params);
 
     const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    tandem::CpuBackend backend(*model, threads, params.batch);
+    const auto kv_type = tandem::parse_cpu_kv_type(opt.kv_type);
+    if (!kv_type) throw tandem::Error("unknown --kv-type '" + opt.kv_type + "' (f32, f16, q8_0)");
+    tandem::CpuBackend backend(*model, threads, params.batch, {.kv_type = *kv_type});
     backend.wait_for_repacking();  // a long throughput run: every window should use the copies
     auto cache = backend.new_cache(params.n_ctx);
     std::fprintf(stderr,
                  "tandem-perplexity: %s: %zu tokens, %d windows of %d (scoring the last %d of each), batch %d, "
-                 "%d threads, BOS %s\n",
+                 "%d threads, BOS %s, %s KV cache\n",
                  path.c_str(), tokens.size(), n_windows, params.n_ctx, params.n_ctx - params.n_ctx / 2 - 1,
-                 params.batch, threads, add_bos ? "yes" : "no");
+                 params.batch, threads, add_bos ? "yes" : "no", opt.kv_type.c_str());
 
     const tandem::PerplexityResult r =
         tandem::perplexity(backend, *cache, c.n_vocab, tokens, params, [](int k, double ppl) {
@@ -112,6 +115,8 @@ int main(int argc, char** argv) {
     app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
     app.add_option("-b,--batch", opt.batch, "tokens per forward call")->capture_default_str()
         ->check(CLI::Range(1, 1 << 16));
+    app.add_option("--kv-type", opt.kv_type, "KV-cache storage: f16 (llama-perplexity's default), f32, q8_0")
+        ->capture_default_str()->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     CLI11_PARSE(app, argc, argv);
     try {
         return run(opt);

@@ -223,7 +223,7 @@ double real_model_perplexity(const std::string& name, int windows) {
     PerplexityParams p;
     p.n_ctx = 512;
     p.n_chunks = windows;
-    CpuBackend backend(*model, 2, 512);
+    CpuBackend backend(*model, 2, 512, {.kv_type = CpuKvType::F16});  // as llama-perplexity's default cache
     auto cache = backend.new_cache(512);
     const PerplexityResult r = perplexity(backend, *cache, model->config.n_vocab, tokens, p);
     CHECK(r.stats.count == 255 * windows);

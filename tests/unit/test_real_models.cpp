@@ -50,20 +50,23 @@ std::unique_ptr<Model> load_real(const std::string& name) {
 // whole logits. At least 95% of all teacher-forced positions must agree. The greedy common prefix (the first
 // position where the argmax differs) is printed for the record.
 //
-// Both activation paths are checked. Which near-ties flip is a matter of rounding: on these prompts our fp32 and
-// our 8-bit-activation logits differ from each other by as much as either differs from llama.cpp's (max |diff|
-// 0.2-0.7 logits on Qwen 0.5B, 0.3-1.6 on SmolLM2, measured against llama-cpp-python 0.3.36's logits), so the
-// number of prompts whose first 16 tokens agree is a noisy count. It is asserted for the fp32 path
+// Both activation paths are checked, each with its KV cache: the 8-bit one as tandem runs by default (fp16 cache,
+// as llama.cpp's), the fp32 one as the reference path (fp32 cache). Which near-ties flip is a matter of rounding:
+// on these prompts our fp32 and our 8-bit-activation logits differ from each other by as much as either differs
+// from llama.cpp's (max |diff| 0.2-0.7 logits on Qwen 0.5B, 0.3-1.6 on SmolLM2, measured against
+// llama-cpp-python 0.3.36's logits), so the number of prompts whose first 16 tokens agree is a noisy count. It is asserted for the fp32 path
 // (`min_full_agreement`) and printed for the 8-bit one, whose bug detector is the per-position near-tie check.
 void check_model(const std::string& name, const std::string& reference_file, cpu::Activations activations,
                  int min_full_agreement) {
     auto model = load_real(name);
     const test::Json ref = test::Json::parse(read_text(kData + "/" + reference_file));
-    CpuBackend backend(*model, 2, 256, {.activations = activations});
+    const CpuKvType kv_type = activations == cpu::Activations::Int8 ? CpuKvType::F16 : CpuKvType::F32;
+    CpuBackend backend(*model, 2, 256, {.activations = activations, .kv_type = kv_type});
     const int n_vocab = model->config.n_vocab;
     int n_cases = 0, n_agree16 = 0, n_positions = 0, n_ties = 0;
     double worst_margin = 0;
-    const std::string mode = activations == cpu::Activations::Int8 ? "8-bit activations" : "fp32 activations";
+    const std::string mode = activations == cpu::Activations::Int8 ? "8-bit activations, fp16 KV cache"
+                                                                   : "fp32 activations, fp32 KV cache";
     std::string table = "| " + name + " (" + mode + ") prompt | kind | common prefix | reference tokens | positions where llama.cpp's "
                         "token is our near-tie (max margin) |\n|---|---|---|---|---|\n";
     for (const std::string kind : {"chat", "raw"}) {
