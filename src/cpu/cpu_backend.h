@@ -135,7 +135,7 @@ private:
     std::vector<float> proj_;    // [max_batch][dim] output of attn_output / ffn_down
     std::vector<float> gate_;    // [max_batch][hidden_dim]
     std::vector<float> up_;      // [max_batch][hidden_dim]
-    std::vector<float> scores_;  // [n_threads][max context]: attention scores of one (token, head)
+    std::vector<float> scores_;  // [n_threads][kMaxQueryTile][max context]: scores of one tile's heads
     int scores_stride_ = 0;
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles

@@ -141,6 +141,44 @@ TEST_CASE("model: batch invariance — chunk sizes 1, 2, 7 and 64 give bitwise i
     }
 }
 
+TEST_CASE("model: attention over tiles of a KV group's heads gives each head's bits, whatever the threads and chunks") {
+    // The CPU attends up to four query heads of one KV group together (they share each key and value load); how
+    // many depends on the step's tokens and the pool's threads. Each head's scores and sums are one fixed sequence
+    // of operations however heads are tiled, so every thread count and chunk size must give the same bits. Groups
+    // of 7 (tiles of 4 + 3 down to 1), 3, and 5 heads of width 12 (the scalar path: not whole 8-lane groups).
+    struct Case {
+        int dim, n_heads, n_kv_heads;
+    };
+    for (const Case cs : {Case{112, 7, 1}, Case{96, 6, 2}, Case{60, 5, 1}}) {
+        const std::string path = (std::filesystem::temp_directory_path() /
+                                  ("tandem-tiles-" + std::to_string(::getpid()) + ".gguf")).string();
+        write_synthetic_model(path, {"tiles", cs.dim, 64, 2, cs.n_heads, cs.n_kv_heads, 320, 64, false, "qwen2"},
+                              GgmlType::F32, 5);
+        auto model = Model::load(path);
+        std::filesystem::remove(path);
+        std::vector<int> tokens;
+        for (int i = 0; i < 40; ++i) tokens.push_back(3 + (i * 37) % 300);
+        std::vector<float> baseline;
+        for (CpuKvType kv : {CpuKvType::F32, CpuKvType::F16}) {
+            baseline.clear();
+            for (int threads : {1, 2, 3, 8}) {
+                for (int chunk : {1, 5, 40}) {
+                    CpuBackend backend(*model, threads, 40, {.kv_type = kv});
+                    auto cache = backend.new_cache(40);
+                    const std::vector<float> all = run_logits(backend, *cache, tokens, chunk, 320);
+                    if (baseline.empty()) {
+                        baseline = all;
+                        continue;
+                    }
+                    INFO("heads " << cs.n_heads << "/" << cs.n_kv_heads << ", head width " << cs.dim / cs.n_heads
+                                  << ", threads " << threads << ", chunk " << chunk);
+                    CHECK(std::memcmp(all.data(), baseline.data(), all.size() * sizeof(float)) == 0);
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("model: fp16 and q8_0 KV caches hold the fp32 cache's values rounded, and keep batch invariance") {
     // CpuKvType::F16 / Q8_0 (--kv-type): each stored key / value row is the fp32 cache's, rounded to nearest even
     // (what the CUDA backend's fp16 cache holds) or quantized as ggml's Q8_0 (its q8_0 cache's bytes); attention
