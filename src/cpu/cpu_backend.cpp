@@ -387,8 +387,8 @@ inline void weighted_value_lanes(const float* const* weights, const Rows& values
 #endif
 
 // out[j][d] = sum over t < n_keys of weights[j][t] * value t[off + d] for j < Q, d < hd: one fused multiply-add per
-// key in key order, from 0, for every d. The vector path keeps 64 / Q dims per query in registers across the keys
-// (at most 10 accumulators and broadcasts); the scalar loop, which the compiler contracts to the same FMAs, serves
+// key in key order, from 0, for every d. The vector path keeps 64, 32, 16 or 16 dims per query (Q = 1..4) in
+// registers across the keys (at most 12 accumulators and 4 broadcasts); the scalar loop, which the compiler contracts to the same FMAs, serves
 // heads that are not whole 8-lane groups. Either way a position's output does not depend on how many tokens or
 // heads share the call.
 template <int Q, typename Rows>
@@ -397,16 +397,15 @@ void weighted_values(const float* const* weights, const Rows& values, int off, i
 #ifdef TANDEM_ATTENTION_SIMD
     if (hd % 8 == 0 && off % 8 == 0) {
         constexpr int NJ = Q == 1 ? 8 : Q == 2 ? 4 : 2;
-        const float* w[Q];
         float* o[Q];
         int d = 0;
         for (; d + 8 * NJ <= hd; d += 8 * NJ) {
-            for (int j = 0; j < Q; ++j) w[j] = weights[j], o[j] = out[j] + d;
-            weighted_value_lanes<Q, NJ>(w, values, off + d, n_keys, o);
+            for (int j = 0; j < Q; ++j) o[j] = out[j] + d;
+            weighted_value_lanes<Q, NJ>(weights, values, off + d, n_keys, o);
         }
         for (; d < hd; d += 8) {
-            for (int j = 0; j < Q; ++j) w[j] = weights[j], o[j] = out[j] + d;
-            weighted_value_lanes<Q, 1>(w, values, off + d, n_keys, o);
+            for (int j = 0; j < Q; ++j) o[j] = out[j] + d;
+            weighted_value_lanes<Q, 1>(weights, values, off + d, n_keys, o);
         }
         return;
     }
