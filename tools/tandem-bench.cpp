@@ -2,7 +2,7 @@
 // tokens/s for N tokens (tg128), each the median of R runs after a warm-up, with the weight bandwidth achieved in
 // decode. It can also write synthetic llama models of a given shape and type (random weights) so that speed is
 // measurable on sizes no real file here has.
-//   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS] [--chunk 256]
+//   tandem-bench -m MODEL.gguf [-p 512] [-n 128] [-r 5] [-t THREADS] [--chunk 256] [-d DEPTH]
 //   tandem-bench --make-synthetic 1b --type q4_0 -o /tmp/1b-q4_0.gguf [--next-token 1|0.9]
 //   tandem-bench -m TARGET.gguf --draft DRAFT.gguf [--lookup] [--prompts FILE] [-n 128]   (speculative vs plain)
 //   tandem-bench -m MODEL.gguf --serve [-p 512] [-n 128] [-t THREADS]   (one run per "pp"/"tg" line on stdin)
@@ -456,7 +456,7 @@ int verify_bench(tandem::Backend& backend, tandem::KvCache& cache, const std::ve
 
 int main(int argc, char** argv) {
     std::string model_path, synth_name, synth_type = "q4_0", synth_out;
-    int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, chunk = 256;
+    int n_prompt = 512, n_gen = 128, reps = 5, threads = 0, chunk = 256, depth = 0;
     CLI::App app{"tandem-bench: prefill (pp) and decode (tg) throughput, llama-bench style"};
     app.add_option("-m,--model", model_path, "GGUF model to measure");
     app.add_option("-p,--n-prompt", n_prompt, "prompt tokens for the prefill test (0 = skip)")->capture_default_str()
@@ -467,6 +467,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1, 1000));
     app.add_option("-t,--threads", threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
     app.add_option("--chunk", chunk, "prefill chunk size")->capture_default_str()->check(CLI::Range(1, 1 << 16));
+    app.add_option("-d,--depth", depth,
+                   "pp/tg: tokens already in the KV cache before each run (llama-bench's -d), prefilled once and "
+                   "kept; the runs' tokens attend to them")
+        ->capture_default_str()->check(CLI::Range(0, 1 << 20));
     app.add_option("--make-synthetic", synth_name, std::string("write a synthetic model: ") + kSyntheticPresets);
     app.add_option("--type", synth_type,
                    "weight type of the synthetic model (any type the CPU backend reads; k-quants get random codes), "
@@ -597,7 +601,7 @@ int main(int argc, char** argv) {
         }
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
-        const int n_ctx = n_prompt + std::max(n_gen, 64) + 1;
+        const int n_ctx = depth + n_prompt + std::max(n_gen, 64) + 1;
         std::unique_ptr<tandem::Backend> backend_ptr =
             make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, tandem::parse_requant(requant_name),
                                logits_vocab);
@@ -606,26 +610,38 @@ int main(int argc, char** argv) {
             throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");
         auto cache = backend.new_cache(n_ctx);
         std::vector<float> logits(static_cast<size_t>(c.n_vocab));
-        const std::vector<int> prompt = bench_tokens(std::max(n_prompt, n_gen) + 64, c.n_vocab);  // + --verify's sizes
+        // The first `depth` tokens are the context every run starts from; a run's own tokens follow them.
+        const std::vector<int> tokens = bench_tokens(depth + std::max(n_prompt, n_gen) + 64, c.n_vocab);  // + --verify's
+        const std::span<const int> prompt = std::span<const int>(tokens).subspan(static_cast<size_t>(depth));
+        if (depth > 0) {
+            if (!verify_sizes.empty()) throw tandem::Error("--verify has its own context (-p tokens); drop --depth");
+            const auto t0 = Clock::now();
+            for (int b = 0; b < depth; b += chunk)
+                backend.forward(std::span<const int>(tokens.data() + b, std::min(chunk, depth - b)), *cache, 0,
+                                logits.data());
+            std::fprintf(stderr, "tandem-bench: %d tokens of context prefilled in %.1f s\n", depth,
+                         std::chrono::duration<double>(Clock::now() - t0).count());
+        }
 
         auto run_pp = [&] {
-            cache->truncate(0);
+            cache->truncate(depth);
             const auto t0 = Clock::now();
             for (int b = 0; b < n_prompt; b += chunk) {
                 const int n = std::min(chunk, n_prompt - b);
-                backend.forward(std::span<const int>(prompt.data() + b, n), *cache, b + n == n_prompt ? 1 : 0,
-                                logits.data());
+                backend.forward(prompt.subspan(static_cast<size_t>(b), static_cast<size_t>(n)), *cache,
+                                b + n == n_prompt ? 1 : 0, logits.data());
             }
             return n_prompt / std::chrono::duration<double>(Clock::now() - t0).count();
         };
         auto run_tg = [&] {
-            cache->truncate(0);
+            cache->truncate(depth);
             const auto t0 = Clock::now();
-            for (int i = 0; i < n_gen; ++i) backend.forward(std::span<const int>(&prompt[i], 1), *cache, 1, logits.data());
+            for (int i = 0; i < n_gen; ++i)
+                backend.forward(prompt.subspan(static_cast<size_t>(i), 1), *cache, 1, logits.data());
             return n_gen / std::chrono::duration<double>(Clock::now() - t0).count();
         };
 
-        if (!verify_sizes.empty()) return verify_bench(backend, *cache, prompt, n_prompt, chunk, verify_sizes, reps,
+        if (!verify_sizes.empty()) return verify_bench(backend, *cache, tokens, n_prompt, chunk, verify_sizes, reps,
                                                       c.n_vocab, json);
         if (serve) {
             // The caller (scripts/compare-llamacpp) interleaves these runs with another engine's; the model load
@@ -633,8 +649,8 @@ int main(int argc, char** argv) {
             if (n_prompt > 0) run_pp();
             if (n_gen > 0) run_tg();
             std::printf("{\"ready\":true,\"model\":%s,\"threads\":%d,\"n_prompt\":%d,\"n_gen\":%d,\"chunk\":%d,"
-                        "\"bytes_per_token\":%.0f,\"file_size\":%llu,\"n_vocab\":%d}\n",
-                        json_string(c.name).c_str(), threads, n_prompt, n_gen, chunk, bytes_per_token,
+                        "\"depth\":%d,\"bytes_per_token\":%.0f,\"file_size\":%llu,\"n_vocab\":%d}\n",
+                        json_string(c.name).c_str(), threads, n_prompt, n_gen, chunk, depth, bytes_per_token,
                         static_cast<unsigned long long>(model->file->file_size()), c.n_vocab);
             std::fflush(stdout);
             for (std::string line; std::getline(std::cin, line);) {
@@ -663,16 +679,17 @@ int main(int argc, char** argv) {
         auto print = [&](const char* test, int n, std::vector<double> runs, bool decode) {
             const double tps = median(std::move(runs));
             if (json) {
-                std::printf("{\"test\":\"%s\",\"n\":%d,\"tokens_per_s\":%.4f,\"reps\":%d,\"threads\":%d,"
-                            "\"bytes_per_token\":%.0f}\n",
-                            test, n, tps, reps, threads, bytes_per_token);
+                std::printf("{\"test\":\"%s\",\"n\":%d,\"depth\":%d,\"tokens_per_s\":%.4f,\"reps\":%d,"
+                            "\"threads\":%d,\"bytes_per_token\":%.0f}\n",
+                            test, n, depth, tps, reps, threads, bytes_per_token);
                 std::fflush(stdout);
                 return;
             }
             const std::string gbps = decode ? std::to_string(tps * bytes_per_token / 1e9).substr(0, 5) : "";
             const std::string where = backend.name() == "cpu" ? "cpu, " + std::to_string(threads) + " threads" : backend.name();
-            std::printf("| %s | %.1f MiB | %.3fB | %s | %s%d | %.2f | %s |\n", c.name.c_str(), size_gib * 1024,
-                        static_cast<double>(n_params) / 1e9, where.c_str(), test, n, tps, gbps.c_str());
+            const std::string at = depth > 0 ? " @ d" + std::to_string(depth) : "";  // llama-bench's label
+            std::printf("| %s | %.1f MiB | %.3fB | %s | %s%d%s | %.2f | %s |\n", c.name.c_str(), size_gib * 1024,
+                        static_cast<double>(n_params) / 1e9, where.c_str(), test, n, at.c_str(), tps, gbps.c_str());
             std::fflush(stdout);
         };
         if (n_prompt > 0) {
