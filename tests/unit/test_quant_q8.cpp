@@ -83,6 +83,57 @@ TEST_CASE("q8 activations: codes are the rounded scaled values, scales and sums 
     }
 }
 
+TEST_CASE("q8 activations: every code is exactly round-half-to-even of x * id, clamped, ties included") {
+    // The vector quantizers round, clamp and narrow 32 values at a time; this pins each byte (and Q8_1's sum) to
+    // the scalar definition. A block whose extreme is 127 has id = 1 (or -1 for Q8_K, whose extreme maps to -127),
+    // so x.5 values are exact ties.
+    std::mt19937 rng(81);
+    for (ActFormat f : {ActFormat::Q8_0, ActFormat::Q8_1, ActFormat::Q8_K}) {
+        const int64_t cols = 1024;
+        std::vector<float> x = random_floats(cols, rng);
+        for (int j = 0; j < 64; ++j) x[j] = static_cast<float>(j % 16) - 7.5f;  // ties: -7.5 .. 7.5
+        for (int j = 64; j < 96; ++j) x[j] = static_cast<float>(j - 80) + 0.5f;
+        x[0] = 127.0f;  // block 0 (of any format) has the extreme 127
+        x[32] = 127.0f;
+        x[64] = 127.0f;
+        std::vector<uint8_t> q(act_row_bytes(f, cols));
+        quantize_activations(f, x.data(), q.data(), cols);
+        const int64_t bs = act_block_size(f);
+        for (int64_t b = 0; b < cols / bs; ++b) {
+            const float* xb = x.data() + b * bs;
+            float amax = 0.0f;
+            for (int64_t j = 0; j < bs; ++j) amax = std::max(amax, std::fabs(xb[j]));
+            const uint8_t* blk = q.data() + b * act_block_bytes(f);
+            float id;
+            const int8_t* qs;
+            if (f == ActFormat::Q8_K) {
+                int first = 0;
+                while (std::fabs(xb[first]) != amax) ++first;
+                id = -127.0f / xb[first];
+                qs = reinterpret_cast<const BlockQ8_K*>(blk)->qs;
+            } else {
+                id = amax != 0.0f ? 127.0f / amax : 0.0f;
+                qs = reinterpret_cast<const int8_t*>(blk + (f == ActFormat::Q8_1 ? 4 : 2));
+            }
+            int sum = 0, mismatches = 0;
+            for (int64_t j = 0; j < bs; ++j) {
+                const int want = std::clamp(static_cast<int>(std::nearbyint(xb[j] * id)), -127, 127);
+                mismatches += qs[j] != want;
+                sum += want;
+            }
+            CHECK_MESSAGE(mismatches == 0, "format ", static_cast<int>(f), " block ", b);
+            if (f == ActFormat::Q8_1)
+                CHECK(reinterpret_cast<const BlockQ8_1*>(blk)->s == fp32_to_fp16((amax / 127.0f) * static_cast<float>(sum)));
+        }
+        // The ties of block 0 went to even: 2.5 -> 2, -2.5 -> -2, 3.5 -> 4 (negated for Q8_K).
+        const int8_t* q0 = reinterpret_cast<const int8_t*>(q.data() + (f == ActFormat::Q8_K ? 4 : f == ActFormat::Q8_1 ? 4 : 2));
+        const int sign = f == ActFormat::Q8_K ? -1 : 1;
+        CHECK(q0[10] == sign * 2);  // x = 2.5
+        CHECK(q0[5] == sign * -2);  // x = -2.5
+        CHECK(q0[11] == sign * 4);  // x = 3.5
+    }
+}
+
 TEST_CASE("q8 kernels: every quantized type has one, and it matches a double-precision dot (AVX2 and scalar)") {
     std::mt19937 rng(88);
     for (GgmlType type : kIntegerTypes) {
