@@ -30,16 +30,32 @@ std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name);
 
 class CpuKvCache : public KvCache {
 public:
-    CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32);
+    // `n_kv_heads` heads of kv_dim / n_kv_heads elements make up each key and value (1: the layout treats the row as
+    // one piece).
+    CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32, int n_kv_heads = 1);
     CpuKvType type() const { return type_; }
     // Stores the key and the value of `layer` at `pos` (kv_dim floats each, heads one after another), rounded to the
     // cache's type.
     void store(int layer, int pos, const float* key, const float* value);
-    // The stored key / value of `layer` at `pos`: row_bytes() bytes, kv_dim elements of the cache's type (float or
-    // IEEE binary16 bits, or ggml Q8_0 blocks); positions follow one another, row_bytes() apart.
-    const void* key(int layer, int pos) const { return k_.get() + offset(layer, pos); }
-    const void* value(int layer, int pos) const { return v_.get() + offset(layer, pos); }
+
+    // Layout: a layer's keys (and its values) are `slabs()` runs of positions. Slab s holds elements
+    // [s * slab_width(), (s + 1) * slab_width()) of every position's key, position after position,
+    // slab_row_bytes() apart: one slab per KV head (head-major), so that attention reads a head's positions as one
+    // contiguous stream the hardware prefetchers follow, or a single slab of whole rows where a head cannot be its
+    // own run of Q8_0 blocks (a head width that is not a multiple of 32).
+    int slabs() const { return slabs_; }
+    int slab_width() const { return kv_dim_ / slabs_; }
+    size_t slab_row_bytes() const { return row_bytes(slab_width(), type_); }
+    const uint8_t* key_slab(int layer, int slab) const { return k_.get() + offset(layer, slab, 0); }
+    const uint8_t* value_slab(int layer, int slab) const { return v_.get() + offset(layer, slab, 0); }
+    // The stored bytes of `layer`'s key (or value) at `pos`, heads in order: row_bytes() bytes, kv_dim elements of
+    // the cache's type (float, IEEE binary16 bits, or ggml Q8_0 blocks: a slab is whole blocks), as one row of the
+    // whole width would hold them.
+    std::vector<uint8_t> position_bytes(int layer, int pos, bool key) const;
     size_t row_bytes() const { return row_bytes(kv_dim_, type_); }
+    // Whether `layer`'s key and value at `pos` hold the same bytes here and in `other` (a cache of the same shape).
+    bool same_position(const CpuKvCache& other, int layer, int pos) const;
+
     static size_t bytes_needed(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32) {
         return 2 * row_bytes(kv_dim, type) * static_cast<size_t>(n_layers) * capacity;
     }
@@ -51,13 +67,14 @@ private:
     }
     // kv_dim, or an Error where the type cannot hold rows of that width (Q8_0: whole 32-element blocks).
     static int check_kv_width(int kv_dim, CpuKvType type);
-    size_t offset(int layer, int pos) const {
-        return (static_cast<size_t>(layer) * capacity() + pos) * row_bytes();
+    size_t offset(int layer, int slab, int pos) const {
+        return ((static_cast<size_t>(layer) * slabs_ + slab) * capacity() + pos) * slab_row_bytes();
     }
     int kv_dim_;
     CpuKvType type_;
-    // [layer][pos] rows of row_bytes(), left uninitialized: a position is written before it is read, and untouched
-    // pages of a large context cost no memory (the resident size grows with the tokens actually held).
+    int slabs_;
+    // [layer][slab][pos] rows of slab_row_bytes(), left uninitialized: a position is written before it is read, and
+    // untouched pages of a large context cost no memory (the resident size grows with the tokens actually held).
     std::unique_ptr<uint8_t[]> k_, v_;
 };
 
@@ -116,7 +133,8 @@ private:
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
     template <typename Rows>  // a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows)
-    void attention_over(const Rows& keys, const Rows& values, int n, int start_pos);
+    // keys[h] / values[h]: KV head h's rows, its elements from offsets[h] on.
+    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos);
     // The logits of n normed rows x under restrict_logits.
     void restricted_logits(const float* x, int n, float* logits);
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <sstream>
 #include <unistd.h>
 
@@ -221,8 +222,9 @@ TEST_CASE("model: fp16 and q8_0 KV caches hold the fp32 cache's values rounded, 
             std::vector<float> back(static_cast<size_t>(c.kv_dim()));
             for (int pos = 0; pos < static_cast<int>(tokens.size()); ++pos)
                 for (const bool key : {true, false}) {
-                    const auto* x = static_cast<const float*>(key ? exact.key(0, pos) : exact.value(0, pos));
-                    const void* got = key ? held.key(0, pos) : held.value(0, pos);
+                    const std::vector<uint8_t> exact_row = exact.position_bytes(0, pos, key);
+                    const auto* x = reinterpret_cast<const float*>(exact_row.data());
+                    const std::vector<uint8_t> got = held.position_bytes(0, pos, key);
                     if (type == CpuKvType::F16) {
                         for (int j = 0; j < c.kv_dim(); ++j) {
                             reinterpret_cast<uint16_t*>(want.data())[j] = fp32_to_fp16(x[j]);
@@ -232,7 +234,7 @@ TEST_CASE("model: fp16 and q8_0 KV caches hold the fp32 cache's values rounded, 
                         cpu::quantize_row(GgmlType::Q8_0, x, want.data(), c.kv_dim());
                         cpu::dequantize_row(GgmlType::Q8_0, want.data(), back.data(), c.kv_dim());
                     }
-                    differing += std::memcmp(got, want.data(), want.size()) != 0;
+                    differing += got != want;
                     for (int j = 0; j < c.kv_dim(); ++j) rounded += back[j] != x[j];
                 }
             CHECK(differing == 0);
@@ -255,6 +257,49 @@ TEST_CASE("model: fp16 and q8_0 KV caches hold the fp32 cache's values rounded, 
     }
     // Q8_0 needs whole blocks: a width that is not a multiple of 32 is a clear error, not a misread row.
     CHECK_THROWS_WITH_AS(CpuKvCache(1, 4, 48, CpuKvType::Q8_0), doctest::Contains("multiple of 32"), Error);
+}
+
+TEST_CASE("model: the KV cache keeps each head's positions together, and a position's bytes are a row's") {
+    // Attention streams one KV head's positions, so the cache is head-major (a slab per head) wherever a head can
+    // be its own run of elements: every type, except Q8_0 with heads narrower than its 32-element blocks, which
+    // keeps whole rows (one slab). Either way a position's bytes, heads in order, are what a row-major cache of
+    // the same type holds, so the numbers attention reads do not depend on the layout.
+    struct Shape { int kv_dim, heads; CpuKvType type; int slabs; };
+    const Shape shapes[] = {{64, 2, CpuKvType::F32, 2}, {64, 2, CpuKvType::F16, 2}, {64, 2, CpuKvType::Q8_0, 2},
+                            {64, 4, CpuKvType::F16, 4}, {64, 4, CpuKvType::Q8_0, 1}, {96, 1, CpuKvType::F16, 1}};
+    std::mt19937 rng(5);
+    std::normal_distribution<float> normal;
+    for (const Shape& sh : shapes) {
+        CAPTURE(sh.kv_dim);
+        CAPTURE(sh.heads);
+        CpuKvCache heads(3, 10, sh.kv_dim, sh.type, sh.heads), rows(3, 10, sh.kv_dim, sh.type, 1);
+        CHECK(heads.slabs() == sh.slabs);
+        REQUIRE(rows.slabs() == 1);
+        std::vector<float> k(static_cast<size_t>(sh.kv_dim)), v(k.size());
+        for (int layer = 0; layer < 3; ++layer)
+            for (int pos = 0; pos < 10; ++pos) {
+                for (size_t j = 0; j < k.size(); ++j) k[j] = normal(rng), v[j] = normal(rng);
+                heads.store(layer, pos, k.data(), v.data());
+                rows.store(layer, pos, k.data(), v.data());
+            }
+        int differing = 0;
+        for (int layer = 0; layer < 3; ++layer)
+            for (int pos = 0; pos < 10; ++pos)
+                for (bool key : {true, false}) {
+                    const std::vector<uint8_t> a = heads.position_bytes(layer, pos, key);
+                    const std::vector<uint8_t> b = rows.position_bytes(layer, pos, key);
+                    REQUIRE(b.size() == rows.row_bytes());
+                    differing += a != b;
+                    // ... and slab s, position pos, is the head's part of the row, where attention reads it.
+                    const size_t part = heads.slab_row_bytes();
+                    const uint8_t* slab = key ? heads.key_slab(layer, sh.slabs - 1) : heads.value_slab(layer, sh.slabs - 1);
+                    differing += std::memcmp(slab + static_cast<size_t>(pos) * part,
+                                             b.data() + static_cast<size_t>(sh.slabs - 1) * part, part) != 0;
+                }
+        CHECK(differing == 0);
+        CHECK(heads.same_position(heads, 2, 9));
+        if (sh.slabs > 1) CHECK_FALSE(heads.same_position(rows, 0, 0));  // other layouts never compare equal
+    }
 }
 
 TEST_CASE("model: truncating the cache and refeeding reproduces the logits") {
