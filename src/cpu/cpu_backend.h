@@ -131,6 +131,9 @@ private:
     void repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows);
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
+    template <class Fn>
+    void for_tokens(int n, Fn&& fn);  // fn(token, thread) for each of a step's n tokens
+    void swiglu(int64_t count);       // gate_ = silu(gate_) * up_, the first count elements
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
     template <typename Rows>  // a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows)
     // keys[h] / values[h]: KV head h's rows, its elements from offsets[h] on.
@@ -156,7 +159,7 @@ private:
     std::vector<float> scores_;  // [n_threads][kMaxQueryTile][max context]: scores of one tile's heads
     int scores_stride_ = 0;
     std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
-    std::vector<float> rope_cs_;        // [rope_dim]: cos then sin of one token's angles
+    std::vector<float> rope_cs_;        // [threads][rope_dim]: cos then sin of one token's angles
     // The part of the output matrix that is copied (all of it unless head_rows): declared before repacked_, which
     // holds a pointer to it until its background thread has stopped.
     WeightView output_copied_;
