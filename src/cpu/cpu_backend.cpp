@@ -415,8 +415,10 @@ inline void weighted_value_lanes(const float* const* weights, const Rows& values
 #endif
 
 // out[j][d] = sum over t < n_keys of weights[j][t] * value t[off + d] for j < Q, d < hd: one fused multiply-add per
-// key in key order, from 0, for every d. The vector path keeps 64, 32, 16 or 16 dims per query (Q = 1..4) in
-// registers across the keys (at most 12 accumulators and 4 broadcasts); the scalar loop, which the compiler contracts to the same FMAs, serves
+// key in key order, from 0, for every d. The vector path keeps 64, 32, 32 or 16 dims per query (Q = 1..4) in
+// registers across the keys (8, 8, 12 or 8 accumulators: each is a chain of dependent FMAs, and two FMA pipes of
+// 4 cycles' latency need 8 chains in flight; Q = 3 with 16 dims had 6, and a prefill after 2,048 tokens of context
+// ran 5-7% slower on the 1.5B and SmolLM2); the scalar loop, which the compiler contracts to the same FMAs, serves
 // heads that are not whole 8-lane groups. Either way a position's output does not depend on how many tokens or
 // heads share the call.
 template <int Q, typename Rows>
@@ -424,7 +426,7 @@ void weighted_values(const float* const* weights, const Rows& values, int off, i
                      float* const* out) {
 #ifdef TANDEM_ATTENTION_SIMD
     if (hd % 8 == 0 && off % 8 == 0) {
-        constexpr int NJ = Q == 1 ? 8 : Q == 2 ? 4 : 2;
+        constexpr int NJ = Q == 1 ? 8 : Q <= 3 ? 4 : 2;
         float* o[Q];
         int d = 0;
         for (; d + 8 * NJ <= hd; d += 8 * NJ) {
