@@ -418,7 +418,7 @@ inline void weighted_value_lanes(const float* const* weights, const Rows& values
 // key in key order, from 0, for every d. The vector path keeps 64, 32, 32 or 16 dims per query (Q = 1..4) in
 // registers across the keys (8, 8, 12 or 8 accumulators: each is a chain of dependent FMAs, and two FMA pipes of
 // 4 cycles' latency need 8 chains in flight; Q = 3 with 16 dims had 6, and a prefill after 2,048 tokens of context
-// ran 5-7% slower on the 1.5B and SmolLM2); the scalar loop, which the compiler contracts to the same FMAs, serves
+// ran 5-8% slower on the 1.5B and SmolLM2); the scalar loop, which the compiler contracts to the same FMAs, serves
 // heads that are not whole 8-lane groups. Either way a position's output does not depend on how many tokens or
 // heads share the call.
 template <int Q, typename Rows>
@@ -476,8 +476,8 @@ int query_tile(int n_tokens, int n_kv_heads, int group, int threads) {
 }  // namespace
 
 // A step's per-token work (norms, RoPE and the cache writes): prefill chunks split it over the pool, where it
-// would otherwise run on one thread while the others wait (SmolLM2's norms and RoPE were about a tenth of its
-// prefill). Each token's arithmetic is the same either way.
+// would otherwise run on one thread while the others wait (perf of SmolLM2's pp512: forward_step's own time, these
+// loops, 4.9% of the samples; split, pp512 rose 5-7%). Each token's arithmetic is the same either way.
 template <class Fn>
 void CpuBackend::for_tokens(int n, Fn&& fn) {
     if (n < 2 || pool_.size() == 1) {

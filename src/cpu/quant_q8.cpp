@@ -45,6 +45,31 @@ float max_abs(const float* x, int n) {
     return r;
 }
 
+#ifdef TANDEM_Q8_SIMD
+// Eight codes of v * mul as int32: rounded half to even, clamped to [-127, 127] (round_codes' definition).
+inline __m256i codes8(__m256 v, __m256 mul) {
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(v, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(r), _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+}
+
+// Stores the 32 codes of v[0..3] * mul at q, narrowed in registers; returns their sums, eight lanes.
+inline __m256i store_codes32(const __m256 v[4], __m256 mul, int8_t* q) {
+    const __m256i c0 = codes8(v[0], mul), c1 = codes8(v[1], mul), c2 = codes8(v[2], mul), c3 = codes8(v[3], mul);
+    // The packs narrow within 128-bit lanes: 4-byte groups come out as c0 c1 c2 c3 (low halves), then the high
+    // halves; the permutation puts each input's two groups side by side. Codes in [-127, 127] never saturate.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    return _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3));
+}
+
+inline int hsum_epi32(__m256i v) {
+    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+}
+#endif
+
 // q[j] = round-half-even(x[j] * id), clamped to [-127, 127]: |x * id| <= 127 already, and the clamp states that
 // -128 never occurs, which the kernels' sign trick relies on. Returns the sum of the codes. The vector path rounds,
 // clamps, sums and narrows 32 values at a time in registers: a decode step quantizes every matmul's input on one
@@ -55,32 +80,19 @@ int round_codes(const float* x, float id, int n, int8_t* q) {
     int j = 0;
 #ifdef TANDEM_Q8_SIMD
     const __m256 mul = _mm256_set1_ps(id);
-    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-    auto codes8 = [&](int at) {  // eight rounded, clamped codes as int32
-        const __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + at), mul),
-                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        return _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(v), lo), hi);
-    };
     __m256i sums = _mm256_setzero_si256();
     for (; j + 32 <= n; j += 32) {
-        const __m256i c0 = codes8(j), c1 = codes8(j + 8), c2 = codes8(j + 16), c3 = codes8(j + 24);
-        sums = _mm256_add_epi32(sums, _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3)));
-        // The packs narrow within 128-bit lanes: 4-byte groups come out as c0 c1 c2 c3 (low halves), then the
-        // high halves; the permutation puts each input's two groups side by side. Codes in [-127, 127] never
-        // saturate.
-        const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + j),
-                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        const __m256 v[4] = {_mm256_loadu_ps(x + j), _mm256_loadu_ps(x + j + 8), _mm256_loadu_ps(x + j + 16),
+                             _mm256_loadu_ps(x + j + 24)};
+        sums = _mm256_add_epi32(sums, store_codes32(v, mul, q + j));
     }
     for (; j + 8 <= n; j += 8) {
-        const __m256i c = codes8(j);
+        const __m256i c = codes8(_mm256_loadu_ps(x + j), mul);
         sums = _mm256_add_epi32(sums, c);
         const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(q + j), _mm_packs_epi16(words, words));
     }
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    sum = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    sum = hsum_epi32(sums);
 #endif
     for (; j < n; ++j) {
         const int c = std::clamp(static_cast<int>(std::nearbyint(x[j] * id)), -127, 127);
@@ -96,28 +108,15 @@ int round_codes(const float* x, float id, int n, int8_t* q) {
 int quantize_block32(const float* x, int8_t* q, float* amax_out) {
 #ifdef TANDEM_Q8_SIMD
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8), v2 = _mm256_loadu_ps(x + 16),
-                 v3 = _mm256_loadu_ps(x + 24);
-    __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v0), _mm256_andnot_ps(sign, v1)),
-                             _mm256_max_ps(_mm256_andnot_ps(sign, v2), _mm256_andnot_ps(sign, v3)));
+    const __m256 v[4] = {_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8), _mm256_loadu_ps(x + 16),
+                         _mm256_loadu_ps(x + 24)};
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                   _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
     *amax_out = amax;
-    const __m256 mul = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-    const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
-    auto codes8 = [&](__m256 v) {
-        const __m256 r = _mm256_round_ps(_mm256_mul_ps(v, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        return _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(r), lo), hi);
-    };
-    const __m256i c0 = codes8(v0), c1 = codes8(v1), c2 = codes8(v2), c3 = codes8(v3);
-    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(c0, c1), _mm256_packs_epi32(c2, c3));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q),
-                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-    const __m256i s8 = _mm256_add_epi32(_mm256_add_epi32(c0, c1), _mm256_add_epi32(c2, c3));
-    const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-    const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-    return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+    return hsum_epi32(store_codes32(v, _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f), q));
 #else
     const float amax = max_abs(x, 32);
     *amax_out = amax;
