@@ -66,6 +66,7 @@ public:
     uint64_t alignment() const { return alignment_; }
     uint64_t file_size() const { return size_; }
     uint64_t data_offset() const { return data_offset_; }  // start of the tensor data section
+    const uint8_t* mapping() const { return base_; }        // the file's first byte, mapped
 
     // Metadata in file order.
     const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }

@@ -47,11 +47,15 @@ std::string human_size(uint64_t bytes) {
 
 }  // namespace
 
-std::string models_dir() {
-    if (std::string d = env_or_empty("TANDEM_MODELS_DIR"); !d.empty()) return d;
+std::string cache_root() {
     std::string cache = env_or_empty("XDG_CACHE_HOME");
     if (cache.empty()) cache = home_dir() + "/.cache";
-    return cache + "/tandem/models";
+    return cache + "/tandem";
+}
+
+std::string models_dir() {
+    if (std::string d = env_or_empty("TANDEM_MODELS_DIR"); !d.empty()) return d;
+    return cache_root() + "/models";
 }
 
 const std::vector<KnownModel>& known_models() { return kKnown; }

@@ -19,6 +19,9 @@ struct KnownModel {
 // ${TANDEM_MODELS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem/models}, the rule scripts/fetch-models follows
 // (an empty variable counts as unset, as in the shell).
 std::string models_dir();
+// tandem's cache directory, ${XDG_CACHE_HOME:-$HOME/.cache}/tandem (models_dir() and the repacked-weights cache are
+// inside it unless the environment moves them).
+std::string cache_root();
 
 // Every model the manifest lists, in manifest order.
 const std::vector<KnownModel>& known_models();

@@ -135,13 +135,14 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, const C
             static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(pool_.size()) * c.rope_dim);
     if (options.repack && activations_ == cpu::Activations::Int8)
-        repack_weights(options.requantize_to, options.huge_pages, options.head_rows);
+        repack_weights(options.requantize_to, options.huge_pages, options.head_rows, options.repack_cache_dir);
 }
 
 // Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked
 // on a background thread at idle priority; each matrix's file pages are released once its copy is in use. (A tied
 // output is the token embedding too: the rows the embedding lookup reads come back from the page cache.)
-void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows) {
+void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows,
+                                const std::string& cache_dir) {
     const Weights& w = model_.weights;
     std::vector<const WeightView*> views;
     for (const LayerWeights& L : w.layers)
@@ -152,12 +153,16 @@ void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge
     if (head_rows > 0 && head_rows < w.output.rows) output_copied_.rows = head_rows;
     views.push_back(&output_copied_);
     const GgufFile* file = model_.file.get();
+    cpu::RepackCacheSpec cache;
+    if (file && !cache_dir.empty()) cache = {cache_dir, file->path(), file->mapping()};
     repacked_ = std::make_unique<cpu::RepackedWeights>(
         views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to,
-        huge_pages);
+        huge_pages, cache);
 }
 
 size_t CpuBackend::repacked_bytes() const { return repacked_ ? repacked_->bytes() : 0; }
+
+std::string CpuBackend::describe_repacking() const { return repacked_ ? repacked_->describe() : "none"; }
 
 void CpuBackend::wait_for_repacking() const {
     if (repacked_) repacked_->wait();
@@ -184,14 +189,18 @@ namespace {
 // A forward call of at least this many tokens waits for the background repacking. With the 1.5B on this project's
 // 2-core machine, prefill ran at 150 tokens/s repacked and 112 in the file's layout, and repacking all of it takes
 // about 0.5 s: waiting pays from about 0.5 / (1/112 - 1/150) = 220 tokens on. Shorter calls (a short prompt,
-// decode, verification) go ahead at once, so start-up never waits for the copies.
+// decode, verification) go ahead at once, so start-up never waits for the copies. Copies from a cache file only need
+// their checksums checked (~0.1 s for the 1.5B's, on two threads less): every call of several tokens waits.
 constexpr int kRepackWaitTokens = 256;
+constexpr int kCachedRepackWaitTokens = 2;
 }  // namespace
 
 void CpuBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits) {
     // Matrices not repacked yet are read in the file's layout (the same bits); only a call long enough for the
     // copies to pay for waiting waits for them (see kRepackWaitTokens).
-    if (repacked_ && static_cast<int>(tokens.size()) >= kRepackWaitTokens) repacked_->wait();
+    if (repacked_ && static_cast<int>(tokens.size()) >=
+                         (repacked_->from_cache() ? kCachedRepackWaitTokens : kRepackWaitTokens))
+        repacked_->wait();
     // A prompt's prefill (several tokens, logits for at most the last) pauses the repacking; decode and
     // verification (logits for every token) do not.
     const bool prefill = tokens.size() > 1 && n_logits <= 1;

@@ -100,6 +100,10 @@ struct CpuBackendOptions {
     // are read long enough to repay that: a draft's (read k times per target step) and a long-lived process's (the
     // chat REPL, the benchmarks), not a one-shot run's target.
     bool huge_pages = false;
+    // Keep the copies in a cache file in this directory between runs (cpu/repack_cache.h): a one-shot run then maps
+    // the copies an earlier run made instead of making them. Empty: in memory only, made by every process (the
+    // chat REPL, which makes them while the user types, and the benchmarks, which measure steady state).
+    std::string repack_cache_dir;
     // > 0: copy only the first head_rows rows of the output matrix, for a draft whose logits restrict_logits limits
     // to them (the 0.5B's 151,936-row head is 76.6 MB as Q4_0 copies, of which the first 32,768 rows, 16.5 MB, are
     // read). Logits of rows beyond come from the file's layout, so lifting the restriction stays correct, only
@@ -122,13 +126,16 @@ public:
     // without the kernels, Float activations, or TANDEM_NO_REPACK=1). Results are the same bits before and after,
     // unless requantize_to was given.
     size_t repacked_bytes() const;
+    // Where the copies are (cpu::RepackedWeights::describe), for -v.
+    std::string describe_repacking() const;
     // Blocks until the background repacking is done (benchmarks measure the steady state; speculative decoding
     // before its first verification).
     void wait_for_repacking() const override;
 
 private:
     void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
-    void repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows);
+    void repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows,
+                        const std::string& cache_dir);
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     template <class Fn>

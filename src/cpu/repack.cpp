@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -16,6 +17,7 @@
 
 #include "cpu/quant.h"
 #include "cpu/quant_q8.h"
+#include "cpu/repack_cache.h"
 #include "cpu/thread_pool.h"
 #include "error.h"
 
@@ -86,13 +88,13 @@ RepackedMatrix::RepackedMatrix(GgmlType source_type, const void* W, int64_t cols
     const int64_t n_blocks = cols / record_elements(type);
     const size_t group_bytes = static_cast<size_t>(n_blocks) * record_bytes_;
     bytes_ = storage_bytes(type, cols, rows);
-    if (storage) {
-        data_ = storage;
-    } else {
-        data_ = static_cast<uint8_t*>(std::aligned_alloc(64, bytes_));
-        if (!data_) throw Error("RepackedMatrix: out of memory for " + std::to_string(bytes_) + " bytes");
+    uint8_t* out = storage;
+    if (!out) {
+        out = static_cast<uint8_t*>(std::aligned_alloc(64, bytes_));
+        if (!out) throw Error("RepackedMatrix: out of memory for " + std::to_string(bytes_) + " bytes");
         owns_ = true;
     }
+    data_ = out;
     const uint8_t* w = static_cast<const uint8_t*>(W);
     const size_t source_row_bytes = ggml_row_bytes(source_type, static_cast<uint64_t>(cols));
     const size_t row_bytes = ggml_row_bytes(type, static_cast<uint64_t>(cols));
@@ -115,18 +117,27 @@ RepackedMatrix::RepackedMatrix(GgmlType source_type, const void* W, int64_t cols
                                    decoded.data());
                 group = encoded.data();
             }
-            repack(group, row_bytes, valid, n_blocks, data_ + g * group_bytes);
+            repack(group, row_bytes, valid, n_blocks, out + g * group_bytes);
         }
     });
     if (cancelled.load(std::memory_order_relaxed)) {
-        if (owns_) std::free(data_);
+        if (owns_) std::free(out);
         owns_ = false;
         throw RepackCancelled{};
     }
 }
 
+RepackedMatrix::RepackedMatrix(GgmlType type, int64_t cols, int64_t rows, const uint8_t* storage)
+    : type_(type), rows_(rows), cols_(cols), record_bytes_(record_bytes_of(type)) {
+    if (record_bytes_ == 0 || !kernel_for(type) || cols <= 0 || cols % record_elements(type) != 0 || rows <= 0)
+        throw Error(std::string("RepackedMatrix: no repacked layout or kernel for ") + ggml_type_name(type) + " " +
+                    std::to_string(cols) + " x " + std::to_string(rows) + " on this CPU");
+    bytes_ = storage_bytes(type, cols, rows);
+    data_ = storage;
+}
+
 RepackedMatrix::~RepackedMatrix() {
-    if (owns_) std::free(data_);
+    if (owns_) std::free(const_cast<uint8_t*>(data_));
 }
 
 void RepackedMatrix::dot_groups(int64_t group_begin, int64_t group_end, const uint8_t* xq, size_t xq_stride,
@@ -149,11 +160,62 @@ std::mutex g_prefill_mutex;
 std::condition_variable g_prefill_cv;
 int g_prefills = 0;
 
+// A checksum of what this build's repacking makes of a small fixed matrix of `type` (copied as `copy_type`): part of
+// a cache file's description, so that a file made by code that repacks or requantizes differently is never read.
+// The source bytes are fixed pseudo-random ones with bit 14 of every 16-bit word clear, so that every fp16 field is
+// finite; 20 rows cover a padded last group.
+uint64_t layout_fingerprint(GgmlType type, GgmlType copy_type) {
+    const int64_t cols =
+        2 * std::max<int64_t>(RepackedMatrix::record_elements(copy_type), ggml_type_info(type).block_size);
+    const int64_t rows = 20;
+    std::vector<uint8_t> source(ggml_row_bytes(type, static_cast<uint64_t>(cols)) * rows);
+    uint64_t state = 0x9E3779B97F4A7C15ULL ^ static_cast<uint64_t>(type);
+    for (size_t i = 0; i + 1 < source.size(); i += 2) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        const auto word = static_cast<uint16_t>((state >> 33) & 0xBFFF);
+        source[i] = static_cast<uint8_t>(word);
+        source[i + 1] = static_cast<uint8_t>(word >> 8);
+    }
+    ThreadPool one(1);
+    const RepackedMatrix m(type, source.data(), cols, rows, one, nullptr, {},
+                           copy_type != type ? std::optional(copy_type) : std::nullopt);
+    return repack_checksum(m.data(), m.bytes());
+}
+
+// What a cache file for these copies must hold (repack_cache.h): the model file's identity, the layout this build
+// makes of each (type, copy type), and every matrix by its place in the file, largest first as the arena has them.
+// Empty when the model file cannot be identified.
+template <class CopyType>
+std::string cache_description(const RepackCacheSpec& cache, const std::vector<const WeightView*>& todo,
+                              const CopyType& copy_type) {
+    std::string description = repack_model_identity(cache.model_path);
+    if (description.empty()) return {};
+    std::vector<std::pair<GgmlType, GgmlType>> kinds;
+    for (const WeightView* v : todo)
+        if (std::find(kinds.begin(), kinds.end(), std::pair(v->type, copy_type(v))) == kinds.end())
+            kinds.emplace_back(v->type, copy_type(v));
+    char line[160];
+    for (const auto& [type, copy] : kinds) {
+        std::snprintf(line, sizeof line, "layout %s %s %016llx\n", ggml_type_name(type), ggml_type_name(copy),
+                      static_cast<unsigned long long>(layout_fingerprint(type, copy)));
+        description += line;
+    }
+    for (const WeightView* v : todo) {
+        std::snprintf(line, sizeof line, "matrix %lld %s %s %lld %lld\n",
+                      static_cast<long long>(static_cast<const uint8_t*>(v->data) -
+                                             static_cast<const uint8_t*>(cache.model_base)),
+                      ggml_type_name(v->type), ggml_type_name(copy_type(v)), static_cast<long long>(v->cols),
+                      static_cast<long long>(v->rows));
+        description += line;
+    }
+    return description;
+}
+
 }  // namespace
 
 RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
                                  std::function<void(const WeightView&)> release,
-                                 std::optional<GgmlType> requantize_to, bool huge_pages)
+                                 std::optional<GgmlType> requantize_to, bool huge_pages, const RepackCacheSpec& cache)
     : release_(std::move(release)) {
     auto copy_type = [&](const WeightView* v) {
         return requantize_to ? RepackedMatrix::requantized_type(v->type, v->cols, *requantize_to) : v->type;
@@ -170,16 +232,32 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
                      [](const WeightView* a, const WeightView* b) { return a->n_bytes() > b->n_bytes(); });
     size_t total = 0;
     for (const WeightView* v : todo) total += RepackedMatrix::storage_bytes(copy_type(v), v->cols, v->rows);
-    void* arena = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (arena == MAP_FAILED) return;  // no memory for the copies: the file's layout serves
-    // A hint; without transparent huge pages nothing changes. Left to the kernel's default (small pages where THP
-    // is "madvise", as usual) when the caller does not ask.
-    if (huge_pages) ::madvise(arena, total, MADV_HUGEPAGE);
-    arena_ = arena;
+    if (!cache.dir.empty() && cache.model_base) {
+        const std::string description = cache_description(cache, todo, copy_type);
+        std::string name = cache.model_path.substr(cache.model_path.rfind('/') + 1);
+        if (name.size() > 5 && name.substr(name.size() - 5) == ".gguf") name.resize(name.size() - 5);
+        if (requantize_to) name += std::string("-") + ggml_type_name(*requantize_to);
+        if (!description.empty()) {
+            cache_file_ = RepackCacheFile::open(cache.dir, name, description, total, todo.size());
+            from_cache_ = cache_file_ != nullptr;
+            if (!cache_file_) cache_file_ = RepackCacheFile::create(cache.dir, name, description, total, todo.size());
+        }
+    }
+    if (cache_file_) {
+        arena_ = cache_file_->payload();
+    } else {
+        void* arena = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (arena == MAP_FAILED) return;  // no memory for the copies: the file's layout serves
+        // A hint; without transparent huge pages nothing changes. Left to the kernel's default (small pages where
+        // THP is "madvise", as usual) when the caller does not ask.
+        if (huge_pages) ::madvise(arena, total, MADV_HUGEPAGE);
+        arena_ = arena;
+    }
     bytes_ = total;
     uint8_t* cursor = static_cast<uint8_t*>(arena_);
     for (const WeightView* v : todo) {
         auto e = std::make_unique<Entry>();
+        e->index = entries_.size();
         e->view = v;
         e->copy_type = copy_type(v);
         e->storage = cursor;
@@ -188,6 +266,11 @@ RepackedWeights::RepackedWeights(const std::vector<const WeightView*>& views,
         entries_.push_back(std::move(e));
     }
     worker_ = std::thread([this] { run(); });
+}
+
+std::string RepackedWeights::describe() const {
+    if (!cache_file_) return arena_ ? "memory" : "none";
+    return (from_cache_ ? "the cache file " : "a new cache file ") + cache_file_->path();
 }
 
 void RepackedWeights::run() {
@@ -213,9 +296,23 @@ bool RepackedWeights::repack_next(ThreadPool& pool) {
     bool ok = true;
     try {
         const WeightView& v = *e->view;
-        e->matrix = std::make_unique<RepackedMatrix>(v.type, v.data, v.cols, v.rows, pool, e->storage,
-                                                     [this] { return proceed(); },
-                                                     e->copy_type != v.type ? std::optional(e->copy_type) : std::nullopt);
+        const size_t bytes = RepackedMatrix::storage_bytes(e->copy_type, v.cols, v.rows);
+        if (from_cache_) {
+            // Made by an earlier run: used only once its bytes are the ones that run wrote.
+            ok = repack_checksum(e->storage, bytes) == cache_file_->checksum(e->index);
+            if (ok) {
+                e->matrix = std::make_unique<RepackedMatrix>(e->copy_type, v.cols, v.rows, e->storage);
+            } else {
+                std::fprintf(stderr, "tandem: warning: the repacked-weights cache %s is damaged: removed it (the "
+                             "next run makes a new one)\n", cache_file_->path().c_str());
+                cache_file_->discard();
+            }
+        } else {
+            e->matrix = std::make_unique<RepackedMatrix>(
+                v.type, v.data, v.cols, v.rows, pool, e->storage, [this] { return proceed(); },
+                e->copy_type != v.type ? std::optional(e->copy_type) : std::nullopt);
+            if (cache_file_) cache_file_->set_checksum(e->index, repack_checksum(e->storage, bytes));
+        }
     } catch (...) {
         ok = false;  // cancelled, or out of memory: this and the matrices not started keep the file's layout
     }
@@ -231,6 +328,8 @@ bool RepackedWeights::repack_next(ThreadPool& pool) {
     }
     --busy_;
     if (busy_ == 0 && (next_ >= entries_.size() || gave_up_ || stop_.load(std::memory_order_relaxed))) {
+        // Every copy made: a new cache file is complete (a rename, under the lock so that it happens once).
+        if (cache_file_ && !from_cache_ && !gave_up_ && next_ >= entries_.size()) cache_file_->commit();
         done_ = true;
         done_flag_.store(true, std::memory_order_release);
         done_cv_.notify_all();
@@ -280,6 +379,10 @@ void RepackedWeights::end_forward(bool prefill) {
 }
 
 RepackedWeights::~RepackedWeights() {
+    // A new cache file is finished rather than dropped, so that the next run starts from it: a one-time cost, paid
+    // where an answer took less time than making the copies (the 1.5B's take about a second). Copies in memory
+    // stop after the matrix in progress.
+    if (cache_file_ && !from_cache_) wait();
     {
         std::lock_guard<std::mutex> lock(g_prefill_mutex);  // wakes the worker if it is paused
         stop_.store(true, std::memory_order_relaxed);
@@ -287,7 +390,10 @@ RepackedWeights::~RepackedWeights() {
     }
     if (worker_.joinable()) worker_.join();
     entries_.clear();
-    if (arena_) ::munmap(arena_, bytes_);
+    if (cache_file_)
+        cache_file_.reset();  // unmaps it (and removes a new file left incomplete)
+    else if (arena_)
+        ::munmap(arena_, bytes_);
 }
 
 std::optional<GgmlType> RepackedWeights::copy_type(const void* data) const {

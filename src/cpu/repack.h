@@ -47,8 +47,9 @@
 #include <functional>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <memory>
+#include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -58,8 +59,16 @@
 namespace tandem::cpu {
 
 class ThreadPool;
+class RepackCacheFile;
 
 struct RepackCancelled {};
+
+// Where a RepackedWeights keeps its copies between runs (repack_cache.h). An empty dir keeps them in memory only.
+struct RepackCacheSpec {
+    std::string dir;
+    std::string model_path;             // the file the weight views point into
+    const void* model_base = nullptr;   // its mapping's first byte (a matrix is described by its offset from here)
+};
 
 class RepackedMatrix {
 public:
@@ -93,6 +102,9 @@ public:
     RepackedMatrix(GgmlType type, const void* W, int64_t cols, int64_t rows, ThreadPool& pool,
                    uint8_t* storage = nullptr, const std::function<bool()>& proceed = {},
                    std::optional<GgmlType> requantize_to = std::nullopt);
+    // A copy made before (by the constructor above, with copy type `type`) and kept in `storage` (a cache file's
+    // mapping, which outlives the matrix): nothing is repacked.
+    RepackedMatrix(GgmlType type, int64_t cols, int64_t rows, const uint8_t* storage);
     ~RepackedMatrix();
     RepackedMatrix(const RepackedMatrix&) = delete;
     RepackedMatrix& operator=(const RepackedMatrix&) = delete;
@@ -102,6 +114,7 @@ public:
     int64_t cols() const { return cols_; }
     int64_t n_groups() const { return (rows_ + kGroupRows - 1) / kGroupRows; }
     size_t bytes() const { return bytes_; }
+    const uint8_t* data() const { return data_; }
 
     // y[t * y_stride + r] = dot(row r, quantized activation row t) for the rows of groups [group_begin, group_end)
     // (rows past rows() are not written) and tokens [0, n_tokens); activation row t (in the type's activation
@@ -115,7 +128,7 @@ private:
     int64_t rows_, cols_;
     size_t record_bytes_ = 0;
     size_t bytes_ = 0;
-    uint8_t* data_ = nullptr;  // 64-byte aligned
+    const uint8_t* data_ = nullptr;  // 64-byte aligned
     bool owns_ = false;        // data_ is ours to free (std::aligned_alloc)
 };
 
@@ -130,6 +143,10 @@ private:
 // fast fresh pages fault in: the 1.5B's 953 MB took 0.18-0.31 s on huge pages with memory freed moments before, but
 // 1.4 s on huge pages and 0.3 s on small ones once this Firecracker VM's host had taken the freed memory back
 // (a test program: 1 GB first touched in 2.2 s on huge pages, 0.41 s on small).
+// With a RepackCacheSpec the copies are kept in a cache file (repack_cache.h) instead of anonymous memory: the first
+// run makes them into the file (committed once every copy is made), later runs map it, and the background thread
+// checks each matrix's checksum before publishing it, so that nothing unchecked is ever read as weights (a damaged
+// file is removed and the file's layout serves for the rest of that run).
 class RepackedWeights {
 public:
     // Plans a copy of every view whose type is available() and starts repacking them, largest first, calling
@@ -137,10 +154,14 @@ public:
     // resident size then stays near the file's). With nothing to repack, or no memory for the copies, nothing
     // is repacked and the backend keeps the file's layout.
     // With `requantize_to`, the copies are requantized where RepackedMatrix::requantized_type says so (a draft's).
-    // `huge_pages`: ask for transparent huge pages for the copies (see CpuBackendOptions::huge_pages).
+    // `huge_pages`: ask for transparent huge pages for the copies (see CpuBackendOptions::huge_pages; not for a
+    // cache file's, which the page cache holds).
     RepackedWeights(const std::vector<const WeightView*>& views, std::function<void(const WeightView&)> release,
-                    std::optional<GgmlType> requantize_to = std::nullopt, bool huge_pages = false);
-    ~RepackedWeights();  // stops the background thread after the matrix in progress
+                    std::optional<GgmlType> requantize_to = std::nullopt, bool huge_pages = false,
+                    const RepackCacheSpec& cache = {});
+    // Stops the background thread after the matrix in progress; copies going into a new cache file are finished
+    // first (the next run maps them).
+    ~RepackedWeights();
     RepackedWeights(const RepackedWeights&) = delete;
     RepackedWeights& operator=(const RepackedWeights&) = delete;
 
@@ -159,9 +180,14 @@ public:
     void begin_forward(bool prefill);
     void end_forward(bool prefill);
     size_t bytes() const { return bytes_; }  // planned
+    // The copies come from a cache file made by an earlier run (checked matrix by matrix before use).
+    bool from_cache() const { return from_cache_; }
+    // Where the copies are: "memory", "the cache file PATH", or "a new cache file PATH"; for -v.
+    std::string describe() const;
 
 private:
     struct Entry {
+        size_t index;  // in entries_ (and the cache file's checksums)
         const WeightView* view;
         GgmlType copy_type;  // view->type, or the type it is requantized to
         uint8_t* storage;
@@ -174,8 +200,10 @@ private:
     std::vector<std::unique_ptr<Entry>> entries_;  // largest first
     std::unordered_map<const void*, const Entry*> by_data_;
     std::function<void(const WeightView&)> release_;
-    void* arena_ = nullptr;
+    void* arena_ = nullptr;  // anonymous memory, unless cache_file_ holds the copies
     size_t bytes_ = 0;
+    std::unique_ptr<RepackCacheFile> cache_file_;
+    bool from_cache_ = false;
     std::atomic<bool> stop_{false};
     mutable std::mutex mutex_;  // guards next_, busy_, gave_up_, done_, in_forward_, pending_release_
     size_t next_ = 0;           // entries_[next_] is the next matrix to repack
