@@ -436,6 +436,11 @@ int main(int argc, char** argv) {
     }
     if (opt.list_models) {
         std::fputs(tandem::list_installed_table().c_str(), stdout);
+        // Where the disk space of one-shot runs' repacked copies goes (cpu/repack_cache.h).
+        const std::string cache_dir = tandem::cpu::repack_cache_dir(tandem::cache_root() + "/repacked");
+        if (const tandem::cpu::RepackCacheUsage u = tandem::cpu::repack_cache_usage(cache_dir); u.files > 0)
+            std::printf("repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
+                        "safe to delete)\n", u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());
         return 0;
     }
     opt.seed_given = seed_opt->count() > 0;

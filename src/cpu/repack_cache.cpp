@@ -165,6 +165,21 @@ std::string repack_cache_dir(const std::string& default_dir) {
     return default_dir;
 }
 
+RepackCacheUsage repack_cache_usage(const std::string& dir) {
+    RepackCacheUsage usage;
+    DIR* d = dir.empty() ? nullptr : ::opendir(dir.c_str());
+    if (!d) return usage;
+    while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        struct stat st{};
+        if (name[0] == '.' || !ends_with(name, ".repack") || ::stat((dir + "/" + name).c_str(), &st) != 0) continue;
+        ++usage.files;
+        usage.bytes += static_cast<uint64_t>(st.st_size);
+    }
+    ::closedir(d);
+    return usage;
+}
+
 std::string repack_model_identity(const std::string& model_path) {
     char* real = ::realpath(model_path.c_str(), nullptr);
     if (!real) return {};

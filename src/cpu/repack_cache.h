@@ -29,6 +29,13 @@ uint64_t repack_checksum(const uint8_t* p, size_t n);
 // else `default_dir`.
 std::string repack_cache_dir(const std::string& default_dir);
 
+// The cache files in `dir` (complete ones, not temporaries) and their bytes, for --list-models.
+struct RepackCacheUsage {
+    size_t files = 0;
+    uint64_t bytes = 0;
+};
+RepackCacheUsage repack_cache_usage(const std::string& dir);
+
 class RepackCacheFile {
 public:
     // The valid file for `description` in `dir`, mapped read-only; nullptr when there is none (or it does not

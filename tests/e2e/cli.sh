@@ -121,6 +121,8 @@ if grep -q "repacked weight copies" "$tmp/err1"; then
   check "repack cache: one complete file, no temporary" [ "$(ls -A "$tmp/rc" | grep -c '^q4-.*\.repack$')" -eq 1 -a \
     "$(ls -A "$tmp/rc" | wc -l)" -eq 1 ]
   check_all "repack cache: the same text as the file's layout" [ "$first" = "$plain" ] ::: [ "$second" = "$plain" ]
+  check "--list-models names the repacked-weights cache" bash -c \
+    "TANDEM_REPACK_CACHE='$tmp/rc' '$tandem' --list-models | grep -q 'repacked-weights cache: 1 file, .* in $tmp/rc'"
   TANDEM_REPACK_CACHE=0 "$tandem" -m "$tmp/q4.gguf" -p "Once" -n 4 --backend cpu -v 2>"$tmp/err3" >/dev/null
   check "TANDEM_REPACK_CACHE=0: copies in memory" grep -q "repacked weight copies in memory" "$tmp/err3"
   echo "Once" | TANDEM_REPACK_CACHE="$tmp/rc-chat" "$tandem" -m "$tmp/q4.gguf" --chat -n 4 --backend cpu -v \
