@@ -216,12 +216,11 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
         throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
 #endif
     }
-    const auto kv = tandem::parse_cpu_kv_type(kv_type);
-    if (!kv) throw tandem::Error("unknown --kv-type '" + kv_type + "' (f32, f16, q8_0)");
+    const tandem::CpuKvType kv = tandem::require_cpu_kv_type(kv_type);
     auto cpu = std::make_unique<tandem::CpuBackend>(
         model, threads, chunk,
         tandem::CpuBackendOptions{
-            .requantize_to = requantize_to, .huge_pages = true, .head_rows = head_rows, .kv_type = *kv});
+            .requantize_to = requantize_to, .huge_pages = true, .head_rows = head_rows, .kv_type = kv});
     cpu->wait_for_repacking();  // timings are of the steady state
     return cpu;
 }

@@ -76,9 +76,7 @@ int run(const Options& opt) {
     const int n_windows = tandem::perplexity_windows(static_cast<int>(tokens.size()), params);
 
     const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const auto kv_type = tandem::parse_cpu_kv_type(opt.kv_type);
-    if (!kv_type) throw tandem::Error("unknown --kv-type '" + opt.kv_type + "' (f32, f16, q8_0)");
-    tandem::CpuBackend backend(*model, threads, params.batch, {.kv_type = *kv_type});
+    tandem::CpuBackend backend(*model, threads, params.batch, {.kv_type = tandem::require_cpu_kv_type(opt.kv_type)});
     backend.wait_for_repacking();  // a long throughput run: every window should use the copies
     auto cache = backend.new_cache(params.n_ctx);
     std::fprintf(stderr,

@@ -103,6 +103,12 @@ std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name) {
     return std::nullopt;
 }
 
+CpuKvType require_cpu_kv_type(const std::string& name) {
+    const std::optional<CpuKvType> type = parse_cpu_kv_type(name);
+    if (!type) throw Error("unknown --kv-type '" + name + "' (f32, f16, q8_0)");
+    return *type;
+}
+
 std::optional<GgmlType> parse_requant(const std::string& name) {
     if (name == "none") return std::nullopt;
     const std::optional<GgmlType> type = ggml_type_from_name(name);

@@ -27,6 +27,8 @@ struct WeightView;
 enum class CpuKvType { F32, F16, Q8_0 };
 // "f32" / "f16" / "q8_0" (the --kv-type values); nullopt for anything else.
 std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name);
+// parse_cpu_kv_type's value, or a tandem::Error naming the accepted ones (the tools' --kv-type).
+CpuKvType require_cpu_kv_type(const std::string& name);
 
 class CpuKvCache : public KvCache {
 public:
