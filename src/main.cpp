@@ -121,7 +121,7 @@ tandem::CudaOptions cuda_options(const Options& opt) {
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
 // `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackendOptions).
 // `head_rows`: only the output's first rows copied (a draft's, under --draft-vocab: see CpuBackendOptions).
-// `repack_cache`: keep the copies in the repacked-weights cache between runs (a one-shot run's: see
+// `repack_cache`: keep the copies in the repacked-weights cache between runs (see
 // CpuBackendOptions::repack_cache_dir).
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
                                               int chunk, int n_ctx, const Options& opt, const char* which,
@@ -280,7 +280,7 @@ int run(const Options& opt) {
 
     std::unique_ptr<tandem::Backend> backend_ptr =
         make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend", /*huge_pages=*/chat,
-                     /*repack_cache=*/!chat);
+                     /*repack_cache=*/true);
     tandem::Backend& backend = *backend_ptr;
     auto cache = backend.new_cache(n_ctx);
 
@@ -295,7 +295,7 @@ int run(const Options& opt) {
         // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied
         // (the backend copies every row when the value is 0 or covers the whole vocabulary).
         draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend",
-                                     /*huge_pages=*/true, /*repack_cache=*/!chat, requant,
+                                     /*huge_pages=*/true, /*repack_cache=*/true, requant,
                                      opt.gen.speculative.draft_vocab);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};

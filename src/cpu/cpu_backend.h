@@ -102,9 +102,11 @@ struct CpuBackendOptions {
     // are read long enough to repay that: a draft's (read k times per target step) and a long-lived process's (the
     // chat REPL, the benchmarks), not a one-shot run's target.
     bool huge_pages = false;
-    // Keep the copies in a cache file in this directory between runs (cpu/repack_cache.h): a one-shot run then maps
-    // the copies an earlier run made instead of making them. Empty: in memory only, made by every process (the
-    // chat REPL, which makes them while the user types, and the benchmarks, which measure steady state).
+    // Keep the copies in a cache file in this directory between runs (cpu/repack_cache.h): a run then maps the
+    // copies an earlier run made instead of making them (the CLI's runs, one-shot and chat). Empty: in memory only,
+    // made by every process (the benchmarks, whose figures are of copies in memory on huge pages). A cache file's
+    // pages are the page cache's, mapped with huge pages for the most part where the kernel holds the file in
+    // large folios (6.18 with ext4 here), so huge_pages matters only without one.
     std::string repack_cache_dir;
     // > 0: copy only the first head_rows rows of the output matrix, for a draft whose logits restrict_logits limits
     // to them (the 0.5B's 151,936-row head is 76.6 MB as Q4_0 copies, of which the first 32,768 rows, 16.5 MB, are
