@@ -121,11 +121,9 @@ tandem::CudaOptions cuda_options(const Options& opt) {
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
 // `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackendOptions).
 // `head_rows`: only the output's first rows copied (a draft's, under --draft-vocab: see CpuBackendOptions).
-// `repack_cache`: keep the copies in the repacked-weights cache between runs (see
-// CpuBackendOptions::repack_cache_dir).
 std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tandem::Model& model, int threads,
                                               int chunk, int n_ctx, const Options& opt, const char* which,
-                                              bool huge_pages, bool repack_cache,
+                                              bool huge_pages,
                                               std::optional<tandem::GgmlType> requantize_to = std::nullopt,
                                               int64_t head_rows = 0) {
 #ifdef TANDEM_HAS_CUDA
@@ -170,7 +168,8 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
         tandem::CpuBackendOptions{
             .requantize_to = requantize_to,
             .huge_pages = huge_pages,
-            .repack_cache_dir = repack_cache ? tandem::cpu::repack_cache_dir(tandem::cache_root() + "/repacked") : "",
+            // Every CLI run keeps its copies in the repacked-weights cache (CpuBackendOptions::repack_cache_dir).
+            .repack_cache_dir = tandem::cpu::repack_cache_dir(tandem::cache_root() + "/repacked"),
             .head_rows = head_rows,
             .kv_type = *kv});
     if (opt.verbose && cpu->repacked_bytes() > 0)
@@ -279,8 +278,7 @@ int run(const Options& opt) {
 #endif
 
     std::unique_ptr<tandem::Backend> backend_ptr =
-        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend", /*huge_pages=*/chat,
-                     /*repack_cache=*/true);
+        make_backend(backend_kind, *model, threads, opt.chunk, n_ctx, opt, "--backend", /*huge_pages=*/chat);
     tandem::Backend& backend = *backend_ptr;
     auto cache = backend.new_cache(n_ctx);
 
@@ -295,8 +293,7 @@ int run(const Options& opt) {
         // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied
         // (the backend copies every row when the value is 0 or covers the whole vocabulary).
         draft_backend = make_backend(draft_kind, *draft_model, threads, opt.chunk, n_ctx, opt, "--draft-backend",
-                                     /*huge_pages=*/true, /*repack_cache=*/true, requant,
-                                     opt.gen.speculative.draft_vocab);
+                                     /*huge_pages=*/true, requant, opt.gen.speculative.draft_vocab);
         draft_cache = draft_backend->new_cache(n_ctx);
         draft = {draft_model.get(), draft_backend.get(), draft_cache.get()};
         if (opt.verbose)
