@@ -214,15 +214,7 @@ std::unique_ptr<RepackCacheFile> RepackCacheFile::open(const std::string& dir, c
         std::memcmp(&h[kFixed], description.data(), description.size()) != 0 ||
         load_u64(&h[sum_at]) != repack_checksum(h.data(), sum_at))
         return nullptr;
-    void* map = ::mmap(nullptr, header + payload_bytes, PROT_READ, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) return nullptr;
-    f->map_ = map;
-    f->map_bytes_ = header + payload_bytes;
-    f->header_bytes_ = header;
-    f->payload_bytes_ = payload_bytes;
-    f->payload_ = static_cast<uint8_t*>(map) + header;
-    f->description_ = description;
-    f->checksums_.resize(n_entries);
+    if (!f->map(PROT_READ, header, payload_bytes, description, n_entries)) return nullptr;
     for (size_t i = 0; i < n_entries; ++i) f->checksums_[i] = load_u64(&h[checksums_at + 8 * i]);
     ::futimens(fd, nullptr);  // used now: the clean-up keeps the most recently used files
     return f;
@@ -244,16 +236,22 @@ std::unique_ptr<RepackCacheFile> RepackCacheFile::create(const std::string& dir,
     const size_t header = header_bytes_for(description.size(), n_entries);
     // Blocks reserved now: writing through the mapping can then not fail for want of space (which would be a SIGBUS).
     if (::fallocate(fd, 0, 0, static_cast<off_t>(header + payload_bytes)) != 0) return nullptr;
-    void* map = ::mmap(nullptr, header + payload_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (map == MAP_FAILED) return nullptr;
-    f->map_ = map;
-    f->map_bytes_ = header + payload_bytes;
-    f->header_bytes_ = header;
-    f->payload_bytes_ = payload_bytes;
-    f->payload_ = static_cast<uint8_t*>(map) + header;
-    f->description_ = description;
-    f->checksums_.assign(n_entries, 0);
+    if (!f->map(PROT_READ | PROT_WRITE, header, payload_bytes, description, n_entries)) return nullptr;
     return f;
+}
+
+bool RepackCacheFile::map(int prot, size_t header_bytes, size_t payload_bytes, const std::string& description,
+                          size_t n_entries) {
+    void* map = ::mmap(nullptr, header_bytes + payload_bytes, prot, MAP_SHARED, fd_, 0);
+    if (map == MAP_FAILED) return false;
+    map_ = map;
+    map_bytes_ = header_bytes + payload_bytes;
+    header_bytes_ = header_bytes;
+    payload_bytes_ = payload_bytes;
+    payload_ = static_cast<uint8_t*>(map) + header_bytes;
+    description_ = description;
+    checksums_.assign(n_entries, 0);
+    return true;
 }
 
 bool RepackCacheFile::commit() {

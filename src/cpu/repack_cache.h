@@ -68,6 +68,8 @@ public:
 
 private:
     RepackCacheFile() = default;
+    // Maps the whole file (header and payload) and sets the members that describe it; false when mmap fails.
+    bool map(int prot, size_t header_bytes, size_t payload_bytes, const std::string& description, size_t n_entries);
     std::string path_, temp_path_, description_;
     int fd_ = -1;
     void* map_ = nullptr;

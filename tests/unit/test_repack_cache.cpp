@@ -15,6 +15,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <memory>
 #include <random>
 #include <string>
@@ -108,6 +110,31 @@ void check_same_bits(const WeightView& v, const RepackedMatrix& R) {
     CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
 }
 
+// A model file of every type with a repacked kernel here, and a cache directory beside it.
+struct CacheFixture {
+    TempDir dir;
+    fs::path cache = dir.path / "cache";
+    ModelFile model{dir.path, available_types()};
+    RepackedWeights weights(std::optional<GgmlType> requantize_to = std::nullopt,
+                            std::function<void(const WeightView&)> release = [](const WeightView&) {}) const {
+        return RepackedWeights(model.ptrs(), std::move(release), requantize_to, false, model.spec(cache));
+    }
+    // A first run's cache file, complete: its path.
+    fs::path make_file() const {
+        {
+            RepackedWeights first = weights();
+            first.wait();
+        }
+        return fs::directory_iterator(cache)->path();
+    }
+};
+
+bool skip_without_kernels() {
+    if (!available_types().empty()) return false;
+    MESSAGE("no repacked kernel on this build or CPU, not checked");
+    return true;
+}
+
 }  // namespace
 
 TEST_CASE("repack cache: the checksum sees every byte, at every length") {
@@ -173,17 +200,12 @@ TEST_CASE("repack cache: a committed file opens only under its own description a
 }
 
 TEST_CASE("repack cache: the next RepackedWeights maps the copies the first made, and they compute the same bits") {
-    const std::vector<GgmlType> types = available_types();
-    if (types.empty()) {
-        MESSAGE("no repacked kernel on this build or CPU, not checked");
-        return;
-    }
-    TempDir dir;
-    const fs::path cache = dir.path / "cache";
-    ModelFile model(dir.path, types);
+    if (skip_without_kernels()) return;
+    const CacheFixture f;
+    const ModelFile& model = f.model;
     std::vector<std::vector<uint8_t>> made;  // the first run's copies
     {
-        RepackedWeights first(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
+        RepackedWeights first = f.weights();
         CHECK_FALSE(first.from_cache());
         CHECK(first.describe().find("a new cache file") == 0);
         first.wait();
@@ -194,12 +216,11 @@ TEST_CASE("repack cache: the next RepackedWeights maps the copies the first made
         }
     }
     std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(cache)) files.push_back(e.path().filename().string());
+    for (const auto& e : fs::directory_iterator(f.cache)) files.push_back(e.path().filename().string());
     REQUIRE(files.size() == 1);
     CHECK(files[0].rfind("model-", 0) == 0);
     int released = 0;
-    RepackedWeights second(model.ptrs(), [&](const WeightView&) { ++released; }, std::nullopt, false,
-                           model.spec(cache));
+    RepackedWeights second = f.weights(std::nullopt, [&](const WeightView&) { ++released; });
     CHECK(second.from_cache());
     CHECK(second.describe().find("the cache file") == 0);
     second.wait();
@@ -214,29 +235,19 @@ TEST_CASE("repack cache: the next RepackedWeights maps the copies the first made
     }
     // Requantized copies (a draft's) are another file.
     if (RepackedMatrix::available(GgmlType::Q4_0)) {
-        RepackedWeights draft(model.ptrs(), [](const WeightView&) {}, GgmlType::Q4_0, false, model.spec(cache));
+        RepackedWeights draft = f.weights(GgmlType::Q4_0);
         CHECK_FALSE(draft.from_cache());
         draft.wait();
     }
     size_t n = 0;
-    for (const auto& e : fs::directory_iterator(cache)) n += e.path().extension() == ".repack";
+    for (const auto& e : fs::directory_iterator(f.cache)) n += e.path().extension() == ".repack";
     CHECK(n == (RepackedMatrix::available(GgmlType::Q4_0) ? 2u : 1u));
 }
 
 TEST_CASE("repack cache: a damaged copy is caught before use, the file removed and the file's layout serves") {
-    const std::vector<GgmlType> types = available_types();
-    if (types.empty()) {
-        MESSAGE("no repacked kernel on this build or CPU, not checked");
-        return;
-    }
-    TempDir dir;
-    const fs::path cache = dir.path / "cache";
-    ModelFile model(dir.path, types);
-    {
-        RepackedWeights first(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
-        first.wait();
-    }
-    const fs::path file = fs::directory_iterator(cache)->path();
+    if (skip_without_kernels()) return;
+    const CacheFixture f;
+    const fs::path file = f.make_file();
     // One byte of the last bytes of the file: the smallest copy's (the copies are largest first).
     const auto size = fs::file_size(file);
     {
@@ -247,59 +258,49 @@ TEST_CASE("repack cache: a damaged copy is caught before use, the file removed a
         io.put(static_cast<char>(c ^ 1));
     }
     {
-        RepackedWeights damaged(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
+        RepackedWeights damaged = f.weights();
         CHECK(damaged.from_cache());
         damaged.wait();
         int published = 0;
-        for (const WeightView& v : model.views) {
+        for (const WeightView& v : f.model.views) {
             const RepackedMatrix* R = damaged.find(v.data);
             if (R) check_same_bits(v, *R);  // only checked copies are published
             published += R != nullptr;
         }
-        CHECK(published < static_cast<int>(model.views.size()));
+        CHECK(published < static_cast<int>(f.model.views.size()));
         CHECK_FALSE(fs::exists(file));
     }
-    RepackedWeights again(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
+    RepackedWeights again = f.weights();
     CHECK_FALSE(again.from_cache());  // made anew
 }
 
 TEST_CASE("repack cache: a changed model file misses, its stale file is removed, a short run finishes the file") {
-    const std::vector<GgmlType> types = available_types();
-    if (types.empty()) {
-        MESSAGE("no repacked kernel on this build or CPU, not checked");
-        return;
-    }
-    TempDir dir;
-    const fs::path cache = dir.path / "cache";
-    ModelFile model(dir.path, types);
-    {
-        RepackedWeights first(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
-        first.wait();
-    }
-    const fs::path old_file = fs::directory_iterator(cache)->path();
+    if (skip_without_kernels()) return;
+    const CacheFixture f;
+    const fs::path old_file = f.make_file();
     // The model file "changes" (a new modification time), and a dead process left a temporary behind.
-    fs::last_write_time(model.path, fs::last_write_time(model.path) - std::chrono::hours(1));
-    std::ofstream(cache / ".model-0.repack.999999999.tmp") << "x";
+    fs::last_write_time(f.model.path, fs::last_write_time(f.model.path) - std::chrono::hours(1));
+    std::ofstream(f.cache / ".model-0.repack.999999999.tmp") << "x";
     {
-        RepackedWeights changed(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
+        RepackedWeights changed = f.weights();
         CHECK_FALSE(changed.from_cache());
         CHECK_FALSE(fs::exists(old_file));
-        CHECK_FALSE(fs::exists(cache / ".model-0.repack.999999999.tmp"));
+        CHECK_FALSE(fs::exists(f.cache / ".model-0.repack.999999999.tmp"));
         changed.wait();
     }
-    CHECK(std::distance(fs::directory_iterator(cache), fs::directory_iterator()) == 1);
+    CHECK(std::distance(fs::directory_iterator(f.cache), fs::directory_iterator()) == 1);
     // Destroyed before any copy is made (a prefill pass elsewhere holds the background thread until just before): the
     // new file is finished, not dropped, and the next one maps it.
-    fs::remove_all(cache);
+    fs::remove_all(f.cache);
     {
         RepackedWeights other_backend({}, [](const WeightView&) {});
         other_backend.begin_forward(/*prefill=*/true);
-        auto early = std::make_unique<RepackedWeights>(model.ptrs(), [](const WeightView&) {}, std::nullopt, false,
-                                                       model.spec(cache));
+        auto early = std::make_unique<RepackedWeights>(f.model.ptrs(), [](const WeightView&) {}, std::nullopt, false,
+                                                       f.model.spec(f.cache));
         CHECK_FALSE(early->from_cache());
         other_backend.end_forward(/*prefill=*/true);
         early.reset();
     }
-    RepackedWeights next(model.ptrs(), [](const WeightView&) {}, std::nullopt, false, model.spec(cache));
+    RepackedWeights next = f.weights();
     CHECK(next.from_cache());
 }
