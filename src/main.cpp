@@ -117,6 +117,10 @@ tandem::CudaOptions cuda_options(const Options& opt) {
 }
 #endif
 
+// The repacked-weights cache's directory: ${XDG_CACHE_HOME:-~/.cache}/tandem/repacked unless TANDEM_REPACK_CACHE
+// moves it or turns it off ("").
+std::string repack_cache_directory() { return tandem::cpu::repack_cache_dir(tandem::cache_root() + "/repacked"); }
+
 // `which` is "--backend" or "--draft-backend", for the notes.
 // `requantize_to`: the CPU backend's copies requantized (a draft's, --draft-requant).
 // `huge_pages`: its copies on huge pages (a draft's, or the chat REPL's: see CpuBackendOptions).
@@ -169,7 +173,7 @@ std::unique_ptr<tandem::Backend> make_backend(const std::string& kind, const tan
             .requantize_to = requantize_to,
             .huge_pages = huge_pages,
             // Every CLI run keeps its copies in the repacked-weights cache (CpuBackendOptions::repack_cache_dir).
-            .repack_cache_dir = tandem::cpu::repack_cache_dir(tandem::cache_root() + "/repacked"),
+            .repack_cache_dir = repack_cache_directory(),
             .head_rows = head_rows,
             .kv_type = *kv});
     if (opt.verbose && cpu->repacked_bytes() > 0)
@@ -433,8 +437,8 @@ int main(int argc, char** argv) {
     }
     if (opt.list_models) {
         std::fputs(tandem::list_installed_table().c_str(), stdout);
-        // Where the disk space of one-shot runs' repacked copies goes (cpu/repack_cache.h).
-        const std::string cache_dir = tandem::cpu::repack_cache_dir(tandem::cache_root() + "/repacked");
+        // Where the disk space of the runs' repacked copies goes (cpu/repack_cache.h).
+        const std::string cache_dir = repack_cache_directory();
         if (const tandem::cpu::RepackCacheUsage u = tandem::cpu::repack_cache_usage(cache_dir); u.files > 0)
             std::printf("repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
                         "safe to delete)\n", u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());

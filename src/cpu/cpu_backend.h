@@ -100,7 +100,7 @@ struct CpuBackendOptions {
     // in: on this project's VM (Firecracker, whose host takes freed guest memory back) 1 GB costs ~2.2 s against
     // ~0.4 s on small pages, which held a one-shot run's first draft round up 1.5 s. So ask for them where the copies
     // are read long enough to repay that: a draft's (read k times per target step) and a long-lived process's (the
-    // chat REPL, the benchmarks), not a one-shot run's target.
+    // chat REPL, the benchmarks), not a one-shot run's target. (Copies in a repack_cache_dir file ignore it.)
     bool huge_pages = false;
     // Keep the copies in a cache file in this directory between runs (cpu/repack_cache.h): a run then maps the
     // copies an earlier run made instead of making them (the CLI's runs, one-shot and chat). Empty: in memory only,

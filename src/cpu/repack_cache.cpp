@@ -61,6 +61,18 @@ bool ends_with(std::string_view s, std::string_view suffix) {
     return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
 }
 
+// The model path of a repack_model_identity line: what follows its five fields ("model", size, modification time,
+// device, inode), without the newline. The path may hold spaces; "" when the line is not one.
+std::string identity_model_path(const std::string& identity) {
+    size_t at = 0;
+    for (int field = 0; field < 5 && at != std::string::npos; ++field) {
+        at = identity.find(' ', at);
+        if (at != std::string::npos) ++at;
+    }
+    if (at == std::string::npos || identity.size() < at + 2 || identity.back() != '\n') return {};
+    return identity.substr(at, identity.size() - at - 1);
+}
+
 // The description stored in a cache file's header, or "" when the file is not one of ours.
 std::string stored_description(const std::string& path) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -101,12 +113,10 @@ void clean_up(const std::string& dir) {
         }
         if (!ends_with(name, ".repack")) continue;
         const std::string description = stored_description(path);
-        // The first line is the model file's identity (repack_model_identity), its path last.
+        // The first line is the model file's identity (repack_model_identity).
         const size_t eol = description.find('\n');
         const std::string identity = description.substr(0, eol == std::string::npos ? 0 : eol + 1);
-        const size_t space = identity.rfind(' ');
-        std::string model = space == std::string::npos ? "" : identity.substr(space + 1);
-        if (!model.empty()) model.pop_back();  // the newline
+        const std::string model = identity_model_path(identity);
         if (model.empty() || repack_model_identity(model) != identity) {
             ::unlink(path.c_str());
             continue;
@@ -180,6 +190,7 @@ RepackCacheUsage repack_cache_usage(const std::string& dir) {
     return usage;
 }
 
+// (identity_model_path, above, reads the path back: the two follow one format.)
 std::string repack_model_identity(const std::string& model_path) {
     char* real = ::realpath(model_path.c_str(), nullptr);
     if (!real) return {};

@@ -1,13 +1,13 @@
 // RepackCacheFile: the repacked weight copies of one backend (RepackedWeights' arena) kept in a file between runs,
-// so that a one-shot run starts on the copies instead of making them again.
+// so that a run starts on the copies instead of making them again.
 //
-// Why. Making the copies costs a one-shot run more than the repacking itself: fresh memory must be faulted in (on this
+// Why. Making the copies costs a short run more than the repacking itself: fresh memory must be faulted in (on this
 // project's VM, whose host takes freed memory back, ~0.4 s per GB), the prompt is prefilled in the file's layout
 // meanwhile, and speculative decoding waits for the draft's and the target's copies before its first round (0.9 s
 // of a 200-token answer with the default pair). A cache file in the page cache is mapped in microseconds.
 //
-// What makes a file valid. Its header holds a description of what the arena holds (RepackCacheKey: the model file's
-// path, size, modification time and inode, each matrix's offset in it, type, copy type and shape, and a fingerprint
+// What makes a file valid. Its header holds a description of what the arena holds (made by repack.cpp: the model
+// file's identity, repack_model_identity below, each matrix's offset in it, type, copy type and shape, and a fingerprint
 // of the repacking code's output), which must equal the caller's byte for byte, the payload's size, and a checksum of
 // each matrix's bytes, which the caller checks before it uses the matrix: a file that is truncated, overwritten or
 // made by other code is never read as weights. A file is written under a temporary name, filled through a shared
@@ -79,9 +79,8 @@ private:
     std::vector<uint64_t> checksums_;
 };
 
-// The description of a RepackedWeights arena that a cache file must match: built by RepackedWeights (repack.cpp)
-// from the model file's identity, the plan, and the layout fingerprint. Empty when the model file cannot be
-// identified (then no cache is used).
+// The first line of a cache file's description: the model file's size, modification time (ns), device, inode and
+// real path, "model SIZE MTIME DEV INO PATH\n". Empty when the file cannot be identified (then no cache is used).
 std::string repack_model_identity(const std::string& model_path);
 
 }  // namespace tandem::cpu

@@ -55,14 +55,16 @@ struct TempDir {
     }
 };
 
-// A "model file": matrices of the repacked types one after another, mapped read-only as a GGUF is.
+// A "model file": matrices of the repacked types one after another, mapped read-only as a GGUF is. Its name has a
+// space: the cache's clean-up reads the model path back from a file's description, and once cut it at the space
+// (every other model's cache file was then removed as stale).
 struct ModelFile {
     std::string path;
     std::vector<WeightView> views;
     const uint8_t* base = nullptr;
     size_t size = 0;
     static constexpr int kRows = 40, kCols = 512;
-    ModelFile(const fs::path& dir, const std::vector<GgmlType>& types) : path((dir / "model.gguf").string()) {
+    ModelFile(const fs::path& dir, const std::vector<GgmlType>& types) : path((dir / "my model.gguf").string()) {
         std::mt19937 rng(11);
         std::vector<uint8_t> bytes;
         std::vector<size_t> offsets;
@@ -218,7 +220,7 @@ TEST_CASE("repack cache: the next RepackedWeights maps the copies the first made
     std::vector<std::string> files;
     for (const auto& e : fs::directory_iterator(f.cache)) files.push_back(e.path().filename().string());
     REQUIRE(files.size() == 1);
-    CHECK(files[0].rfind("model-", 0) == 0);
+    CHECK(files[0].rfind("my model-", 0) == 0);
     int released = 0;
     RepackedWeights second = f.weights(std::nullopt, [&](const WeightView&) { ++released; });
     CHECK(second.from_cache());
@@ -280,12 +282,12 @@ TEST_CASE("repack cache: a changed model file misses, its stale file is removed,
     const fs::path old_file = f.make_file();
     // The model file "changes" (a new modification time), and a dead process left a temporary behind.
     fs::last_write_time(f.model.path, fs::last_write_time(f.model.path) - std::chrono::hours(1));
-    std::ofstream(f.cache / ".model-0.repack.999999999.tmp") << "x";
+    std::ofstream(f.cache / ".my model-0.repack.999999999.tmp") << "x";
     {
         RepackedWeights changed = f.weights();
         CHECK_FALSE(changed.from_cache());
         CHECK_FALSE(fs::exists(old_file));
-        CHECK_FALSE(fs::exists(f.cache / ".model-0.repack.999999999.tmp"));
+        CHECK_FALSE(fs::exists(f.cache / ".my model-0.repack.999999999.tmp"));
         changed.wait();
     }
     CHECK(std::distance(fs::directory_iterator(f.cache), fs::directory_iterator()) == 1);
