@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace tandem::cuda {
 
@@ -56,7 +56,7 @@ bool matvec_supports(GgmlType type);  // F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
 enum class MatvecLoads { Direct, Staged, Split, Persistent };
 constexpr MatvecLoads kAllMatvecLoads[] = {MatvecLoads::Direct, MatvecLoads::Staged, MatvecLoads::Split,
                                            MatvecLoads::Persistent};
-inline const char* matvec_loads_name(MatvecLoads loads) {  // as TANDEM_CUDA_MATVEC spells it
+inline const char* matvec_loads_name(MatvecLoads loads) {  // as --cuda-route matvec spells it
     switch (loads) {
         case MatvecLoads::Staged: return "staged";
         case MatvecLoads::Split: return "split";
@@ -391,7 +391,7 @@ DecodeStepPlan decode_step_plan(const DecodeStepShape& shape, int blocks = 0,
 void decode_step(const DecodeStepArgs& a, const DecodeStepPlan& plan, Stream stream);
 
 // ---- sampling (sampling.cu) ------------------------------------------------------------------------------------
-// Rows are [n_rows][n_vocab] fp32 logits (n_rows <= 65535), ordered and cleaned as Sampler (src/sampler.cpp) does:
+// Rows are [n_rows][n_vocab] fp32 logits (n_rows <= 65535), ordered and cleaned as Sampler (src/sample/sampler.cpp) does:
 // NaN counts as -inf, equal logits rank by lower id. `workspace` is sampling_workspace_bytes(n_rows, n_vocab) of
 // device memory (8-byte aligned), enough for any of these calls on that shape; it is scratch between the kernels
 // of one call.

@@ -393,7 +393,7 @@ __device__ __forceinline__ void idle_warp(const MatvecJob& job, int n_tok, int l
 // Epilogue::Rope (RoPE jobs only, matvec_qkv_rope) and Epilogue::Norm (norm jobs, one token): rope_if_last or
 // norm_if_last at the end. Compile-time variants, so that the kernels without them are unchanged: as a run-time
 // branch in every kernel, ptxas spilled 4-8 bytes in some direct and split kernels (sm_80 and sm_90, 2026-11-29;
-// "SwiGLU's quantize in the gate/up launch" in kernels/README had found the same), also with the epilogue a call of
+// "SwiGLU's quantize in the gate/up launch" in docs/cuda-backend.md had found the same), also with the epilogue a call of
 // its own.
 // Registers: ptxas' own choice (no minimum of blocks), but for the eight-token RoPE variants, where it chose 48-56
 // and spilled 4-8 bytes (F32 and Q5_K 8-bit on sm_80, 2026-11-29): a minimum of 6 blocks (85 registers) lets it
@@ -435,7 +435,7 @@ __global__ void __launch_bounds__(kWarps * 32, kDirectMinBlocks<NT, kEpi>)
 
 // ---- staged loads ---------------------------------------------------------------------------------------------------
 // Why: with direct loads a warp has a few 2-byte loads per lane in flight and waits out the memory latency about
-// once per warp iteration, so a 7B Q4_0 matvec took as long as an F16 one of 3.6x the bytes (kernels/README).
+// once per warp iteration, so a 7B Q4_0 matvec took as long as an F16 one of 3.6x the bytes (docs/cuda-backend.md).
 // Staged, each warp copies its row to shared memory a chunk at a time with 16-byte loads (up to kStagePerLane per
 // lane, all issued together, the next chunk's issued before the current one is decoded) and the lanes run the
 // same Dot walk on the copy. A chunk is a whole number of the walk's steps, so every lane adds the same terms in
@@ -507,7 +507,7 @@ __device__ __forceinline__ StagedRow staged_row(const MatvecJob& job, int s, int
 //
 // Epilogue::QuantOut (SwiGLU jobs with q8_out, 8-bit Dots only): quantize_if_last after each block-row. A
 // compile-time variant, so the kernels without it keep their registers (as a run-time flag in every kernel it made
-// ptxas spill, kernels/README "SwiGLU's quantize in the gate/up launch"). Rope and Norm: as the direct kernel's.
+// ptxas spill, docs/cuda-backend.md "SwiGLU's quantize in the gate/up launch"). Rope and Norm: as the direct kernel's.
 template <class Dot, int NT, bool kPersistent, Epilogue kEpi = Epilogue::None>
 __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>)
     matvec_staged_kernel(MatvecJob job, int cols, const typename Dot::X* __restrict__ x, int n_tok) {
@@ -599,7 +599,7 @@ __global__ void __launch_bounds__(kWarps * 32, kStagedMinBlocks<NT, kPersistent>
 
 // ---- split rows ---------------------------------------------------------------------------------------------------
 // Why: the direct kernel gives a row one warp, whose walk over a 7B row waits out the memory latency some 32 times
-// one after another, and a 7B matvec has only ~31 warps per SM to hide those waits behind (kernels/README: on an
+// one after another, and a 7B matvec has only ~31 warps per SM to hide those waits behind (docs/cuda-backend.md: on an
 // H100 giving each warp more rows made it 2-3.6x slower). Split, a block's kWarps warps share one row: each takes a
 // contiguous range of whole walk steps (a quarter of the walk), its partial sums meet the others' in shared memory
 // and one thread per token adds them in warp order. Four times the warps, each a quarter of the waits. The sums

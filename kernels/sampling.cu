@@ -1,7 +1,7 @@
 // Sampling helpers on the device (declared at the end of kernels.h): greedy argmax, softmax with temperature, top-k,
 // the logits of given columns (a repeat penalty's window, beside the top-k candidates), and the two gathers
 // speculative verification needs (p(x) of given tokens, the residual max(0, p - q)). They
-// follow src/sampler.cpp: a NaN logit is -inf, ties go to the lower token id, the softmax subtracts the max,
+// follow src/sample/sampler.cpp: a NaN logit is -inf, ties go to the lower token id, the softmax subtracts the max,
 // short-cuts the max to exp(0) = 1, sums in double and multiplies by the double reciprocal.
 //
 // A row of 151,936 logits is too much for one block to read quickly, so every row is cut into splits, a block per

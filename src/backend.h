@@ -10,7 +10,7 @@
 #include <span>
 #include <string>
 
-#include "candidates.h"
+#include "sample/candidates.h"
 
 namespace tandem {
 

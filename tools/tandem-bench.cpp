@@ -9,7 +9,8 @@
 //   tandem-bench -m TARGET.gguf --draft DRAFT.gguf|--lookup --prompts FILE --serve   (one generation per
 //       "plain I"/"spec I" line on stdin)
 //   tandem-bench --bandwidth [-t THREADS] [-r 5]                     (memory read bandwidth, GB/s)
-// --backend cuda (builds with nvcc) runs target and draft on the GPU; TANDEM_CUDA_GRAPHS=0 turns its graphs off.
+// Backends are built as the CLI builds them (app/session.h); --backend cuda (builds with nvcc) runs target and draft
+// on the GPU, where --cuda-route NAME=VALUE forces a route other than the measured default (app/cuda_routes.h).
 // --json prints JSON lines instead of Markdown tables (scripts/compare-llamacpp reads them).
 #include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
@@ -29,16 +30,14 @@
 #include <optional>
 #include <thread>
 
-#include "bench_util.h"
+#include "app/environment.h"
+#include "app/session.h"
+#include "common/bench_util.h"
+#include "common/synthetic_model.h"
 #include "cpu/cpu_backend.h"
-#ifdef TANDEM_HAS_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 #include "error.h"
-#include "generator.h"
-#include "vocab_check.h"
-#include "model.h"
-#include "synthetic_model.h"
+#include "generate/generator.h"
+#include "model/model.h"
 
 namespace {
 
@@ -178,51 +177,19 @@ int bandwidth_bench(int threads, int reps, size_t mib, bool json) {
     return 0;
 }
 
-#ifdef TANDEM_HAS_CUDA
-// `draft`: the options of a draft beside the measured model, whose stream keeps the default priority (the CLI's
-// choice: the target's goes first, CudaOptions::high_priority, unless TANDEM_CUDA_STREAM_PRIORITY=0).
-tandem::CudaOptions bench_cuda_options(const std::string& kv_type, bool draft = false) {
-    tandem::CudaOptions options;
-    const auto kv = tandem::parse_kv_type(kv_type);
-    if (!kv) throw tandem::Error("--kv-type " + kv_type + ": the CUDA backend's KV cache is f16 or q8_0");
-    options.kv_type = *kv;
-    options.high_priority = !draft && tandem::cuda_stream_priority_from_env();
-    options.persistent_step = tandem::cuda_persistent_step_from_env(draft);
-    return options;
-}
-tandem::CudaPrefillOptions bench_cuda_prefill(int chunk) {
-    tandem::CudaPrefillOptions prefill;
-    prefill.chunk_tokens = chunk;
-    return prefill;
-}
-#endif
-
-// The backend a measurement runs on: "cpu" (whose weights are repacked, on huge pages as in the chat REPL, before
-// any timing starts) or "cuda". `head_rows`: only the output's first rows copied, as a draft's (see CpuBackendOptions).
-// `draft`: a draft's backend (bench_cuda_options).
-std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int threads,
-                                                    int chunk, int n_ctx, const std::string& kv_type,
+// The backend a measurement runs on: the CLI's (app/session.h make_backend: the same options, repacked-weights
+// cache and switches), waited for until it serves from its final layout, as timings are of the steady state.
+// `head_rows`: only the output's first rows copied, as a draft's (see CpuBackendOptions); `draft`: a draft's
+// backend (its stream keeps the default priority, the persistent step follows TANDEM_CUDA_PERSISTENT_STEP's role).
+std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, const tandem::Model& model, int n_ctx,
+                                                    const tandem::BackendSettings& settings,
                                                     std::optional<tandem::GgmlType> requantize_to = std::nullopt,
                                                     int64_t head_rows = 0, bool draft = false) {
-    if (kind == "cuda") {
-#ifdef TANDEM_HAS_CUDA
-        const tandem::CudaOptions options = bench_cuda_options(kv_type, draft);
-        if (options.persistent_step)  // which walk a persistent-step row measured (TANDEM_CUDA_MATVEC=direct)
-            std::fprintf(stderr, "tandem-bench: %s's one-token steps: %s\n", draft ? "the draft" : "the model",
-                         tandem::CudaBackend::describe_persistent_step(model, options).c_str());
-        return std::make_unique<tandem::CudaBackend>(model, n_ctx, bench_cuda_prefill(chunk), options);
-#else
-        (void)kv_type, (void)draft;
-        throw tandem::Error("--backend cuda: this build has no CUDA backend (nvcc was not found)");
-#endif
-    }
-    const tandem::CpuKvType kv = tandem::require_cpu_kv_type(kv_type);
-    auto cpu = std::make_unique<tandem::CpuBackend>(
-        model, threads, chunk,
-        tandem::CpuBackendOptions{
-            .requantize_to = requantize_to, .huge_pages = true, .head_rows = head_rows, .kv_type = kv});
-    cpu->wait_for_repacking();  // timings are of the steady state
-    return cpu;
+    auto backend = tandem::make_backend(kind, model, n_ctx, settings,
+                                        draft ? tandem::BackendRole::Draft : tandem::BackendRole::Target,
+                                        requantize_to, head_rows);
+    backend->wait_for_repacking();
+    return backend;
 }
 
 // --record-agreement: for each prompt the target's greedy output (plain decoding, n_gen tokens), and at each of its
@@ -231,10 +198,10 @@ std::unique_ptr<tandem::Backend> make_bench_backend(const std::string& kind, con
 // this is all that decides what a round accepts. One line of steps per prompt (synthetic_model.h's pattern format),
 // which --make-synthetic ... --next-token-pattern replays at any shape.
 int record_agreement(const tandem::Model& model, const std::string& draft_path,
-                     const std::vector<std::string>& prompts, int n_gen, int threads, int chunk,
-                     const std::string& backend_kind, const std::string& kv_type, const std::string& out_path) {
-    auto draft_model = tandem::Model::load(draft_path);
-    tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
+                     const std::vector<std::string>& prompts, int n_gen, const tandem::BackendSettings& settings,
+                     const std::string& backend_kind, const std::string& out_path) {
+    auto draft_model = tandem::load_draft(model, model.file->path(), draft_path);
+    const int chunk = settings.chunk;
     std::string text = "# tandem-bench --record-agreement: target " + model.config.name + ", draft " +
                        draft_model->config.name + ", greedy, " + std::to_string(n_gen) + " tokens a prompt, " +
                        backend_kind + " backend; a line a prompt, steps A:P (A: the draft's pick is the target's "
@@ -243,7 +210,7 @@ int record_agreement(const tandem::Model& model, const std::string& draft_path,
     for (const std::string& prompt_text : prompts) {
         const std::vector<int> prompt = model.tokenizer->encode(prompt_text, model.tokenizer->add_bos());
         const int n_ctx = static_cast<int>(prompt.size()) + n_gen + 1;
-        auto backend = make_bench_backend(backend_kind, model, threads, chunk, n_ctx, kv_type);
+        auto backend = make_bench_backend(backend_kind, model, n_ctx, settings);
         auto cache = backend->new_cache(n_ctx);
         tandem::GenerationParams params;
         params.n_predict = n_gen;
@@ -253,7 +220,7 @@ int record_agreement(const tandem::Model& model, const std::string& draft_path,
         const std::vector<int> out = gen.generate(prompt, params, [](std::string_view) { return true; }).generated;
         if (out.empty()) throw tandem::Error("--record-agreement: the target generated nothing after a prompt");
         // The draft teacher-forced along prompt + output: the logits before each output token.
-        auto draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx, kv_type);
+        auto draft_backend = make_bench_backend(backend_kind, *draft_model, n_ctx, settings);
         auto draft_cache = draft_backend->new_cache(n_ctx);
         std::vector<int> forced = prompt;
         forced.insert(forced.end(), out.begin(), out.end() - 1);
@@ -284,9 +251,10 @@ int record_agreement(const tandem::Model& model, const std::string& draft_path,
 // from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
 int speculative_bench(const tandem::Model& model, const std::string& draft_path,
                       std::optional<tandem::GgmlType> draft_requant, bool lookup, int draft_vocab,
-                      const std::vector<std::string>& prompts, int n_gen, int reps, int threads, int chunk,
-                      bool json, bool serve, const std::string& backend_kind, const std::string& kv_type,
-                      float temperature, bool whole_rows, int draft_ahead) {
+                      const std::vector<std::string>& prompts, int n_gen, int reps,
+                      const tandem::BackendSettings& settings, bool json, bool serve, const std::string& backend_kind,
+                      float temperature, bool whole_rows, int draft_ahead, bool trace) {
+    const int chunk = settings.chunk;
     std::vector<std::vector<int>> encoded;
     int n_ctx_max = 0;
     for (const std::string& text : prompts) {
@@ -296,20 +264,14 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
     std::unique_ptr<tandem::Model> draft_model;
     std::unique_ptr<tandem::Backend> draft_backend;
     if (!draft_path.empty()) {
-        draft_model = tandem::Model::load(draft_path);
-        tandem::check_draft_vocabulary(*model.tokenizer, *draft_model->tokenizer);
-#ifdef TANDEM_HAS_CUDA
-        if (backend_kind == "cuda")  // one GPU holds both: refused as a pair before either is uploaded (as the CLI)
-            tandem::CudaBackend::check_pair_fits(
-                tandem::CudaBackend::plan(model, n_ctx_max, bench_cuda_prefill(chunk), bench_cuda_options(kv_type)),
-                tandem::CudaBackend::plan(*draft_model, n_ctx_max, bench_cuda_prefill(chunk),
-                                          bench_cuda_options(kv_type, /*draft=*/true)));
-#endif
-        draft_backend = make_bench_backend(backend_kind, *draft_model, threads, chunk, n_ctx_max, kv_type,
-                                           draft_requant, draft_vocab, /*draft=*/true);
+        draft_model = tandem::load_draft(model, model.file->path(), draft_path);
+        // One GPU holds both: refused as a pair before either is uploaded (as the CLI).
+        tandem::check_pair_fits(backend_kind, model, backend_kind, *draft_model, n_ctx_max, settings);
+        draft_backend = make_bench_backend(backend_kind, *draft_model, n_ctx_max, settings, draft_requant, draft_vocab,
+                                           /*draft=*/true);
     }
     std::unique_ptr<tandem::Backend> backend_ptr =
-        make_bench_backend(backend_kind, model, threads, chunk, n_ctx_max, kv_type);
+        make_bench_backend(backend_kind, model, n_ctx_max, settings);
     tandem::Backend& backend = *backend_ptr;
 
     auto run = [&](const std::vector<int>& prompt, bool speculative) {
@@ -330,6 +292,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         params.speculative.lookup = speculative && lookup;
         params.speculative.draft_vocab = draft_vocab;
         params.speculative.draft_ahead = draft_ahead;
+        params.speculative.trace = trace;
         tandem::Generator gen(model, backend, *cache, speculative ? draft : tandem::DraftModel{});
         return gen.generate(prompt, params, [](std::string_view) { return true; });
     };
@@ -540,6 +503,16 @@ int main(int argc, char** argv) {
                    "speculative mode: draft steps while the target verifies (-1: while a GPU target works, 0: never, "
                    "n: up to n a round)")
         ->capture_default_str()->check(CLI::Range(-1, 65));
+    std::vector<std::string> cuda_routes;
+    app.add_option("--cuda-route", cuda_routes,
+                   "--backend cuda: force a route other than the measured default, NAME=VALUE (repeatable):\n" +
+                       tandem::cuda_route_help())
+        ->take_all();
+    bool spec_trace = false;
+    app.add_flag("--spec-trace", spec_trace,
+                 "speculative mode: one stderr line per round (draft length, drafted, accepted, timings)");
+    bool verbose = false;
+    app.add_flag("-v,--verbose", verbose, "describe each backend on stderr as it is made (the lines of tandem -v)");
     std::vector<int> verify_sizes;
     app.add_option("--verify", verify_sizes,
                    "speculative verification cost: after a prefill of -p tokens, forwards of each of these token "
@@ -552,6 +525,7 @@ int main(int argc, char** argv) {
         return app.exit(e);
     }
     try {
+        tandem::environment();  // read once, before anything runs: a malformed switch is an error here
         if (!synth_name.empty()) {
             auto shape = tandem::synthetic_preset(synth_name);
             if (!shape)
@@ -577,6 +551,9 @@ int main(int argc, char** argv) {
         if (bandwidth) return bandwidth_bench(threads, reps, bandwidth_mib, json);
         if (model_path.empty()) throw tandem::Error("give -m MODEL.gguf (or --make-synthetic NAME -o FILE)");
 
+        tandem::BackendSettings settings =
+            tandem::backend_settings("tandem-bench", threads, chunk, kv_type, /*long_lived=*/true, verbose);
+        settings.cuda = tandem::parse_cuda_routes(cuda_routes);
         auto model = tandem::Model::load(model_path);
         // Speculative mode builds its own backends (the target's and the draft's): before the pp/tg one, which it
         // would only repack for nothing.
@@ -592,18 +569,16 @@ int main(int argc, char** argv) {
                     if (!line.empty()) prompts.push_back(unescape ? unescape_prompt(line) : line);
             }
             if (!record_path.empty())
-                return record_agreement(*model, draft_path, prompts, n_gen, threads, chunk, backend_kind, kv_type,
-                                        record_path);
+                return record_agreement(*model, draft_path, prompts, n_gen, settings, backend_kind, record_path);
             return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts,
-                                     n_gen, reps, threads, chunk, json, serve, backend_kind, kv_type, temperature,
-                                     whole_rows, draft_ahead);
+                                     n_gen, reps, settings, json, serve, backend_kind, temperature, whole_rows,
+                                     draft_ahead, spec_trace);
         }
         const tandem::ModelConfig& c = model->config;
         const double bytes_per_token = static_cast<double>(model->weights.bytes_per_token());
         const int n_ctx = depth + n_prompt + std::max(n_gen, 64) + 1;
         std::unique_ptr<tandem::Backend> backend_ptr =
-            make_bench_backend(backend_kind, *model, threads, chunk, n_ctx, kv_type, tandem::parse_requant(requant_name),
-                               logits_vocab);
+            make_bench_backend(backend_kind, *model, n_ctx, settings, tandem::parse_requant(requant_name), logits_vocab);
         tandem::Backend& backend = *backend_ptr;
         if (logits_vocab > 0 && !backend.restrict_logits(logits_vocab, {}))
             throw tandem::Error("--logits-vocab: the " + backend.name() + " backend computes every logit");

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "error.h"
-#include "llama2c.h"
-#include "quantize_model.h"
+#include "convert/llama2c.h"
+#include "convert/quantize_model.h"
 
 namespace {
 

@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "common/bench_util.h"
 #include "device.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernels.h"
 
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "ggml_types.h"
-#include "gguf.h"
+#include "gguf/ggml_types.h"
+#include "gguf/gguf.h"
 
 namespace {
 

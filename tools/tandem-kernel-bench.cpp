@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "common/bench_util.h"
 #include "cpu/quant_q8.h"
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace {
 

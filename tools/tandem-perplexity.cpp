@@ -1,5 +1,5 @@
 // tandem-perplexity: the perplexity of a model over a text file, computed the way llama.cpp's
-// `llama-perplexity -c CTX -b BATCH` does (see src/perplexity.h), so the figures compare with llama.cpp's.
+// `llama-perplexity -c CTX -b BATCH` does (see src/generate/perplexity.h), so the figures compare with llama.cpp's.
 // Progress and per-window values on stderr; the final estimate on stdout.
 #include <CLI/CLI.hpp>
 
@@ -12,11 +12,11 @@
 #include <string>
 #include <thread>
 
-#include "cpu/cpu_backend.h"
+#include "app/environment.h"
+#include "app/session.h"
 #include "error.h"
-#include "model.h"
-#include "model_registry.h"
-#include "perplexity.h"
+#include "generate/perplexity.h"
+#include "model/model.h"
 
 namespace {
 
@@ -43,19 +43,8 @@ std::string read_text(const std::string& path) {
     return text;
 }
 
-// A file path, or the name of an installed model from the registry (e.g. smollm2-135m-instruct-q4_1).
-std::string resolve_model(const std::string& m) {
-    if (std::ifstream(m).good()) return m;
-    if (tandem::find_known_model(m)) {
-        if (auto p = tandem::installed_path(m)) return *p;
-        throw tandem::Error("model " + m + " is not installed in " + tandem::models_dir() +
-                            " (run scripts/fetch-models " + m + ")");
-    }
-    throw tandem::Error(m + ": no such model file");
-}
-
 int run(const Options& opt) {
-    const std::string path = resolve_model(opt.model);
+    const std::string path = tandem::resolve_model_path(opt.model);
     auto model = tandem::Model::load(path);
     const tandem::Tokenizer& tok = *model->tokenizer;
     const tandem::ModelConfig& c = model->config;
@@ -75,9 +64,13 @@ int run(const Options& opt) {
     params.bos = add_bos ? tok.bos() : -1;
     const int n_windows = tandem::perplexity_windows(static_cast<int>(tokens.size()), params);
 
-    const int threads = opt.threads > 0 ? opt.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    tandem::CpuBackend backend(*model, threads, params.batch, {.kv_type = tandem::require_cpu_kv_type(opt.kv_type)});
-    backend.wait_for_repacking();  // a long throughput run: every window should use the copies
+    // The CLI's CPU backend (app/session.h), waited for: a long throughput run, every window should use the copies.
+    const tandem::BackendSettings settings = tandem::backend_settings("tandem-perplexity", opt.threads, params.batch,
+                                                                      opt.kv_type, /*long_lived=*/true, false);
+    const int threads = settings.threads;
+    auto backend_ptr = tandem::make_backend("cpu", *model, params.n_ctx, settings, tandem::BackendRole::Target);
+    tandem::Backend& backend = *backend_ptr;
+    backend.wait_for_repacking();
     auto cache = backend.new_cache(params.n_ctx);
     std::fprintf(stderr,
                  "tandem-perplexity: %s: %zu tokens, %d windows of %d (scoring the last %d of each), batch %d, "
@@ -117,6 +110,7 @@ int main(int argc, char** argv) {
         ->capture_default_str()->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     CLI11_PARSE(app, argc, argv);
     try {
+        tandem::environment();  // read once, before anything runs
         return run(opt);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%standem-perplexity: %s\n", g_progress_line ? "\n" : "", e.what());

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "error.h"
-#include "gguf.h"
-#include "quantize_model.h"
+#include "gguf/gguf.h"
+#include "convert/quantize_model.h"
 
 namespace {
 

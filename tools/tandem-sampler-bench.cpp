@@ -12,10 +12,10 @@
 #include <random>
 #include <vector>
 
-#include "bench_util.h"
-#include "candidates.h"
+#include "common/bench_util.h"
+#include "sample/candidates.h"
 #include "error.h"
-#include "sampler.h"
+#include "sample/sampler.h"
 
 using namespace tandem;
 

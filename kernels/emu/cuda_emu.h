@@ -414,7 +414,7 @@ inline void tandem_emu_mma_s8_m16n8k16(int (&d)[4], const uint32_t (&a)[2], uint
 // ---- memory ordering between blocks: the blocks of a launch run one after another (a cooperative launch's
 // interleaved) on one OS thread, so every write is visible to every later read; the fence has nothing to order
 // and an L1-bypassing load is a plain load.
-// (What this cannot show: a missing fence on a real GPU. kernels/README, "What the emulation cannot show".)
+// (What this cannot show: a missing fence on a real GPU. docs/cuda-backend.md, "What the emulation cannot show".)
 inline void __threadfence() {}
 template <class T>
 inline T __ldcg(const T* p) {

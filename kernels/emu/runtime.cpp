@@ -1,7 +1,8 @@
-// The CUDA emulation runtime: launches (limits, block order; a cooperative launch's resident blocks run in passes
-// between grid-wide barriers), the per-block fiber scheduler with exact __syncthreads and warp collectives, the
-// poisoned shared-memory arena, the pool of fiber stacks, and streams with graph capture (recorded nodes replayed
-// in order).
+// The CUDA emulation runtime's scheduler: the per-block fiber scheduler (BlockRunner, declared in runtime.h) with
+// exact __syncthreads and warp collectives, the poisoned shared memory of a block, and the pool of fiber stacks. The
+// rest of the runtime: launches (limits, block order; a cooperative launch's resident blocks run in passes between
+// grid-wide barriers) in runtime_launch.cpp, streams with graph capture (recorded nodes replayed in order) in
+// runtime_streams.cpp.
 //
 // Threads of a block are boost::context fibers on the calling OS thread. The scheduler resumes each runnable thread
 // (in the launch's thread order) until it blocks in a barrier / warp collective or returns; when none is runnable it
@@ -9,6 +10,8 @@
 // check that fails becomes an Error; the block's remaining fibers are then resumed once more with `cancel_` set, so
 // they unwind by a C++ exception through their own frames and end normally (no fiber is ever destroyed suspended,
 // and every stack switch is one we make ourselves, which is what lets ASan follow them, see AsanSwitch).
+#include "emu/runtime.h"
+
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -20,11 +23,9 @@
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -38,23 +39,40 @@
 
 namespace tandem::emu {
 
-namespace ctx = boost::context;
-
 namespace detail {
-namespace {
-struct Coords {
-    uint3 thread_idx;
-    uint3 block_idx;
-    dim3 block_dim;
-    dim3 grid_dim;
-};
-thread_local Coords g_coords{{0, 0, 0}, {0, 0, 0}, {1, 1, 1}, {1, 1, 1}};
-}  // namespace
-const uint3& thread_idx() { return g_coords.thread_idx; }
-const uint3& block_idx() { return g_coords.block_idx; }
-const dim3& block_dim() { return g_coords.block_dim; }
-const dim3& grid_dim() { return g_coords.grid_dim; }
+
+const char* warp_op_name(WarpOp op) {
+    switch (op) {
+        case WarpOp::ShflIdx: return "__shfl_sync";
+        case WarpOp::ShflUp: return "__shfl_up_sync";
+        case WarpOp::ShflDown: return "__shfl_down_sync";
+        case WarpOp::ShflXor: return "__shfl_xor_sync";
+        case WarpOp::Ballot: return "__ballot_sync";
+        case WarpOp::Any: return "__any_sync";
+        case WarpOp::All: return "__all_sync";
+        case WarpOp::SyncWarp: return "__syncwarp";
+        case WarpOp::MmaS8: return "mma.sync (s8)";
+    }
+    return "?";
+}
+
 }  // namespace detail
+
+namespace runtime_detail {
+
+std::string format_location(const std::source_location& w) {
+    const char* file = w.file_name();
+    if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
+    return std::string(file) + ":" + std::to_string(w.line());
+}
+
+bool same_site(const std::source_location& a, const std::source_location& b) {
+    return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
+}
+
+std::string format_dim(const uint3& d) {
+    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
 
 namespace {
 
@@ -70,20 +88,6 @@ constexpr size_t kAsanEntryBytes = 32 * 1024;
 #else
 constexpr size_t kStackBytes = 64 * 1024;
 #endif
-
-std::string format_location(const std::source_location& w) {
-    const char* file = w.file_name();
-    if (const char* slash = std::strrchr(file, '/')) file = slash + 1;
-    return std::string(file) + ":" + std::to_string(w.line());
-}
-
-bool same_site(const std::source_location& a, const std::source_location& b) {
-    return a.line() == b.line() && a.column() == b.column() && std::strcmp(a.file_name(), b.file_name()) == 0;
-}
-
-std::string format_dim(const uint3& d) {
-    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
-}
 
 std::string hex(unsigned v) {
     char buf[16];
@@ -161,883 +165,428 @@ struct AsanSwitch {
 // catching std::exception cannot swallow it.
 struct Cancelled {};
 
-// Barrier: in __syncthreads. GridBarrier: in grid_sync (cooperative launches). Yield: in __nanosleep, runnable again
-// after the other blocks of a cooperative launch have run (a block polling another's write).
-enum class Wait : uint8_t { Runnable, Barrier, GridBarrier, Yield, Warp, Exited };
-
-struct Thread {
-    ctx::fiber fiber;
-    ctx::stack_context stack;
-    uint3 idx{};
-    Wait wait = Wait::Runnable;
-    std::source_location where;
-    // the pending warp collective
-    detail::WarpOp op{};
-    unsigned mask = 0;
-    unsigned size = 0;
-    int param = 0;
-    int width = 32;
-    // the largest operands: an mma's fragments in and its accumulators out (a shuffle moves at most 8 bytes)
-    unsigned char in[sizeof(detail::MmaS8Fragments)]{}, out[detail::kMmaS8OutBytes]{};
-    unsigned result = 0;
-    bool waited = false;  // called cudaGridDependencySynchronize
-    void* fake_stack = nullptr;  // ASan's fake stack of this fiber while it is switched out
-};
-
-struct StaticAlloc {
-    const void* key;
-    size_t offset, bytes;
-};
-
-// The arena holds dynamic shared memory at offset 0 and static arrays after it. It is sized for the opt-in
-// maximum so that pointers into it stay valid for the whole launch.
-struct Arena {
-    Arena() : data(static_cast<unsigned char*>(::operator new(kMaxSharedOptIn + 256, std::align_val_t{256}))) {}
-    ~Arena() { ::operator delete(data, std::align_val_t{256}); }
-    unsigned char* data;
-};
-
-class BlockRunner;
-thread_local BlockRunner* g_runner = nullptr;
-
-std::unordered_map<const void*, size_t>& dynamic_shared_limits() {
-    static std::unordered_map<const void*, size_t> m;
-    return m;
-}
-
-class BlockRunner {
-public:
-    // `arena`: the block's shared memory (kMaxSharedOptIn bytes). `cooperative`: the blocks of the launch are
-    // co-resident (grid_sync, __nanosleep polling); each then has its own runner and arena.
-    BlockRunner(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-                void* ctx, bool programmatic, bool cooperative, unsigned char* arena)
-        : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx), programmatic_(programmatic),
-          cooperative_(cooperative), arena_(arena) {
-        n_ = block.x * block.y * block.z;
-        const auto it = dynamic_shared_limits().find(kernel);
-        opt_in_ = it != dynamic_shared_limits().end() ? it->second : 0;
-        shared_limit_ = std::max(kDefaultSharedLimit, opt_in_);
-        threads_.resize(n_);
-        for (unsigned i = 0; i < n_; ++i)
-            threads_[i].idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
-        std::memset(arena_, 0xFF, kMaxSharedOptIn);
-        used_ = dyn_;
-    }
-
-    // Runs a block to its end (launches that are not cooperative).
-    void run_block(uint3 block_idx) {
-        start_block(block_idx);
-        run();
-    }
-
-    // Creates the block's threads (suspended before their first instruction).
-    void start_block(uint3 block_idx) {
-        block_idx_ = block_idx;
-        rng_.seed(launch_options().seed ^ (uint64_t{block_idx.x} << 32) ^ (uint64_t{block_idx.y} << 16) ^ block_idx.z);
-        std::memset(arena_, 0xFF, used_);  // NaN for every float a block reads before writing
-        for (unsigned i = 0; i < n_; ++i) {
-            Thread& t = threads_[i];
-            t.wait = Wait::Runnable;
-            t.waited = false;
-            t.stack = stack_pool().allocate();
-            const ctx::preallocated pre(t.stack.sp, t.stack.size, t.stack);
-            t.fiber = ctx::fiber(std::allocator_arg, pre, PoolAllocator{},
-                                 [this, i](ctx::fiber&& sched) { return entry(i, std::move(sched)); });
-        }
-    }
-
-    // What stopped a cooperative block's run: its end, every thread in one grid_sync, or threads polling
-    // (__nanosleep) for what another block has to write.
-    enum class Stop { Done, GridBarrier, Polling };
-
-    // Runs the block's threads until one of the stops above; an error unwinds every thread of the block first.
-    Stop run() {
-        try {
-            return schedule();
-        } catch (...) {
-            cancel_all();
-            throw;
-        }
-    }
-
-    // After every block of the grid has reached the same grid_sync: its threads go on.
-    void release_grid_barrier() {
-        for (Thread& t : threads_) t.wait = Wait::Runnable;
-    }
-    // The grid_sync every thread of the block waits in (after run() returned Stop::GridBarrier).
-    const std::source_location& grid_barrier_site() const { return threads_[0].where; }
-    uint3 block_index() const { return block_idx_; }
-    // Unwinds the threads of a block that has not finished (another block of the launch failed).
-    void cancel() { cancel_all(); }
-
-    // ---- called on a fiber -------------------------------------------------------------------------------------
-    void syncthreads(const std::source_location& where) {
-        Thread& t = threads_[current_];
-        t.wait = Wait::Barrier;
-        t.where = where;
-        suspend(t);
-    }
-
-    void grid_sync(const std::source_location& where) {
-        if (!cooperative_)
-            fail_here("grid_sync at " + format_location(where) +
-                      " in a launch that is not cooperative (launch_cooperative_kernel): its blocks need not be "
-                      "resident together, so a grid-wide barrier could wait forever");
-        Thread& t = threads_[current_];
-        t.wait = Wait::GridBarrier;
-        t.where = where;
-        suspend(t);
-    }
-
-    // __nanosleep: in a cooperative launch the thread lets the other blocks run before it goes on, so that a loop
-    // polling another block's write makes progress; elsewhere there is nothing to wait for.
-    void nanosleep() {
-        if (!cooperative_) return;
-        Thread& t = threads_[current_];
-        t.wait = Wait::Yield;
-        suspend(t);
-    }
-
-    unsigned warp_collective(detail::WarpOp op, unsigned mask, const void* in, void* out, unsigned size, int param,
-                             int width, const std::source_location& where) {
-        const unsigned lane = current_ % 32, warp_base = current_ - lane;
-        if (!(mask >> lane & 1u))
-            fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": mask " + hex(mask) +
-                      " does not include the calling lane " + std::to_string(lane));
-        const unsigned lanes_in_warp = std::min(32u, n_ - warp_base);
-        if (lanes_in_warp < 32 && (mask >> lanes_in_warp) != 0)
-            fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": mask " + hex(mask) +
-                      " names lanes beyond the block's last thread");
-        if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
-            fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": width " +
-                      std::to_string(width) + " is not a power of two <= 32");
-        Thread& t = threads_[current_];
-        t.op = op;
-        t.mask = mask;
-        t.size = size;
-        t.param = param;
-        t.width = width;
-        if (size) std::memcpy(t.in, in, size);
-        t.wait = Wait::Warp;
-        t.where = where;
-        suspend(t);
-        if (op == detail::WarpOp::MmaS8)
-            std::memcpy(out, t.out, detail::kMmaS8OutBytes);
-        else if (size)
-            std::memcpy(out, t.out, size);
-        return t.result;
-    }
-
-    void* static_shared(const void* key, size_t bytes, size_t align) {
-        for (const StaticAlloc& s : statics_)
-            if (s.key == key) return arena_ + s.offset;
-        const size_t offset = (std::max(used_, dyn_) + std::max<size_t>(align, 16) - 1) & ~(std::max<size_t>(align, 16) - 1);
-        static_bytes_ += bytes;
-        if (static_bytes_ > kDefaultSharedLimit)
-            fail_here("static shared memory of " + std::to_string(static_bytes_) + " bytes exceeds " +
-                      std::to_string(kDefaultSharedLimit));
-        if (static_bytes_ + dyn_ > shared_limit_)
-            fail_here("static (" + std::to_string(static_bytes_) + ") + dynamic (" + std::to_string(dyn_) +
-                      ") shared memory exceeds the limit of " + std::to_string(shared_limit_) + " bytes" +
-                      (opt_in_ ? "" : " (no cudaFuncAttributeMaxDynamicSharedMemorySize opt-in)"));
-        statics_.push_back({key, offset, bytes});
-        used_ = offset + bytes;
-        return arena_ + offset;
-    }
-    void* dynamic_shared() const { return arena_; }
-    void grid_dependency_wait() { threads_[current_].waited = true; }
-
-    const char* name() const { return name_; }
-
-private:
-    // ---- fiber side ------------------------------------------------------------------------------------------------
-    ctx::fiber entry(unsigned i, ctx::fiber&& sched) {
-        sched_ = std::move(sched);
-        Thread& t = threads_[i];
-        AsanSwitch::finish(nullptr, &sched_bottom_, &sched_size_);
-        bool unwound = false;  // an exception went through the thread's frames
-        if (!cancel_) {
-            try {
-                invoke_(ctx_);
-                // On a GPU such a thread may have read its inputs before the kernel it overlaps wrote them.
-                if (programmatic_ && !t.waited)
-                    fail_here("launched to overlap the kernel before it (programmatic dependent launch), but the "
-                              "thread exited without cudaGridDependencySynchronize (detail::wait_for_inputs)");
-            } catch (const Cancelled&) {
-                unwound = true;
-            } catch (...) {
-                unwound = true;
-                if (!error_) {
-                    error_ = std::current_exception();
-                    error_thread_ = i;
-                }
-            }
-        }
-#ifdef TANDEM_EMU_ASAN
-        if (unwound) ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
-#else
-        (void)unwound;
-#endif
-        t.wait = Wait::Exited;
-        AsanSwitch::start(nullptr, sched_bottom_, sched_size_);  // this fiber is done: no fake stack to keep
-        return std::move(sched_);
-    }
-
-    void suspend(Thread& t) {
-        if (cancel_) throw Cancelled{};  // a destructor running during cancellation must not suspend again
-        AsanSwitch::start(&t.fake_stack, sched_bottom_, sched_size_);
-        sched_ = std::move(sched_).resume();
-        AsanSwitch::finish(t.fake_stack, &sched_bottom_, &sched_size_);
-        if (cancel_) throw Cancelled{};
-    }
-
-    // An error found on a fiber: thrown there, so it unwinds that thread, and reported by the scheduler.
-    [[noreturn]] void fail_here(const std::string& what) { throw Error(what); }
-
-    // ---- scheduler side --------------------------------------------------------------------------------------------
-    void resume(unsigned i) {
-        Thread& t = threads_[i];
-        current_ = i;
-        detail::g_coords.thread_idx = t.idx;
-        void* fake = nullptr;
-        AsanSwitch::start(&fake, static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
-        t.fiber = std::move(t.fiber).resume();
-        AsanSwitch::finish(fake, nullptr, nullptr);
-    }
-
-    std::string where_thread(unsigned i) const {
-        return "block " + format_dim(block_idx_) + " thread " + format_dim(threads_[i].idx);
-    }
-
-    [[noreturn]] void fail(const std::string& what) {
-        throw Error(std::string("tandem::emu: kernel ") + name_ + ": " + what);
-    }
-
-    Stop schedule() {
-        std::vector<unsigned> order(n_);
-        std::iota(order.begin(), order.end(), 0u);
-        const LaunchOptions opts = launch_options();
-        if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
-        // Threads polling since the last return: resumed once each per run(), after the others have run.
-        for (Thread& t : threads_)
-            if (t.wait == Wait::Yield) t.wait = Wait::Runnable;
-        for (;;) {
-            if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), rng_);
-            for (unsigned i : order) {
-                if (threads_[i].wait != Wait::Runnable) continue;
-                resume(i);
-                if (error_) report_thread_error();
-            }
-            bool all_exited = true, polling = false;
-            for (const Thread& t : threads_) {
-                all_exited &= t.wait == Wait::Exited;
-                polling |= t.wait == Wait::Yield;
-            }
-            if (all_exited) return Stop::Done;
-            if (complete_warp_collectives()) continue;
-            if (polling) return Stop::Polling;
-            if (release_barrier()) return Stop::GridBarrier;
-        }
-    }
-
-    [[noreturn]] void report_thread_error() {
-        const unsigned i = error_thread_;
-        std::exception_ptr e = error_;
-        error_ = nullptr;
-        try {
-            std::rethrow_exception(e);
-        } catch (const std::exception& ex) {
-            fail(where_thread(i) + ": " + ex.what());
-        } catch (...) {
-            fail(where_thread(i) + ": a non-standard exception");
-        }
-    }
-
-    // Completes every collective whose lanes have all arrived; reports lanes that can never arrive.
-    bool complete_warp_collectives() {
-        bool progress = false;
-        for (unsigned base = 0; base < n_; base += 32) {
-            const unsigned lanes = std::min(32u, n_ - base);
-            for (unsigned l = 0; l < lanes; ++l) {
-                Thread& t = threads_[base + l];
-                if (t.wait != Wait::Warp) continue;
-                bool ready = true;
-                for (unsigned m = 0; m < lanes; ++m) {
-                    if (!(t.mask >> m & 1u)) continue;
-                    const Thread& o = threads_[base + m];
-                    // Built only on failure: this loop runs lanes x lanes times for every collective.
-                    const auto what = [&] {
-                        return std::string(detail::warp_op_name(t.op)) + " at " + format_location(t.where) + " (" +
-                               where_thread(base + l) + ", mask " + hex(t.mask) + ")";
-                    };
-                    if (o.wait == Wait::Exited)
-                        fail(what() + " names lane " + std::to_string(m) + ", which has exited");
-                    if (o.wait == Wait::Barrier || o.wait == Wait::GridBarrier || o.wait == Wait::Yield) {
-                        ready = false;  // a deadlock unless something else progresses; release_barrier reports it
-                        continue;
-                    }
-                    if (o.op != t.op || o.mask != t.mask || o.size != t.size)
-                        fail(what() + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
-                             format_location(o.where) + " with mask " + hex(o.mask));
-                    if (t.op == detail::WarpOp::MmaS8 &&
-                        (o.where.line() != t.where.line() || o.param != t.param ||
-                         std::strcmp(o.where.file_name(), t.where.file_name()) != 0))
-                        fail(what() + " meets lane " + std::to_string(m) + " at " + format_location(o.where) +
-                             ": mma.sync is .aligned, every lane must execute the same instruction");
-                }
-                if (!ready) continue;
-                complete(base, lanes, t.mask);
-                progress = true;
-            }
-        }
-        return progress;
-    }
-
-    // D = A * B + C of mma.sync.m16n8k32 (or m16n8k16: `param` is k).row.col.s32.s8.s8.s32 from the 32 lanes'
-    // fragments, in the PTX ISA's layout (g = lane / 4, t = lane % 4): a[0], a[1], a[2], a[3] hold A[g][4t..4t+3],
-    // A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..] (low byte first); b[0], b[1] hold B[4t..4t+3][g], B[16+4t..][g];
-    // c / d[0..3] are C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. For k = 16 only a[0], a[1] and b[0] exist.
-    void complete_mma_s8(unsigned base) {
-        const int k = threads_[base].param;
-        int8_t A[16][32], B[32][8];
-        int32_t C[16][8];
-        const auto byte = [](uint32_t word, int i) { return static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * i))); };
-        for (unsigned lane = 0; lane < 32; ++lane) {
-            detail::MmaS8Fragments f;
-            std::memcpy(&f, threads_[base + lane].in, sizeof f);
-            const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-            for (int i = 0; i < 4; ++i) {
-                A[g][4 * t + i] = byte(f.a[0], i);
-                A[g + 8][4 * t + i] = byte(f.a[1], i);
-                B[4 * t + i][g] = byte(f.b[0], i);
-                if (k == 32) {
-                    A[g][16 + 4 * t + i] = byte(f.a[2], i);
-                    A[g + 8][16 + 4 * t + i] = byte(f.a[3], i);
-                    B[16 + 4 * t + i][g] = byte(f.b[1], i);
-                }
-            }
-            C[g][2 * t] = f.c[0], C[g][2 * t + 1] = f.c[1], C[g + 8][2 * t] = f.c[2], C[g + 8][2 * t + 1] = f.c[3];
-        }
-        for (unsigned lane = 0; lane < 32; ++lane) {
-            const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
-            const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-            int32_t d[4];
-            for (int i = 0; i < 4; ++i) {
-                // Exact while it fits: k products of at most 128 * 128 plus C, which gemm_q8 keeps far from 2^31
-                // (C = 0). Beyond that, two's-complement wrap-around (the kernels use no .satfinite).
-                uint32_t sum = static_cast<uint32_t>(C[rows[i]][cols[i]]);
-                for (int j = 0; j < k; ++j)
-                    sum += static_cast<uint32_t>(int32_t{A[rows[i]][j]} * int32_t{B[j][cols[i]]});
-                d[i] = static_cast<int32_t>(sum);
-            }
-            std::memcpy(threads_[base + lane].out, d, sizeof d);
-        }
-    }
-
-    void complete(unsigned base, unsigned lanes, unsigned mask) {
-        if (threads_[base].op == detail::WarpOp::MmaS8) {
-            // A whole warp: the mask is always full (cuda_emu.h), and warp_collective refuses a full mask in a
-            // warp cut short by the block's end.
-            complete_mma_s8(base);
-            for (unsigned m = 0; m < 32; ++m) threads_[base + m].wait = Wait::Runnable;
-            return;
-        }
-        unsigned ballot = 0;
-        for (unsigned m = 0; m < lanes; ++m)
-            if ((mask >> m & 1u) && threads_[base + m].param) ballot |= 1u << m;
-        for (unsigned m = 0; m < lanes; ++m) {
-            if (!(mask >> m & 1u)) continue;
-            Thread& t = threads_[base + m];
-            const int w = t.width, seg = static_cast<int>(m) & ~(w - 1);
-            int src = static_cast<int>(m);
-            switch (t.op) {
-                case detail::WarpOp::ShflIdx: src = seg + (t.param & (w - 1)); break;
-                case detail::WarpOp::ShflUp:
-                    src = static_cast<int>(m) - t.param;
-                    if (src < seg) src = static_cast<int>(m);
-                    break;
-                case detail::WarpOp::ShflDown:
-                    src = static_cast<int>(m) + t.param;
-                    if (src >= seg + w) src = static_cast<int>(m);
-                    break;
-                case detail::WarpOp::ShflXor:
-                    src = static_cast<int>(m) ^ t.param;
-                    if (src < seg || src >= seg + w) src = static_cast<int>(m);
-                    break;
-                case detail::WarpOp::Ballot: t.result = ballot; break;
-                case detail::WarpOp::Any: t.result = ballot != 0; break;
-                case detail::WarpOp::All: t.result = ballot == mask; break;
-                case detail::WarpOp::SyncWarp: break;
-                case detail::WarpOp::MmaS8: break;  // completed by complete_mma_s8
-            }
-            if (t.size) {
-                // Reading a lane outside the mask is undefined on the GPU: hand back poison (NaN for floats).
-                if (src < 0 || src >= 32 || !(mask >> src & 1u))
-                    std::memset(t.out, 0xFF, t.size);
-                else
-                    std::memcpy(t.out, threads_[base + static_cast<unsigned>(src)].in, t.size);
-            }
-        }
-        for (unsigned m = 0; m < lanes; ++m)
-            if (mask >> m & 1u) threads_[base + m].wait = Wait::Runnable;
-    }
-
-    // Every thread is blocked and no collective can complete: the barrier must hold all threads, at one call site.
-    // Returns true when that barrier is a grid_sync (the launch releases it once every block is there), false after
-    // releasing a __syncthreads.
-    bool release_barrier() {
-        int first_barrier = -1, first_exited = -1, first_warp = -1, first_grid = -1;
-        unsigned n_barrier = 0, n_grid = 0;
-        for (unsigned i = 0; i < n_; ++i) {
-            const Wait w = threads_[i].wait;
-            if (w == Wait::Barrier) {
-                if (first_barrier < 0) first_barrier = static_cast<int>(i);
-                ++n_barrier;
-            } else if (w == Wait::GridBarrier) {
-                if (first_grid < 0) first_grid = static_cast<int>(i);
-                ++n_grid;
-            } else if (w == Wait::Exited && first_exited < 0) {
-                first_exited = static_cast<int>(i);
-            } else if (w == Wait::Warp && first_warp < 0) {
-                first_warp = static_cast<int>(i);
-            }
-        }
-        if (first_warp >= 0) {
-            const Thread& t = threads_[first_warp];
-            std::string msg = std::string(detail::warp_op_name(t.op)) + " at " + format_location(t.where) + " (" +
-                              where_thread(first_warp) + ", mask " + hex(t.mask) + ") can never complete";
-            if (first_barrier >= 0)
-                msg += ": thread " + format_dim(threads_[first_barrier].idx) + " waits in __syncthreads at " +
-                       format_location(threads_[first_barrier].where);
-            else if (first_grid >= 0)
-                msg += ": thread " + format_dim(threads_[first_grid].idx) + " waits in grid_sync at " +
-                       format_location(threads_[first_grid].where);
-            fail(msg);
-        }
-        if (first_grid >= 0) {
-            const Thread& g = threads_[first_grid];
-            if (first_barrier >= 0)
-                fail("threads wait at different barriers: " + where_thread(first_grid) + " in grid_sync at " +
-                     format_location(g.where) + ", " + where_thread(first_barrier) + " in __syncthreads at " +
-                     format_location(threads_[first_barrier].where));
-            for (unsigned i = 0; i < n_; ++i)
-                if (threads_[i].wait == Wait::GridBarrier && !same_site(threads_[i].where, g.where))
-                    fail("threads wait at different grid_sync calls: " + where_thread(first_grid) + " at " +
-                         format_location(g.where) + ", " + where_thread(i) + " at " +
-                         format_location(threads_[i].where));
-            if (first_exited >= 0)
-                fail("grid_sync at " + format_location(g.where) + " is not reached by all threads of block " +
-                     format_dim(block_idx_) + ": " + std::to_string(n_grid) + " of " + std::to_string(n_) +
-                     " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
-            return true;
-        }
-        const Thread& b = threads_[first_barrier];
-        for (unsigned i = 0; i < n_; ++i)
-            if (threads_[i].wait == Wait::Barrier && !same_site(threads_[i].where, b.where))
-                fail("threads wait at different __syncthreads: " + where_thread(first_barrier) + " at " +
-                     format_location(b.where) + ", " + where_thread(i) + " at " + format_location(threads_[i].where));
-        if (first_exited >= 0)
-            fail("__syncthreads at " + format_location(b.where) + " in block " + format_dim(block_idx_) +
-                 " is not reached by all threads: " + std::to_string(n_barrier) + " of " + std::to_string(n_) +
-                 " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
-        for (Thread& t : threads_) t.wait = Wait::Runnable;
-        return false;
-    }
-
-    // Unwinds every thread that has not finished (see the file comment), leaving no fiber suspended.
-    void cancel_all() {
-        cancel_ = true;
-        for (unsigned i = 0; i < n_; ++i)
-            if (threads_[i].fiber) resume(i);
-        cancel_ = false;
-        error_ = nullptr;
-    }
-
-    const char* name_;
-    dim3 grid_, block_;
-    size_t dyn_;
-    void (*invoke_)(void*);
-    void* ctx_;
-    bool programmatic_;
-    bool cooperative_;
-    unsigned n_ = 0;
-    size_t opt_in_ = 0, shared_limit_ = 0;
-    std::vector<Thread> threads_;
-    unsigned char* arena_ = nullptr;
-    size_t used_ = 0, static_bytes_ = 0;
-    std::vector<StaticAlloc> statics_;
-    uint3 block_idx_{};
-    std::mt19937_64 rng_;  // the Shuffled thread order's
-    unsigned current_ = 0;
-    ctx::fiber sched_;
-    const void* sched_bottom_ = nullptr;
-    size_t sched_size_ = 0;
-    bool cancel_ = false;
-    std::exception_ptr error_;
-    unsigned error_thread_ = 0;
-};
-
-BlockRunner& runner() {
-    if (!g_runner) throw Error("tandem::emu: a device function was called outside a kernel launch");
-    return *g_runner;
-}
-
 }  // namespace
 
-LaunchOptions& launch_options() {
-    thread_local LaunchOptions o;
-    return o;
-}
-
-void set_max_dynamic_shared(const void* kernel, size_t bytes) {
-    if (bytes > kMaxSharedOptIn)
-        throw Error("tandem::emu: cudaFuncAttributeMaxDynamicSharedMemorySize of " + std::to_string(bytes) +
-                    " bytes exceeds the device maximum of " + std::to_string(kMaxSharedOptIn));
-    dynamic_shared_limits()[kernel] = bytes;
-}
-
-int max_cooperative_blocks(dim3 block, size_t dynamic_shared_bytes) {
-    const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-    if (threads == 0 || threads > kMaxThreadsPerBlock) return 0;
-    const uint64_t warps_threads = (threads + 31) / 32 * 32;  // a block holds whole warps
-    uint64_t blocks = std::min<uint64_t>(kMaxBlocksPerSm, kMaxThreadsPerSm / warps_threads);
-    blocks = std::min<uint64_t>(blocks, kSharedPerSm / (dynamic_shared_bytes + kSharedReservedPerBlock));
-    return static_cast<int>(blocks);
-}
-
-namespace detail {
-
-const char* warp_op_name(WarpOp op) {
-    switch (op) {
-        case WarpOp::ShflIdx: return "__shfl_sync";
-        case WarpOp::ShflUp: return "__shfl_up_sync";
-        case WarpOp::ShflDown: return "__shfl_down_sync";
-        case WarpOp::ShflXor: return "__shfl_xor_sync";
-        case WarpOp::Ballot: return "__ballot_sync";
-        case WarpOp::Any: return "__any_sync";
-        case WarpOp::All: return "__all_sync";
-        case WarpOp::SyncWarp: return "__syncwarp";
-        case WarpOp::MmaS8: return "mma.sync (s8)";
-    }
-    return "?";
-}
-
-unsigned warp_collective(WarpOp op, unsigned mask, const void* in, void* out, unsigned size, int param, int width,
-                         const std::source_location& where) {
-    return runner().warp_collective(op, mask, in, out, size, param, width, where);
-}
-
-void syncthreads(const std::source_location& where) { runner().syncthreads(where); }
-
-void* static_shared(const void* key, size_t bytes, size_t align) { return runner().static_shared(key, bytes, align); }
-
-void* dynamic_shared() { return runner().dynamic_shared(); }
-
-void grid_dependency_wait() { runner().grid_dependency_wait(); }
-
-void check_launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, bool cooperative) {
-    const std::string who = std::string("tandem::emu: launch of ") + name + ": ";
-    const uint64_t threads = uint64_t{block.x} * block.y * block.z;
-    if (threads == 0 || uint64_t{grid.x} * grid.y * grid.z == 0)
-        throw Error(who + "invalid configuration (a grid or block dimension is 0)");
-    if (threads > kMaxThreadsPerBlock || block.x > 1024 || block.y > 1024 || block.z > 64)
-        throw Error(who + "block (" + std::to_string(block.x) + "," + std::to_string(block.y) + "," +
-                    std::to_string(block.z) + ") exceeds 1024 threads or the per-dimension limits (1024,1024,64)");
-    if (grid.x > 0x7FFFFFFFu || grid.y > 65535 || grid.z > 65535)
-        throw Error(who + "grid exceeds the limits (2^31-1, 65535, 65535)");
+BlockRunner::BlockRunner(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
+                         void* ctx, bool programmatic, bool cooperative, unsigned char* arena)
+    : name_(name), grid_(grid), block_(block), dyn_(dyn), invoke_(invoke), ctx_(ctx), programmatic_(programmatic),
+      cooperative_(cooperative), arena_(arena) {
+    n_ = block.x * block.y * block.z;
     const auto it = dynamic_shared_limits().find(kernel);
-    const size_t limit = it != dynamic_shared_limits().end() ? it->second : kDefaultSharedLimit;
-    if (dyn > limit)
-        throw Error(who + std::to_string(dyn) + " bytes of dynamic shared memory exceed the limit of " +
-                    std::to_string(limit) +
-                    (it == dynamic_shared_limits().end()
-                         ? " (opt in with cudaFuncAttributeMaxDynamicSharedMemorySize)"
-                         : ""));
-    const uint64_t blocks = uint64_t{grid.x} * grid.y * grid.z;
-    if (cooperative && blocks > static_cast<uint64_t>(max_cooperative_blocks(block, dyn)))
-        throw Error(who + "cudaErrorCooperativeLaunchTooLarge: a cooperative grid of " + std::to_string(blocks) +
-                    " blocks, but the emulated device holds " + std::to_string(max_cooperative_blocks(block, dyn)) +
-                    " such blocks at once (max_cooperative_blocks)");
+    opt_in_ = it != dynamic_shared_limits().end() ? it->second : 0;
+    shared_limit_ = std::max(kDefaultSharedLimit, opt_in_);
+    threads_.resize(n_);
+    for (unsigned i = 0; i < n_; ++i)
+        threads_[i].idx = {i % block.x, (i / block.x) % block.y, i / (block.x * block.y)};
+    std::memset(arena_, 0xFF, kMaxSharedOptIn);
+    used_ = dyn_;
 }
 
-namespace {
-
-// The blocks of a launch in the order the launch options give.
-std::vector<uint64_t> block_order(dim3 grid) {
-    const uint64_t n_blocks = uint64_t{grid.x} * grid.y * grid.z;
-    std::vector<uint64_t> order(n_blocks);
-    std::iota(order.begin(), order.end(), uint64_t{0});
-    const LaunchOptions opts = launch_options();
-    if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
-    if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), std::mt19937_64(opts.seed));
-    return order;
+void BlockRunner::run_block(uint3 block_idx) {
+    start_block(block_idx);
+    run();
 }
 
-uint3 block_coords(uint64_t b, dim3 grid) {
-    return {static_cast<unsigned>(b % grid.x), static_cast<unsigned>(b / grid.x % grid.y),
-            static_cast<unsigned>(b / (uint64_t{grid.x} * grid.y))};
+void BlockRunner::start_block(uint3 block_idx) {
+    block_idx_ = block_idx;
+    rng_.seed(launch_options().seed ^ (uint64_t{block_idx.x} << 32) ^ (uint64_t{block_idx.y} << 16) ^ block_idx.z);
+    std::memset(arena_, 0xFF, used_);  // NaN for every float a block reads before writing
+    for (unsigned i = 0; i < n_; ++i) {
+        Thread& t = threads_[i];
+        t.wait = Wait::Runnable;
+        t.waited = false;
+        t.stack = stack_pool().allocate();
+        const ctx::preallocated pre(t.stack.sp, t.stack.size, t.stack);
+        t.fiber = ctx::fiber(std::allocator_arg, pre, PoolAllocator{},
+                             [this, i](ctx::fiber&& sched) { return entry(i, std::move(sched)); });
+    }
 }
 
-// A full pass over the blocks of a cooperative launch in which every live thread polled (__nanosleep), this many
-// times in a row: nothing can change any more, the kernel waits for a write no block will make.
-constexpr int kMaxPollingPasses = 10000;
-
-// A cooperative launch: every block resident at once, each with its own runner and shared memory. Each pass runs
-// every unfinished block (in the launch's block order) until it finishes, waits in a grid_sync, or polls; once every
-// block waits in the same grid_sync, all go on.
-void run_cooperative(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-                     void* ctx, bool programmatic) {
-    const std::vector<uint64_t> order = block_order(grid);
-    std::vector<std::unique_ptr<Arena>> arenas(order.size());
-    std::vector<std::unique_ptr<BlockRunner>> blocks(order.size());
-    std::vector<BlockRunner::Stop> stop(order.size(), BlockRunner::Stop::Polling);
-    const auto enter = [&](uint64_t b) {
-        g_runner = blocks[b].get();
-        g_coords.block_idx = blocks[b]->block_index();
-    };
+BlockRunner::Stop BlockRunner::run() {
     try {
-        for (uint64_t b = 0; b < order.size(); ++b) {
-            arenas[b] = std::make_unique<Arena>();
-            blocks[b] = std::make_unique<BlockRunner>(name, kernel, grid, block, dyn, invoke, ctx, programmatic, true,
-                                                      arenas[b]->data);
-            enter(b);
-            blocks[b]->start_block(block_coords(b, grid));
-        }
-        for (int polling_passes = 0;;) {
-            bool live = false, polled = false;
-            for (uint64_t b : order) {
-                if (stop[b] == BlockRunner::Stop::Done) continue;
-                enter(b);
-                stop[b] = blocks[b]->run();
-                live |= stop[b] != BlockRunner::Stop::Done;
-                polled |= stop[b] == BlockRunner::Stop::Polling;
-            }
-            if (!live) return;
-            if (polled) {
-                if (++polling_passes == kMaxPollingPasses)
-                    throw Error(std::string("tandem::emu: kernel ") + name + ": every thread still waiting polls "
-                                "(__nanosleep) after " + std::to_string(kMaxPollingPasses) +
-                                " rounds of every block: it waits for a write no block will make");
-                continue;
-            }
-            polling_passes = 0;
-            // Every block that has not finished waits in a grid_sync: all of them must, in the same one.
-            const uint64_t first = *std::find_if(order.begin(), order.end(),
-                                                 [&](uint64_t b) { return stop[b] == BlockRunner::Stop::GridBarrier; });
-            const std::source_location& site = blocks[first]->grid_barrier_site();
-            for (uint64_t b : order) {
-                if (stop[b] == BlockRunner::Stop::Done)
-                    throw Error(std::string("tandem::emu: kernel ") + name + ": grid_sync at " +
-                                format_location(site) + " is not reached by block " +
-                                format_dim(blocks[b]->block_index()) + ", which has exited");
-                if (!same_site(blocks[b]->grid_barrier_site(), site))
-                    throw Error(std::string("tandem::emu: kernel ") + name + ": blocks wait at different grid_sync "
-                                "calls: block " + format_dim(blocks[first]->block_index()) + " at " +
-                                format_location(site) + ", block " + format_dim(blocks[b]->block_index()) + " at " +
-                                format_location(blocks[b]->grid_barrier_site()));
-            }
-            for (uint64_t b : order) blocks[b]->release_grid_barrier();
-        }
+        return schedule();
     } catch (...) {
-        // A block that failed has unwound its own threads; the others' wait in a grid_sync or poll.
-        for (uint64_t b = 0; b < blocks.size(); ++b)
-            if (blocks[b] && stop[b] != BlockRunner::Stop::Done) {
-                enter(b);
-                blocks[b]->cancel();
-            }
+        cancel_all();
         throw;
     }
 }
 
-}  // namespace
+void BlockRunner::release_grid_barrier() {
+    for (Thread& t : threads_) t.wait = Wait::Runnable;
+}
 
-void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t dyn, void (*invoke)(void*),
-            void* ctx, bool programmatic, bool cooperative) {
-    if (g_runner)
-        throw Error(std::string("tandem::emu: launch of ") + name + ": launching from inside a kernel is not supported");
-    check_launch(name, kernel, grid, block, dyn, cooperative);
+// ---- called on a fiber ---------------------------------------------------------------------------------------------
+void BlockRunner::syncthreads(const std::source_location& where) {
+    Thread& t = threads_[current_];
+    t.wait = Wait::Barrier;
+    t.where = where;
+    suspend(t);
+}
 
-    struct Restore {
-        ~Restore() {
-            g_runner = nullptr;
-            detail::g_coords = {{0, 0, 0}, {0, 0, 0}, {1, 1, 1}, {1, 1, 1}};
+void BlockRunner::grid_sync(const std::source_location& where) {
+    if (!cooperative_)
+        fail_here("grid_sync at " + format_location(where) +
+                  " in a launch that is not cooperative (launch_cooperative_kernel): its blocks need not be "
+                  "resident together, so a grid-wide barrier could wait forever");
+    Thread& t = threads_[current_];
+    t.wait = Wait::GridBarrier;
+    t.where = where;
+    suspend(t);
+}
+
+void BlockRunner::nanosleep() {
+    if (!cooperative_) return;
+    Thread& t = threads_[current_];
+    t.wait = Wait::Yield;
+    suspend(t);
+}
+
+unsigned BlockRunner::warp_collective(detail::WarpOp op, unsigned mask, const void* in, void* out, unsigned size,
+                                      int param, int width, const std::source_location& where) {
+    const unsigned lane = current_ % 32, warp_base = current_ - lane;
+    if (!(mask >> lane & 1u))
+        fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": mask " + hex(mask) +
+                  " does not include the calling lane " + std::to_string(lane));
+    const unsigned lanes_in_warp = std::min(32u, n_ - warp_base);
+    if (lanes_in_warp < 32 && (mask >> lanes_in_warp) != 0)
+        fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": mask " + hex(mask) +
+                  " names lanes beyond the block's last thread");
+    if (width <= 0 || width > 32 || (width & (width - 1)) != 0)
+        fail_here(std::string(detail::warp_op_name(op)) + " at " + format_location(where) + ": width " +
+                  std::to_string(width) + " is not a power of two <= 32");
+    Thread& t = threads_[current_];
+    t.op = op;
+    t.mask = mask;
+    t.size = size;
+    t.param = param;
+    t.width = width;
+    if (size) std::memcpy(t.in, in, size);
+    t.wait = Wait::Warp;
+    t.where = where;
+    suspend(t);
+    if (op == detail::WarpOp::MmaS8)
+        std::memcpy(out, t.out, detail::kMmaS8OutBytes);
+    else if (size)
+        std::memcpy(out, t.out, size);
+    return t.result;
+}
+
+void* BlockRunner::static_shared(const void* key, size_t bytes, size_t align) {
+    for (const StaticAlloc& s : statics_)
+        if (s.key == key) return arena_ + s.offset;
+    const size_t offset = (std::max(used_, dyn_) + std::max<size_t>(align, 16) - 1) & ~(std::max<size_t>(align, 16) - 1);
+    static_bytes_ += bytes;
+    if (static_bytes_ > kDefaultSharedLimit)
+        fail_here("static shared memory of " + std::to_string(static_bytes_) + " bytes exceeds " +
+                  std::to_string(kDefaultSharedLimit));
+    if (static_bytes_ + dyn_ > shared_limit_)
+        fail_here("static (" + std::to_string(static_bytes_) + ") + dynamic (" + std::to_string(dyn_) +
+                  ") shared memory exceeds the limit of " + std::to_string(shared_limit_) + " bytes" +
+                  (opt_in_ ? "" : " (no cudaFuncAttributeMaxDynamicSharedMemorySize opt-in)"));
+    statics_.push_back({key, offset, bytes});
+    used_ = offset + bytes;
+    return arena_ + offset;
+}
+
+// ---- fiber side ----------------------------------------------------------------------------------------------------
+ctx::fiber BlockRunner::entry(unsigned i, ctx::fiber&& sched) {
+    sched_ = std::move(sched);
+    Thread& t = threads_[i];
+    AsanSwitch::finish(nullptr, &sched_bottom_, &sched_size_);
+    bool unwound = false;  // an exception went through the thread's frames
+    if (!cancel_) {
+        try {
+            invoke_(ctx_);
+            // On a GPU such a thread may have read its inputs before the kernel it overlaps wrote them.
+            if (programmatic_ && !t.waited)
+                fail_here("launched to overlap the kernel before it (programmatic dependent launch), but the "
+                          "thread exited without cudaGridDependencySynchronize (detail::wait_for_inputs)");
+        } catch (const Cancelled&) {
+            unwound = true;
+        } catch (...) {
+            unwound = true;
+            if (!error_) {
+                error_ = std::current_exception();
+                error_thread_ = i;
+            }
         }
-    } restore;
-    g_coords.block_dim = block;
-    g_coords.grid_dim = grid;
-    if (cooperative) {
-        run_cooperative(name, kernel, grid, block, dyn, invoke, ctx, programmatic);
+    }
+#ifdef TANDEM_EMU_ASAN
+    if (unwound) ASAN_UNPOISON_MEMORY_REGION(static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
+#else
+    (void)unwound;
+#endif
+    t.wait = Wait::Exited;
+    AsanSwitch::start(nullptr, sched_bottom_, sched_size_);  // this fiber is done: no fake stack to keep
+    return std::move(sched_);
+}
+
+void BlockRunner::suspend(Thread& t) {
+    if (cancel_) throw Cancelled{};  // a destructor running during cancellation must not suspend again
+    AsanSwitch::start(&t.fake_stack, sched_bottom_, sched_size_);
+    sched_ = std::move(sched_).resume();
+    AsanSwitch::finish(t.fake_stack, &sched_bottom_, &sched_size_);
+    if (cancel_) throw Cancelled{};
+}
+
+// ---- scheduler side ------------------------------------------------------------------------------------------------
+void BlockRunner::resume(unsigned i) {
+    Thread& t = threads_[i];
+    current_ = i;
+    set_thread_idx(t.idx);
+    void* fake = nullptr;
+    AsanSwitch::start(&fake, static_cast<char*>(t.stack.sp) - t.stack.size, t.stack.size);
+    t.fiber = std::move(t.fiber).resume();
+    AsanSwitch::finish(fake, nullptr, nullptr);
+}
+
+std::string BlockRunner::where_thread(unsigned i) const {
+    return "block " + format_dim(block_idx_) + " thread " + format_dim(threads_[i].idx);
+}
+
+void BlockRunner::fail(const std::string& what) {
+    throw Error(std::string("tandem::emu: kernel ") + name_ + ": " + what);
+}
+
+BlockRunner::Stop BlockRunner::schedule() {
+    std::vector<unsigned> order(n_);
+    std::iota(order.begin(), order.end(), 0u);
+    const LaunchOptions opts = launch_options();
+    if (opts.order == ThreadOrder::Reverse) std::reverse(order.begin(), order.end());
+    // Threads polling since the last return: resumed once each per run(), after the others have run.
+    for (Thread& t : threads_)
+        if (t.wait == Wait::Yield) t.wait = Wait::Runnable;
+    for (;;) {
+        if (opts.order == ThreadOrder::Shuffled) std::shuffle(order.begin(), order.end(), rng_);
+        for (unsigned i : order) {
+            if (threads_[i].wait != Wait::Runnable) continue;
+            resume(i);
+            if (error_) report_thread_error();
+        }
+        bool all_exited = true, polling = false;
+        for (const Thread& t : threads_) {
+            all_exited &= t.wait == Wait::Exited;
+            polling |= t.wait == Wait::Yield;
+        }
+        if (all_exited) return Stop::Done;
+        if (complete_warp_collectives()) continue;
+        if (polling) return Stop::Polling;
+        if (release_barrier()) return Stop::GridBarrier;
+    }
+}
+
+void BlockRunner::report_thread_error() {
+    const unsigned i = error_thread_;
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    try {
+        std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+        fail(where_thread(i) + ": " + ex.what());
+    } catch (...) {
+        fail(where_thread(i) + ": a non-standard exception");
+    }
+}
+
+// Completes every collective whose lanes have all arrived; reports lanes that can never arrive.
+bool BlockRunner::complete_warp_collectives() {
+    bool progress = false;
+    for (unsigned base = 0; base < n_; base += 32) {
+        const unsigned lanes = std::min(32u, n_ - base);
+        for (unsigned l = 0; l < lanes; ++l) {
+            Thread& t = threads_[base + l];
+            if (t.wait != Wait::Warp) continue;
+            bool ready = true;
+            for (unsigned m = 0; m < lanes; ++m) {
+                if (!(t.mask >> m & 1u)) continue;
+                const Thread& o = threads_[base + m];
+                // Built only on failure: this loop runs lanes x lanes times for every collective.
+                const auto what = [&] {
+                    return std::string(detail::warp_op_name(t.op)) + " at " + format_location(t.where) + " (" +
+                           where_thread(base + l) + ", mask " + hex(t.mask) + ")";
+                };
+                if (o.wait == Wait::Exited)
+                    fail(what() + " names lane " + std::to_string(m) + ", which has exited");
+                if (o.wait == Wait::Barrier || o.wait == Wait::GridBarrier || o.wait == Wait::Yield) {
+                    ready = false;  // a deadlock unless something else progresses; release_barrier reports it
+                    continue;
+                }
+                if (o.op != t.op || o.mask != t.mask || o.size != t.size)
+                    fail(what() + " meets lane " + std::to_string(m) + " in " + detail::warp_op_name(o.op) + " at " +
+                         format_location(o.where) + " with mask " + hex(o.mask));
+                if (t.op == detail::WarpOp::MmaS8 &&
+                    (o.where.line() != t.where.line() || o.param != t.param ||
+                     std::strcmp(o.where.file_name(), t.where.file_name()) != 0))
+                    fail(what() + " meets lane " + std::to_string(m) + " at " + format_location(o.where) +
+                         ": mma.sync is .aligned, every lane must execute the same instruction");
+            }
+            if (!ready) continue;
+            complete(base, lanes, t.mask);
+            progress = true;
+        }
+    }
+    return progress;
+}
+
+// D = A * B + C of mma.sync.m16n8k32 (or m16n8k16: `param` is k).row.col.s32.s8.s8.s32 from the 32 lanes'
+// fragments, in the PTX ISA's layout (g = lane / 4, t = lane % 4): a[0], a[1], a[2], a[3] hold A[g][4t..4t+3],
+// A[g+8][4t..], A[g][16+4t..], A[g+8][16+4t..] (low byte first); b[0], b[1] hold B[4t..4t+3][g], B[16+4t..][g];
+// c / d[0..3] are C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1]. For k = 16 only a[0], a[1] and b[0] exist.
+void BlockRunner::complete_mma_s8(unsigned base) {
+    const int k = threads_[base].param;
+    int8_t A[16][32], B[32][8];
+    int32_t C[16][8];
+    const auto byte = [](uint32_t word, int i) { return static_cast<int8_t>(static_cast<uint8_t>(word >> (8 * i))); };
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        detail::MmaS8Fragments f;
+        std::memcpy(&f, threads_[base + lane].in, sizeof f);
+        const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+        for (int i = 0; i < 4; ++i) {
+            A[g][4 * t + i] = byte(f.a[0], i);
+            A[g + 8][4 * t + i] = byte(f.a[1], i);
+            B[4 * t + i][g] = byte(f.b[0], i);
+            if (k == 32) {
+                A[g][16 + 4 * t + i] = byte(f.a[2], i);
+                A[g + 8][16 + 4 * t + i] = byte(f.a[3], i);
+                B[16 + 4 * t + i][g] = byte(f.b[1], i);
+            }
+        }
+        C[g][2 * t] = f.c[0], C[g][2 * t + 1] = f.c[1], C[g + 8][2 * t] = f.c[2], C[g + 8][2 * t + 1] = f.c[3];
+    }
+    for (unsigned lane = 0; lane < 32; ++lane) {
+        const int g = static_cast<int>(lane / 4), t = static_cast<int>(lane % 4);
+        const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+        int32_t d[4];
+        for (int i = 0; i < 4; ++i) {
+            // Exact while it fits: k products of at most 128 * 128 plus C, which gemm_q8 keeps far from 2^31
+            // (C = 0). Beyond that, two's-complement wrap-around (the kernels use no .satfinite).
+            uint32_t sum = static_cast<uint32_t>(C[rows[i]][cols[i]]);
+            for (int j = 0; j < k; ++j)
+                sum += static_cast<uint32_t>(int32_t{A[rows[i]][j]} * int32_t{B[j][cols[i]]});
+            d[i] = static_cast<int32_t>(sum);
+        }
+        std::memcpy(threads_[base + lane].out, d, sizeof d);
+    }
+}
+
+void BlockRunner::complete(unsigned base, unsigned lanes, unsigned mask) {
+    if (threads_[base].op == detail::WarpOp::MmaS8) {
+        // A whole warp: the mask is always full (cuda_emu.h), and warp_collective refuses a full mask in a
+        // warp cut short by the block's end.
+        complete_mma_s8(base);
+        for (unsigned m = 0; m < 32; ++m) threads_[base + m].wait = Wait::Runnable;
         return;
     }
-
-    static thread_local Arena arena;  // one block at a time: one arena, poisoned at every block's start
-    BlockRunner r(name, kernel, grid, block, dyn, invoke, ctx, programmatic, false, arena.data);
-    g_runner = &r;
-    for (uint64_t b : block_order(grid)) {
-        const uint3 idx = block_coords(b, grid);
-        g_coords.block_idx = idx;
-        r.run_block(idx);
+    unsigned ballot = 0;
+    for (unsigned m = 0; m < lanes; ++m)
+        if ((mask >> m & 1u) && threads_[base + m].param) ballot |= 1u << m;
+    for (unsigned m = 0; m < lanes; ++m) {
+        if (!(mask >> m & 1u)) continue;
+        Thread& t = threads_[base + m];
+        const int w = t.width, seg = static_cast<int>(m) & ~(w - 1);
+        int src = static_cast<int>(m);
+        switch (t.op) {
+            case detail::WarpOp::ShflIdx: src = seg + (t.param & (w - 1)); break;
+            case detail::WarpOp::ShflUp:
+                src = static_cast<int>(m) - t.param;
+                if (src < seg) src = static_cast<int>(m);
+                break;
+            case detail::WarpOp::ShflDown:
+                src = static_cast<int>(m) + t.param;
+                if (src >= seg + w) src = static_cast<int>(m);
+                break;
+            case detail::WarpOp::ShflXor:
+                src = static_cast<int>(m) ^ t.param;
+                if (src < seg || src >= seg + w) src = static_cast<int>(m);
+                break;
+            case detail::WarpOp::Ballot: t.result = ballot; break;
+            case detail::WarpOp::Any: t.result = ballot != 0; break;
+            case detail::WarpOp::All: t.result = ballot == mask; break;
+            case detail::WarpOp::SyncWarp: break;
+            case detail::WarpOp::MmaS8: break;  // completed by complete_mma_s8
+        }
+        if (t.size) {
+            // Reading a lane outside the mask is undefined on the GPU: hand back poison (NaN for floats).
+            if (src < 0 || src >= 32 || !(mask >> src & 1u))
+                std::memset(t.out, 0xFF, t.size);
+            else
+                std::memcpy(t.out, threads_[base + static_cast<unsigned>(src)].in, t.size);
+        }
     }
+    for (unsigned m = 0; m < lanes; ++m)
+        if (mask >> m & 1u) threads_[base + m].wait = Wait::Runnable;
 }
 
-void grid_sync(const std::source_location& where) { runner().grid_sync(where); }
-
-void nanosleep() { runner().nanosleep(); }
-
-}  // namespace detail
-
-// ---- streams and graph capture ----------------------------------------------------------------------------------
-
-namespace {
-
-struct StreamState {
-    bool programmatic = false;
-    bool high_priority = false;
-    bool capturing = false;
-    std::thread::id owner;  // the thread that began the capture (ThreadLocal mode's unsafe-call rule)
-    std::string invalid;    // why the capture was invalidated; empty while it is valid
-    Graph graph;
-};
-
-// Every live stream, behind one mutex: streams may be created, captured and used from different OS threads.
-struct StreamRegistry {
-    std::mutex mu;
-    std::unordered_map<const void*, std::unique_ptr<StreamState>> streams;
-};
-
-StreamRegistry& registry() {
-    static StreamRegistry r;
-    return r;
-}
-
-// The state of a live stream; the registry's mutex must be held.
-StreamState& state_of(void* stream, const char* what) {
-    const auto it = registry().streams.find(stream);
-    if (it == registry().streams.end())
-        throw Error(std::string("tandem::emu: ") + what +
-                    ": cudaErrorInvalidResourceHandle (not a live stream: destroyed, or never created)");
-    return *it->second;
-}
-
-}  // namespace
-
-bool Graph::same_topology(const Graph& o) const {
-    if (nodes.size() != o.nodes.size()) return false;
-    for (size_t i = 0; i < nodes.size(); ++i)
-        if (nodes[i].kind != o.nodes[i].kind || nodes[i].function != o.nodes[i].function) return false;
-    return true;
-}
-
-void* stream_create(bool programmatic, bool high_priority) {
-    auto st = std::make_unique<StreamState>();
-    st->programmatic = programmatic;
-    st->high_priority = high_priority;
-    void* handle = st.get();
-    std::lock_guard<std::mutex> lock(registry().mu);
-    registry().streams.emplace(handle, std::move(st));
-    return handle;
-}
-
-void stream_destroy(void* stream) noexcept {
-    if (!stream) return;
-    std::unique_ptr<StreamState> doomed;  // destroyed (with any captured graph) after the lock is released
-    {
-        std::lock_guard<std::mutex> lock(registry().mu);
-        const auto it = registry().streams.find(stream);
-        if (it == registry().streams.end()) return;
-        doomed = std::move(it->second);
-        registry().streams.erase(it);
+// Every thread is blocked and no collective can complete: the barrier must hold all threads, at one call site.
+// Returns true when that barrier is a grid_sync (the launch releases it once every block is there), false after
+// releasing a __syncthreads.
+bool BlockRunner::release_barrier() {
+    int first_barrier = -1, first_exited = -1, first_warp = -1, first_grid = -1;
+    unsigned n_barrier = 0, n_grid = 0;
+    for (unsigned i = 0; i < n_; ++i) {
+        const Wait w = threads_[i].wait;
+        if (w == Wait::Barrier) {
+            if (first_barrier < 0) first_barrier = static_cast<int>(i);
+            ++n_barrier;
+        } else if (w == Wait::GridBarrier) {
+            if (first_grid < 0) first_grid = static_cast<int>(i);
+            ++n_grid;
+        } else if (w == Wait::Exited && first_exited < 0) {
+            first_exited = static_cast<int>(i);
+        } else if (w == Wait::Warp && first_warp < 0) {
+            first_warp = static_cast<int>(i);
+        }
     }
-}
-
-void begin_capture(void* stream) {
-    if (!stream)
-        throw Error("tandem::emu: cudaStreamBeginCapture: cudaErrorStreamCaptureUnsupported (the legacy default "
-                    "stream cannot be captured)");
-    std::lock_guard<std::mutex> lock(registry().mu);
-    StreamState& st = state_of(stream, "cudaStreamBeginCapture");
-    if (st.capturing)
-        throw Error("tandem::emu: cudaStreamBeginCapture: cudaErrorIllegalState (the stream is already capturing)");
-    st.capturing = true;
-    st.owner = std::this_thread::get_id();
-    st.invalid.clear();
-    st.graph.nodes.clear();
-}
-
-bool stream_is_programmatic(void* stream) {
-    if (!stream) return false;
-    std::lock_guard<std::mutex> lock(registry().mu);
-    return state_of(stream, "launch").programmatic;
-}
-
-bool stream_is_high_priority(void* stream) {
-    if (!stream) return false;
-    std::lock_guard<std::mutex> lock(registry().mu);
-    return state_of(stream, "cudaStreamGetPriority").high_priority;
-}
-
-bool is_capturing(void* stream) {
-    if (!stream) return false;
-    std::lock_guard<std::mutex> lock(registry().mu);
-    return state_of(stream, "cudaStreamIsCapturing").capturing;
-}
-
-bool thread_is_capturing() {
-    const std::thread::id me = std::this_thread::get_id();
-    std::lock_guard<std::mutex> lock(registry().mu);
-    for (const auto& [handle, st] : registry().streams)
-        if (st->capturing && st->owner == me) return true;
+    if (first_warp >= 0) {
+        const Thread& t = threads_[first_warp];
+        std::string msg = std::string(detail::warp_op_name(t.op)) + " at " + format_location(t.where) + " (" +
+                          where_thread(first_warp) + ", mask " + hex(t.mask) + ") can never complete";
+        if (first_barrier >= 0)
+            msg += ": thread " + format_dim(threads_[first_barrier].idx) + " waits in __syncthreads at " +
+                   format_location(threads_[first_barrier].where);
+        else if (first_grid >= 0)
+            msg += ": thread " + format_dim(threads_[first_grid].idx) + " waits in grid_sync at " +
+                   format_location(threads_[first_grid].where);
+        fail(msg);
+    }
+    if (first_grid >= 0) {
+        const Thread& g = threads_[first_grid];
+        if (first_barrier >= 0)
+            fail("threads wait at different barriers: " + where_thread(first_grid) + " in grid_sync at " +
+                 format_location(g.where) + ", " + where_thread(first_barrier) + " in __syncthreads at " +
+                 format_location(threads_[first_barrier].where));
+        for (unsigned i = 0; i < n_; ++i)
+            if (threads_[i].wait == Wait::GridBarrier && !same_site(threads_[i].where, g.where))
+                fail("threads wait at different grid_sync calls: " + where_thread(first_grid) + " at " +
+                     format_location(g.where) + ", " + where_thread(i) + " at " +
+                     format_location(threads_[i].where));
+        if (first_exited >= 0)
+            fail("grid_sync at " + format_location(g.where) + " is not reached by all threads of block " +
+                 format_dim(block_idx_) + ": " + std::to_string(n_grid) + " of " + std::to_string(n_) +
+                 " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
+        return true;
+    }
+    const Thread& b = threads_[first_barrier];
+    for (unsigned i = 0; i < n_; ++i)
+        if (threads_[i].wait == Wait::Barrier && !same_site(threads_[i].where, b.where))
+            fail("threads wait at different __syncthreads: " + where_thread(first_barrier) + " at " +
+                 format_location(b.where) + ", " + where_thread(i) + " at " + format_location(threads_[i].where));
+    if (first_exited >= 0)
+        fail("__syncthreads at " + format_location(b.where) + " in block " + format_dim(block_idx_) +
+             " is not reached by all threads: " + std::to_string(n_barrier) + " of " + std::to_string(n_) +
+             " wait, thread " + format_dim(threads_[first_exited].idx) + " has exited");
+    for (Thread& t : threads_) t.wait = Wait::Runnable;
     return false;
 }
 
-void invalidate_capture(void* stream, const std::string& why) {
-    if (!stream) return;
-    std::lock_guard<std::mutex> lock(registry().mu);
-    StreamState& st = state_of(stream, "capture");
-    if (st.capturing && st.invalid.empty()) st.invalid = why;
+// Unwinds every thread that has not finished (see the file comment), leaving no fiber suspended.
+void BlockRunner::cancel_all() {
+    cancel_ = true;
+    for (unsigned i = 0; i < n_; ++i)
+        if (threads_[i].fiber) resume(i);
+    cancel_ = false;
+    error_ = nullptr;
 }
 
-void invalidate_thread_captures(const std::string& why) {
-    const std::thread::id me = std::this_thread::get_id();
-    std::lock_guard<std::mutex> lock(registry().mu);
-    for (auto& [handle, st] : registry().streams)
-        if (st->capturing && st->owner == me && st->invalid.empty()) st->invalid = why;
-}
-
-void record(void* stream, GraphNode node) {
-    std::lock_guard<std::mutex> lock(registry().mu);
-    StreamState& st = state_of(stream, "capture");
-    if (!st.capturing) throw Error("tandem::emu: recording " + node.name + " on a stream that is not capturing");
-    // Nodes are still recorded after an invalidation (CUDA keeps accepting work too); end_capture discards them.
-    st.graph.nodes.push_back(std::move(node));
-}
-
-Graph end_capture(void* stream) {
-    std::lock_guard<std::mutex> lock(registry().mu);
-    StreamState& st = state_of(stream, "cudaStreamEndCapture");
-    if (!st.capturing)
-        throw Error("tandem::emu: cudaStreamEndCapture: cudaErrorIllegalState (the stream is not capturing)");
-    st.capturing = false;
-    Graph g = std::move(st.graph);
-    st.graph.nodes.clear();
-    if (!st.invalid.empty()) {
-        const std::string why = std::move(st.invalid);
-        st.invalid.clear();
-        throw Error("tandem::emu: cudaStreamEndCapture: cudaErrorStreamCaptureInvalidated (the capture was "
-                    "invalidated by: " + why + ")");
-    }
-    return g;
-}
-
-void graph_launch(const Graph& graph, void* stream) {
-    if (stream && is_capturing(stream)) {
-        Graph child = graph;  // CUDA copies a graph launched into a capture as a child-graph node
-        record(stream, GraphNode{NodeKind::Graph, "child graph", nullptr, [child] {
-                                     for (const GraphNode& n : child.nodes) n.run();
-                                 }});
-        return;
-    }
-    for (const GraphNode& n : graph.nodes) n.run();
-}
-
+}  // namespace runtime_detail
 }  // namespace tandem::emu

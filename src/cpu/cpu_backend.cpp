@@ -22,8 +22,8 @@
 #include "cpu/unaligned.h"
 #include "cpu/vec_math.h"
 #include "error.h"
-#include "gguf.h"
-#include "model.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
 
 namespace tandem {
 

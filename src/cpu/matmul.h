@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace tandem::cpu {
 

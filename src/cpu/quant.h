@@ -2,13 +2,13 @@
 // activations, and the per-type kernel table that matmul dispatches through.
 //
 // Types: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K. Adding one means: a block struct
-// here, a dequantize function and a block decoder in quant.cpp, and one line in its traits table. The dot-product
+// here, its traits (dequantize, block decoder) in quant_traits.h, and one line in quant.cpp's table. The dot-product
 // and matmul loops are shared templates. Quantizers exist only for the types tandem writes (F32, F16, Q8_0, Q4_0).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace tandem::cpu {
 

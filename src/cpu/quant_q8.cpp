@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cpu/dispatch.h"
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "cpu/quant_q8_driver.h"
@@ -250,8 +251,7 @@ std::vector<Q8TypeKernels> make_table() {
 bool avx512_kernels_enabled() {
     static const bool enabled = [] {
 #if defined(TANDEM_AVX2) && defined(__x86_64__)
-        const char* off = std::getenv("TANDEM_NO_AVX512");
-        if (off && std::string_view(off) == "1") return false;
+        if (!dispatch().avx512) return false;
         __builtin_cpu_init();  // libgcc's checks include the OS saving the zmm state
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&

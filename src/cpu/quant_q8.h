@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace tandem::cpu {
 
@@ -66,8 +66,8 @@ struct Q8TypeKernels {
 };
 
 // Whether the AVX-512 kernels may run: the build is for x86 with AVX2, the CPU has AVX-512 F/BW/VL/DQ and VNNI (the
-// target every AVX-512 kernel file is compiled for), and the environment does not set TANDEM_NO_AVX512=1 (to
-// compare with the AVX2 kernels).
+// target every AVX-512 kernel file is compiled for), and the process does not turn them off (dispatch.h:
+// TANDEM_NO_AVX512=1, to compare with the AVX2 kernels).
 bool avx512_kernels_enabled();
 
 // The integer kernels of a weight type, or nullptr when it has none (F32, F16, BF16: fp32 activations).

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "cpu/dispatch.h"
 #include "cpu/quant.h"
 #include "cpu/quant_q8.h"
 #include "cpu/repack_cache.h"
@@ -42,11 +43,8 @@ size_t record_bytes_of(GgmlType type) {
 }  // namespace
 
 bool RepackedMatrix::available(GgmlType type) {
-    static const bool off = [] {
-        const char* v = std::getenv("TANDEM_NO_REPACK");
-        return v && std::string_view(v) == "1";
-    }();
-    return !off && kernel_for(type) != nullptr;
+    static const bool on = dispatch().repack;
+    return on && kernel_for(type) != nullptr;
 }
 
 bool RepackedMatrix::available(GgmlType type, int64_t cols) {

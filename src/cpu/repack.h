@@ -8,7 +8,7 @@
 // With row r of a group in lane r, a lane accumulates a whole sub-block of its row, the scales are one multiply per
 // sub-block for 16 rows, and nothing is summed across lanes. Interleaving 16 rows on the fly costs a transpose per
 // super-block, which a handful of tokens (speculative verification: 2..17) cannot amortise; done once at load it is
-// free. Measured gains are in the commit that introduced it and in the README.
+// free. Measured gains are in the commit that introduced it and in docs/cpu-backend.md.
 //
 // Results are bitwise those of the other kernels of the type (find_q8_kernels(type)->dot_rows_scalar): the integer
 // sums per super-block are exact however they are formed, and the float steps per (row, token, super-block) are the
@@ -53,8 +53,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ggml_types.h"
-#include "weights.h"
+#include "gguf/ggml_types.h"
+#include "model/weights.h"
 
 namespace tandem::cpu {
 
@@ -75,7 +75,8 @@ public:
     static constexpr int kGroupRows = 16;
 
     // True when this build and CPU have a row-lane kernel for `type` (Q4_K, Q6_K, Q4_0, Q5_0 and Q8_0, where
-    // avx512_kernels_enabled() of quant_q8.h) and the environment does not turn repacking off (TANDEM_NO_REPACK=1).
+    // avx512_kernels_enabled() of quant_q8.h) and the process does not turn repacking off (dispatch.h:
+    // TANDEM_NO_REPACK=1).
     static bool available(GgmlType type);
     // available(type), and rows of `cols` elements are whole records (the legacy types' pairs of blocks).
     static bool available(GgmlType type, int64_t cols);

@@ -166,15 +166,6 @@ uint64_t repack_checksum(const uint8_t* p, size_t n) {
     return mix(r, n) ^ (r >> 29);
 }
 
-std::string repack_cache_dir(const std::string& default_dir) {
-    if (const char* v = std::getenv("TANDEM_REPACK_CACHE")) {
-        const std::string_view s(v);
-        if (s.empty() || s == "0" || s == "off") return {};
-        return std::string(s);
-    }
-    return default_dir;
-}
-
 RepackCacheUsage repack_cache_usage(const std::string& dir) {
     RepackCacheUsage usage;
     DIR* d = dir.empty() ? nullptr : ::opendir(dir.c_str());

@@ -25,9 +25,6 @@ namespace tandem::cpu {
 // A 64-bit checksum of n bytes (not cryptographic: it tells a damaged or foreign file from the one written).
 uint64_t repack_checksum(const uint8_t* p, size_t n);
 
-// The directory for cache files: $TANDEM_REPACK_CACHE when set ("0", "off" or "" turn the cache off: returns ""),
-// else `default_dir`.
-std::string repack_cache_dir(const std::string& default_dir);
 
 // The cache files in `dir` (complete ones, not temporaries) and their bytes, for --list-models.
 struct RepackCacheUsage {

@@ -6,7 +6,7 @@
 // attention for split-K; the output matvec still runs 16 rows at a time, for the requested logits only.
 //
 // Short calls replay one CUDA graph per step shape (see cuda_backend.h for why the position lives in device memory
-// and attention's grid is bucketed); long calls and TANDEM_CUDA_GRAPHS=0 launch kernel by kernel. Both run the same
+// and attention's grid is bucketed); long calls and --cuda-route graphs=0 launch kernel by kernel. Both run the same
 // enqueue functions, so the graph holds exactly the launches a direct step makes.
 //
 // Memory: three device allocations made once — weights (one buffer, tensors at 256-byte aligned offsets), chunk
@@ -27,7 +27,7 @@
 
 #include "error.h"
 #include "kernels.h"
-#include "model.h"
+#include "model/model.h"
 
 namespace tandem {
 
@@ -175,7 +175,7 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
     const ModelConfig& c = model.config;
     if (!cuda::decode_step_supports(step_shape(c, options.kv_type))) return std::nullopt;
     // Rows staged through shared memory, by the first staged kernel that takes every matrix's type, unless
-    // TANDEM_CUDA_MATVEC=direct asks otherwise, none does, or every matrix is of a float type (walked directly
+    // --cuda-route matvec=direct asks otherwise, none does, or every matrix is of a float type (walked directly
     // in any kernel: the direct one, without the stage, is the same sums).
     std::vector<GgmlType> types;
     for (const LayerWeights& L : model.weights.layers) {
@@ -185,7 +185,7 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
             return std::nullopt;
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) types.push_back(v->type);
     }
-    // With 8-bit activations where every block type's route reads them (TANDEM_CUDA_INT8=1, or a model of Q4_0 rows
+    // With 8-bit activations where every block type's route reads them (--cuda-route int8=1, or a model of Q4_0 rows
     // only, its measured route), as the launches the step replaces would, where an 8-bit kernel takes every type
     // (Q5_K_M's rows and the real draft's Q5_0 / Q8_0 / Q4_K / Q6_K take fp32 rows: those 8-bit kernels spilled).
     const auto block_type_is_int8 = [&](GgmlType t) {
@@ -242,9 +242,7 @@ CudaOptions on_this_device(CudaOptions o) {
 
 }  // namespace
 
-bool CudaBackend::use_blas() {
-    return !cuda_simt_gemm_from_env() && cuda::blas_available();  // a typo in the switch is an error even here
-}
+bool CudaBackend::use_blas(const CudaOptions& options) { return !options.simt_gemm && cuda::blas_available(); }
 
 CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type)
     : KvCache(capacity),
@@ -256,7 +254,7 @@ CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType ty
 CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options) {
     const ModelConfig& c = model.config;
     CudaMemoryPlan p;
-    p.blas = use_blas();
+    p.blas = use_blas(options);
     p.int8_gemm = on_this_device(options).int8_gemm;
     p.prefill_chunk = prefill.chunk_tokens;
     p.weights = weight_layout(model.weights, nullptr);

@@ -10,9 +10,9 @@
 //    position's logits do not depend on how many tokens the call had or where the position fell in it);
 //  - longer calls (prompt prefill) run in chunks of CudaPrefillOptions::chunk_tokens through the prefill GEMM and
 //    tiled flash attention: within tolerance of the short-call path, not bitwise equal to it. The GEMM is cuBLAS on
-//    fp16 tiles in the nvcc build (env TANDEM_CUDA_GEMM=simt picks the SIMT kernel), the SIMT kernel under the
+//    fp16 tiles in the nvcc build (--cuda-route gemm=simt picks the SIMT kernel), the SIMT kernel under the
 //    emulation; the SIMT kernel and the flash attention are themselves batch-invariant across prefill calls. With
-//    CudaOptions::int8_gemm (TANDEM_CUDA_GEMM=int8) the types of gemm_q8 take the 8-bit tensor-core GEMM instead.
+//    CudaOptions::int8_gemm (--cuda-route gemm=int8) the types of gemm_q8 take the 8-bit tensor-core GEMM instead.
 //
 // CUDA graphs (short calls only): a step's 5-7 launches per layer are captured once into a graph per shape (tokens
 // in the step, logit rows wanted) and replayed. What changes from step to step lives in device memory the kernels
@@ -23,7 +23,7 @@
 // whole context instead would launch ctx/64 mostly empty split blocks per head and layer at every step (512 at 32k
 // positions); re-capturing every step, as llama.cpp does, would pay a capture and an update walk over every node at
 // every token. Here that happens log2(ctx / 64) times per context (~9 at 32k), and at most half the split blocks
-// are empty ones that return at once. Env TANDEM_CUDA_GRAPHS=0 launches kernel by kernel instead.
+// are empty ones that return at once. --cuda-route graphs=0 launches kernel by kernel instead.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,7 +38,7 @@
 #include "backend.h"
 #include "cuda/cuda_options.h"
 #include "device.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernels.h"
 
 namespace tandem {
@@ -120,8 +120,8 @@ public:
     // together they do not fit in the device's free memory. Checked before either backend allocates anything, so
     // the pair is refused whole instead of the draft failing after the target's upload.
     static void check_pair_fits(const CudaMemoryPlan& target, const CudaMemoryPlan& draft);
-    // True when the prefill GEMM runs on cuBLAS: the nvcc build, unless env TANDEM_CUDA_GEMM=simt.
-    static bool use_blas();
+    // True when the prefill GEMM runs on cuBLAS: the nvcc build, unless options.simt_gemm.
+    static bool use_blas(const CudaOptions& options);
 
     std::string name() const override { return cuda::device_is_emulated() ? "cuda-emu" : "cuda"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;

@@ -128,6 +128,11 @@ if grep -q "repacked weight copies" "$tmp/err1"; then
   echo "Once" | TANDEM_REPACK_CACHE="$tmp/rc" "$tandem" -m "$tmp/q4.gguf" --chat -n 4 --backend cpu -v \
     2>"$tmp/err4" >/dev/null
   check "the chat loop maps the cache file too" grep -q "in the cache file $tmp/rc/q4-" "$tmp/err4"
+  # tandem-bench builds its backends as the CLI does (app/session.h): -v gives the CLI's description of the target's.
+  TANDEM_REPACK_CACHE="$tmp/rc" "$build/tandem-bench" -m "$tmp/q4.gguf" -p 8 -n 2 -r 1 -v >/dev/null 2>"$tmp/err5"
+  check "tandem-bench -v describes the backend with the CLI's words" [ -n "$(grep -- '--backend cpu' "$tmp/err2")" -a \
+    "$(grep -- '--backend cpu' "$tmp/err2" | sed 's/^tandem: //')" = \
+    "$(grep -- '--backend cpu' "$tmp/err5" | sed 's/^tandem-bench: //')" ]
 fi
 
 echo "cli: $passed passed, $failed failed"

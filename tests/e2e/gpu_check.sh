@@ -17,14 +17,18 @@ source "$(dirname "$0")/lib/checks.bash"
 stubs="$tmp/bin" path="$tmp/path" llama="$tmp/llama" base="$tmp/base" calls="$tmp/calls"
 mkdir -p "$stubs" "$path" "$llama" "$base" "$calls"
 
-# tandem-bench: the real one on the CPU, one repetition, the tiny preset; every call logged with its TANDEM_CUDA_*
-# environment.
+# tandem-bench: the real one on the CPU, one repetition, the tiny preset; every call logged as the routes it forces
+# (--cuda-route NAME=VALUE, sorted), "|", then its other arguments.
 bench_stub() {  # bench_stub FILE LOGNAME
     cat >"$1" <<EOF
 #!/usr/bin/env bash
-echo "\$(env | grep '^TANDEM_CUDA_' | sort | tr '\n' ' ')| \$*" >>"$calls/$2"
+routes=() rest=()
+for ((i = 1; i <= \$#; i++)); do
+    if [[ \${!i} == --cuda-route ]]; then i=\$((i + 1)); routes+=("\${!i}"); else rest+=("\${!i}"); fi
+done
+echo "\$(printf '%s\n' "\${routes[@]}" | sort | grep . | tr '\n' ' ')| \${rest[*]}" >>"$calls/$2"
 # STUB_PERSISTENT_HANGS=1: a persistent-step run never returns (a grid barrier that never opens).
-[[ \${STUB_PERSISTENT_HANGS:-0} == 1 && -n \${TANDEM_CUDA_PERSISTENT_STEP:-} ]] && exec sleep 600
+[[ \${STUB_PERSISTENT_HANGS:-0} == 1 && " \${routes[*]}" == *" persistent-step="* ]] && exec sleep 600
 args=()
 while [[ \$# -gt 0 ]]; do
     case "\$1" in
@@ -95,7 +99,7 @@ echo "NVIDIA Stub GPU, 81559 MiB, 999.99"
 EOF
 cat >"$path/ncu" <<EOF
 #!/usr/bin/env bash
-echo "\$(env | grep '^TANDEM_CUDA_' | sort | tr '\n' ' ')| \$*" >>"$calls/ncu"
+echo "\$*" >>"$calls/ncu"
 for i in 1 2 3; do echo "    Duration                         us        12.34"; done
 EOF
 chmod +x "$stubs"/* "$llama"/* "$path"/*
@@ -145,22 +149,22 @@ check "bench.md: Q/K/V launch-per-type rows (the pair's two models)" [ "$(rows '
 
 # Each variant ran with its environment (the rows' labels come from the script, so check the calls too).
 c="$calls/tandem-bench"
-check "calls: fp32 rows under TANDEM_CUDA_INT8=0, each loads" [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_MATVEC=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
-check "calls: PDL off" [ "$(rows '^TANDEM_CUDA_PDL=0 \| ' "$c")" -eq 4 ]
-check "calls: the persistent decode step, every type" [ "$(rows '^TANDEM_CUDA_PERSISTENT_STEP=all \| .* -p 0 -n 128' "$c")" -eq 4 ]
-check "calls: the persistent decode step walked directly, quantized types" [ "$(rows '^TANDEM_CUDA_MATVEC=direct TANDEM_CUDA_PERSISTENT_STEP=all \| .* -p 0 -n 128' "$c")" -eq 3 ]
+check "calls: fp32 rows under int8=0, each loads" [ "$(rows '^int8=0 matvec=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
+check "calls: PDL off" [ "$(rows '^pdl=0 \| ' "$c")" -eq 4 ]
+check "calls: the persistent decode step, every type" [ "$(rows '^persistent-step=all \| .* -p 0 -n 128' "$c")" -eq 4 ]
+check "calls: the persistent decode step walked directly, quantized types" [ "$(rows '^matvec=direct persistent-step=all \| .* -p 0 -n 128' "$c")" -eq 3 ]
 check_all "calls: the persistent decode step with the other activations" \
-    [ "$(rows '^TANDEM_CUDA_INT8=0 TANDEM_CUDA_PERSISTENT_STEP=all \| .*q4_0.* -p 0 -n 128' "$c")" -eq 1 ] ::: \
-    [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_PERSISTENT_STEP=all \| .*(q4_k|q8_0).* -p 0 -n 128' "$c")" -eq 2 ]
-check "calls: int8 activations, each loads" [ "$(rows '^TANDEM_CUDA_INT8=1 TANDEM_CUDA_MATVEC=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
-check "calls: graphs off" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 \| ' "$c")" -eq 1 ]
-check "calls: SIMT GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=simt \| ' "$c")" -eq 1 ]
-check "calls: int8 GEMM" [ "$(rows '^TANDEM_CUDA_GEMM=int8 \| ' "$c")" -eq 3 ]
-check "calls: unfused" [ "$(rows '^TANDEM_CUDA_FUSED_MATVECS=0 \| ' "$c")" -eq 1 ]
-check "calls: gate/up without its quantize" [ "$(rows '^TANDEM_CUDA_GATE_UP_Q8=0 \| ' "$c")" -eq 1 ]
-check "calls: RoPE launched on its own" [ "$(rows '^TANDEM_CUDA_QKV_ROPE=0 \| ' "$c")" -eq 3 ]
-check "calls: RMSNorms launched on their own" [ "$(rows '^TANDEM_CUDA_MATVEC_NORM=0 \| ' "$c")" -eq 3 ]
-check_all "calls: the pair's target and draft with Q/K/V in a launch per type" [ "$(rows "^TANDEM_CUDA_QKV_PAIRS=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_QKV_PAIRS=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+    [ "$(rows '^int8=0 persistent-step=all \| .*q4_0.* -p 0 -n 128' "$c")" -eq 1 ] ::: \
+    [ "$(rows '^int8=1 persistent-step=all \| .*(q4_k|q8_0).* -p 0 -n 128' "$c")" -eq 2 ]
+check "calls: int8 activations, each loads" [ "$(rows '^int8=1 matvec=(direct|staged|split|persistent) \| ' "$c")" -eq 12 ]
+check "calls: graphs off" [ "$(rows '^graphs=0 \| ' "$c")" -eq 1 ]
+check "calls: SIMT GEMM" [ "$(rows '^gemm=simt \| ' "$c")" -eq 1 ]
+check "calls: int8 GEMM" [ "$(rows '^gemm=int8 \| ' "$c")" -eq 3 ]
+check "calls: unfused" [ "$(rows '^fused-matvecs=0 \| ' "$c")" -eq 1 ]
+check "calls: gate/up without its quantize" [ "$(rows '^gate-up-q8=0 \| ' "$c")" -eq 1 ]
+check "calls: RoPE launched on its own" [ "$(rows '^qkv-rope=0 \| ' "$c")" -eq 3 ]
+check "calls: RMSNorms launched on their own" [ "$(rows '^matvec-norm=0 \| ' "$c")" -eq 3 ]
+check_all "calls: the pair's target and draft with Q/K/V in a launch per type" [ "$(rows "^qkv-pairs=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^qkv-pairs=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
 check "calls: every benchmark on the GPU" [ "$(grep -v -- '--make-synthetic' "$c" | grep -vc -- '--backend cuda')" -eq 0 ]
 check "calls: 1B models of 4 types and the pair made (three drafts)" [ "$(rows '--make-synthetic (1b|qwen1.5b|qwen0.5b) ' "$c")" -eq 8 ]
 # (The 7B's name, made or read: a bare '7b' also matches a mktemp directory's random letters.)
@@ -168,15 +172,15 @@ check "calls: no 7B model in a --quick run" [ "$(rows '(--make-synthetic 7b |/7b
 
 # The default pair's shapes (4c).
 check_all "calls: the pair's target and draft benchmarked" [ "$(rows "qwen1.5b-q4_k_m-next.gguf --backend cuda -p 512 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^\| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
-check_all "calls: the pair's target and draft with RoPE launched on its own" [ "$(rows "^TANDEM_CUDA_QKV_ROPE=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_QKV_ROPE=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
-check_all "calls: the pair's target and draft with the RMSNorms launched on their own" [ "$(rows "^TANDEM_CUDA_MATVEC_NORM=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^TANDEM_CUDA_MATVEC_NORM=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check_all "calls: the pair's target and draft with RoPE launched on its own" [ "$(rows "^qkv-rope=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^qkv-rope=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
+check_all "calls: the pair's target and draft with the RMSNorms launched on their own" [ "$(rows "^matvec-norm=0 \| .*qwen1.5b-q4_k_m-next.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ] ::: [ "$(rows "^matvec-norm=0 \| .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -p 0 -n 128" "$c")" -eq 1 ]
 check_all "calls: the pair made as next-token models, drafts agreeing on 90% and 95%" [ "$(rows '--make-synthetic qwen1.5b --type q4_k_m --next-token 1 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_k_m --next-token 0.90 ' "$c")" -eq 1 ] ::: [ "$(rows '--make-synthetic qwen0.5b --type q4_k_m --next-token 0.95 ' "$c")" -eq 1 ]
 check "calls: the pair's speculative runs on the GPU, each draft, and 90% with separate picks, without drafting ahead, at the default stream priority and with the persistent draft step" [ "$(rows '--draft .*qwen0.5b-q4_k_m-next9[05].gguf --backend cuda -n 128' "$c")" -eq 6 ]
 check_all "calls: the replaying draft made from the recorded pattern and run" [ "$(rows '--make-synthetic qwen0.5b --type q4_k_m --next-token-pattern .*scripts/pair-agreement.txt ' "$c")" -eq 1 ] ::: [ "$(rows '^\| .*--draft .*qwen0.5b-q4_k_m-next-replay.gguf --backend cuda -n 128' "$c")" -eq 1 ]
-check "calls: the speculative run with the picks in separate launches" [ "$(rows '^TANDEM_CUDA_ONE_LAUNCH_PICKS=0 \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
+check "calls: the speculative run with the picks in separate launches" [ "$(rows '^one-launch-picks=0 \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
 check "calls: the speculative run without drafting ahead" [ "$(rows '^\| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128 --draft-ahead 0' "$c")" -eq 1 ]
-check "calls: the speculative run at the default stream priority" [ "$(rows '^TANDEM_CUDA_STREAM_PRIORITY=0 \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
-check "calls: the speculative run with the draft's steps in one persistent launch" [ "$(rows '^TANDEM_CUDA_PERSISTENT_STEP=draft \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
+check "calls: the speculative run at the default stream priority" [ "$(rows '^stream-priority=0 \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
+check "calls: the speculative run with the draft's steps in one persistent launch" [ "$(rows '^persistent-step=draft \| .*--draft .*qwen0.5b-q4_k_m-next90.gguf --backend cuda -n 128' "$c")" -eq 1 ]
 check_all "pair-speculative.md: a row per built-in prompt and draft, with its speedup, the separate-picks run, the one without drafting ahead, the one at the default stream priority and the one with the persistent draft step" [ "$(rows '^\| [^|]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+x \| ' "$out/pair-speculative.md")" -eq 21 ] ::: [ "$(rows '^next-token pair .* replaying the real pair.s greedy agreement: [0-9]+ of [0-9]+ recorded steps agree' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^next-token pair .* (90|95)% of tokens' "$out/pair-speculative.md")" -eq 2 ] ::: [ "$(rows '^the same at 90%, picks in separate launches' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, without drafting ahead' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, the target.s stream at the default priority' "$out/pair-speculative.md")" -eq 1 ] ::: [ "$(rows '^the same at 90%, the draft.s steps in one persistent launch' "$out/pair-speculative.md")" -eq 1 ]
 check "pair-verify.md: a row per token count, the current binary's and the baseline's" [ "$(rows '^\| (1|2|3|4|5|6|8|9|12|16) \| [0-9.]+ \|' "$out/pair-verify.md")" -eq 20 ]
 check_all "pair-verify.md: the baseline's costs named by its revision, from its own binary" [ "$(rows '^the same, baseline abc1234:' "$out/pair-verify.md")" -eq 1 ] ::: [ "$(rows 'qwen1.5b-q4_k_m-next.gguf --backend cuda .*--verify' "$calls/baseline")" -eq 1 ]
@@ -206,11 +210,11 @@ check "variants.md: ratio = variant / default" ratios_ok "$v"
 
 # Nsight Compute (7): each loads, graphs off, past one decode step of the 1B model's 22 layers.
 check "ncu: four runs" [ "$(wc -l <"$calls/ncu")" -eq 4 ]
-check "ncu: graphs off, direct, split, staged and persistent" [ "$(rows '^TANDEM_CUDA_GRAPHS=0 TANDEM_CUDA_MATVEC=(direct|split|staged|persistent) \| ' "$calls/ncu")" -eq 4 ]
+check "ncu: graphs off, direct, split, staged and persistent" [ "$(rows 'tandem-bench --cuda-route graphs=0 --cuda-route matvec=(direct|split|staged|persistent) ' "$calls/ncu")" -eq 4 ]
 check "ncu: skips the first step's launches" \
-    [ "$(rows 'MATVEC=(direct|split) \| .*--launch-skip 200 --launch-count 40' "$calls/ncu")" -eq 2 ]
+    [ "$(rows '--launch-skip 200 --launch-count 40 .*--cuda-route matvec=(direct|split) ' "$calls/ncu")" -eq 2 ]
 check "ncu: skips the first step's launches (staged and persistent: 8 a layer)" \
-    [ "$(rows 'MATVEC=(staged|persistent) \| .*--launch-skip 178 --launch-count 40' "$calls/ncu")" -eq 2 ]
+    [ "$(rows '--launch-skip 178 --launch-count 40 .*--cuda-route matvec=(staged|persistent) ' "$calls/ncu")" -eq 2 ]
 check "summary: profiled kernels counted" grep -q 'ncu: 3 kernels profiled' "$out/summary.txt"
 check "stdout: the tables at the end" grep -q 'tg128, int8 activations, staged matvec' "$out.stdout"
 # The seconds of every step, for planning the next device call.

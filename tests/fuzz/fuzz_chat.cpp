@@ -10,10 +10,10 @@
 #include <string_view>
 #include <vector>
 
-#include "chat_template.h"
+#include "text/chat_template.h"
 #include "error.h"
 #include "fuzz_target.h"
-#include "repl_session.h"
+#include "app/repl_session.h"
 
 namespace {
 

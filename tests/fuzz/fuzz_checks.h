@@ -3,11 +3,11 @@
 #include <string>
 #include <vector>
 
-#include "bpe_tokenizer.h"
+#include "text/bpe_tokenizer.h"
 #include "cpu/cpu_backend.h"
 #include "fuzz_target.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
 
 namespace tandem::fuzz {
 

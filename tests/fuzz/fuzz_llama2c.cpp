@@ -8,8 +8,8 @@
 
 #include "error.h"
 #include "fuzz_checks.h"
-#include "llama2c.h"
-#include "model.h"
+#include "convert/llama2c.h"
+#include "model/model.h"
 
 namespace {
 

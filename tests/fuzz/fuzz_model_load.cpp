@@ -10,9 +10,9 @@
 
 #include "error.h"
 #include "fuzz_checks.h"
-#include "gguf.h"
-#include "model.h"
-#include "synthetic_model.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "common/synthetic_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const tandem::fuzz::MemoryFile file(data, size);

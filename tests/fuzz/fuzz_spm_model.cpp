@@ -7,7 +7,7 @@
 
 #include "error.h"
 #include "fuzz_checks.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const tandem::fuzz::MemoryFile file(data, size);

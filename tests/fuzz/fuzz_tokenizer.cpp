@@ -19,8 +19,8 @@
 
 #include "error.h"
 #include "fuzz_checks.h"
-#include "gguf.h"
-#include "tokenizer.h"
+#include "gguf/gguf.h"
+#include "text/tokenizer.h"
 
 namespace {
 

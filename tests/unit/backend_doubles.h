@@ -9,7 +9,7 @@
 
 #include "backend.h"
 #include "cpu/cpu_backend.h"
-#include "generator.h"
+#include "generate/generator.h"
 
 namespace tandem::test {
 

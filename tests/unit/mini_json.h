@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "utf8.h"
+#include "text/utf8.h"
 
 namespace tandem::test {
 

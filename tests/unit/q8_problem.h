@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cpu/quant_q8.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "random_blocks.h"
 
 namespace tandem::test {

@@ -8,7 +8,7 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 
 namespace tandem::test {
 

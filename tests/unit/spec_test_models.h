@@ -12,9 +12,9 @@
 #include <utility>
 #include <vector>
 
-#include "gguf_writer.h"
-#include "llama2c.h"
-#include "quantize_model.h"
+#include "gguf/gguf_writer.h"
+#include "convert/llama2c.h"
+#include "convert/quantize_model.h"
 #include "test_paths.h"
 
 namespace tandem::test {

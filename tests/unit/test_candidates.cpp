@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "candidates.h"
+#include "sample/candidates.h"
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "error.h"
-#include "generator.h"
-#include "model.h"
+#include "generate/generator.h"
+#include "model/model.h"
 #include "backend_doubles.h"
-#include "sampler.h"
+#include "sample/sampler.h"
 #include "test_paths.h"
 
 using namespace tandem;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "chat_template.h"
+#include "text/chat_template.h"
 #include "mini_json.h"
 #include "error.h"
 #include "test_paths.h"

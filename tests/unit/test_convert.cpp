@@ -13,9 +13,9 @@
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "error.h"
-#include "gguf.h"
-#include "llama2c.h"
-#include "quantize_model.h"
+#include "gguf/gguf.h"
+#include "convert/llama2c.h"
+#include "convert/quantize_model.h"
 #include "test_paths.h"
 
 namespace {

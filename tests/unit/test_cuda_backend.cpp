@@ -35,12 +35,13 @@
 #include "emu/cuda_emu.h"
 #endif
 #include "error.h"
-#include "generator.h"
-#include "gguf.h"
-#include "model.h"
-#include "model_registry.h"
-#include "quantize_model.h"
-#include "synthetic_model.h"
+#include "generate/generator.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "app/environment.h"
+#include "app/model_registry.h"
+#include "convert/quantize_model.h"
+#include "common/synthetic_model.h"
 #include "test_paths.h"
 
 using namespace tandem;
@@ -116,16 +117,6 @@ Diff compare_backends(const Model& model, int n_ctx, CudaOptions options = {},
     return diff;
 }
 
-// Unsets an environment variable now and again when the test ends (the env switches' tests set it).
-struct UnsetEnvAtExit {
-    explicit UnsetEnvAtExit(const char* name) : name_(name) { unsetenv(name_); }
-    ~UnsetEnvAtExit() { unsetenv(name_); }
-    UnsetEnvAtExit(const UnsetEnvAtExit&) = delete;
-    UnsetEnvAtExit& operator=(const UnsetEnvAtExit&) = delete;
-
-private:
-    const char* name_;
-};
 
 // This test run's directory for model files (removed at exit).
 std::string temp_dir() {
@@ -324,16 +315,6 @@ TEST_CASE("cuda backend: the int8 tensor-core prefill GEMM stays with the CPU ba
     }
 }
 
-TEST_CASE("cuda backend: TANDEM_CUDA_GEMM=int8 selects the int8 tensor-core prefill GEMM") {
-    const UnsetEnvAtExit restore("TANDEM_CUDA_GEMM");
-    CHECK_FALSE(cuda_int8_gemm_from_env());
-    setenv("TANDEM_CUDA_GEMM", "int8", 1);
-    CHECK(cuda_int8_gemm_from_env());
-    CHECK(CudaOptions{}.int8_gemm);
-    setenv("TANDEM_CUDA_GEMM", "simt", 1);
-    CHECK_FALSE(cuda_int8_gemm_from_env());
-}
-
 TEST_CASE("cuda backend: prefill chunking does not change the logits") {
     auto model = Model::load(requantized(GgmlType::Q8_0));
     // One call of 100 tokens in one chunk; the same call cut into chunks of 32 (the last one, which returns the
@@ -384,7 +365,7 @@ TEST_CASE("cuda backend: the memory plan refuses a device that is too small, nam
     // The scratch holds one prefill chunk of activations: a longer chunk needs more, and describe() says which.
     CHECK(CudaBackend::plan(*model, 256, {512, 64}).scratch > plan.scratch);
     CHECK(CudaBackend::plan(*model, 256, {16, 64}).scratch < plan.scratch);
-    CHECK(plan.describe().find(CudaBackend::use_blas() ? "256-token prefill chunks, cuBLAS"
+    CHECK(plan.describe().find(CudaBackend::use_blas(CudaOptions{}) ? "256-token prefill chunks, cuBLAS"
                                                        : "256-token prefill chunks, SIMT GEMM") != std::string::npos);
     if (!cuda::device_is_emulated()) {
         // A real device: a context whose KV cache alone outgrows the free memory is refused before any allocation.
@@ -466,7 +447,7 @@ namespace {
 
 void check_real_model_on_cuda(const std::string& name, const std::string& prompt, CudaOptions options = {}) {
     const auto path = installed_path(name);
-    if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
+    if (!path) FAIL("model " << name << " is missing from " << environment().models_dir << ": run scripts/fetch-models");
     auto model = Model::load(*path);
     const int n_vocab = model->config.n_vocab, n_ctx = 16;
     CpuBackend cpu(*model, 2, 16, {.activations = cpu::Activations::Float, .kv_type = CpuKvType::F16});
@@ -513,7 +494,7 @@ TEST_CASE("real: cuda backend on Qwen2.5-Coder-0.5B (the default draft) matches 
 }
 
 // The same with its decode step as one persistent launch (CudaOptions::persistent_step, the draft's under
-// TANDEM_CUDA_PERSISTENT_STEP=draft): every layer of the real draft's types and shapes through kernels.h decode_step.
+// --cuda-route persistent-step=draft): every layer of the real draft's types and shapes through kernels.h decode_step.
 TEST_CASE("real: the persistent decode step on Qwen2.5-Coder-0.5B (the default draft) matches the CPU backend") {
     CudaOptions options;
     options.persistent_step = true;
@@ -641,7 +622,7 @@ TEST_CASE("cuda backend: logits with CUDA graphs are bitwise those of direct lau
 
 TEST_CASE("cuda backend: staged and persistent matvec loads give bitwise the logits of direct loads" * doctest::test_suite("emu-variants")) {
     // The graph schedule (decodes, a verification call, a truncate, the prefill path, two caches) on stories260K
-    // requantized to q4_0 and q8_0, whose matvecs are the block kernels that TANDEM_CUDA_MATVEC=staged|persistent
+    // requantized to q4_0 and q8_0, whose matvecs are the block kernels that --cuda-route matvec=staged|persistent
     // change (persistent: the emulated device's 8 or 6 blocks walk the 16 to 128 block-rows of its matrices).
     for (GgmlType type : {GgmlType::Q4_0, GgmlType::Q8_0}) {
         CAPTURE(std::string(ggml_type_name(type)));
@@ -680,7 +661,7 @@ void check_verification_bits(const Model& model, const CudaOptions& options) {
 }  // namespace
 
 TEST_CASE("cuda backend: split matvec rows stay near the CPU backend and give a verification call the bits of single tokens" * doctest::test_suite("emu-variants")) {
-    // TANDEM_CUDA_MATVEC=split sums each row in another fixed order than the direct kernel (kernels.h). On a
+    // --cuda-route matvec=split sums each row in another fixed order than the direct kernel (kernels.h). On a
     // synthetic one-layer Q4_0 model whose rows are 2 and 4 walk steps (Q/K/V, gate/up: 256 columns; ffn_down: 512),
     // so that the warps of a row really share it: on the fp32 route, logits within the backends' usual agreement
     // through prefill, decode, a truncate and a verification call (the kernel tests hold the 8-bit route to the
@@ -795,27 +776,6 @@ TEST_CASE("cuda backend: the greedy picks in one launch are those of the two- an
     }
 }
 
-TEST_CASE("cuda backend: overlapping launches are on unless TANDEM_CUDA_PDL=0") {
-    const UnsetEnvAtExit restore("TANDEM_CUDA_PDL");
-    CHECK(cuda_overlap_launches_from_env());
-    CHECK(CudaOptions{}.overlap_launches);
-    setenv("TANDEM_CUDA_PDL", "0", 1);
-    CHECK_FALSE(cuda_overlap_launches_from_env());
-    CHECK_FALSE(CudaOptions{}.overlap_launches);
-    setenv("TANDEM_CUDA_PDL", "1", 1);
-    CHECK(cuda_overlap_launches_from_env());
-}
-
-TEST_CASE("cuda backend: the target's stream priority is on unless TANDEM_CUDA_STREAM_PRIORITY=0") {
-    const UnsetEnvAtExit restore("TANDEM_CUDA_STREAM_PRIORITY");
-    CHECK_FALSE(CudaOptions{}.high_priority);  // tandem and tandem-bench set it for a target
-    CHECK(cuda_stream_priority_from_env());
-    setenv("TANDEM_CUDA_STREAM_PRIORITY", "0", 1);
-    CHECK_FALSE(cuda_stream_priority_from_env());
-    setenv("TANDEM_CUDA_STREAM_PRIORITY", "high", 1);
-    CHECK_THROWS_AS(cuda_stream_priority_from_env(), Error);
-}
-
 TEST_CASE("cuda backend: Q/K/V biases (qwen2) in the fused matvec match the CPU backend and separate launches" * doctest::test_suite("emu-variants")) {
     // stories260K q4_0 given random Q/K/V biases, as a qwen2 model carries them: the CUDA backend adds them inside
     // the fused Q/K/V launch; its logits must follow the CPU backend's (which adds them after its matmuls) and be
@@ -909,8 +869,9 @@ namespace {
 // loads, through CUDA graphs in two thread orders: bitwise the same logits, and the launches of the last step's
 // graph counted. Returns the two options.
 std::pair<CudaOptions, CudaOptions> check_int8_fusion(const Model& model, int fused_nodes, int separate_nodes,
-                                                      std::optional<cuda::MatvecLoads> fused_loads = {}) {
-    CudaOptions fused, separate;
+                                                      std::optional<cuda::MatvecLoads> fused_loads = {},
+                                                      const CudaOptions& base = {}) {
+    CudaOptions fused = base, separate = base;
     if (fused_loads) fused.matvec_loads = *fused_loads;
     fused.attention_split = separate.attention_split = 4;
     fused.int8_activations = separate.int8_activations = true;
@@ -981,45 +942,30 @@ TEST_CASE("cuda backend: 8-bit activations in a Q4_0 model: the attention output
     // and down; plus the output projection's quantize. Direct loads quantize after the gate/up launch: one more.
     check_int8_fusion(*model, 3 + 2 * 5 + 1, 2 + 2 * (12 + 7) + 2);
     check_int8_fusion(*model, 3 + 2 * 6 + 1, 2 + 2 * (12 + 7) + 2, cuda::MatvecLoads::Direct);
-    // TANDEM_CUDA_GATE_UP_Q8=0 (gate_up_quantizes false): the quantize launch after the staged gate/up launch.
-    const UnsetEnvAtExit restore("TANDEM_CUDA_GATE_UP_Q8");
-    setenv("TANDEM_CUDA_GATE_UP_Q8", "0", 1);
-    check_int8_fusion(*model, 3 + 2 * 6 + 1, 2 + 2 * (12 + 7) + 2);
-    // TANDEM_CUDA_QKV_ROPE=0 (qkv_rope false): RoPE's own launch after the Q/K/V launch, and no angles.
-    const UnsetEnvAtExit restore_rope("TANDEM_CUDA_QKV_ROPE");
-    setenv("TANDEM_CUDA_QKV_ROPE", "0", 1);
-    check_int8_fusion(*model, 2 + 2 * 7 + 1, 2 + 2 * (12 + 7) + 2);
-    // TANDEM_CUDA_MATVEC_NORM=0 (matvec_norm false): an add_rms_norm launch after attn_output and ffn_down.
-    const UnsetEnvAtExit restore_norm("TANDEM_CUDA_MATVEC_NORM");
-    setenv("TANDEM_CUDA_MATVEC_NORM", "0", 1);
-    check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2);
+    // gate_up_quantizes false (--cuda-route gate-up-q8=0): the quantize launch after the staged gate/up launch.
+    CudaOptions base;
+    base.gate_up_quantizes = false;
+    check_int8_fusion(*model, 3 + 2 * 6 + 1, 2 + 2 * (12 + 7) + 2, {}, base);
+    // qkv_rope false too (--cuda-route qkv-rope=0): RoPE's own launch after the Q/K/V launch, and no angles.
+    base.qkv_rope = false;
+    check_int8_fusion(*model, 2 + 2 * 7 + 1, 2 + 2 * (12 + 7) + 2, {}, base);
+    // matvec_norm false too (--cuda-route matvec-norm=0): an add_rms_norm launch after attn_output and ffn_down.
+    base.matvec_norm = false;
+    check_int8_fusion(*model, 2 + 2 * 9 + 1, 2 + 2 * (12 + 7) + 2, {}, base);
 }
 
-TEST_CASE("cuda backend: TANDEM_CUDA_MATVEC=staged split or persistent selects those loads") {
-    const UnsetEnvAtExit restore("TANDEM_CUDA_MATVEC");
-    CHECK_FALSE(cuda_matvec_loads_from_env().has_value());  // unset: each type's measured loads
-    setenv("TANDEM_CUDA_MATVEC", "auto", 1);
-    CHECK_FALSE(cuda_matvec_loads_from_env().has_value());
-    setenv("TANDEM_CUDA_MATVEC", "staged", 1);
-    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Staged);
-    CHECK(CudaOptions{}.matvec_loads == cuda::MatvecLoads::Staged);
-    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Staged);
-    setenv("TANDEM_CUDA_MATVEC", "split", 1);
-    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Split);
-    CHECK(std::string(cuda::matvec_loads_name(*CudaOptions{}.matvec_loads)) == "split");
-    setenv("TANDEM_CUDA_MATVEC", "persistent", 1);
-    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Persistent);
-    CHECK(std::string(cuda::matvec_loads_name(*CudaOptions{}.matvec_loads)) == "persistent");
-    setenv("TANDEM_CUDA_MATVEC", "direct", 1);
-    CHECK(cuda_matvec_loads_from_env() == cuda::MatvecLoads::Direct);
-    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Direct);
+TEST_CASE("cuda backend: matvec_loads overrides every type's loads") {
+    CHECK_FALSE(CudaOptions{}.matvec_loads.has_value());  // each type's measured loads
+    CudaOptions o;
+    o.matvec_loads = cuda::MatvecLoads::Staged;
+    CHECK(o.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Staged);
+    o.matvec_loads = cuda::MatvecLoads::Direct;
+    CHECK(o.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Direct);
 }
 
 // The defaults a GPU measured (cuda_backend.h measured_matvec_route): Q4_0 8-bit and staged, the rest fp32 and
 // direct; the two switches override each half for every type.
 TEST_CASE("cuda backend: each weight type takes its measured matvec route unless a switch overrides it") {
-    const UnsetEnvAtExit restore_loads("TANDEM_CUDA_MATVEC");
-    const UnsetEnvAtExit restore_int8("TANDEM_CUDA_INT8");
     const CudaOptions measured;
     CHECK(measured.matvec_route(GgmlType::Q4_0).int8);
     CHECK(measured.matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);
@@ -1033,76 +979,14 @@ TEST_CASE("cuda backend: each weight type takes its measured matvec route unless
     CHECK(fp32_route().matvec_route(GgmlType::Q4_0).loads == cuda::MatvecLoads::Staged);  // loads still measured
     CHECK(describe_matvec_routes(measured) ==
           "fp32 activations, direct loads (q4_0: 8-bit activations, staged loads)");
-    setenv("TANDEM_CUDA_INT8", "1", 1);
-    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).int8);
-    CHECK(CudaOptions{}.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Direct);
-    CHECK(describe_matvec_routes(CudaOptions{}) ==
+    CudaOptions overridden;
+    overridden.int8_activations = true;  // --cuda-route int8=1
+    CHECK(overridden.matvec_route(GgmlType::Q4_K).int8);
+    CHECK(overridden.matvec_route(GgmlType::Q4_K).loads == cuda::MatvecLoads::Direct);
+    CHECK(describe_matvec_routes(overridden) ==
           "8-bit activations, direct loads (q4_0: 8-bit activations, staged loads)");
-    setenv("TANDEM_CUDA_MATVEC", "split", 1);
-    CHECK(describe_matvec_routes(CudaOptions{}) == "8-bit activations, split loads");
-}
-
-TEST_CASE("cuda backend: a TANDEM_CUDA_* switch with an unknown value is an error naming the variable") {
-    struct Switch {
-        const char* name;
-        const char* typo;
-        const char* accepted;
-        bool (*read)();
-    };
-    const Switch switches[] = {
-        {"TANDEM_CUDA_GRAPHS", "off", "expected 1 or 0", [] { return cuda_graphs_from_env(); }},
-        {"TANDEM_CUDA_MATVEC", "splt", "expected auto, direct, staged, split or persistent",
-         [] { return cuda_matvec_loads_from_env().has_value(); }},
-        {"TANDEM_CUDA_FUSED_MATVECS", "no", "expected 1 or 0", [] { return cuda_fused_matvecs_from_env(); }},
-        {"TANDEM_CUDA_INT8", "yes", "expected auto, 0 or 1",
-         [] { return cuda_int8_activations_from_env().has_value(); }},
-        {"TANDEM_CUDA_GEMM", "Int8", "expected cublas, int8 or simt", [] { return cuda_int8_gemm_from_env(); }},
-        {"TANDEM_CUDA_PDL", "2", "expected 1 or 0", [] { return cuda_overlap_launches_from_env(); }},
-        {"TANDEM_CUDA_GATE_UP_Q8", "no", "expected 1 or 0", [] { return cuda_gate_up_q8_from_env(); }},
-        {"TANDEM_CUDA_QKV_ROPE", "off", "expected 1 or 0", [] { return cuda_qkv_rope_from_env(); }},
-        {"TANDEM_CUDA_MATVEC_NORM", "no", "expected 1 or 0", [] { return cuda_matvec_norm_from_env(); }},
-        {"TANDEM_CUDA_ONE_LAUNCH_PICKS", "yes", "expected 1 or 0", [] { return cuda_one_launch_picks_from_env(); }},
-    };
-    for (const Switch& sw : switches) {
-        CAPTURE(std::string(sw.name));
-        const UnsetEnvAtExit restore(sw.name);
-        const bool unset = sw.read();
-        setenv(sw.name, "", 1);
-        CHECK(sw.read() == unset);  // empty is the default, as unset
-        setenv(sw.name, sw.typo, 1);
-        std::string message;
-        try {
-            sw.read();
-        } catch (const Error& e) {
-            message = e.what();
-        }
-        CHECK(message == std::string(sw.name) + "=" + sw.typo + ": " + sw.accepted);
-        CHECK_THROWS_AS(CudaOptions{}, Error);
-    }
-    const UnsetEnvAtExit restore("TANDEM_CUDA_GEMM");
-    setenv("TANDEM_CUDA_GEMM", "cuBLAS", 1);
-    CHECK_THROWS_AS(CudaBackend::use_blas(), Error);
-}
-
-TEST_CASE("cuda backend: TANDEM_CUDA_INT8=1 selects 8-bit activations") {
-    const UnsetEnvAtExit restore("TANDEM_CUDA_INT8");
-    CHECK_FALSE(cuda_int8_activations_from_env().has_value());  // unset: each type's measured route
-    setenv("TANDEM_CUDA_INT8", "1", 1);
-    CHECK(cuda_int8_activations_from_env() == true);
-    CHECK(CudaOptions{}.int8_activations == true);
-    setenv("TANDEM_CUDA_INT8", "0", 1);
-    CHECK(cuda_int8_activations_from_env() == false);
-    setenv("TANDEM_CUDA_INT8", "auto", 1);
-    CHECK_FALSE(cuda_int8_activations_from_env().has_value());
-}
-
-TEST_CASE("cuda backend: TANDEM_CUDA_FUSED_MATVECS=0 launches Q/K/V and gate/up one by one") {
-    const UnsetEnvAtExit restore("TANDEM_CUDA_FUSED_MATVECS");
-    CHECK(cuda_fused_matvecs_from_env());
-    CHECK(CudaOptions{}.fused_matvecs);
-    setenv("TANDEM_CUDA_FUSED_MATVECS", "0", 1);
-    CHECK_FALSE(cuda_fused_matvecs_from_env());
-    CHECK_FALSE(CudaOptions{}.fused_matvecs);
+    overridden.matvec_loads = cuda::MatvecLoads::Split;  // --cuda-route matvec=split
+    CHECK(describe_matvec_routes(overridden) == "8-bit activations, split loads");
 }
 
 TEST_CASE("cuda backend: restricted logits are the unrestricted ones on the kept ids and -inf elsewhere") {
@@ -1229,16 +1113,12 @@ TEST_CASE("cuda backend: a draft on the device restricted to part of the vocabul
     CHECK(unrestricted.spec.accepted == unrestricted.spec.drafted);
 }
 
-TEST_CASE("cuda backend: TANDEM_CUDA_GRAPHS=0 turns the graphs off") {
+TEST_CASE("cuda backend: graphs false (--cuda-route graphs=0) turns the graphs off") {
     auto model = Model::load(kData + "/stories260K.gguf");
-    const UnsetEnvAtExit restore("TANDEM_CUDA_GRAPHS");
-    CHECK(cuda_graphs_from_env());
     CHECK(CudaOptions{}.graphs);
-    setenv("TANDEM_CUDA_GRAPHS", "1", 1);
-    CHECK(cuda_graphs_from_env());
-    setenv("TANDEM_CUDA_GRAPHS", "0", 1);
-    CHECK_FALSE(cuda_graphs_from_env());
-    CudaBackend gpu(*model, 8);
+    CudaOptions options;
+    options.graphs = false;
+    CudaBackend gpu(*model, 8, {}, options);
     CHECK_FALSE(gpu.options().graphs);
     auto cache = gpu.new_cache(8);
     std::vector<float> logits(model->config.n_vocab);

@@ -29,11 +29,11 @@
 #include "emu/cuda_emu.h"
 #endif
 #include "error.h"
-#include "generator.h"
-#include "gguf.h"
-#include "model.h"
-#include "quantize_model.h"
-#include "synthetic_model.h"
+#include "generate/generator.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
+#include "convert/quantize_model.h"
+#include "common/synthetic_model.h"
 #include "test_paths.h"
 
 using namespace tandem;
@@ -341,18 +341,7 @@ TEST_CASE("persistent decode step: a draft taking it keeps the speculative outpu
     CHECK(speculative.spec.accepted * 10 >= speculative.spec.drafted * 9);
 }
 
-TEST_CASE("persistent decode step: TANDEM_CUDA_PERSISTENT_STEP turns it on for a draft or for every backend") {
-    const char* name = "TANDEM_CUDA_PERSISTENT_STEP";
-    unsetenv(name);
-    CHECK(!cuda_persistent_step_from_env(true));
-    setenv(name, "draft", 1);
-    CHECK(cuda_persistent_step_from_env(true));
-    CHECK(!cuda_persistent_step_from_env(false));
-    setenv(name, "all", 1);
-    CHECK(cuda_persistent_step_from_env(false));
-    setenv(name, "on", 1);
-    CHECK_THROWS_AS(cuda_persistent_step_from_env(true), Error);
-    unsetenv(name);
+TEST_CASE("persistent decode step: off by default, and a model the kernel cannot take keeps the usual launches") {
     // Off by default, and a model the kernel cannot take (here: a q8_0 KV cache) keeps the usual launches.
     auto model = stories(GgmlType::F32);
     CHECK(!CudaOptions{}.persistent_step);

@@ -21,7 +21,7 @@
 #include "cpu/quant.h"
 #include "cpu/thread_pool.h"
 #include "device.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernels.h"
 #include "random_blocks.h"
 
@@ -180,7 +180,7 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
                 const double e = relative_error(y, std::vector<double>(ref16.begin(), ref16.begin() + y.size()), finite);
                 CHECK(finite);
                 CHECK(e < 1e-5);  // fp32 sums of exactly dequantized products
-                // Staged loads (TANDEM_CUDA_MATVEC=staged) and the persistent grid (=persistent; on a GPU, blocks
+                // Staged loads (--cuda-route matvec=staged) and the persistent grid (=persistent; on a GPU, blocks
                 // walking several block-rows where the matrix has more rows than fit at once): bitwise the same sums.
                 for (cuda::MatvecLoads loads : {cuda::MatvecLoads::Staged, cuda::MatvecLoads::Persistent}) {
                     CAPTURE(std::string(cuda::matvec_loads_name(loads)));
@@ -190,7 +190,7 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
                     const std::vector<float> ys = download(ds);
                     CHECK(std::memcmp(ys.data(), y.data(), y.size() * 4) == 0);
                 }
-                // Split rows (TANDEM_CUDA_MATVEC=split; the float types load directly): another fixed order, as
+                // Split rows (--cuda-route matvec=split; the float types load directly): another fixed order, as
                 // close to the reference; the first token's sums bitwise those of the token alone (n = 1, the first
                 // pass, kept in split_alone).
                 cuda::DeviceBuffer dp = poisoned_floats(static_cast<size_t>(n) * s.rows);
@@ -218,7 +218,7 @@ TEST_CASE("cuda ops through device memory: matvec and the prefill GEMM for every
 }
 
 TEST_CASE("cuda ops through device memory: persistent matvec blocks give bitwise the direct sums, SwiGLU and 8-bit too") {
-    // TANDEM_CUDA_MATVEC=persistent launches the blocks the device holds at once, each walking block-rows one after
+    // --cuda-route matvec=persistent launches the blocks the device holds at once, each walking block-rows one after
     // another; with the SwiGLU epilogue its up sums alternate between two shared buffers, a race only real
     // concurrency could show (on a GPU these shapes give every block several block-rows: a 1.5B model's FFN, 8,960
     // rows of gate and up, and Q/K/V-like targets). Both activations; every row against the direct kernel's bits.

@@ -14,8 +14,8 @@
 #include "cuda/cuda_backend.h"
 #include "device.h"
 #include "error.h"
-#include "generator.h"
-#include "model.h"
+#include "generate/generator.h"
+#include "model/model.h"
 #include "test_paths.h"
 
 using namespace tandem;

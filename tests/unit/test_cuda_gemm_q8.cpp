@@ -15,7 +15,7 @@
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "emu/cuda_emu.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernels.h"
 #include "random_blocks.h"
 

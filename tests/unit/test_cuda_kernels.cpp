@@ -21,7 +21,7 @@
 #include "cpu/quant.h"
 #include "device.h"
 #include "emu/cuda_emu.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernel_test_helpers.h"
 #include "kernels.h"
 #include "random_blocks.h"
@@ -255,7 +255,7 @@ TEST_CASE("cuda kernels: staged matvec loads give bitwise the direct loads' sums
 }
 
 TEST_CASE("cuda kernels: persistent matvec blocks walk several block-rows and give bitwise the direct loads' sums") {
-    // TANDEM_CUDA_MATVEC=persistent launches only the blocks the device holds at once (the emulation reports one
+    // --cuda-route matvec=persistent launches only the blocks the device holds at once (the emulation reports one
     // SM: 8 blocks for one token, 6 for more), each walking every gridDim.x-th block-row and requesting the next
     // row's first chunk before decoding the current row's last. The shapes give blocks two to five block-rows: a
     // matrix of 70 rows (18 block-rows, the last half full), a picked subset of 41 rows, Q/K/V-like targets of 36,
@@ -378,7 +378,7 @@ TEST_CASE("cuda kernels: the persistent route runs the staged kernel where its b
 }
 
 TEST_CASE("cuda kernels: split matvec rows are within rounding of a double dot and bitwise alike for any token count") {
-    // Split (TANDEM_CUDA_MATVEC=split): a block's four warps share one row, each walking a contiguous range of whole
+    // Split (--cuda-route matvec=split): a block's four warps share one row, each walking a contiguous range of whole
     // walk steps, and one thread per token adds the four partial sums in warp order. The widths: one walk step (the
     // other three warps idle), steps that do not divide by four (33 legacy blocks: ranges of 12, 12, 9 and none;
     // 5 super-blocks: 2, 2, 1, none), and 7680 columns. Each sum is another fp32 order than the direct kernel's, so

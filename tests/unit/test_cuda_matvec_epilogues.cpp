@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "emu/cuda_emu.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernel_test_helpers.h"
 #include "kernels.h"
 #include "random_blocks.h"

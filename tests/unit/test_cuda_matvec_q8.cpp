@@ -16,7 +16,7 @@
 #include "cpu/quant.h"
 #include "cpu/quant_q8.h"
 #include "emu/cuda_emu.h"
-#include "ggml_types.h"
+#include "gguf/ggml_types.h"
 #include "kernels.h"
 #include "random_blocks.h"
 

@@ -1,5 +1,5 @@
 // Tests of the device sampling helpers (kernels/sampling.cu) on the CPU emulation against the CPU sampler
-// (src/sampler.cpp) and plain references: argmax, softmax with temperature, top-k, and the gathers of speculative
+// (src/sample/sampler.cpp) and plain references: argmax, softmax with temperature, top-k, and the gathers of speculative
 // verification. Vocabulary sizes 1, 31, 32000 and 151,936 (Qwen2's), NaN / inf / signed-zero inputs and ties, in two
 // or three thread orders; outputs start as NaN / -7 so that an element the kernels forgot shows up.
 #include <doctest/doctest.h>
@@ -16,7 +16,7 @@
 
 #include "emu/cuda_emu.h"
 #include "kernels.h"
-#include "sampler.h"
+#include "sample/sampler.h"
 
 using namespace tandem;
 using tandem::emu::LaunchOptions;

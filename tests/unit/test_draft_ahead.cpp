@@ -18,9 +18,9 @@
 
 #include "backend_doubles.h"
 #include "cpu/cpu_backend.h"
-#include "generator.h"
-#include "model.h"
-#include "sampler.h"
+#include "generate/generator.h"
+#include "model/model.h"
+#include "sample/sampler.h"
 #include "spec_test_models.h"
 #include "test_paths.h"
 

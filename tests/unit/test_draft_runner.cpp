@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "cpu/cpu_backend.h"
-#include "draft_runner.h"
-#include "model.h"
-#include "sampler.h"
+#include "generate/draft_runner.h"
+#include "model/model.h"
+#include "sample/sampler.h"
 #include "test_paths.h"
 
 using namespace tandem;

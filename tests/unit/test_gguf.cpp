@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "error.h"
-#include "gguf.h"
-#include "gguf_writer.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "test_paths.h"
 
 using namespace tandem;

@@ -16,12 +16,12 @@
 #include "cpu/cpu_backend.h"
 #include "cuda/cuda_backend.h"
 #include "error.h"
-#include "generator.h"
-#include "gguf.h"
-#include "model.h"
+#include "generate/generator.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
 #include "backend_doubles.h"
-#include "quantize_model.h"
-#include "sampler.h"
+#include "convert/quantize_model.h"
+#include "sample/sampler.h"
 #include "test_paths.h"
 
 using namespace tandem;

@@ -16,11 +16,11 @@
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
 #include "error.h"
-#include "generator.h"
-#include "gguf.h"
-#include "model.h"
+#include "generate/generator.h"
+#include "gguf/gguf.h"
+#include "model/model.h"
 #include "reference_files.h"
-#include "synthetic_model.h"
+#include "common/synthetic_model.h"
 #include "test_paths.h"
 
 using namespace tandem;

@@ -12,9 +12,10 @@
 #include "backend.h"
 #include "cpu/cpu_backend.h"
 #include "error.h"
-#include "model.h"
-#include "model_registry.h"
-#include "perplexity.h"
+#include "model/model.h"
+#include "app/environment.h"
+#include "app/model_registry.h"
+#include "generate/perplexity.h"
 #include "test_paths.h"
 
 using namespace tandem;
@@ -210,7 +211,7 @@ namespace {
 // llama.cpp's `llama-perplexity -f` does (one trailing newline dropped, no BOS for these models).
 double real_model_perplexity(const std::string& name, int windows) {
     const auto path = installed_path(name);
-    if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
+    if (!path) FAIL("model " << name << " is missing from " << environment().models_dir << ": run scripts/fetch-models");
     auto model = Model::load(*path);
     std::ifstream in(kData + "/gpl-3.txt", std::ios::binary);
     REQUIRE(in.good());

@@ -25,12 +25,12 @@
 #include "cpu/quant.h"
 #include "cpu/thread_pool.h"
 #include "error.h"
-#include "gguf.h"
-#include "gguf_writer.h"
-#include "model_config.h"
-#include "synthetic_model.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
+#include "model/model_config.h"
+#include "common/synthetic_model.h"
 #include "test_paths.h"
-#include "weights.h"
+#include "model/weights.h"
 
 using namespace tandem;
 using namespace tandem::cpu;
@@ -94,6 +94,12 @@ TEST_CASE("quant types: the CPU supports every common GGUF type and quantizes on
         const bool writes = t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::Q8_0 || t == GgmlType::Q4_0;
         CHECK(cpu_can_quantize(t) == writes);
     }
+    // The type table's `supported` (what Weights accepts at load) is exactly the set the CPU kernels handle.
+    for (uint32_t id = 0; id < 64; ++id)
+        if (const auto info = ggml_type_info(id)) {
+            CAPTURE(info->name);
+            CHECK(info->supported == cpu_supports(static_cast<GgmlType>(id)));
+        }
     CHECK_FALSE(cpu_supports(GgmlType::Q8_K));
     CHECK_FALSE(cpu_supports(GgmlType::IQ4_XS));
     float x[256] = {};

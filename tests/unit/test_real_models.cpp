@@ -15,12 +15,13 @@
 #include <sstream>
 
 #include "cpu/cpu_backend.h"
-#include "generator.h"
-#include "gguf.h"
+#include "generate/generator.h"
+#include "gguf/gguf.h"
 #include "mini_json.h"
-#include "model.h"
-#include "model_registry.h"
-#include "synthetic_model.h"
+#include "model/model.h"
+#include "app/environment.h"
+#include "app/model_registry.h"
+#include "common/synthetic_model.h"
 #include "test_paths.h"
 
 using namespace tandem;
@@ -38,7 +39,7 @@ std::string read_text(const std::string& path) {
 
 std::unique_ptr<Model> load_real(const std::string& name) {
     const auto path = installed_path(name);
-    if (!path) FAIL("model " << name << " is missing from " << models_dir() << ": run scripts/fetch-models");
+    if (!path) FAIL("model " << name << " is missing from " << environment().models_dir << ": run scripts/fetch-models");
     return Model::load(*path);
 }
 

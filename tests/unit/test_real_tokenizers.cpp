@@ -9,11 +9,12 @@
 #include <fstream>
 #include <sstream>
 
-#include "gguf.h"
+#include "gguf/gguf.h"
 #include "mini_json.h"
-#include "model_registry.h"
+#include "app/environment.h"
+#include "app/model_registry.h"
 #include "test_paths.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 using namespace tandem;
 
@@ -31,7 +32,7 @@ std::string read_text(const std::string& path) {
 
 void check_tokenizer(const std::string& name, const std::string& reference_file, const std::string& pre) {
     const auto path = installed_path(name);
-    if (!path) FAIL("model missing: run scripts/fetch-models (" << name << " is not in " << models_dir() << ")");
+    if (!path) FAIL("model missing: run scripts/fetch-models (" << name << " is not in " << environment().models_dir << ")");
     const auto tok = Tokenizer::from_gguf(*GgufFile::open(*path));
     CHECK(tok->model_type() == "gpt2");
     CHECK(tok->pre_tokenizer() == pre);

@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "model_registry.h"
+#include "app/model_registry.h"
 #include "test_paths.h"
 
 namespace fs = std::filesystem;
@@ -28,25 +28,6 @@ std::string slurp(const fs::path& p) {
     ss << in.rdbuf();
     return ss.str();
 }
-
-// Sets (or unsets, with nullopt) an environment variable for the lifetime of the guard.
-struct EnvGuard {
-    std::string name;
-    std::optional<std::string> old;
-    EnvGuard(const char* n, const std::optional<std::string>& value) : name(n) {
-        if (const char* v = std::getenv(n)) old = v;
-        if (value)
-            setenv(n, value->c_str(), 1);
-        else
-            unsetenv(n);
-    }
-    ~EnvGuard() {
-        if (old)
-            setenv(name.c_str(), old->c_str(), 1);
-        else
-            unsetenv(name.c_str());
-    }
-};
 
 struct TempDir {
     fs::path path;
@@ -124,21 +105,6 @@ TEST_CASE("registry: defaults are the 1.5B target and the 0.5B draft") {
     CHECK(tandem::find_known_model("no-such-model") == nullptr);
 }
 
-TEST_CASE("registry: models_dir follows TANDEM_MODELS_DIR, then XDG_CACHE_HOME, then HOME") {
-    {
-        EnvGuard a("TANDEM_MODELS_DIR", "/x/models"), b("XDG_CACHE_HOME", "/y");
-        CHECK(tandem::models_dir() == "/x/models");
-    }
-    {
-        EnvGuard a("TANDEM_MODELS_DIR", ""), b("XDG_CACHE_HOME", "/y");  // empty counts as unset
-        CHECK(tandem::models_dir() == "/y/tandem/models");
-    }
-    {
-        EnvGuard a("TANDEM_MODELS_DIR", std::nullopt), b("XDG_CACHE_HOME", std::nullopt), c("HOME", "/home/u");
-        CHECK(tandem::models_dir() == "/home/u/.cache/tandem/models");
-    }
-}
-
 TEST_CASE("registry: installed_path needs the file with its exact size") {
     TempDir dir;
     const std::string d = dir.path.string();
@@ -151,12 +117,9 @@ TEST_CASE("registry: installed_path needs the file with its exact size") {
     CHECK(*tandem::installed_path(small.name, d) == (dir.path / small.file).string());
     CHECK_FALSE(tandem::installed_path("no-such-model", d));
 
-    // The no-argument form reads the directory from the environment.
-    EnvGuard env("TANDEM_MODELS_DIR", d);
-    CHECK(tandem::installed_path(small.name).has_value());
-    CHECK_FALSE(tandem::installed_path(tandem::default_target()).has_value());
+    CHECK_FALSE(tandem::installed_path(tandem::default_target(), d).has_value());
 
-    const std::string table = tandem::list_installed_table();
+    const std::string table = tandem::list_installed_table(d);
     CHECK(table.find(small.name) != std::string::npos);
     CHECK(table.find((dir.path / small.file).string()) != std::string::npos);
     CHECK(table.find("not installed:") != std::string::npos);

@@ -24,7 +24,7 @@
 #include "error.h"
 #include "q8_problem.h"
 #include "random_blocks.h"
-#include "weights.h"
+#include "model/weights.h"
 
 using namespace tandem;
 using namespace tandem::cpu;

@@ -27,7 +27,7 @@
 #include "cpu/repack_cache.h"
 #include "cpu/thread_pool.h"
 #include "random_blocks.h"
-#include "weights.h"
+#include "model/weights.h"
 
 using namespace tandem;
 using namespace tandem::cpu;

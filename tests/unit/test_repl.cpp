@@ -6,9 +6,9 @@
 
 #include "cpu/cpu_backend.h"
 #include "error.h"
-#include "generator.h"
-#include "model.h"
-#include "repl_session.h"
+#include "generate/generator.h"
+#include "model/model.h"
+#include "app/repl_session.h"
 #include "test_paths.h"
 
 using namespace tandem;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "error.h"
-#include "sampler.h"
+#include "sample/sampler.h"
 
 using tandem::Rng;
 using tandem::Sampler;

@@ -16,17 +16,17 @@
 
 #include "cpu/cpu_backend.h"
 #include "error.h"
-#include "generator.h"
-#include "gguf_writer.h"
-#include "llama2c.h"
-#include "model.h"
-#include "quantize_model.h"
+#include "generate/generator.h"
+#include "gguf/gguf_writer.h"
+#include "convert/llama2c.h"
+#include "model/model.h"
+#include "convert/quantize_model.h"
 #include "reference_files.h"
 #include "spec_test_models.h"
-#include "speculative.h"
-#include "synthetic_model.h"
+#include "generate/speculative.h"
+#include "common/synthetic_model.h"
 #include "test_paths.h"
-#include "vocab_check.h"
+#include "text/vocab_check.h"
 
 using namespace tandem;
 using test::chi_square;

@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "stream_write.h"
+#include "app/stream_write.h"
 
 using namespace tandem;
 

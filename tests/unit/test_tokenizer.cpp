@@ -14,12 +14,12 @@
 #include <sstream>
 
 #include "error.h"
-#include "gguf.h"
-#include "gguf_writer.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "reference_files.h"
-#include "sentencepiece_proto.h"
+#include "text/sentencepiece_proto.h"
 #include "test_paths.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 using namespace tandem;
 

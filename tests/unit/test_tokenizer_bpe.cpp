@@ -16,13 +16,13 @@
 #include <unistd.h>
 
 #include "error.h"
-#include "gguf.h"
-#include "gguf_writer.h"
+#include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "reference_files.h"
 #include "test_paths.h"
-#include "tokenizer.h"
-#include "chat_prompt.h"
-#include "chat_template.h"
+#include "text/tokenizer.h"
+#include "text/chat_prompt.h"
+#include "text/chat_template.h"
 
 using namespace tandem;
 

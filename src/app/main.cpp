@@ -1,0 +1,215 @@
+// tandem's command line: flags → options, then a Session (model, draft, backends) and either the chat REPL or a
+// one-shot answer streamed to stdout. No logic of its own beyond that wiring.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <sstream>
+
+#include "app/environment.h"
+#include "app/model_registry.h"
+#include "app/one_shot.h"
+#include "app/repl.h"
+#include "app/session.h"
+#include "cpu/cpu_backend.h"
+#include "cpu/repack_cache.h"
+#include "error.h"
+
+namespace {
+
+struct Options {
+    std::string prompt;
+    std::string prompt_file;
+    std::string system_prompt;
+    std::string draft_requant = "q4_0";
+    std::string kv_type = "f16";
+    int n_predict = -1;
+    int chunk = 256;
+    int threads = 0;
+    bool list_models = false;
+    bool echo = false;
+    bool stats = false;
+    bool verbose = false;
+    bool chat = false;  // --chat, or a terminal on stdin with no prompt
+    tandem::SessionOptions session;
+    tandem::GenerationParams gen;
+};
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw tandem::Error(path + ": cannot open the prompt file: " + std::strerror(errno));
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+std::string read_stdin() {
+    std::ostringstream ss;
+    ss << std::cin.rdbuf();
+    return ss.str();
+}
+
+int run(Options& opt) {
+    // No prompt and a terminal on stdin opens the chat REPL; --chat runs the same loop over a pipe.
+    const bool chat = opt.chat || (opt.prompt.empty() && opt.prompt_file.empty() && isatty(STDIN_FILENO));
+    std::string prompt = opt.prompt;
+    if (prompt.empty() && !opt.prompt_file.empty()) {
+        prompt = read_file(opt.prompt_file);
+    } else if (prompt.empty() && !chat) {
+        prompt = read_stdin();
+    }
+    tandem::SessionOptions& so = opt.session;
+    so.draft_requant = tandem::parse_requant(opt.draft_requant);
+    so.draft_vocab = opt.gen.speculative.draft_vocab;
+    so.backends = tandem::backend_settings("tandem", opt.threads, opt.chunk, opt.kv_type, /*long_lived=*/chat,
+                                           opt.verbose);
+    tandem::Session session(so);
+
+    tandem::GenerationParams params = opt.gen;
+    params.n_predict = opt.n_predict;
+    params.chunk = opt.chunk;
+    if (chat) {
+        tandem::ReplConfig rc;
+        rc.chat_template = session.chat_template();
+        rc.system = opt.system_prompt;
+        rc.params = params;
+        rc.interactive = isatty(STDIN_FILENO);
+        const std::string& name = session.model().config.name;
+        rc.model_name = name.empty() ? session.model_path() : name;
+        tandem::Generator generator(session.model(), session.backend(), session.cache(), session.draft());
+        return tandem::run_repl(session.model(), generator, session.cache(), session.draft(), rc);
+    }
+    return tandem::run_one_shot(session, {.prompt = prompt, .system = opt.system_prompt, .echo = opt.echo,
+                                          .stats = opt.stats, .params = params});
+}
+
+// --list-models: the installed models, and where the disk space of the runs' repacked copies goes
+// (cpu/repack_cache.h).
+int list_models() {
+    std::fputs(tandem::list_installed_table().c_str(), stdout);
+    const std::string& cache_dir = tandem::environment().repack_cache_dir;
+    if (const tandem::cpu::RepackCacheUsage u = tandem::cpu::repack_cache_usage(cache_dir); u.files > 0)
+        std::printf("repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
+                    "safe to delete)\n", u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::signal(SIGPIPE, SIG_IGN);  // a closed stdout shows up as a failed write, which ends generation quietly
+    Options opt;
+    CLI::App app{"tandem: local LLM inference from a GGUF file (streams generated text to stdout)"};
+    app.add_option("-m,--model", opt.session.model,
+                   "GGUF model file or installed model name (default: " + tandem::default_target() + ")");
+    app.add_flag("--no-draft", opt.session.no_draft, "do not use a draft model (not even the default one)");
+    app.add_flag("--list-models", opt.list_models, "list the installed models and exit");
+    app.add_flag("--raw", opt.session.raw, "feed the prompt as it is, without the model's chat template");
+    app.add_option("--system", opt.system_prompt, "system prompt (instruct models)");
+    app.add_option("--chat-template", opt.session.chat_template, "chat template family instead of the model's")
+        ->check(CLI::IsMember(tandem::ChatTemplate::names()));
+    app.add_option("-p,--prompt", opt.prompt, "prompt text");
+    app.add_flag("--chat", opt.chat,
+                 "chat: one user turn per line of stdin, one answer per line on stdout (a terminal on stdin with "
+                 "no prompt opens the interactive chat)");
+    app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
+    app.add_option("-n,--n-predict", opt.n_predict, "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
+        ->check(CLI::Range(-1, 1 << 30));
+    app.add_option("--temp", opt.gen.sampler.temperature, "temperature (0 = greedy)")
+        ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    app.add_option("--top-k", opt.gen.sampler.top_k, "keep the k most likely tokens (0 = off)")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--top-p", opt.gen.sampler.top_p, "nucleus sampling threshold (1 = off)")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--min-p", opt.gen.sampler.min_p, "drop tokens below min-p × the top probability (0 = off)")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--repeat-penalty", opt.gen.sampler.repeat_penalty, "penalty for recent tokens (1 = off)")
+        ->capture_default_str()->check(CLI::PositiveNumber);
+    app.add_option("--repeat-last-n", opt.gen.sampler.repeat_last_n, "how many recent tokens the penalty sees")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    auto* seed_opt = app.add_option("--seed", opt.gen.sampler.seed, "random seed (default: random)");
+    app.add_option("--stop", opt.gen.stops, "stop before this string (repeatable)")->take_all();
+    app.add_flag("--echo", opt.echo, "print the prompt before the generated text");
+    app.add_flag("--stats", opt.stats, "print timing and throughput statistics to stderr");
+    app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
+    app.add_option("-c,--ctx", opt.session.n_ctx, "context size in tokens (default: the model's, capped to memory)")
+        ->check(CLI::Range(1, 1 << 24));
+    app.add_option("--chunk", opt.chunk, "prompt tokens per prefill step")->capture_default_str()
+        ->check(CLI::Range(1, 1 << 16));
+    app.add_option("--tokenizer", opt.session.tokenizer, "sentencepiece .model overriding the GGUF vocabulary")
+        ->check(CLI::ExistingFile);
+    app.add_option("--backend", opt.session.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option("--kv-type", opt.kv_type,
+                   "KV-cache storage: f16, f32 (CPU: the reference precision, twice the memory), or q8_0 (ggml Q8_0 "
+                   "blocks, about half of f16's memory; the key/value width must be a multiple of 32)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
+    app.add_option("--draft", opt.session.draft, "draft model (same vocabulary) for speculative decoding")
+        ->check(CLI::ExistingFile);
+    app.add_option("--draft-backend", opt.session.draft_backend, "backend of the draft model: auto, cpu, cuda")
+        ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option("--draft-requant", opt.draft_requant,
+                   "a draft on the CPU reads its weights requantized to this type where that makes them smaller "
+                   "(q4_0: the 0.5B draft's Q5_0/Q8_0/Q6_K matrices, 279 MB of copies instead of 393 MB), or none; the output "
+                   "is the target's either way")
+        ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
+    app.add_option("--draft-max", opt.gen.speculative.draft_max, "most tokens drafted per round")
+        ->capture_default_str()->check(CLI::Range(1, 64));
+    app.add_option("--draft-min", opt.gen.speculative.draft_min,
+                   "fewest tokens drafted per round (0 lets tandem fall back to plain decoding when drafting loses)")
+        ->capture_default_str()->check(CLI::Range(0, 64));
+    app.add_option("--draft-p-min", opt.gen.speculative.p_min,
+                   "stop drafting when the draft's top probability falls below this")
+        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+    app.add_option("--draft-vocab", opt.gen.speculative.draft_vocab,
+                   "the draft computes logits only for ids below this (a BPE vocabulary's frequent ones) and those in "
+                   "the context (0: every id); the output is the target's either way")
+        ->capture_default_str()->check(CLI::NonNegativeNumber);
+    app.add_option("--draft-ahead", opt.gen.speculative.draft_ahead,
+                   "draft steps taken while the target verifies, guessing that it accepts every draft: -1 while a GPU "
+                   "target works, 0 never, n up to n every round; the output is the target's either way")
+        ->capture_default_str()->check(CLI::Range(-1, 65));
+    app.add_flag("--lookup", opt.gen.speculative.lookup,
+                 "prompt-lookup drafting: propose what followed the longest earlier match of the context's last tokens");
+    app.add_flag("--spec-trace", opt.gen.speculative.trace,
+                 "one stderr line per speculative round (draft length, drafted, accepted, timings), for diagnosis");
+    app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    if (seed_opt->count() == 0) opt.gen.sampler.seed = std::random_device{}();
+    if (!opt.list_models && opt.gen.speculative.draft_min > opt.gen.speculative.draft_max) {
+        std::fprintf(stderr, "tandem: --draft-min must not exceed --draft-max\n");
+        return 2;
+    }
+    if (!opt.list_models && opt.chat && (!opt.prompt.empty() || !opt.prompt_file.empty())) {
+        std::fprintf(stderr, "tandem: --chat reads its turns from stdin: give no -p or -f\n");
+        return 2;
+    }
+    if (!opt.list_models && !opt.prompt.empty() && !opt.prompt_file.empty()) {
+        std::fprintf(stderr, "tandem: give either -p or -f, not both\n");
+        return 2;
+    }
+    try {
+        tandem::environment();  // read once, before anything runs: a malformed switch is an error here
+        if (opt.list_models) return list_models();
+        tandem::Sampler::validate(opt.gen.sampler);
+        return run(opt);
+    } catch (const tandem::Error& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "tandem: error: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "tandem: error: out of memory\n");
+        return 1;
+    }
+}

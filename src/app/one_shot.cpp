@@ -1,0 +1,70 @@
+// The one-shot run (one_shot.h).
+#include "app/one_shot.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "app/stream_write.h"
+#include "error.h"
+#include "text/chat_prompt.h"
+
+namespace tandem {
+
+namespace {
+
+// Tokens per second as the user sees them; bandwidth from the target forwards actually run (fewer than the tokens
+// when speculation accepts drafts).
+void print_stats(const GenerationStats& st, const Model& model) {
+    const double decode_tps = st.decode_s > 0 ? st.n_generated / st.decode_s : 0.0;
+    const double bytes_per_token = static_cast<double>(model.weights.bytes_per_token());
+    const double gbps = st.decode_s > 0 ? st.n_decode_forwards / st.decode_s * bytes_per_token / 1e9 : 0.0;
+    std::fprintf(stderr,
+                 "\n--- stats ---\n"
+                 "prompt tokens:      %d\n"
+                 "prefill:            %.3f s, %.1f tokens/s\n"
+                 "time to first token: %.3f s\n"
+                 "generated tokens:   %d (stop: %s)\n"
+                 "decode:             %.3f s, %.1f tokens/s\n"
+                 "weight bandwidth:   %.2f GB/s (%.1f MB of weights per token)\n",
+                 st.n_prompt, st.prefill_s, st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0, st.ttft_s,
+                 st.n_generated, stop_reason_name(st.stop), st.decode_s, decode_tps, gbps, bytes_per_token / 1e6);
+    if (st.speculative) std::fputs(st.spec.summary(st.decode_s, st.n_generated).c_str(), stderr);
+}
+
+}  // namespace
+
+int run_one_shot(Session& session, const OneShotOptions& o) {
+    const Model& model = session.model();
+    const std::optional<ChatTemplate>& tmpl = session.chat_template();
+    GenerationParams params = o.params;
+    std::vector<int> tokens;
+    if (tmpl && !tmpl->is_raw()) {
+        std::vector<ChatMessage> messages;
+        if (!o.system.empty()) messages.push_back({"system", o.system});
+        messages.push_back({"user", o.prompt});
+        tokens = tokenize_chat(*model.tokenizer, *tmpl, messages, /*add_generation_prompt=*/true);
+        for (const std::string& marker : tmpl->end_of_turn()) {
+            const int id = model.tokenizer->token_id(marker);
+            if (id >= 0) params.stop_tokens.push_back(id);
+        }
+        if (session.verbose()) std::fprintf(stderr, "tandem: chat template %s\n", tmpl->name().c_str());
+    } else {
+        tokens = model.tokenizer->encode(o.prompt, model.tokenizer->add_bos());
+    }
+    const int n_ctx = session.n_ctx();
+    if (static_cast<int>(tokens.size()) > n_ctx)
+        throw Error("the prompt has " + std::to_string(tokens.size()) + " tokens but the context holds " +
+                    std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
+                    std::to_string(model.config.context_length) + ")");
+
+    if (o.echo && !write_stdout(o.prompt)) return 0;
+    Generator generator(model, session.backend(), session.cache(), session.draft());
+    const GenerationStats st = generator.generate(tokens, params, write_stdout);
+    if (st.stop == StopReason::OutputClosed) return 0;  // the reader went away: end quietly
+    if (st.stop == StopReason::ContextFull)
+        std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
+    if (o.stats) print_stats(st, model);
+    return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,23 @@
+// A one-shot run: the prompt (as one user turn where the model has a chat template) answered once, streamed to
+// stdout, with --stats on stderr.
+#pragma once
+#include <string>
+
+#include "app/session.h"
+#include "generate/generator.h"
+
+namespace tandem {
+
+struct OneShotOptions {
+    std::string prompt;
+    std::string system;        // --system: a system turn before the prompt (instruct models)
+    bool echo = false;         // print the prompt before the answer
+    bool stats = false;        // timing and throughput on stderr
+    GenerationParams params;   // n_predict, chunk, sampler, speculative, stops
+};
+
+// Returns the process's exit status (0; a closed stdout ends the run quietly). Throws Error for a prompt longer
+// than the context.
+int run_one_shot(Session& session, const OneShotOptions& options);
+
+}  // namespace tandem

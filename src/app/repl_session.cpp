@@ -1,0 +1,451 @@
+// ChatSession: conversation → tokens → KV caches, with rollback and context trimming; the /save JSON format.
+#include "app/repl_session.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <span>
+
+#include "backend.h"
+#include "text/chat_prompt.h"
+#include "error.h"
+#include "model/model.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
+
+namespace tandem {
+namespace {
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+// Raw mode: the conversation is one running text. Answers continue the text exactly as generated; a user turn
+// (or the system text) that would otherwise glue onto a word gets one space, so "…park." + "She" reads
+// "…park. She" — a pure function of the messages, so every turn renders the same prefix.
+std::string raw_text(const std::vector<ChatMessage>& messages) {
+    std::string out;
+    for (const ChatMessage& m : messages) {
+        if (m.role != "assistant" && !out.empty() && !m.content.empty() && !is_space(out.back()) &&
+            !is_space(m.content.front()))
+            out += ' ';
+        out += m.content;
+    }
+    return out;
+}
+
+}  // namespace
+
+ChatSession::ChatSession(const Model& model, Generator& generator, KvCache& cache, DraftModel draft,
+                         ChatTemplate tmpl, std::string system)
+    : model_(model), generator_(generator), cache_(cache), draft_(draft), tmpl_(std::move(tmpl)),
+      system_(std::move(system)) {
+    for (const std::string& marker : tmpl_.end_of_turn()) {
+        const int id = model_.tokenizer->token_id(marker);
+        if (id >= 0) stop_tokens_.push_back(id);
+    }
+    // Whatever a caller left in the caches is not ours to trust.
+    cache_.truncate(0);
+    if (draft_.cache) draft_.cache->truncate(0);
+}
+
+std::vector<ChatMessage> ChatSession::full_messages() const {
+    std::vector<ChatMessage> all;
+    all.reserve(messages_.size() + 1);
+    if (!system_.empty()) all.push_back({"system", system_});
+    all.insert(all.end(), messages_.begin(), messages_.end());
+    return all;
+}
+
+std::vector<int> ChatSession::render_tokens(bool generation_prompt) const {
+    const Tokenizer& tok = *model_.tokenizer;
+    if (tmpl_.is_raw()) return tok.encode(raw_text(full_messages()), tok.add_bos());
+    return tokenize_chat(tok, tmpl_, full_messages(), generation_prompt);
+}
+
+int ChatSession::fit_context(int reserve) {
+    const size_t cap = static_cast<size_t>(cache_.capacity());
+    int dropped = 0;
+    for (;;) {
+        if (render_tokens(true).size() + static_cast<size_t>(reserve) <= cap) break;
+        // The exchanges before the last user message may go, oldest first, one whole exchange at a time so the
+        // conversation still opens with a user message.
+        size_t last_user = messages_.size();
+        for (size_t i = messages_.size(); i-- > 0;)
+            if (messages_[i].role == "user") {
+                last_user = i;
+                break;
+            }
+        if (last_user == 0 || last_user == messages_.size()) break;
+        size_t end = 1;
+        while (end < last_user && messages_[end].role != "user") ++end;
+        messages_.erase(messages_.begin(), messages_.begin() + static_cast<std::ptrdiff_t>(end));
+        dropped += static_cast<int>(end);
+    }
+    return dropped;
+}
+
+std::vector<int> ChatSession::sync_caches(const std::vector<int>& target, int* n_reused) {
+    size_t common = 0;
+    while (common < cached_.size() && common < target.size() && cached_[common] == target[common]) ++common;
+    // The Generator needs at least one token to prefill: that forward gives the logits of the first answer token.
+    if (common == target.size()) --common;
+    cache_.truncate(static_cast<int>(common));
+    cached_.resize(common);
+    // The draft's cache keeps the prefix it shares; the Generator catches it up from cached_ only if it drafts.
+    if (draft_.cache) draft_.cache->truncate(static_cast<int>(common));
+    *n_reused = static_cast<int>(common);
+    return std::vector<int>(target.begin() + static_cast<std::ptrdiff_t>(common), target.end());
+}
+
+void ChatSession::rollback_to_conversation() {
+    std::vector<int> target;
+    try {
+        target = render_tokens(false);
+    } catch (const Error&) {
+        // A conversation the template refuses keeps nothing; the next turn reports the problem.
+    }
+    size_t common = 0;
+    while (common < cached_.size() && common < target.size() && cached_[common] == target[common]) ++common;
+    cache_.truncate(static_cast<int>(common));
+    cached_.resize(common);
+    if (draft_.cache) draft_.cache->truncate(static_cast<int>(common));
+}
+
+TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit) {
+    TurnReport report;
+    const int cap = cache_.capacity();
+    const int reserve = params.n_predict > 0 ? std::min(params.n_predict, cap / 2) : cap / 4;
+    report.n_dropped = fit_context(reserve);
+    if (report.n_dropped > 0 && notice)
+        notice("the context of " + std::to_string(cap) + " tokens is full: dropped the " +
+               std::to_string(report.n_dropped) + " oldest message" + (report.n_dropped == 1 ? "" : "s") +
+               (system_.empty() ? "" : " (the system prompt stays)"));
+    const std::vector<int> target = render_tokens(true);
+    if (target.empty()) throw Error("nothing to answer: the conversation renders to no tokens");
+    if (static_cast<int>(target.size()) >= cap)
+        throw Error("the conversation needs " + std::to_string(target.size()) + " tokens but the context holds " +
+                    std::to_string(cap) + " (raise --ctx)");
+    const std::vector<int> prompt = sync_caches(target, &report.n_reused);
+    report.n_conversation = static_cast<int>(target.size());
+
+    GenerationParams p = params;
+    p.stop_tokens.insert(p.stop_tokens.end(), stop_tokens_.begin(), stop_tokens_.end());
+    std::string text;
+    report.stats = generator_.generate(
+        prompt, p,
+        [&](std::string_view piece) {
+            if (!emit(piece)) return false;
+            text += piece;
+            return true;
+        },
+        cached_);
+
+    // The cache holds the prompt and the generated tokens that were fed back (never the last sampled one, and
+    // with speculation possibly accepted drafts past the stop): keep exactly the known prefix.
+    std::vector<int> full = target;
+    full.insert(full.end(), report.stats.generated.begin(), report.stats.generated.end());
+    const int held = std::min(cache_.n_committed(), static_cast<int>(full.size()));
+    cache_.truncate(held);
+    full.resize(static_cast<size_t>(held));
+    cached_ = std::move(full);
+    if (draft_.cache) draft_.cache->truncate(held);
+
+    report.interrupted = report.stats.stop == StopReason::OutputClosed;
+    report.answer = text;
+    messages_.push_back({"assistant", std::move(text)});
+    return report;
+}
+
+TurnReport ChatSession::send(const std::string& user, const GenerationParams& params, const Emit& emit) {
+    const std::vector<ChatMessage> before = messages_;
+    messages_.push_back({"user", user});
+    try {
+        return answer(params, emit);
+    } catch (...) {
+        messages_ = before;
+        throw;
+    }
+}
+
+TurnReport ChatSession::regenerate(const GenerationParams& params, const Emit& emit) {
+    const std::vector<ChatMessage> before = messages_;
+    if (!messages_.empty() && messages_.back().role == "assistant") messages_.pop_back();
+    if (messages_.empty() || messages_.back().role != "user") {
+        messages_ = before;
+        throw Error("there is no answer to regenerate");
+    }
+    try {
+        return answer(params, emit);
+    } catch (...) {
+        messages_ = before;
+        throw;
+    }
+}
+
+bool ChatSession::undo() {
+    size_t last_user = messages_.size();
+    for (size_t i = messages_.size(); i-- > 0;)
+        if (messages_[i].role == "user") {
+            last_user = i;
+            break;
+        }
+    if (last_user == messages_.size()) return false;
+    messages_.erase(messages_.begin() + static_cast<std::ptrdiff_t>(last_user), messages_.end());
+    rollback_to_conversation();
+    return true;
+}
+
+void ChatSession::reset() {
+    messages_.clear();
+    cached_.clear();
+    cache_.truncate(0);
+    if (draft_.cache) draft_.cache->truncate(0);
+}
+
+void ChatSession::set_system(std::string system) {
+    system_ = std::move(system);
+    rollback_to_conversation();
+}
+
+void ChatSession::replace(std::string system, std::vector<ChatMessage> messages) {
+    system_ = std::move(system);
+    messages_ = std::move(messages);
+    rollback_to_conversation();
+}
+
+std::string ChatSession::to_json() const { return conversation_to_json(system_, messages_); }
+
+// ---- JSON ------------------------------------------------------------------------------------------------
+
+std::string json_quote(std::string_view s) {
+    static const char* hex = "0123456789abcdef";
+    std::string out = "\"";
+    for (const char ch : s) {
+        const unsigned char c = static_cast<unsigned char>(ch);
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            case '\b': out += "\\b"; break;
+            case '\f': out += "\\f"; break;
+            default:
+                // Other control characters must be escaped; bytes >= 0x80 (UTF-8) pass through as they are.
+                if (c < 0x20 || c == 0x7f) {
+                    out += "\\u00";
+                    out += hex[c >> 4];
+                    out += hex[c & 15];
+                } else {
+                    out += ch;
+                }
+        }
+    }
+    out += '"';
+    return out;
+}
+
+std::string conversation_to_json(const std::string& system, const std::vector<ChatMessage>& messages) {
+    std::string out = "{\n  \"system\": " + json_quote(system) + ",\n  \"messages\": [";
+    for (size_t i = 0; i < messages.size(); ++i) {
+        out += i ? ",\n    " : "\n    ";
+        out += "{\"role\": " + json_quote(messages[i].role) + ", \"content\": " + json_quote(messages[i].content) + "}";
+    }
+    out += messages.empty() ? "]\n}\n" : "\n  ]\n}\n";
+    return out;
+}
+
+namespace {
+
+// Just enough JSON for the conversation file: strings kept, other values validated and skipped.
+class JsonReader {
+public:
+    static constexpr int kMaxDepth = 256;  // nesting of skipped values (what /save writes has 3 levels)
+
+    explicit JsonReader(std::string_view s) : s_(s) {}
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw Error("conversation JSON: " + what + " at byte " + std::to_string(pos_));
+    }
+    void ws() {
+        while (pos_ < s_.size() && is_space(s_[pos_])) ++pos_;
+    }
+    bool eat(char c) {
+        ws();
+        if (pos_ < s_.size() && s_[pos_] == c) {
+            ++pos_;
+            return true;
+        }
+        return false;
+    }
+    void expect(char c) {
+        if (!eat(c)) fail(std::string("expected '") + c + "'");
+    }
+    char peek() {
+        ws();
+        return pos_ < s_.size() ? s_[pos_] : '\0';
+    }
+    bool at_end() {
+        ws();
+        return pos_ == s_.size();
+    }
+
+    std::string string() {
+        ws();
+        if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string");
+        ++pos_;
+        std::string out;
+        for (;;) {
+            if (pos_ >= s_.size()) fail("unterminated string");
+            const char c = s_[pos_++];
+            if (c == '"') return out;
+            if (static_cast<unsigned char>(c) < 0x20) fail("raw control character in a string");
+            if (c != '\\') {
+                out += c;
+                continue;
+            }
+            if (pos_ >= s_.size()) fail("unterminated escape");
+            const char e = s_[pos_++];
+            switch (e) {
+                case '"': out += '"'; break;
+                case '\\': out += '\\'; break;
+                case '/': out += '/'; break;
+                case 'b': out += '\b'; break;
+                case 'f': out += '\f'; break;
+                case 'n': out += '\n'; break;
+                case 'r': out += '\r'; break;
+                case 't': out += '\t'; break;
+                case 'u': {
+                    uint32_t cp = hex4();
+                    if (cp >= 0xD800 && cp < 0xDC00) {
+                        // A high surrogate must be followed by a low one: together they are one code point.
+                        if (s_.substr(pos_, 2) != "\\u") fail("lone surrogate");
+                        pos_ += 2;
+                        const uint32_t lo = hex4();
+                        if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                    } else if (cp >= 0xDC00 && cp < 0xE000) {
+                        fail("lone surrogate");
+                    }
+                    utf8::append(out, cp);
+                    break;
+                }
+                default: fail(std::string("bad escape \\") + e);
+            }
+        }
+    }
+
+    // Skips a value of a key the reader does not know. Nesting is bounded: each level is a stack frame here, so
+    // a file of a million '[' would otherwise end the REPL with a stack overflow instead of an error.
+    void skip_value(int depth = 0) {
+        if (depth > kMaxDepth) fail("values nested more than " + std::to_string(kMaxDepth) + " deep");
+        const char c = peek();
+        if (c == '"') {
+            string();
+        } else if (c == '{') {
+            expect('{');
+            if (eat('}')) return;
+            do {
+                string();
+                expect(':');
+                skip_value(depth + 1);
+            } while (eat(','));
+            expect('}');
+        } else if (c == '[') {
+            expect('[');
+            if (eat(']')) return;
+            do skip_value(depth + 1);
+            while (eat(','));
+            expect(']');
+        } else if (literal("true") || literal("false") || literal("null")) {
+        } else {
+            const size_t start = pos_;
+            while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
+                                        std::string_view("+-.eE").find(s_[pos_]) != std::string_view::npos))
+                ++pos_;
+            if (pos_ == start) fail("unexpected character");
+        }
+    }
+    bool literal(std::string_view word) {
+        ws();
+        if (s_.substr(pos_, word.size()) != word) return false;
+        pos_ += word.size();
+        return true;
+    }
+
+private:
+    uint32_t hex4() {
+        if (pos_ + 4 > s_.size()) fail("short \\u escape");
+        uint32_t v = 0;
+        for (int i = 0; i < 4; ++i) {
+            const char h = s_[pos_++];
+            v <<= 4;
+            if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
+            else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
+            else fail("bad \\u escape");
+        }
+        return v;
+    }
+    std::string_view s_;
+    size_t pos_ = 0;
+};
+
+}  // namespace
+
+void conversation_from_json(std::string_view json, std::string* system, std::vector<ChatMessage>* messages) {
+    JsonReader r(json);
+    std::string sys;
+    std::vector<ChatMessage> msgs;
+    bool have_messages = false;
+    r.expect('{');
+    if (!r.eat('}')) {
+        do {
+            const std::string key = r.string();
+            r.expect(':');
+            if (key == "system") {
+                if (!r.literal("null")) sys = r.string();
+            } else if (key == "messages") {
+                have_messages = true;
+                r.expect('[');
+                if (!r.eat(']')) {
+                    do {
+                        ChatMessage m;
+                        bool role = false, content = false;
+                        r.expect('{');
+                        if (!r.eat('}')) {
+                            do {
+                                const std::string k = r.string();
+                                r.expect(':');
+                                if (k == "role") m.role = r.string(), role = true;
+                                else if (k == "content") m.content = r.string(), content = true;
+                                else r.skip_value();
+                            } while (r.eat(','));
+                            r.expect('}');
+                        }
+                        if (!role || !content) r.fail("a message needs \"role\" and \"content\"");
+                        if (m.role != "user" && m.role != "assistant" && m.role != "system")
+                            r.fail("unknown role \"" + m.role + "\"");
+                        msgs.push_back(std::move(m));
+                    } while (r.eat(','));
+                    r.expect(']');
+                }
+            } else {
+                r.skip_value();
+            }
+        } while (r.eat(','));
+        r.expect('}');
+    }
+    if (!r.at_end()) r.fail("text after the object");
+    if (!have_messages) r.fail("no \"messages\" array");
+    // A system message inside the list (as other tools write it) becomes the system prompt.
+    if (!msgs.empty() && msgs.front().role == "system") {
+        if (sys.empty()) sys = msgs.front().content;
+        msgs.erase(msgs.begin());
+    }
+    for (const ChatMessage& m : msgs)
+        if (m.role == "system") throw Error("conversation JSON: a system message is allowed only first");
+    *system = std::move(sys);
+    *messages = std::move(msgs);
+}
+
+}  // namespace tandem

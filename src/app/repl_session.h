@@ -1,0 +1,91 @@
+// The chat REPL's conversation bookkeeping, free of any terminal: the messages, their rendering to tokens through
+// the chat template, which of those tokens the KV caches (target and draft) hold, rollback for /undo and /regen,
+// dropping the oldest turns when the context fills, and the JSON form of /save and /load.
+#pragma once
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "text/chat_template.h"
+#include "generate/generator.h"
+
+namespace tandem {
+
+struct Model;
+class KvCache;
+
+// What one answer cost and how it ended.
+struct TurnReport {
+    GenerationStats stats;     // stats.n_prompt: tokens prefilled this turn
+    std::string answer;        // the text shown (and kept in the conversation)
+    int n_reused = 0;          // tokens of the rendered conversation already in the cache
+    int n_conversation = 0;    // tokens of the rendered conversation, generation prompt included
+    int n_dropped = 0;         // oldest messages dropped to fit the context
+    bool interrupted = false;  // the consumer stopped it (Ctrl-C); the partial answer is kept
+};
+
+class ChatSession {
+public:
+    using Emit = std::function<bool(std::string_view)>;
+    // `tmpl` raw: every message is plain continuation (base models). The stop tokens of the template's end of
+    // turn are added to the generation parameters of every answer. `draft` (optional): its cache keeps a prefix of
+    // what the target's holds, and the Generator catches it up from the conversation only when it drafts.
+    ChatSession(const Model& model, Generator& generator, KvCache& cache, DraftModel draft, ChatTemplate tmpl,
+                std::string system = "");
+
+    // Appends the user's message and generates the answer (streamed through `emit`, which returns false to stop
+    // it). The answer, complete or not, joins the conversation. Throws tandem::Error (conversation unchanged)
+    // when the template refuses the conversation or the message alone does not fit the context.
+    TurnReport send(const std::string& user, const GenerationParams& params, const Emit& emit);
+    // Drops the last answer and answers the last user message again. Throws tandem::Error when there is none.
+    TurnReport regenerate(const GenerationParams& params, const Emit& emit);
+    // Drops the last exchange (the last user message and what follows it); false when there is none.
+    bool undo();
+    // Forgets the conversation (the system prompt stays) and empties the caches.
+    void reset();
+    void set_system(std::string system);
+    // Replaces the conversation; the caches keep whatever prefix still matches.
+    void replace(std::string system, std::vector<ChatMessage> messages);
+
+    const std::string& system() const { return system_; }
+    const std::vector<ChatMessage>& messages() const { return messages_; }
+    const ChatTemplate& chat_template() const { return tmpl_; }
+    // The token ids the target cache holds (always cache.n_committed() of them).
+    const std::vector<int>& cached() const { return cached_; }
+    // The conversation as the model sees it, with the assistant header when `generation_prompt`.
+    std::vector<int> render_tokens(bool generation_prompt) const;
+    // Where notices for the user go (dropped turns); stderr in the REPL.
+    std::function<void(const std::string&)> notice;
+
+    std::string to_json() const;
+
+private:
+    std::vector<ChatMessage> full_messages() const;  // system (when set) + messages
+    TurnReport answer(const GenerationParams& params, const Emit& emit);
+    // Fits the conversation and its answer into the context by dropping the oldest exchanges.
+    int fit_context(int reserve);
+    // Rolls both caches back to the longest common prefix with `target`; returns the tokens to prefill.
+    std::vector<int> sync_caches(const std::vector<int>& target, int* n_reused);
+    void rollback_to_conversation();
+
+    const Model& model_;
+    Generator& generator_;
+    KvCache& cache_;
+    DraftModel draft_;
+    ChatTemplate tmpl_;
+    std::vector<int> stop_tokens_;
+    std::string system_;
+    std::vector<ChatMessage> messages_;
+    std::vector<int> cached_;
+};
+
+// The JSON of /save: {"system": "...", "messages": [{"role": "...", "content": "..."}, ...]}.
+std::string conversation_to_json(const std::string& system, const std::vector<ChatMessage>& messages);
+// Parses it back (any JSON value may sit in unknown keys; "system" may be absent or null). Throws tandem::Error
+// naming what is wrong.
+void conversation_from_json(std::string_view json, std::string* system, std::vector<ChatMessage>* messages);
+// A JSON string literal (quotes included) for UTF-8 `s`.
+std::string json_quote(std::string_view s);
+
+}  // namespace tandem

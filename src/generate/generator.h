@@ -1,0 +1,100 @@
+// Generation: chunked prefill of the prompt, then the decode loop (sample → stream → forward one token), with the
+// stop conditions (EOS, token budget, stop strings, full context) and timing.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "sample/sampler.h"
+#include "generate/speculative.h"
+
+namespace tandem {
+
+struct Model;
+class Backend;
+class KvCache;
+
+struct GenerationParams {
+    int n_predict = -1;               // new tokens at most; -1 = until EOS or the context is full
+    int chunk = 256;                  // prompt tokens per prefill forward
+    std::vector<std::string> stops;   // generation ends before the first occurrence of any of these
+    std::vector<int> stop_tokens;     // tokens that end generation like EOS (e.g. a chat template's end of turn)
+    SamplerParams sampler;
+    SpeculativeParams speculative;    // used when the Generator has a draft model or speculative.lookup is set
+    // Every row of logits comes back whole: no candidates (Backend::forward_candidates), no device confidence
+    // (forward_argmax_confidence). The same tokens, slower on a GPU: for measuring what those save.
+    bool whole_rows = false;
+};
+
+enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };
+const char* stop_reason_name(StopReason reason);
+
+struct GenerationStats {
+    int n_prompt = 0;          // tokens prefilled
+    double prefill_s = 0;      // wall time of the prefill forwards
+    double ttft_s = 0;         // from the start of prefill to the first token's text being handed out
+    int n_generated = 0;       // tokens sampled (EOS excluded)
+    double decode_s = 0;       // wall time from the first sampled token to the end
+    int n_decode_forwards = 0; // forwards of one token after the prompt
+    StopReason stop = StopReason::Eos;
+    std::vector<int> generated;  // the generated ids (EOS excluded), e.g. for a chat to keep its history
+    bool speculative = false;  // the speculative loop ran; `spec` holds its figures
+    SpeculativeStats spec;
+};
+
+// Holds back text that might be the beginning of a stop string, and cuts the text at the first stop string.
+class StopStringFilter {
+public:
+    explicit StopStringFilter(std::vector<std::string> stops);
+    // Appends `text`; returns what can safely be shown now. After a stop string is seen, stopped() is true and
+    // the text before it has been returned (nothing after it ever is).
+    std::string push(std::string_view text);
+    // The held-back remainder at the end of generation (empty once stopped).
+    std::string flush();
+    bool stopped() const { return stopped_; }
+
+private:
+    std::vector<std::string> stops_;
+    std::string pending_;
+    bool stopped_ = false;
+};
+
+// A draft model beside the target: its own backend and cache.
+struct DraftModel {
+    const Model* model = nullptr;
+    Backend* backend = nullptr;
+    KvCache* cache = nullptr;
+};
+
+class Generator {
+public:
+    // With `draft` (or GenerationParams::speculative.lookup) generation runs the speculative loop: proposals are
+    // verified by one batched target forward, so the output is exactly what plain decoding would give (greedy:
+    // bitwise; sampling: in distribution).
+    Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft = {});
+    // Prefills `prompt` after whatever the cache holds, then generates. `emit` receives the text as it becomes
+    // final (UTF-8 complete, stop strings removed) and returns false when the consumer is gone (closed pipe).
+    // `held` is what the target's cache already holds (positions 0..n_committed-1, a chat's earlier turns): the
+    // draft's cache may hold any prefix of it, and the draft reads the rest only if and when it first drafts (a
+    // draft that never pays never reads it). Without `held`, the draft's cache must hold all of it.
+    GenerationStats generate(const std::vector<int>& prompt, const GenerationParams& params,
+                             const std::function<bool(std::string_view)>& emit, std::span<const int> held = {});
+
+private:
+    class Output;
+    void prefill(const std::vector<int>& prompt, int chunk);
+    void decode_plain(Output& out, Sampler& sampler, const GenerationParams& params);
+    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params, const std::vector<int>& prompt,
+                            std::span<const int> held);
+
+    const Model& model_;
+    Backend& backend_;
+    KvCache& cache_;
+    DraftModel draft_;
+    std::vector<float> logits_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,338 @@
+// Chat templates: family detection from the Jinja source, and one hand-written renderer per family that reproduces
+// what Python jinja2 produces from the family's reference template (tests/data/chat-templates.json), error
+// messages included. No Jinja interpreter: the templates in the wild are a handful of families, and their
+// renderings are short and stable.
+#include "text/chat_template.h"
+
+#include <algorithm>
+
+#include "error.h"
+
+namespace tandem {
+
+namespace {
+
+bool contains(const std::string& s, const char* needle) { return s.find(needle) != std::string::npos; }
+
+// Jinja's `trim` (Python str.strip()): ASCII whitespace plus the C0 separators Python counts as whitespace.
+// Unicode spaces (U+00A0, U+2000…) are left alone; no reference template relies on them.
+std::string trim(const std::string& s) {
+    auto space = [](unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); };
+    size_t b = 0, e = s.size();
+    while (b < e && space(static_cast<unsigned char>(s[b]))) ++b;
+    while (e > b && space(static_cast<unsigned char>(s[e - 1]))) --e;
+    return s.substr(b, e - b);
+}
+
+// Undoes the escapes of a Jinja (Python-style) string literal that can appear in a system prompt.
+std::string unescape_literal(const std::string& raw) {
+    std::string out;
+    for (size_t i = 0; i < raw.size(); ++i) {
+        if (raw[i] != '\\' || i + 1 == raw.size()) {
+            out += raw[i];
+            continue;
+        }
+        const char e = raw[++i];
+        switch (e) {
+            case 'n': out += '\n'; break;
+            case 't': out += '\t'; break;
+            case 'r': out += '\r'; break;
+            case '\\': case '\'': case '"': out += e; break;
+            default: out += '\\'; out += e; break;  // Python keeps unknown escapes verbatim
+        }
+    }
+    return out;
+}
+
+// The default system prompt of a ChatML template: the literal text between "<|im_start|>system" + newline and
+// "<|im_end|>" *inside one string literal*. Qwen writes "<|im_start|>system\n' + messages[0]['content'] + ..." in the
+// branch with a system message (the literal closes before <|im_end|>, so it is skipped) and the whole default in
+// one literal in the branch without one; SmolLM2 does the same with a real newline instead of "\n".
+std::string chatml_default_system(const std::string& src) {
+    static const std::string marker = "<|im_start|>system";
+    static const std::string end = "<|im_end|>";
+    for (size_t pos = src.find(marker); pos != std::string::npos; pos = src.find(marker, pos + 1)) {
+        // The literal normally opens right before the marker; otherwise either quote closes it.
+        const char quote = pos > 0 && (src[pos - 1] == '\'' || src[pos - 1] == '"') ? src[pos - 1] : 0;
+        size_t i = pos + marker.size();
+        if (src.compare(i, 2, "\\n") == 0) {
+            i += 2;
+        } else if (i < src.size() && src[i] == '\n') {
+            i += 1;
+        } else {
+            continue;
+        }
+        std::string raw;
+        bool found = false;
+        while (i < src.size()) {
+            if (src.compare(i, end.size(), end) == 0) {
+                found = true;
+                break;
+            }
+            const char c = src[i];
+            if (c == '\\' && i + 1 < src.size()) {  // an escaped character never closes the literal
+                raw += src.substr(i, 2);
+                i += 2;
+                continue;
+            }
+            if (quote ? c == quote : (c == '\'' || c == '"')) break;
+            raw += c;
+            ++i;
+        }
+        if (found && !raw.empty()) return unescape_literal(raw);
+    }
+    return "";
+}
+
+[[noreturn]] void refuse(const std::string& family, const std::string& what) {
+    throw Error("chat template '" + family + "': " + what);
+}
+
+const char* const kAlternate = "Conversation roles must alternate user/assistant/user/assistant/...";
+
+// ---- renderers: each mirrors its reference template line by line, with the contents as normalized() left them
+// (so a renderer only copies contents verbatim: a caller may render placeholders and substitute them) ----------
+
+// Qwen2.5 / SmolLM2 / plain ChatML: a leading system message, or the default one when there is a default.
+std::string render_chatml(const std::vector<ChatMessage>& m, bool gen, const std::string& default_system) {
+    std::string out;
+    const bool has_system = !m.empty() && m[0].role == "system";
+    if (!has_system && !default_system.empty()) out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
+    for (const auto& msg : m) out += "<|im_start|>" + msg.role + "\n" + msg.content + "<|im_end|>\n";
+    if (gen) out += "<|im_start|>assistant\n";
+    return out;
+}
+
+// Llama 3.x: the system header is always written, with the template's default date (the reference is rendered
+// without strftime_now, so a live date would not match it and would break the KV-cache prefix across days).
+std::string render_llama3(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out = "<|begin_of_text|>";
+    size_t first = 0;
+    std::string system;
+    if (!m.empty() && m[0].role == "system") {
+        system = m[0].content;
+        first = 1;
+    }
+    out += "<|start_header_id|>system<|end_header_id|>\n\n";
+    out += "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n";
+    out += system + "<|eot_id|>";
+    for (size_t i = first; i < m.size(); ++i) {
+        if (m[i].role == "tool" || m[i].role == "ipython") {
+            out += "<|start_header_id|>ipython<|end_header_id|>\n\n" + m[i].content + "<|eot_id|>";
+        } else {
+            out += "<|start_header_id|>" + m[i].role + "<|end_header_id|>\n\n" + m[i].content + "<|eot_id|>";
+        }
+    }
+    if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    return out;
+}
+
+// Gemma 2: no system role, strict user/model alternation.
+std::string render_gemma(const std::vector<ChatMessage>& m, bool gen) {
+    if (!m.empty() && m[0].role == "system") refuse("gemma", "System role not supported");
+    std::string out = "<bos>";
+    for (size_t i = 0; i < m.size(); ++i) {
+        if ((m[i].role == "user") != (i % 2 == 0)) refuse("gemma", kAlternate);
+        const std::string role = m[i].role == "assistant" ? "model" : m[i].role;
+        out += "<start_of_turn>" + role + "\n" + m[i].content + "<end_of_turn>\n";
+    }
+    if (gen) out += "<start_of_turn>model\n";
+    return out;
+}
+
+// Phi-3 / 3.5: unknown roles are skipped (empty system messages too, by normalized()); without a generation prompt
+// the template ends with the EOS text.
+std::string render_phi3(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out;
+    for (const auto& msg : m) {
+        if (msg.role == "system") {
+            out += "<|system|>\n" + msg.content + "<|end|>\n";
+        } else if (msg.role == "user") {
+            out += "<|user|>\n" + msg.content + "<|end|>\n";
+        } else if (msg.role == "assistant") {
+            out += "<|assistant|>\n" + msg.content + "<|end|>\n";
+        }
+    }
+    out += gen ? "<|assistant|>\n" : "<|endoftext|>";
+    return out;
+}
+
+// Mistral (Nemo / v3-tekken style, no spaces around [INST]): the system text goes into the LAST user turn (and is
+// dropped when the last message is not a user turn); "[/INST]" is already the generation prompt.
+std::string render_mistral(const std::vector<ChatMessage>& m, bool /*gen*/) {
+    const bool has_system = !m.empty() && m[0].role == "system";
+    const size_t first = has_system ? 1 : 0;
+    for (size_t i = first, n = 0; i < m.size(); ++i, ++n) {
+        if ((m[i].role == "user") != (n % 2 == 0))
+            refuse("mistral", "After the optional system message, conversation roles must alternate "
+                              "user/assistant/user/assistant/...");
+    }
+    std::string out = "<s>";
+    for (size_t i = first; i < m.size(); ++i) {
+        if (m[i].role == "user") {
+            if (i + 1 == m.size() && has_system) {
+                out += "[INST]" + m[0].content + "\n\n" + m[i].content + "[/INST]";
+            } else {
+                out += "[INST]" + m[i].content + "[/INST]";
+            }
+        } else if (m[i].role == "assistant") {
+            out += m[i].content + "</s>";
+        } else {
+            refuse("mistral", "Only user and assistant roles are supported, with the exception of an initial "
+                              "optional system message!");
+        }
+    }
+    return out;
+}
+
+// DeepSeek-R1 (distills): the last system message right after BOS, past assistant turns without their think block
+// (dropped by normalized()), and a generation prompt with an empty think block (the template's default,
+// enable_thinking undefined).
+std::string render_deepseek_r1(const std::vector<ChatMessage>& m, bool gen) {
+    std::string system;
+    for (const auto& msg : m)
+        if (msg.role == "system") system = msg.content;
+    std::string out = "<｜begin▁of▁sentence｜>" + system;
+    for (const auto& msg : m) {
+        if (msg.role == "user") {
+            out += "<｜User｜>" + msg.content;
+        } else if (msg.role == "assistant") {
+            out += "<｜Assistant｜>" + msg.content + "<｜end▁of▁sentence｜>";
+        }
+    }
+    if (gen) out += "<｜Assistant｜><think>\n</think>";
+    return out;
+}
+
+// Llama 2 chat, from meta-llama/Llama-2-7b-chat-hf's tokenizer_config.json: every user turn opens with BOS, the
+// system message is wrapped in <<SYS>> into the first user turn, contents are stripped; no generation prompt.
+std::string render_llama2(const std::vector<ChatMessage>& m, bool /*gen*/) {
+    const bool has_system = !m.empty() && m[0].role == "system";
+    const size_t first = has_system ? 1 : 0;
+    std::string out;
+    for (size_t i = first; i < m.size(); ++i) {
+        const size_t n = i - first;
+        if ((m[i].role == "user") != (n % 2 == 0)) refuse("llama2", kAlternate);
+        std::string content = m[i].content;
+        // The template strips "<<SYS>>\n" + system + "\n<</SYS>>\n\n" + content as a whole; normalized() has
+        // right-stripped the content, and an all-blank content also loses the "\n\n".
+        if (n == 0 && has_system)
+            content = "<<SYS>>\n" + m[0].content + "\n<</SYS>>" + (content.empty() ? "" : "\n\n") + content;
+        if (m[i].role == "user") {
+            out += "<s>[INST] " + content + " [/INST]";
+        } else if (m[i].role == "assistant") {
+            out += " " + content + " </s>";
+        }
+    }
+    return out;
+}
+
+// Zephyr, from HuggingFaceH4/zephyr-7b-beta's tokenizer_config.json: every turn ends with EOS and a newline; the
+// generation prompt is "<|assistant|>\n" (written inside the loop, so not for an empty conversation).
+std::string render_zephyr(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out;
+    for (const auto& msg : m) {
+        if (msg.role == "user" || msg.role == "system" || msg.role == "assistant")
+            out += "<|" + msg.role + "|>\n" + msg.content + "</s>\n";
+    }
+    if (gen && !m.empty()) out += "<|assistant|>\n";
+    return out;
+}
+
+std::string render_raw(const std::vector<ChatMessage>& m) {
+    std::string out;
+    for (const auto& msg : m) out += msg.content;
+    return out;
+}
+
+}  // namespace
+
+std::vector<std::string> ChatTemplate::names() {
+    return {"raw", "chatml", "llama2", "llama3", "mistral", "gemma", "zephyr", "phi3", "deepseek-r1"};
+}
+
+std::optional<ChatTemplate> ChatTemplate::by_name(const std::string& name) {
+    const auto all = names();
+    if (std::find(all.begin(), all.end(), name) == all.end()) return std::nullopt;
+    return ChatTemplate(name, "");
+}
+
+ChatTemplate ChatTemplate::detect(const std::string& src, std::string* warning) {
+    if (warning) warning->clear();
+    if (trim(src).empty()) return ChatTemplate("raw", "");
+    // Most specific markers first: Phi-3 and Zephyr share <|user|>, Llama 2 and Mistral share [INST].
+    if (contains(src, "<|im_start|>")) return ChatTemplate("chatml", chatml_default_system(src));
+    if (contains(src, "<|start_header_id|>")) return ChatTemplate("llama3", "");
+    if (contains(src, "<start_of_turn>")) return ChatTemplate("gemma", "");
+    if (contains(src, "<｜User｜>")) return ChatTemplate("deepseek-r1", "");
+    if (contains(src, "<|user|>") && contains(src, "<|end|>")) return ChatTemplate("phi3", "");
+    if (contains(src, "<|user|>") && (contains(src, "</s>") || contains(src, "eos_token")))
+        return ChatTemplate("zephyr", "");
+    if (contains(src, "[INST]")) return ChatTemplate(contains(src, "<<SYS>>") ? "llama2" : "mistral", "");
+    if (warning) {
+        std::string list;
+        for (const auto& n : names()) list += (list.empty() ? "" : ", ") + n;
+        *warning = "unrecognised chat template in the model; using ChatML (choose another with --chat-template: " +
+                   list + ")";
+    }
+    return ChatTemplate("chatml", "");
+}
+
+std::vector<ChatMessage> ChatTemplate::normalized(const std::vector<ChatMessage>& messages) const {
+    std::vector<ChatMessage> out;
+    out.reserve(messages.size());
+    const bool llama2_system = name_ == "llama2" && !messages.empty() && messages[0].role == "system";
+    for (size_t i = 0; i < messages.size(); ++i) {
+        ChatMessage msg = messages[i];
+        if (name_ == "llama3") {
+            if (msg.role != "tool" && msg.role != "ipython") msg.content = trim(msg.content);  // `| trim`
+        } else if (name_ == "gemma") {
+            msg.content = trim(msg.content);
+        } else if (name_ == "llama2") {
+            if (llama2_system && i == 0) {
+                // kept verbatim: it sits between "<<SYS>>\n" and "\n<</SYS>>", out of reach of the strip
+            } else if (llama2_system && i == 1) {
+                msg.content = trim("x" + msg.content).substr(1);  // right strip only: "<<SYS>>…" precedes it
+            } else {
+                msg.content = trim(msg.content);  // content.strip()
+            }
+        } else if (name_ == "phi3") {
+            if (msg.role == "system" && msg.content.empty()) continue;  // `message['content']` is falsy
+        } else if (name_ == "deepseek-r1") {
+            if (msg.role == "assistant") {
+                const size_t think_end = msg.content.rfind("</think>");
+                if (think_end != std::string::npos) msg.content = msg.content.substr(think_end + 8);
+            }
+        }
+        out.push_back(std::move(msg));
+    }
+    return out;
+}
+
+std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const {
+    const bool gen = add_generation_prompt;
+    const std::vector<ChatMessage> m = normalized(messages);
+    if (name_ == "raw") return render_raw(m);
+    if (name_ == "chatml") return render_chatml(m, gen, default_system_);
+    if (name_ == "llama3") return render_llama3(m, gen);
+    if (name_ == "gemma") return render_gemma(m, gen);
+    if (name_ == "phi3") return render_phi3(m, gen);
+    if (name_ == "mistral") return render_mistral(m, gen);
+    if (name_ == "deepseek-r1") return render_deepseek_r1(m, gen);
+    if (name_ == "llama2") return render_llama2(m, gen);
+    if (name_ == "zephyr") return render_zephyr(m, gen);
+    refuse(name_, "unknown family");  // unreachable: names are only made by detect/by_name
+}
+
+std::vector<std::string> ChatTemplate::end_of_turn() const {
+    if (name_ == "chatml") return {"<|im_end|>"};
+    if (name_ == "llama3") return {"<|eot_id|>"};
+    if (name_ == "gemma") return {"<end_of_turn>"};
+    // Phi-3's turns end with <|end|>; its template also ends the conversation with <|endoftext|>.
+    if (name_ == "phi3") return {"<|end|>", "<|endoftext|>"};
+    if (name_ == "deepseek-r1") return {"<｜end▁of▁sentence｜>"};
+    if (name_ == "mistral" || name_ == "llama2" || name_ == "zephyr") return {"</s>"};
+    return {};
+}
+
+}  // namespace tandem
