@@ -28,22 +28,27 @@ const std::vector<Route>& routes() {
              [](CudaSwitches& s, size_t v) {
                  s.common.matvec_loads = v == 0 ? std::nullopt : std::optional(cuda::kAllMatvecLoads[v - 1]);
              }},
-            {"int8", {"auto", "0", "1"},
-             [](CudaSwitches& s, size_t v) { s.common.int8_activations = v == 0 ? std::nullopt : std::optional(v == 2); }},
+            {"int8",
+             {"auto", "0", "1"},
+             [](CudaSwitches& s, size_t v) {
+                 s.common.int8_activations = v == 0 ? std::nullopt : std::optional(v == 2);
+             }},
             on_off("fused-matvecs", [](CudaSwitches& s, size_t v) { s.common.fused_matvecs = v == 0; }),
             on_off("gate-up-q8", [](CudaSwitches& s, size_t v) { s.common.gate_up_quantizes = v == 0; }),
             on_off("qkv-rope", [](CudaSwitches& s, size_t v) { s.common.qkv_rope = v == 0; }),
             on_off("qkv-pairs", [](CudaSwitches& s, size_t v) { s.common.qkv_type_pairs = v == 0; }),
             on_off("matvec-norm", [](CudaSwitches& s, size_t v) { s.common.matvec_norm = v == 0; }),
             on_off("one-launch-picks", [](CudaSwitches& s, size_t v) { s.common.one_launch_picks = v == 0; }),
-            {"gemm", {"cublas", "int8", "simt"},
+            {"gemm",
+             {"cublas", "int8", "simt"},
              [](CudaSwitches& s, size_t v) {
                  s.common.int8_gemm = v == 1;
                  s.common.simt_gemm = v == 2;
              }},
             on_off("pdl", [](CudaSwitches& s, size_t v) { s.common.overlap_launches = v == 0; }),
             on_off("stream-priority", [](CudaSwitches& s, size_t v) { s.stream_priority = v == 0; }),
-            {"persistent-step", {"off", "draft", "all"},
+            {"persistent-step",
+             {"off", "draft", "all"},
              [](CudaSwitches& s, size_t v) {
                  s.persistent_step_draft = v >= 1;
                  s.persistent_step_target = v == 2;
@@ -56,8 +61,7 @@ const std::vector<Route>& routes() {
 // "a, b or c".
 std::string one_of(const std::vector<std::string>& values) {
     std::string s;
-    for (size_t i = 0; i < values.size(); ++i)
-        s += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + values[i];
+    for (size_t i = 0; i < values.size(); ++i) s += (i == 0 ? "" : i + 1 == values.size() ? " or " : ", ") + values[i];
     return s;
 }
 
@@ -73,7 +77,8 @@ CudaOptions CudaSwitches::options(bool draft) const {
 
 std::string cuda_route_help() {
     std::string s;
-    for (const Route& r : routes()) s += std::string(r.name) + "=" + one_of(r.values) + " (default " + r.values[0] + ")\n";
+    for (const Route& r : routes())
+        s += std::string(r.name) + "=" + one_of(r.values) + " (default " + r.values[0] + ")\n";
     return s;
 }
 

@@ -67,8 +67,8 @@ int run(Options& opt) {
     tandem::SessionOptions& so = opt.session;
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;
-    so.backends = tandem::backend_settings("tandem", opt.threads, opt.chunk, opt.kv_type, /*long_lived=*/chat,
-                                           opt.verbose);
+    so.backends =
+        tandem::backend_settings("tandem", opt.threads, opt.chunk, opt.kv_type, /*long_lived=*/chat, opt.verbose);
     tandem::Session session(so);
 
     tandem::GenerationParams params = opt.gen;
@@ -85,8 +85,9 @@ int run(Options& opt) {
         tandem::Generator generator(session.model(), session.backend(), session.cache(), session.draft());
         return tandem::run_repl(session.model(), generator, session.cache(), session.draft(), rc);
     }
-    return tandem::run_one_shot(session, {.prompt = prompt, .system = opt.system_prompt, .echo = opt.echo,
-                                          .stats = opt.stats, .params = params});
+    return tandem::run_one_shot(
+        session,
+        {.prompt = prompt, .system = opt.system_prompt, .echo = opt.echo, .stats = opt.stats, .params = params});
 }
 
 // --list-models: the installed models, and where the disk space of the runs' repacked copies goes
@@ -95,8 +96,10 @@ int list_models() {
     std::fputs(tandem::list_installed_table().c_str(), stdout);
     const std::string& cache_dir = tandem::environment().repack_cache_dir;
     if (const tandem::cpu::RepackCacheUsage u = tandem::cpu::repack_cache_usage(cache_dir); u.files > 0)
-        std::printf("repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
-                    "safe to delete)\n", u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());
+        std::printf(
+            "repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
+            "safe to delete)\n",
+            u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());
     return 0;
 }
 
@@ -119,20 +122,27 @@ int main(int argc, char** argv) {
                  "chat: one user turn per line of stdin, one answer per line on stdout (a terminal on stdin with "
                  "no prompt opens the interactive chat)");
     app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
-    app.add_option("-n,--n-predict", opt.n_predict, "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
+    app.add_option("-n,--n-predict", opt.n_predict,
+                   "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
         ->check(CLI::Range(-1, 1 << 30));
     app.add_option("--temp", opt.gen.sampler.temperature, "temperature (0 = greedy)")
-        ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 100.0));
     app.add_option("--top-k", opt.gen.sampler.top_k, "keep the k most likely tokens (0 = off)")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--top-p", opt.gen.sampler.top_p, "nucleus sampling threshold (1 = off)")
-        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
     app.add_option("--min-p", opt.gen.sampler.min_p, "drop tokens below min-p × the top probability (0 = off)")
-        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
     app.add_option("--repeat-penalty", opt.gen.sampler.repeat_penalty, "penalty for recent tokens (1 = off)")
-        ->capture_default_str()->check(CLI::PositiveNumber);
+        ->capture_default_str()
+        ->check(CLI::PositiveNumber);
     app.add_option("--repeat-last-n", opt.gen.sampler.repeat_last_n, "how many recent tokens the penalty sees")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     auto* seed_opt = app.add_option("--seed", opt.gen.sampler.seed, "random seed (default: random)");
     app.add_option("--stop", opt.gen.stops, "stop before this string (repeatable)")->take_all();
     app.add_flag("--echo", opt.echo, "print the prompt before the generated text");
@@ -140,11 +150,14 @@ int main(int argc, char** argv) {
     app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));
     app.add_option("-c,--ctx", opt.session.n_ctx, "context size in tokens (default: the model's, capped to memory)")
         ->check(CLI::Range(1, 1 << 24));
-    app.add_option("--chunk", opt.chunk, "prompt tokens per prefill step")->capture_default_str()
+    app.add_option("--chunk", opt.chunk, "prompt tokens per prefill step")
+        ->capture_default_str()
         ->check(CLI::Range(1, 1 << 16));
     app.add_option("--tokenizer", opt.session.tokenizer, "sentencepiece .model overriding the GGUF vocabulary")
         ->check(CLI::ExistingFile);
-    app.add_option("--backend", opt.session.backend, "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")->capture_default_str()
+    app.add_option("--backend", opt.session.backend,
+                   "compute backend: auto (CUDA when built with it and a GPU answers), cpu, cuda")
+        ->capture_default_str()
         ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
     app.add_option("--kv-type", opt.kv_type,
                    "KV-cache storage: f16, f32 (CPU: the reference precision, twice the memory), or q8_0 (ggml Q8_0 "
@@ -154,30 +167,39 @@ int main(int argc, char** argv) {
     app.add_option("--draft", opt.session.draft, "draft model (same vocabulary) for speculative decoding")
         ->check(CLI::ExistingFile);
     app.add_option("--draft-backend", opt.session.draft_backend, "backend of the draft model: auto, cpu, cuda")
-        ->capture_default_str()->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-    app.add_option("--draft-requant", opt.draft_requant,
-                   "a draft on the CPU reads its weights requantized to this type where that makes them smaller "
-                   "(q4_0: the 0.5B draft's Q5_0/Q8_0/Q6_K matrices, 279 MB of copies instead of 393 MB), or none; the output "
-                   "is the target's either way")
-        ->capture_default_str()->check(CLI::IsMember({"q4_0", "none"}));
+        ->capture_default_str()
+        ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+    app.add_option(
+           "--draft-requant", opt.draft_requant,
+           "a draft on the CPU reads its weights requantized to this type where that makes them smaller "
+           "(q4_0: the 0.5B draft's Q5_0/Q8_0/Q6_K matrices, 279 MB of copies instead of 393 MB), or none; the output "
+           "is the target's either way")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"q4_0", "none"}));
     app.add_option("--draft-max", opt.gen.speculative.draft_max, "most tokens drafted per round")
-        ->capture_default_str()->check(CLI::Range(1, 64));
+        ->capture_default_str()
+        ->check(CLI::Range(1, 64));
     app.add_option("--draft-min", opt.gen.speculative.draft_min,
                    "fewest tokens drafted per round (0 lets tandem fall back to plain decoding when drafting loses)")
-        ->capture_default_str()->check(CLI::Range(0, 64));
+        ->capture_default_str()
+        ->check(CLI::Range(0, 64));
     app.add_option("--draft-p-min", opt.gen.speculative.p_min,
                    "stop drafting when the draft's top probability falls below this")
-        ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 1.0));
     app.add_option("--draft-vocab", opt.gen.speculative.draft_vocab,
                    "the draft computes logits only for ids below this (a BPE vocabulary's frequent ones) and those in "
                    "the context (0: every id); the output is the target's either way")
-        ->capture_default_str()->check(CLI::NonNegativeNumber);
+        ->capture_default_str()
+        ->check(CLI::NonNegativeNumber);
     app.add_option("--draft-ahead", opt.gen.speculative.draft_ahead,
                    "draft steps taken while the target verifies, guessing that it accepts every draft: -1 while a GPU "
                    "target works, 0 never, n up to n every round; the output is the target's either way")
-        ->capture_default_str()->check(CLI::Range(-1, 65));
-    app.add_flag("--lookup", opt.gen.speculative.lookup,
-                 "prompt-lookup drafting: propose what followed the longest earlier match of the context's last tokens");
+        ->capture_default_str()
+        ->check(CLI::Range(-1, 65));
+    app.add_flag(
+        "--lookup", opt.gen.speculative.lookup,
+        "prompt-lookup drafting: propose what followed the longest earlier match of the context's last tokens");
     app.add_flag("--spec-trace", opt.gen.speculative.trace,
                  "one stderr line per speculative round (draft length, drafted, accepted, timings), for diagnosis");
     app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");

@@ -51,7 +51,9 @@ std::optional<std::string> installed_path(const std::string& name, const std::st
     return path;
 }
 
-std::optional<std::string> installed_path(const std::string& name) { return installed_path(name, environment().models_dir); }
+std::optional<std::string> installed_path(const std::string& name) {
+    return installed_path(name, environment().models_dir);
+}
 
 std::string default_target() { return "qwen2.5-coder-1.5b-instruct-q4_k_m"; }
 std::string default_draft() { return "qwen2.5-coder-0.5b-instruct-q4_k_m"; }

@@ -10,10 +10,10 @@ namespace tandem {
 
 struct OneShotOptions {
     std::string prompt;
-    std::string system;        // --system: a system turn before the prompt (instruct models)
-    bool echo = false;         // print the prompt before the answer
-    bool stats = false;        // timing and throughput on stderr
-    GenerationParams params;   // n_predict, chunk, sampler, speculative, stops
+    std::string system;       // --system: a system turn before the prompt (instruct models)
+    bool echo = false;        // print the prompt before the answer
+    bool stats = false;       // timing and throughput on stderr
+    GenerationParams params;  // n_predict, chunk, sampler, speculative, stops
 };
 
 // Returns the process's exit status (0; a closed stdout ends the run quietly). Throws Error for a prompt longer

@@ -12,13 +12,13 @@
 #include <memory>
 #include <sstream>
 
-#include "backend.h"
-#include "error.h"
 #include "app/environment.h"
 #include "app/line_editor.h"
-#include "model/model.h"
 #include "app/repl_session.h"
 #include "app/stream_write.h"
+#include "backend.h"
+#include "error.h"
+#include "model/model.h"
 
 namespace tandem {
 namespace {
@@ -71,25 +71,27 @@ std::string summary(const TurnReport& r) {
     std::string s = "[" + std::to_string(st.n_generated) + " tokens";
     if (st.decode_s > 0 && st.n_generated > 0) s += format(", %.1f tokens/s", st.n_generated / st.decode_s);
     if (st.speculative && st.spec.drafted > 0)
-        s += format(", acceptance %.0f%%", 100.0 * static_cast<double>(st.spec.accepted) /
-                                               static_cast<double>(st.spec.drafted));
-    if (r.interrupted) s += ", interrupted";
-    else if (st.stop == StopReason::ContextFull) s += ", the context is full";
-    else if (st.stop == StopReason::Length) s += ", length limit";
+        s += format(", acceptance %.0f%%",
+                    100.0 * static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.drafted));
+    if (r.interrupted)
+        s += ", interrupted";
+    else if (st.stop == StopReason::ContextFull)
+        s += ", the context is full";
+    else if (st.stop == StopReason::Length)
+        s += ", length limit";
     return s + "]";
 }
 
 std::string stats_block(const TurnReport& r, const KvCache& cache) {
     const GenerationStats& st = r.stats;
     std::string s;
-    s += "prompt tokens:       " + std::to_string(st.n_prompt) + " prefilled this turn, " +
-         std::to_string(r.n_reused) + " reused from the cache (conversation: " + std::to_string(r.n_conversation) +
-         " tokens)\n";
+    s += "prompt tokens:       " + std::to_string(st.n_prompt) + " prefilled this turn, " + std::to_string(r.n_reused) +
+         " reused from the cache (conversation: " + std::to_string(r.n_conversation) + " tokens)\n";
     s += format("prefill:             %.3f s, %.1f tokens/s\n", st.prefill_s,
                 st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0);
     s += format("time to first token: %.3f s\n", st.ttft_s);
-    s += "generated tokens:    " + std::to_string(st.n_generated) + " (stop: " +
-         (r.interrupted ? "interrupted" : stop_reason_name(st.stop)) + ")\n";
+    s += "generated tokens:    " + std::to_string(st.n_generated) +
+         " (stop: " + (r.interrupted ? "interrupted" : stop_reason_name(st.stop)) + ")\n";
     s += format("decode:              %.3f s, %.1f tokens/s\n", st.decode_s,
                 st.decode_s > 0 ? st.n_generated / st.decode_s : 0.0);
     if (st.speculative) s += st.spec.summary(st.decode_s, st.n_generated);
@@ -99,8 +101,7 @@ std::string stats_block(const TurnReport& r, const KvCache& cache) {
 }
 
 std::string expand_home(const std::string& path) {
-    if (path.rfind("~/", 0) == 0)
-        return environment().home + path.substr(1);
+    if (path.rfind("~/", 0) == 0) return environment().home + path.substr(1);
     return path;
 }
 
@@ -159,8 +160,8 @@ LineEditor::Result read_input(LineEditor& ed, std::string* input) {
 }
 
 bool is_command(const std::string& word) {
-    static const char* known[] = {"/help", "/?", "/reset", "/clear", "/system", "/regen", "/undo",
-                                  "/stats", "/save", "/load", "/quit", "/exit", "/bye"};
+    static const char* known[] = {"/help",  "/?",    "/reset", "/clear", "/system", "/regen", "/undo",
+                                  "/stats", "/save", "/load",  "/quit",  "/exit",   "/bye"};
     for (const char* k : known)
         if (word == k) return true;
     return false;
@@ -177,8 +178,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
     std::unique_ptr<LineEditor> editor;
     struct sigaction old_int {};
     if (config.interactive) {
-        const std::string hist =
-            config.history_path.empty() ? environment().history_path : config.history_path;
+        const std::string hist = config.history_path.empty() ? environment().history_path : config.history_path;
         // Prompts go to the terminal: stdout when it is one, else stderr so a redirected stdout gets only answers.
         editor = std::make_unique<LineEditor>(hist, isatty(STDOUT_FILENO) ? stdout : stderr);
         // No SA_RESTART: a Ctrl-C during a blocking read should interrupt it rather than wait. Writes of answers
@@ -260,8 +260,10 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
                 else
                     notes.error("nothing to undo");
             } else if (word == "/stats") {
-                if (have_last) write_all(STDERR_FILENO, stats_block(last, cache));
-                else notes.say("no answer yet");
+                if (have_last)
+                    write_all(STDERR_FILENO, stats_block(last, cache));
+                else
+                    notes.say("no answer yet");
             } else if (word == "/save") {
                 if (arg.empty()) {
                     notes.error("usage: /save FILE");
@@ -270,8 +272,10 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
                 std::ofstream out(expand_home(arg), std::ios::binary);
                 out << session.to_json();
                 out.close();
-                if (!out) notes.error("cannot write " + arg);
-                else notes.dim("tandem: saved " + std::to_string(session.messages().size()) + " messages to " + arg);
+                if (!out)
+                    notes.error("cannot write " + arg);
+                else
+                    notes.dim("tandem: saved " + std::to_string(session.messages().size()) + " messages to " + arg);
             } else if (word == "/load") {
                 if (arg.empty()) {
                     notes.error("usage: /load FILE");

@@ -5,8 +5,8 @@
 #include <optional>
 #include <string>
 
-#include "text/chat_template.h"
 #include "generate/generator.h"
+#include "text/chat_template.h"
 
 namespace tandem {
 
@@ -17,9 +17,9 @@ struct ReplConfig {
     std::optional<ChatTemplate> chat_template;  // nullopt or raw: each user turn is plain continuation
     std::string system;                         // --system
     GenerationParams params;                    // per answer (n_predict, sampler, stops, speculative)
-    bool interactive = true;  // stdin is a terminal: line editing, history, Ctrl-C stops an answer
-    std::string model_name;   // for the banner
-    std::string history_path; // "" = environment().history_path
+    bool interactive = true;                    // stdin is a terminal: line editing, history, Ctrl-C stops an answer
+    std::string model_name;                     // for the banner
+    std::string history_path;                   // "" = environment().history_path
 };
 
 // Runs the chat until /quit, Ctrl-D or the end of input; returns the exit status. `cache` (and the draft's)

@@ -7,9 +7,9 @@
 #include <span>
 
 #include "backend.h"
-#include "text/chat_prompt.h"
 #include "error.h"
 #include "model/model.h"
+#include "text/chat_prompt.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -34,9 +34,13 @@ std::string raw_text(const std::vector<ChatMessage>& messages) {
 
 }  // namespace
 
-ChatSession::ChatSession(const Model& model, Generator& generator, KvCache& cache, DraftModel draft,
-                         ChatTemplate tmpl, std::string system)
-    : model_(model), generator_(generator), cache_(cache), draft_(draft), tmpl_(std::move(tmpl)),
+ChatSession::ChatSession(const Model& model, Generator& generator, KvCache& cache, DraftModel draft, ChatTemplate tmpl,
+                         std::string system)
+    : model_(model),
+      generator_(generator),
+      cache_(cache),
+      draft_(draft),
+      tmpl_(std::move(tmpl)),
       system_(std::move(system)) {
     for (const std::string& marker : tmpl_.end_of_turn()) {
         const int id = model_.tokenizer->token_id(marker);
@@ -379,10 +383,14 @@ private:
         for (int i = 0; i < 4; ++i) {
             const char h = s_[pos_++];
             v <<= 4;
-            if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
-            else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
-            else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
-            else fail("bad \\u escape");
+            if (h >= '0' && h <= '9')
+                v |= static_cast<uint32_t>(h - '0');
+            else if (h >= 'a' && h <= 'f')
+                v |= static_cast<uint32_t>(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F')
+                v |= static_cast<uint32_t>(h - 'A' + 10);
+            else
+                fail("bad \\u escape");
         }
         return v;
     }
@@ -416,9 +424,12 @@ void conversation_from_json(std::string_view json, std::string* system, std::vec
                             do {
                                 const std::string k = r.string();
                                 r.expect(':');
-                                if (k == "role") m.role = r.string(), role = true;
-                                else if (k == "content") m.content = r.string(), content = true;
-                                else r.skip_value();
+                                if (k == "role")
+                                    m.role = r.string(), role = true;
+                                else if (k == "content")
+                                    m.content = r.string(), content = true;
+                                else
+                                    r.skip_value();
                             } while (r.eat(','));
                             r.expect('}');
                         }

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "text/chat_template.h"
 #include "generate/generator.h"
+#include "text/chat_template.h"
 
 namespace tandem {
 

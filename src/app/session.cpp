@@ -56,7 +56,9 @@ std::unique_ptr<Backend> make_cuda_backend(const Model& model, int n_ctx, const 
                      "%s: CUDA kernels (%s): matvecs with %s, overlapping launches %s (sm_90+), prefill GEMM %s, "
                      "stream priority %s, one-token steps %s\n",
                      program, which, describe_matvec_routes(options).c_str(), options.overlap_launches ? "on" : "off",
-                     options.int8_gemm ? "int8 tensor cores" : plan.blas ? "cuBLAS fp16" : "SIMT",
+                     options.int8_gemm ? "int8 tensor cores"
+                     : plan.blas       ? "cuBLAS fp16"
+                                       : "SIMT",
                      options.high_priority ? "high" : "default",
                      CudaBackend::describe_persistent_step(model, options).c_str());
     }
@@ -91,12 +93,15 @@ std::string resolve_backend(const std::string& requested, const char* flag, bool
         return "cuda";
     }
     if (requested == "cuda") throw Error(std::string(flag) + " cuda: no usable CUDA device: " + why);
-    if (verbose) std::fprintf(stderr, "tandem: %s auto: no usable CUDA device (%s): using the CPU\n", flag, why.c_str());
+    if (verbose)
+        std::fprintf(stderr, "tandem: %s auto: no usable CUDA device (%s): using the CPU\n", flag, why.c_str());
     return "cpu";
 #else
     if (requested == "cuda")
-        throw Error(std::string(flag) + " cuda: this tandem was built without CUDA (nvcc not found, or -DTANDEM_CUDA=OFF)");
-    if (verbose && requested == "auto") std::fprintf(stderr, "tandem: %s auto: built without CUDA: using the CPU\n", flag);
+        throw Error(std::string(flag) +
+                    " cuda: this tandem was built without CUDA (nvcc not found, or -DTANDEM_CUDA=OFF)");
+    if (verbose && requested == "auto")
+        std::fprintf(stderr, "tandem: %s auto: built without CUDA: using the CPU\n", flag);
     return "cpu";
 #endif
 }
@@ -111,13 +116,13 @@ std::unique_ptr<Backend> make_backend(const std::string& kind, const Model& mode
         throw Error(std::string(flag_of(role)) + " cuda: this build has no CUDA backend (nvcc was not found)");
 #endif
     }
-    auto cpu = std::make_unique<CpuBackend>(
-        model, settings.threads, settings.chunk,
-        CpuBackendOptions{.requantize_to = requantize_to,
-                          .huge_pages = role == BackendRole::Draft || settings.long_lived,
-                          .repack_cache_dir = settings.repack_cache_dir,
-                          .head_rows = head_rows,
-                          .kv_type = require_cpu_kv_type(settings.kv_type)});
+    auto cpu =
+        std::make_unique<CpuBackend>(model, settings.threads, settings.chunk,
+                                     CpuBackendOptions{.requantize_to = requantize_to,
+                                                       .huge_pages = role == BackendRole::Draft || settings.long_lived,
+                                                       .repack_cache_dir = settings.repack_cache_dir,
+                                                       .head_rows = head_rows,
+                                                       .kv_type = require_cpu_kv_type(settings.kv_type)});
     if (settings.verbose && cpu->repacked_bytes() > 0)
         std::fprintf(stderr, "%s: %s cpu: %.1f MB of repacked weight copies in %s\n", settings.program.c_str(),
                      flag_of(role), cpu->repacked_bytes() / 1e6, cpu->describe_repacking().c_str());
@@ -204,8 +209,8 @@ Session::Session(const SessionOptions& o) {
         const auto draft = installed_path(default_draft());
         if (draft_path.empty() && !o.no_draft && draft) {
             draft_path = *draft;
-            std::fprintf(stderr, "tandem: %s with draft %s (--no-draft to turn drafting off)\n", default_target().c_str(),
-                         default_draft().c_str());
+            std::fprintf(stderr, "tandem: %s with draft %s (--no-draft to turn drafting off)\n",
+                         default_target().c_str(), default_draft().c_str());
         }
     } else if (auto known = installed_path(model_path_)) {
         model_path_ = *known;  // a model name from --list-models
@@ -217,8 +222,8 @@ Session::Session(const SessionOptions& o) {
     n_ctx_ = choose_context(o.n_ctx, c, settings.kv_type);
     if (verbose)
         std::fprintf(stderr, "tandem: %s (%s): %d layers, dim %d, %d heads (%d kv), vocab %d, ctx %d, %d threads\n",
-                     model_path_.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab,
-                     n_ctx_, settings.threads);
+                     model_path_.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab, n_ctx_,
+                     settings.threads);
     template_ = choose_template(o, *model_);
 
     // The draft model is loaded and its vocabulary checked before either backend is made, and a pair on one GPU is

@@ -20,17 +20,17 @@ namespace tandem {
 
 // What every backend of a process is built with.
 struct BackendSettings {
-    int threads = 1;                // CPU threads
-    int chunk = 256;                // prompt tokens per prefill step (the CPU's batch, the CUDA prefill chunk)
-    std::string kv_type = "f16";    // --kv-type: f16, f32 (CPU only; a CUDA backend keeps f16) or q8_0
+    int threads = 1;              // CPU threads
+    int chunk = 256;              // prompt tokens per prefill step (the CPU's batch, the CUDA prefill chunk)
+    std::string kv_type = "f16";  // --kv-type: f16, f32 (CPU only; a CUDA backend keeps f16) or q8_0
     // The repacked-weights cache's directory ("" = copies in memory; environment().repack_cache_dir).
     std::string repack_cache_dir;
     // A process that reads the target's weights long enough to repay faulting in huge pages (the chat REPL, the
     // benchmarks; a draft's are always read often enough): CpuBackendOptions::huge_pages.
     bool long_lived = false;
-    CudaSwitches cuda;              // the CUDA routes (tandem-bench --cuda-route; the defaults elsewhere)
-    bool verbose = false;           // -v: describe each backend on stderr as it is made
-    std::string program = "tandem"; // the prefix of those lines
+    CudaSwitches cuda;               // the CUDA routes (tandem-bench --cuda-route; the defaults elsewhere)
+    bool verbose = false;            // -v: describe each backend on stderr as it is made
+    std::string program = "tandem";  // the prefix of those lines
 };
 
 enum class BackendRole { Target, Draft };
@@ -65,17 +65,17 @@ void check_pair_fits(const std::string& kind, const Model& target, const std::st
 
 // The CLI's choices that make a Session.
 struct SessionOptions {
-    std::string model;                  // path or installed name; "" = the default target
-    std::string draft;                  // path; "" = the default draft, where the default target is used
+    std::string model;  // path or installed name; "" = the default target
+    std::string draft;  // path; "" = the default draft, where the default target is used
     bool no_draft = false;
-    std::string tokenizer;              // a sentencepiece .model overriding the GGUF's vocabulary
-    std::string backend = "auto";       // --backend
-    std::string draft_backend = "auto"; // --draft-backend
+    std::string tokenizer;               // a sentencepiece .model overriding the GGUF's vocabulary
+    std::string backend = "auto";        // --backend
+    std::string draft_backend = "auto";  // --draft-backend
     std::optional<GgmlType> draft_requant = GgmlType::Q4_0;
-    int draft_vocab = 0;                // --draft-vocab: the draft's output rows kept (0: all)
-    int n_ctx = 0;                      // 0: the model's, capped so the KV cache takes at most 1/4 of memory
-    bool raw = false;                   // no chat template
-    std::string chat_template;          // a template family by name instead of the file's
+    int draft_vocab = 0;        // --draft-vocab: the draft's output rows kept (0: all)
+    int n_ctx = 0;              // 0: the model's, capped so the KV cache takes at most 1/4 of memory
+    bool raw = false;           // no chat template
+    std::string chat_template;  // a template family by name instead of the file's
     BackendSettings backends;
 };
 

@@ -3,17 +3,16 @@
 // readers in run.c / runq.c.
 #include "convert/llama2c.h"
 
-#include <sentencepiece_processor.h>
-
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <sentencepiece_processor.h>
 #include <sstream>
 
-#include "error.h"
 #include "convert/quantize_model.h"
+#include "error.h"
 #include "text/sentencepiece_proto.h"
 
 namespace tandem {
@@ -87,15 +86,24 @@ struct Sizes {
 };
 Sizes sizes_of(const Llama2cConfig& c) {
     const uint64_t L = c.n_layers, d = c.dim, h = c.hidden_dim, kv = c.kv_dim(), V = c.vocab_size;
-    return Sizes{V * d, L * d, L * d * d, L * kv * d, L * kv * d, L * d * d, L * d,
-                 L * h * d, L * d * h, L * h * d, d,
+    return Sizes{V * d,
+                 L * d,
+                 L * d * d,
+                 L * kv * d,
+                 L * kv * d,
+                 L * d * d,
+                 L * d,
+                 L * h * d,
+                 L * d * h,
+                 L * h * d,
+                 d,
                  static_cast<uint64_t>(c.seq_len) * (c.head_size() / 2),  // legacy freq_cis_real (and imag)
                  c.shared_classifier ? 0 : V * d};
 }
 
 uint64_t fp32_bytes(const Sizes& s, bool with_freq) {
-    uint64_t n = s.embed + s.att_norms + s.wq + s.wk + s.wv + s.wo + s.ffn_norms + s.w1 + s.w2 + s.w3 +
-                 s.final_norm + s.cls + (with_freq ? 2 * s.freq : 0);
+    uint64_t n = s.embed + s.att_norms + s.wq + s.wk + s.wv + s.wo + s.ffn_norms + s.w1 + s.w2 + s.w3 + s.final_norm +
+                 s.cls + (with_freq ? 2 * s.freq : 0);
     return n * sizeof(float);
 }
 
@@ -201,13 +209,16 @@ Llama2cCheckpoint parse_llama2c(std::span<const uint8_t> bytes, const std::strin
         if (g <= 0 || g > kMaxDim) cur.fail("group_size " + std::to_string(g) + " is out of range");
         const uint64_t per_layer[] = {s.wq / L, s.wk / L, s.wv / L, s.wo / L, s.w1 / L, s.w2 / L, s.w3 / L};
         for (uint64_t n : per_layer)
-            if (n % g != 0) cur.fail("a weight of " + std::to_string(n) + " values is not a whole number of "
-                                     "groups of " + std::to_string(g));
+            if (n % g != 0)
+                cur.fail("a weight of " + std::to_string(n) +
+                         " values is not a whole number of "
+                         "groups of " +
+                         std::to_string(g));
         if (s.embed % g != 0) cur.fail("the token embedding is not a whole number of groups of " + std::to_string(g));
         // int8 values plus one fp32 scale per group, for every quantized tensor.
         const uint64_t q_values = s.embed + s.wq + s.wk + s.wv + s.wo + s.w1 + s.w2 + s.w3 + s.cls;
-        const uint64_t expected = kHeaderBytes + (s.att_norms + s.ffn_norms + s.final_norm) * sizeof(float) +
-                                  q_values + q_values / g * sizeof(float);
+        const uint64_t expected = kHeaderBytes + (s.att_norms + s.ffn_norms + s.final_norm) * sizeof(float) + q_values +
+                                  q_values / g * sizeof(float);
         check_size(cur, expected, bytes.size(), "version 2 int8");
         cur.seek(kHeaderBytes);
         ck.rms_att = cur.floats(s.att_norms, "rms_att_weight");
@@ -256,11 +267,16 @@ SpmVocab load_spm_vocab(const std::string& path) {
         v.tokens.push_back(sp.IdToPiece(id));
         v.scores.push_back(sp.GetScore(id));
         spm::PieceType t = spm::PieceType::NORMAL;
-        if (sp.IsUnknown(id)) t = spm::PieceType::UNKNOWN;
-        else if (sp.IsControl(id)) t = spm::PieceType::CONTROL;
-        else if (sp.IsUnused(id)) t = spm::PieceType::UNUSED;
-        else if (sp.IsByte(id)) t = spm::PieceType::BYTE;
-        else if (proto.pieces[id].type == spm::PieceType::USER_DEFINED) t = spm::PieceType::USER_DEFINED;
+        if (sp.IsUnknown(id))
+            t = spm::PieceType::UNKNOWN;
+        else if (sp.IsControl(id))
+            t = spm::PieceType::CONTROL;
+        else if (sp.IsUnused(id))
+            t = spm::PieceType::UNUSED;
+        else if (sp.IsByte(id))
+            t = spm::PieceType::BYTE;
+        else if (proto.pieces[id].type == spm::PieceType::USER_DEFINED)
+            t = spm::PieceType::USER_DEFINED;
         v.types.push_back(static_cast<int32_t>(t));
     }
     v.bos_id = sp.bos_id();
@@ -270,15 +286,17 @@ SpmVocab load_spm_vocab(const std::string& path) {
     return v;
 }
 
-GgufWriter llama2c_to_gguf(const Llama2cCheckpoint& ck, const SpmVocab& vocab, GgmlType type,
-                           const std::string& name, std::vector<ConvertNote>* notes) {
+GgufWriter llama2c_to_gguf(const Llama2cCheckpoint& ck, const SpmVocab& vocab, GgmlType type, const std::string& name,
+                           std::vector<ConvertNote>* notes) {
     const Llama2cConfig& c = ck.config;
     if (!parse_output_type(ggml_type_name(type)))
-        throw Error(std::string("cannot write weights as ") + ggml_type_name(type) + " (can: " +
-                    output_type_names() + ")");
+        throw Error(std::string("cannot write weights as ") + ggml_type_name(type) + " (can: " + output_type_names() +
+                    ")");
     if (static_cast<int>(vocab.tokens.size()) != c.vocab_size)
-        throw Error("the tokenizer has " + std::to_string(vocab.tokens.size()) + " pieces but the checkpoint's "
-                    "vocab_size is " + std::to_string(c.vocab_size) + ": wrong --tokenizer for this model?");
+        throw Error("the tokenizer has " + std::to_string(vocab.tokens.size()) +
+                    " pieces but the checkpoint's "
+                    "vocab_size is " +
+                    std::to_string(c.vocab_size) + ": wrong --tokenizer for this model?");
 
     GgufWriter w;
     // Metadata: llama.cpp's keys, in the order its converters write them.

@@ -19,16 +19,16 @@
 namespace tandem {
 
 struct Llama2cConfig {
-    int version = 0;          // 0 = legacy (7-int header), 1 = "ak42" fp32, 2 = "ak42" int8
-    int dim = 0;              // embedding width
-    int hidden_dim = 0;       // FFN width
+    int version = 0;     // 0 = legacy (7-int header), 1 = "ak42" fp32, 2 = "ak42" int8
+    int dim = 0;         // embedding width
+    int hidden_dim = 0;  // FFN width
     int n_layers = 0;
     int n_heads = 0;
     int n_kv_heads = 0;
-    int vocab_size = 0;       // always positive here (the legacy sign is decoded into shared_classifier)
-    int seq_len = 0;          // the context the model was trained for
+    int vocab_size = 0;             // always positive here (the legacy sign is decoded into shared_classifier)
+    int seq_len = 0;                // the context the model was trained for
     bool shared_classifier = true;  // the output projection is the token embedding
-    int group_size = 0;       // version 2: weights per int8 scale group; 0 otherwise
+    int group_size = 0;             // version 2: weights per int8 scale group; 0 otherwise
 
     int head_size() const { return dim / n_heads; }
     int kv_dim() const { return n_kv_heads * head_size(); }
@@ -63,7 +63,8 @@ Llama2cCheckpoint read_llama2c(const std::string& path);
 struct SpmVocab {
     std::vector<std::string> tokens;
     std::vector<float> scores;
-    std::vector<int32_t> types;  // sentencepiece piece types: NORMAL=1 UNKNOWN=2 CONTROL=3 USER_DEFINED=4 UNUSED=5 BYTE=6
+    std::vector<int32_t>
+        types;  // sentencepiece piece types: NORMAL=1 UNKNOWN=2 CONTROL=3 USER_DEFINED=4 UNUSED=5 BYTE=6
     int bos_id = -1, eos_id = -1, unk_id = -1, pad_id = -1;  // -1: none
 };
 // Loads a sentencepiece .model file; tandem::Error when it cannot be loaded.
@@ -84,7 +85,7 @@ struct ConvertNote {
 // round(q * scale / scale) = q) but stores the scale as fp16, a relative change of at most 2^-11: close, not
 // bit-exact. Other group sizes regroup the values, which adds a second rounding. `name` goes to general.name. Throws tandem::Error when the vocabulary does not match the
 // checkpoint's vocab_size or the type cannot be produced.
-GgufWriter llama2c_to_gguf(const Llama2cCheckpoint& ckpt, const SpmVocab& vocab, GgmlType type,
-                           const std::string& name, std::vector<ConvertNote>* notes = nullptr);
+GgufWriter llama2c_to_gguf(const Llama2cCheckpoint& ckpt, const SpmVocab& vocab, GgmlType type, const std::string& name,
+                           std::vector<ConvertNote>* notes = nullptr);
 
 }  // namespace tandem

@@ -88,16 +88,16 @@ std::string QuantizeReport::summary() const {
     s += "\n";
     char ratio[32] = "";
     if (bytes_before > 0)
-        std::snprintf(ratio, sizeof ratio, " (%.1f%%)", 100.0 * static_cast<double>(bytes_after) /
-                                                            static_cast<double>(bytes_before));
+        std::snprintf(ratio, sizeof ratio, " (%.1f%%)",
+                      100.0 * static_cast<double>(bytes_after) / static_cast<double>(bytes_before));
     s += "tensor data: " + mib(bytes_before) + " -> " + mib(bytes_after) + ratio + "\n";
     return s;
 }
 
 GgufWriter requantize_gguf(const GgufFile& in, GgmlType type, QuantizeReport* report) {
     if (!parse_output_type(ggml_type_name(type)))
-        throw Error(std::string("cannot write tensors as ") + ggml_type_name(type) + " (can: " +
-                    output_type_names() + ")");
+        throw Error(std::string("cannot write tensors as ") + ggml_type_name(type) + " (can: " + output_type_names() +
+                    ")");
     QuantizeReport local;
     QuantizeReport& rep = report ? *report : local;
     rep = QuantizeReport{};

@@ -33,12 +33,12 @@ std::vector<uint8_t> encode_rows(GgmlType type, const float* src, uint64_t row_l
 // One tensor of a requantization.
 struct TensorChange {
     std::string name;
-    std::string shape;        // e.g. "[172, 64]"
+    std::string shape;  // e.g. "[172, 64]"
     GgmlType from = GgmlType::F32;
     GgmlType to = GgmlType::F32;
     uint64_t bytes_before = 0;
     uint64_t bytes_after = 0;
-    bool fell_back = false;   // `to` is the fallback type, not the requested one
+    bool fell_back = false;  // `to` is the fallback type, not the requested one
 };
 
 struct QuantizeReport {

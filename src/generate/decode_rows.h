@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "sample/candidates.h"
 #include "error.h"
+#include "sample/candidates.h"
 #include "sample/sampler.h"
 
 namespace tandem {

@@ -27,15 +27,24 @@ SamplerParams draft_sampler_params(const SamplerParams& target) {
 }  // namespace
 
 DraftRunner::DraftRunner(const DraftModel& draft, const GenerationParams& params, int base, std::span<const int> held)
-    : draft_(draft), sp_(params.speculative), sampler_params_(draft_sampler_params(params.sampler)),
-      chunk_(std::max(1, params.chunk)), vocab_(draft.model->config.n_vocab), k_cap_(std::max(0, sp_.draft_max)),
+    : draft_(draft),
+      sp_(params.speculative),
+      sampler_params_(draft_sampler_params(params.sampler)),
+      chunk_(std::max(1, params.chunk)),
+      vocab_(draft.model->config.n_vocab),
+      k_cap_(std::max(0, sp_.draft_max)),
       greedy_(params.sampler.temperature <= 0.0f),
       picks_only_(greedy_ && argmax_is_enough(params.sampler) && !params.whole_rows),
-      restrict_(sp_.draft_vocab > 0 && sp_.draft_vocab < vocab_), base_(base), held_(held),
-      sampler_(sampler_params_, std::max(1, vocab_)), logits_(static_cast<size_t>(std::max(1, vocab_))),
-      scratch_(logits_.size()), candidates_(params.whole_rows),
+      restrict_(sp_.draft_vocab > 0 && sp_.draft_vocab < vocab_),
+      base_(base),
+      held_(held),
+      sampler_(sampler_params_, std::max(1, vocab_)),
+      logits_(static_cast<size_t>(std::max(1, vocab_))),
+      scratch_(logits_.size()),
+      candidates_(params.whole_rows),
       extra_seen_(restrict_ ? static_cast<size_t>(vocab_ - sp_.draft_vocab) : 0),
-      ahead_q_(static_cast<size_t>(k_cap_) + 1), carried_q_(static_cast<size_t>(k_cap_) + 1) {
+      ahead_q_(static_cast<size_t>(k_cap_) + 1),
+      carried_q_(static_cast<size_t>(k_cap_) + 1) {
     fed_ = std::min(draft_.cache->n_committed(), base_);
     if (fed_ < base_ && static_cast<int>(held_.size()) < base_)
         throw Error("internal: the draft's cache holds fewer tokens than the target's, and they were not given");
@@ -50,8 +59,8 @@ double DraftRunner::bytes_per_step(const Model& draft, const SpeculativeParams& 
     const int vocab = draft.config.n_vocab;
     double bytes = static_cast<double>(draft.weights.bytes_per_token());
     if (sp.draft_vocab > 0 && sp.draft_vocab < vocab)  // the output rows it will not read
-        bytes -= static_cast<double>(draft.weights.output.n_bytes()) *
-                 (1.0 - static_cast<double>(sp.draft_vocab) / vocab);
+        bytes -=
+            static_cast<double>(draft.weights.output.n_bytes()) * (1.0 - static_cast<double>(sp.draft_vocab) / vocab);
     return bytes;
 }
 
@@ -194,8 +203,8 @@ void DraftRunner::draft_ahead(const std::vector<int>& history, std::span<const i
     ahead_stopped_ = false;
     const bool defers = draft_.backend->computes_in_background();
     const int room = draft_.cache->capacity() - draft_.cache->n_committed() + (holds_last ? 1 : 0);
-    const int limit = std::min({sp_.draft_ahead > 0 ? sp_.draft_ahead : k_cap_ + 1, k_cap_ + 1, room,
-                                std::max(0, tokens_left)});
+    const int limit =
+        std::min({sp_.draft_ahead > 0 ? sp_.draft_ahead : k_cap_ + 1, k_cap_ + 1, room, std::max(0, tokens_left)});
     context_ = history;
     context_.insert(context_.end(), drafted.begin(), drafted.end());
     bool have_output = holds_last;  // the last forward read drafted.back()

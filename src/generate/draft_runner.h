@@ -10,8 +10,8 @@
 
 #include "generate/decode_rows.h"
 #include "generate/generator.h"
-#include "sample/sampler.h"
 #include "generate/speculative.h"
+#include "sample/sampler.h"
 
 namespace tandem {
 
@@ -33,11 +33,11 @@ public:
     bool drafts_ahead_of(const Backend& target) const;
 
     struct Proposal {
-        int steps = 0;              // draft forwards behind it (DraftLengthController::record_round)
-        double step_seconds = 0;    // their time; 0 where it measures no draft step (a long catch-up, all carried)
-        bool caught_up = false;     // the draft first read a long catch-up (the prompt, earlier turns, plain rounds)
+        int steps = 0;            // draft forwards behind it (DraftLengthController::record_round)
+        double step_seconds = 0;  // their time; 0 where it measures no draft step (a long catch-up, all carried)
+        bool caught_up = false;   // the draft first read a long catch-up (the prompt, earlier turns, plain rounds)
         double catch_up_seconds = 0;
-        bool holds_last = false;    // the draft's cache holds the last draft too (the p_min rule stopped after it)
+        bool holds_last = false;  // the draft's cache holds the last draft too (the p_min rule stopped after it)
     };
     // Up to k tokens continuing `history` into `drafted` (empty on entry): first those drafted ahead for this round,
     // then the draft's own, until k or the p_min rule (from the second on). Sampled drafting draws each from the
@@ -67,8 +67,8 @@ public:
     // had drafted after). Nothing to do when nothing is carried.
     void drop_carried(int committed);
 
-    size_t ahead_count() const { return last_ahead_; }    // tokens drafted ahead in the round settled last
-    size_t carried() const { return carried_.size(); }    // tokens waiting for the next proposal
+    size_t ahead_count() const { return last_ahead_; }  // tokens drafted ahead in the round settled last
+    size_t carried() const { return carried_.size(); }  // tokens waiting for the next proposal
 
 private:
     // Reads `tokens`, keeping the last row for read_last (as `context_`'s next-token row).

@@ -10,9 +10,9 @@
 #include <utility>
 
 #include "backend.h"
+#include "error.h"
 #include "generate/decode_rows.h"
 #include "generate/draft_runner.h"
-#include "error.h"
 #include "model/model.h"
 
 namespace tandem {
@@ -70,9 +70,14 @@ public:
     using Clock = std::chrono::steady_clock;
     Output(const Model& model, const GenerationParams& params, const std::vector<int>& prompt,
            const std::function<bool(std::string_view)>& emit, GenerationStats& stats, Clock::time_point t_start)
-        : eos_(model.tokenizer->eos()), stop_tokens_(params.stop_tokens), n_predict_(params.n_predict), emit_(emit),
+        : eos_(model.tokenizer->eos()),
+          stop_tokens_(params.stop_tokens),
+          n_predict_(params.n_predict),
+          emit_(emit),
           stats_(stats),
-          t_start_(t_start), detok_(*model.tokenizer, /*at_start=*/false), stop_filter_(params.stops),
+          t_start_(t_start),
+          detok_(*model.tokenizer, /*at_start=*/false),
+          stop_filter_(params.stops),
           history(prompt) {
         history.reserve(prompt.size() + static_cast<size_t>(std::max(0, params.n_predict)) + 64);
     }
@@ -137,10 +142,13 @@ namespace {
 class Verification {
 public:
     Verification(const GenerationParams& params, int n_vocab, int k_cap)
-        : sampler_(params.sampler), greedy_(params.sampler.temperature <= 0.0f),
-          ids_only_(greedy_ && argmax_is_enough(params.sampler)), n_vocab_(n_vocab),
+        : sampler_(params.sampler),
+          greedy_(params.sampler.temperature <= 0.0f),
+          ids_only_(greedy_ && argmax_is_enough(params.sampler)),
+          n_vocab_(n_vocab),
           logits_((static_cast<size_t>(k_cap) + 1) * static_cast<size_t>(n_vocab)),
-          ids_(static_cast<size_t>(k_cap) + 1), candidates_(params.whole_rows),
+          ids_(static_cast<size_t>(k_cap) + 1),
+          candidates_(params.whole_rows),
           p_dists_(static_cast<size_t>(k_cap) + 1) {}
 
     // Runs (or queues, under deferred outputs) the target over cur + `drafted`, which follow `history`.
@@ -224,10 +232,9 @@ DraftLengthController make_controller(const SpeculativeParams& sp, const Model& 
     // steps (tests, benchmarks) leave its model as without.
     controller.set_draft_ahead(ahead_auto);
     const double prefill_token_s = stats.n_prompt >= 32 ? stats.prefill_s / stats.n_prompt : 0.0;
-    const double ratio =
-        draft ? DraftRunner::bytes_per_step(*draft, sp) /
-                    static_cast<double>(std::max<uint64_t>(1, target.weights.bytes_per_token()))
-              : 0.0;
+    const double ratio = draft ? DraftRunner::bytes_per_step(*draft, sp) /
+                                     static_cast<double>(std::max<uint64_t>(1, target.weights.bytes_per_token()))
+                               : 0.0;
     controller.set_cost_prior(ratio, prefill_token_s, ratio * stats.prefill_s, static_cast<double>(tokens_wanted));
     return controller;
 }
@@ -374,7 +381,10 @@ private:
 }  // namespace
 
 Generator::Generator(const Model& model, Backend& backend, KvCache& cache, DraftModel draft)
-    : model_(model), backend_(backend), cache_(cache), draft_(draft),
+    : model_(model),
+      backend_(backend),
+      cache_(cache),
+      draft_(draft),
       logits_(static_cast<size_t>(model.config.n_vocab)) {}
 
 void Generator::prefill(const std::vector<int>& prompt, int chunk) {

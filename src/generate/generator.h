@@ -8,8 +8,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sample/sampler.h"
 #include "generate/speculative.h"
+#include "sample/sampler.h"
 
 namespace tandem {
 
@@ -18,12 +18,12 @@ class Backend;
 class KvCache;
 
 struct GenerationParams {
-    int n_predict = -1;               // new tokens at most; -1 = until EOS or the context is full
-    int chunk = 256;                  // prompt tokens per prefill forward
-    std::vector<std::string> stops;   // generation ends before the first occurrence of any of these
-    std::vector<int> stop_tokens;     // tokens that end generation like EOS (e.g. a chat template's end of turn)
+    int n_predict = -1;              // new tokens at most; -1 = until EOS or the context is full
+    int chunk = 256;                 // prompt tokens per prefill forward
+    std::vector<std::string> stops;  // generation ends before the first occurrence of any of these
+    std::vector<int> stop_tokens;    // tokens that end generation like EOS (e.g. a chat template's end of turn)
     SamplerParams sampler;
-    SpeculativeParams speculative;    // used when the Generator has a draft model or speculative.lookup is set
+    SpeculativeParams speculative;  // used when the Generator has a draft model or speculative.lookup is set
     // Every row of logits comes back whole: no candidates (Backend::forward_candidates), no device confidence
     // (forward_argmax_confidence). The same tokens, slower on a GPU: for measuring what those save.
     bool whole_rows = false;
@@ -33,15 +33,15 @@ enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };
 const char* stop_reason_name(StopReason reason);
 
 struct GenerationStats {
-    int n_prompt = 0;          // tokens prefilled
-    double prefill_s = 0;      // wall time of the prefill forwards
-    double ttft_s = 0;         // from the start of prefill to the first token's text being handed out
-    int n_generated = 0;       // tokens sampled (EOS excluded)
-    double decode_s = 0;       // wall time from the first sampled token to the end
-    int n_decode_forwards = 0; // forwards of one token after the prompt
+    int n_prompt = 0;           // tokens prefilled
+    double prefill_s = 0;       // wall time of the prefill forwards
+    double ttft_s = 0;          // from the start of prefill to the first token's text being handed out
+    int n_generated = 0;        // tokens sampled (EOS excluded)
+    double decode_s = 0;        // wall time from the first sampled token to the end
+    int n_decode_forwards = 0;  // forwards of one token after the prompt
     StopReason stop = StopReason::Eos;
     std::vector<int> generated;  // the generated ids (EOS excluded), e.g. for a chat to keep its history
-    bool speculative = false;  // the speculative loop ran; `spec` holds its figures
+    bool speculative = false;    // the speculative loop ran; `spec` holds its figures
     SpeculativeStats spec;
 };
 
@@ -87,8 +87,8 @@ private:
     class Output;
     void prefill(const std::vector<int>& prompt, int chunk);
     void decode_plain(Output& out, Sampler& sampler, const GenerationParams& params);
-    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params, const std::vector<int>& prompt,
-                            std::span<const int> held);
+    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params,
+                            const std::vector<int>& prompt, std::span<const int> held);
 
     const Model& model_;
     Backend& backend_;

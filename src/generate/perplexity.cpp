@@ -33,7 +33,8 @@ double token_nll(std::span<const float> logits, int token) {
 }
 
 int perplexity_windows(int n_tokens, const PerplexityParams& p) {
-    if (p.n_ctx < 4) throw Error("perplexity needs a context of at least 4 tokens (got " + std::to_string(p.n_ctx) + ")");
+    if (p.n_ctx < 4)
+        throw Error("perplexity needs a context of at least 4 tokens (got " + std::to_string(p.n_ctx) + ")");
     if (p.batch < 1) throw Error("perplexity needs a batch of at least 1 token");
     if (n_tokens < 2 * p.n_ctx)
         throw Error("the text has " + std::to_string(n_tokens) + " tokens; perplexity with a context of " +

@@ -46,8 +46,8 @@ struct PerplexityResult {
     NllStats stats;
     std::vector<double> running_ppl;  // the perplexity over the first k windows, k = 1..n_windows
     int n_windows = 0;
-    int n_tokens_total = 0;           // the whole text's tokens
-    double seconds = 0.0;             // forward passes and scoring
+    int n_tokens_total = 0;  // the whole text's tokens
+    double seconds = 0.0;    // forward passes and scoring
     double ppl() const { return stats.ppl(); }
     double error() const { return stats.error(); }
 };
@@ -59,7 +59,6 @@ int perplexity_windows(int n_tokens, const PerplexityParams& params);
 // Evaluates `tokens` window by window on `backend`, reusing `cache` (capacity >= n_ctx; truncated before each
 // window). `on_window(k, running_ppl)` is called after window k (1-based) when given.
 PerplexityResult perplexity(Backend& backend, KvCache& cache, int n_vocab, std::span<const int> tokens,
-                            const PerplexityParams& params,
-                            const std::function<void(int, double)>& on_window = {});
+                            const PerplexityParams& params, const std::function<void(int, double)>& on_window = {});
 
 }  // namespace tandem

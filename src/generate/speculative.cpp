@@ -19,7 +19,8 @@ LookupProposal LookupProposer::propose(std::span<const int> ctx, int k) const {
     for (int j = size - 2; j >= 0; --j) {
         if (ctx[static_cast<size_t>(j)] != ctx[static_cast<size_t>(size - 1)]) continue;
         int len = 1;
-        while (len < n_max && j - len >= 0 && ctx[static_cast<size_t>(j - len)] == ctx[static_cast<size_t>(size - 1 - len)])
+        while (len < n_max && j - len >= 0 &&
+               ctx[static_cast<size_t>(j - len)] == ctx[static_cast<size_t>(size - 1 - len)])
             ++len;
         if (len < n_min) continue;
         const bool after = cursor_ >= 0 && j + 1 >= cursor_;
@@ -42,8 +43,10 @@ void LookupProposer::follow(const LookupProposal& proposal, int accepted) {
 }
 
 DraftLengthController::DraftLengthController(int draft_min, int draft_max)
-    : draft_min_(std::max(0, draft_min)), draft_max_(std::max(draft_min, draft_max)),
-      verify_s_(static_cast<size_t>(std::max(draft_min, draft_max)) + 2, -1.0), verify_recent_(verify_s_.size()) {
+    : draft_min_(std::max(0, draft_min)),
+      draft_max_(std::max(draft_min, draft_max)),
+      verify_s_(static_cast<size_t>(std::max(draft_min, draft_max)) + 2, -1.0),
+      verify_recent_(verify_s_.size()) {
     for (int m = 1; m <= kLookupBuckets; ++m) {
         lookup_trials_[static_cast<size_t>(m)] = kLookupPriorTrials;
         lookup_succ_[static_cast<size_t>(m)] = kLookupPriorTrials * lookup_prior(m);
@@ -136,8 +139,9 @@ int DraftLengthController::choose(int k_limit) {
     const int kmax = std::min(draft_max_, k_limit);
     if (kmax <= 0) return 0;
     const int kmin = std::min(draft_min_, kmax);
-    if (verify_s_[1] <= 0) return kmin;  // measure plain decoding first (kPlainSamples steps): every other cost is
-                                         // judged against it
+    if (verify_s_[1] <= 0)
+        return kmin;  // measure plain decoding first (kPlainSamples steps): every other cost is
+                      // judged against it
     if (!free_drafts_ && draft_step_s_ < 0) {
         // The draft has not run yet. If even the optimistic prior says it cannot win, never start it (it would
         // first have to read the whole prompt); otherwise draft a few tokens to measure its real cost.

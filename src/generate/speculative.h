@@ -22,13 +22,13 @@ class Sampler;
 struct SparseDistribution;
 
 struct SpeculativeParams {
-    int draft_max = 16;     // k never exceeds this
-    int draft_min = 0;      // nor goes below this (0 lets the controller fall back to plain decoding)
-    float p_min = 0.6f;     // a draft model stops proposing when its own top probability falls below this
+    int draft_max = 16;  // k never exceeds this
+    int draft_min = 0;   // nor goes below this (0 lets the controller fall back to plain decoding)
+    float p_min = 0.6f;  // a draft model stops proposing when its own top probability falls below this
     // A draft model computes the logits of the first draft_vocab ids and of every id in the context only (0: all;
     // Backend::restrict_logits). Proposals outside are never made; the output stays the target's exactly.
     int draft_vocab = 32768;
-    bool lookup = false;    // prompt-lookup drafting (with or without a draft model)
+    bool lookup = false;  // prompt-lookup drafting (with or without a draft model)
     // Matches of the context's last n tokens, n from lookup_ngram_min up to lookup_ngram_max (longer matches are
     // measured up to that length: how long a match is tells how far its continuation will be accepted). Even a
     // one-token match is worth a proposal where verifying one more token costs little (the 1.5B here: 2 tokens 32 ms
@@ -165,7 +165,7 @@ private:
     int draft_min_, draft_max_;
     bool free_drafts_ = false;
     bool draft_ahead_ = false;
-    double alpha_ = 0.7;          // running per-token acceptance estimate (prior: a typical draft's rate)
+    double alpha_ = 0.7;            // running per-token acceptance estimate (prior: a typical draft's rate)
     double succ_ = 0, trials_ = 0;  // decayed counts behind alpha_ (per round: x kDecay)
     static constexpr double kDecay = 0.9;
     // Acceptance from decayed counts; one pseudo-trial at the prior keeps it off 0 and 1.
@@ -177,8 +177,8 @@ private:
     double succ_long_ = 0, trials_long_ = 0;
     static constexpr double kLongDecay = 0.99;
     double long_run_acceptance() const { return acceptance(succ_long_, trials_long_); }
-    void relax_acceptance();  // one plain round: alpha_ one step toward long_run_acceptance()
-    double draft_step_s_ = -1;    // recent median seconds per draft forward (-1: not measured yet)
+    void relax_acceptance();    // one plain round: alpha_ one step toward long_run_acceptance()
+    double draft_step_s_ = -1;  // recent median seconds per draft forward (-1: not measured yet)
     RecentMedian<5> draft_steps_;
     std::vector<double> verify_s_;  // recent median seconds per target forward, by n_tokens (-1: not measured)
     std::vector<RecentMedian<5>> verify_recent_;
@@ -200,9 +200,9 @@ private:
     // Realised over predicted seconds of the last drafting rounds.
     RecentMedian<7> cost_ratios_;
     static constexpr int kCalibrationRounds = 4;  // rounds in before the scale applies
-    double cost_scale() const;  // median of cost_ratios_ (1 until kCalibrationRounds are in)
+    double cost_scale() const;                    // median of cost_ratios_ (1 until kCalibrationRounds are in)
     double round_cost(int k) const;  // the model's seconds for a round drafting k tokens (k = 0: a plain step)
-    int probe_interval_ = 32;  // rounds of plain decoding between probes; doubles while probes keep losing
+    int probe_interval_ = 32;        // rounds of plain decoding between probes; doubles while probes keep losing
     // The first plain steps, whose minimum starts verify_s_[1]: the first steps after a prefill are slower (seen:
     // 35-41 ms against 31 ms later for the 1.5B here), and a plain step looking slower than it is would make
     // drafting look better than it is.
@@ -211,8 +211,8 @@ private:
 };
 
 struct Verdict {
-    int n_accepted = 0;  // leading drafted tokens accepted
-    int next_token = -1; // the target's token after them (a correction on rejection, the bonus when all accepted)
+    int n_accepted = 0;   // leading drafted tokens accepted
+    int next_token = -1;  // the target's token after them (a correction on rejection, the bonus when all accepted)
 };
 
 // Verifies `drafted` (k tokens). `target` holds k + 1 target distributions (after the sampler's transforms) for the
@@ -225,8 +225,8 @@ Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDist
                         std::span<const SparseDistribution> draft, bool greedy, Sampler& sampler);
 
 struct SpeculativeStats {
-    int rounds = 0;               // verification forwards
-    int plain_steps = 0;          // rounds where the controller chose k = 0
+    int rounds = 0;       // verification forwards
+    int plain_steps = 0;  // rounds where the controller chose k = 0
     int64_t drafted = 0, accepted = 0;
     // Drafting ahead (SpeculativeParams::draft_ahead): draft forwards run while the target verified, and the tokens
     // they drafted that a later round proposed.

@@ -9,6 +9,8 @@
 
 namespace tandem {
 
+// ggml's ids, a row per family.
+// clang-format off
 enum class GgmlType : uint32_t {
     F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8, Q8_1 = 9,
     Q2_K = 10, Q3_K = 11, Q4_K = 12, Q5_K = 13, Q6_K = 14, Q8_K = 15,
@@ -16,12 +18,13 @@ enum class GgmlType : uint32_t {
     I8 = 24, I16 = 25, I32 = 26, I64 = 27, F64 = 28, IQ1_M = 29, BF16 = 30,
     TQ1_0 = 34, TQ2_0 = 35, MXFP4 = 39,
 };
+// clang-format on
 
 struct GgmlTypeInfo {
-    const char* name;       // ggml's lower-case name, e.g. "q4_0"
-    uint32_t block_size;    // elements per block (1 for plain scalar types)
-    uint32_t type_size;     // bytes per block
-    bool supported;         // tandem can compute with it
+    const char* name;     // ggml's lower-case name, e.g. "q4_0"
+    uint32_t block_size;  // elements per block (1 for plain scalar types)
+    uint32_t type_size;   // bytes per block
+    bool supported;       // tandem can compute with it
 };
 
 // Info for a known type id, or nullopt for an id ggml does not define.

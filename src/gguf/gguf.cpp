@@ -45,8 +45,8 @@ bool is_signed_type(GgufValueType t) {
 }
 
 bool is_integer_type(GgufValueType t) {
-    return is_signed_type(t) || t == GgufValueType::UINT8 || t == GgufValueType::UINT16 ||
-           t == GgufValueType::UINT32 || t == GgufValueType::UINT64;
+    return is_signed_type(t) || t == GgufValueType::UINT8 || t == GgufValueType::UINT16 || t == GgufValueType::UINT32 ||
+           t == GgufValueType::UINT64;
 }
 
 bool is_valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::FLOAT64); }
@@ -54,11 +54,19 @@ bool is_valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(GgufVal
 // Bytes a scalar occupies in the file; 0 for STRING and ARRAY, whose size depends on their content.
 uint64_t scalar_size(GgufValueType t) {
     switch (t) {
-        case GgufValueType::UINT8: case GgufValueType::INT8: case GgufValueType::BOOL: return 1;
-        case GgufValueType::UINT16: case GgufValueType::INT16: return 2;
-        case GgufValueType::UINT32: case GgufValueType::INT32: case GgufValueType::FLOAT32: return 4;
-        case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT64: return 8;
-        case GgufValueType::STRING: case GgufValueType::ARRAY: return 0;
+        case GgufValueType::UINT8:
+        case GgufValueType::INT8:
+        case GgufValueType::BOOL: return 1;
+        case GgufValueType::UINT16:
+        case GgufValueType::INT16: return 2;
+        case GgufValueType::UINT32:
+        case GgufValueType::INT32:
+        case GgufValueType::FLOAT32: return 4;
+        case GgufValueType::UINT64:
+        case GgufValueType::INT64:
+        case GgufValueType::FLOAT64: return 8;
+        case GgufValueType::STRING:
+        case GgufValueType::ARRAY: return 0;
     }
     return 0;
 }
@@ -111,9 +119,8 @@ public:
 
     void need(uint64_t n, const char* what) const {
         if (n > remaining())
-            fail("truncated file: " + std::string(what) + where + " at offset " + std::to_string(pos_) +
-                 " needs " + std::to_string(n) + " bytes, but the file is " + std::to_string(size_) +
-                 " bytes long");
+            fail("truncated file: " + std::string(what) + where + " at offset " + std::to_string(pos_) + " needs " +
+                 std::to_string(n) + " bytes, but the file is " + std::to_string(size_) + " bytes long");
     }
 
     template <class T>
@@ -174,9 +181,9 @@ GgufValue read_value(Reader& r, GgufValueType type, uint32_t depth, uint64_t& va
             v.elem_type = static_cast<GgufValueType>(elem);
             uint64_t count = r.read<uint64_t>("an array length");
             if (count > r.remaining() / min_element_size(v.elem_type))
-                r.fail("array of " + std::to_string(count) + " " + gguf_value_type_name(v.elem_type) +
-                       " elements" + r.where + " at offset " + std::to_string(at) +
-                       " cannot fit in the remaining " + std::to_string(r.remaining()) + " bytes of the file");
+                r.fail("array of " + std::to_string(count) + " " + gguf_value_type_name(v.elem_type) + " elements" +
+                       r.where + " at offset " + std::to_string(at) + " cannot fit in the remaining " +
+                       std::to_string(r.remaining()) + " bytes of the file");
             if (count > values_left)
                 r.fail("metadata holds more than " + std::to_string(kMaxMetadataValues) + " values" + r.where);
             values_left -= count;
@@ -242,10 +249,14 @@ bool GgufValue::is_integer() const { return is_integer_type(type); }
 
 std::string GgufValue::to_string(size_t max_items) const {
     switch (type) {
-        case GgufValueType::UINT8: case GgufValueType::UINT16: case GgufValueType::UINT32: case GgufValueType::UINT64:
-            return std::to_string(u);
-        case GgufValueType::INT8: case GgufValueType::INT16: case GgufValueType::INT32: case GgufValueType::INT64:
-            return std::to_string(i);
+        case GgufValueType::UINT8:
+        case GgufValueType::UINT16:
+        case GgufValueType::UINT32:
+        case GgufValueType::UINT64: return std::to_string(u);
+        case GgufValueType::INT8:
+        case GgufValueType::INT16:
+        case GgufValueType::INT32:
+        case GgufValueType::INT64: return std::to_string(i);
         case GgufValueType::FLOAT32: return format_float(static_cast<float>(f));
         case GgufValueType::FLOAT64: return format_float(f);
         case GgufValueType::BOOL: return u ? "true" : "false";
@@ -256,8 +267,8 @@ std::string GgufValue::to_string(size_t max_items) const {
         }
         case GgufValueType::ARRAY: {
             // "[string × 32000] '<unk>', '<s>', ..."; nested arrays are wrapped in braces to stay unambiguous.
-            std::string out = "[" + std::string(gguf_value_type_name(elem_type)) + " \u00d7 " +
-                              std::to_string(arr.size()) + "]";
+            std::string out =
+                "[" + std::string(gguf_value_type_name(elem_type)) + " \u00d7 " + std::to_string(arr.size()) + "]";
             for (size_t k = 0; k < arr.size() && k < max_items; ++k) {
                 out += k == 0 ? " " : ", ";
                 if (arr[k].type == GgufValueType::ARRAY)
@@ -398,8 +409,8 @@ void GgufFile::parse() {
         const std::string tq = "tensor " + quoted(t.name);
         r.where = " in tensor info " + std::to_string(k) + " (" + quoted(t.name) + ")";
         if (auto it = tensor_index_.find(t.name); it != tensor_index_.end())
-            fail("duplicate tensor name " + quoted(t.name) + " (tensor infos " + std::to_string(it->second) +
-                 " and " + std::to_string(k) + ")");
+            fail("duplicate tensor name " + quoted(t.name) + " (tensor infos " + std::to_string(it->second) + " and " +
+                 std::to_string(k) + ")");
 
         t.n_dims = r.read<uint32_t>("the number of dimensions");
         if (t.n_dims < 1 || t.n_dims > kMaxDims)
@@ -528,22 +539,19 @@ int64_t GgufFile::get_i64(std::string_view key) const {
 
 float GgufFile::get_f32(std::string_view key) const {
     const GgufValue& v = require(key);
-    if (v.type != GgufValueType::FLOAT32 && v.type != GgufValueType::FLOAT64)
-        wrong_type(key, v, "a float");
+    if (v.type != GgufValueType::FLOAT32 && v.type != GgufValueType::FLOAT64) wrong_type(key, v, "a float");
     return static_cast<float>(v.f);
 }
 
 bool GgufFile::get_bool(std::string_view key) const {
     const GgufValue& v = require(key);
-    if (v.type != GgufValueType::BOOL)
-        wrong_type(key, v, "a bool");
+    if (v.type != GgufValueType::BOOL) wrong_type(key, v, "a bool");
     return v.u != 0;
 }
 
 std::string GgufFile::get_string(std::string_view key) const {
     const GgufValue& v = require(key);
-    if (v.type != GgufValueType::STRING)
-        wrong_type(key, v, "a string");
+    if (v.type != GgufValueType::STRING) wrong_type(key, v, "a string");
     return std::string(v.str);
 }
 
@@ -570,8 +578,7 @@ std::vector<float> GgufFile::get_f32_array(std::string_view key) const {
 
 std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
     const GgufValue& v = require(key);
-    if (v.type != GgufValueType::ARRAY || !is_integer_type(v.elem_type))
-        wrong_type(key, v, "an array of integers");
+    if (v.type != GgufValueType::ARRAY || !is_integer_type(v.elem_type)) wrong_type(key, v, "an array of integers");
     std::vector<int64_t> out;
     out.reserve(v.arr.size());
     for (size_t k = 0; k < v.arr.size(); ++k) {
@@ -588,13 +595,9 @@ uint32_t GgufFile::get_u32_or(std::string_view key, uint32_t fallback) const {
     return find(key) ? get_u32(key) : fallback;
 }
 
-float GgufFile::get_f32_or(std::string_view key, float fallback) const {
-    return find(key) ? get_f32(key) : fallback;
-}
+float GgufFile::get_f32_or(std::string_view key, float fallback) const { return find(key) ? get_f32(key) : fallback; }
 
-bool GgufFile::get_bool_or(std::string_view key, bool fallback) const {
-    return find(key) ? get_bool(key) : fallback;
-}
+bool GgufFile::get_bool_or(std::string_view key, bool fallback) const { return find(key) ? get_bool(key) : fallback; }
 
 std::string GgufFile::get_string_or(std::string_view key, const std::string& fallback) const {
     return find(key) ? get_string(key) : fallback;

@@ -19,8 +19,19 @@
 namespace tandem {
 
 enum class GgufValueType : uint32_t {
-    UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
-    STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+    UINT8 = 0,
+    INT8 = 1,
+    UINT16 = 2,
+    INT16 = 3,
+    UINT32 = 4,
+    INT32 = 5,
+    FLOAT32 = 6,
+    BOOL = 7,
+    STRING = 8,
+    ARRAY = 9,
+    UINT64 = 10,
+    INT64 = 11,
+    FLOAT64 = 12,
 };
 const char* gguf_value_type_name(GgufValueType type);
 
@@ -28,14 +39,14 @@ const char* gguf_value_type_name(GgufValueType type);
 // element type and elements (arrays of arrays nest).
 struct GgufValue {
     GgufValueType type = GgufValueType::UINT8;
-    uint64_t u = 0;               // UINT8..UINT64, BOOL (0/1)
-    int64_t i = 0;                // INT8..INT64
-    double f = 0;                 // FLOAT32, FLOAT64
-    std::string_view str;         // STRING (points into the mapping)
+    uint64_t u = 0;                                  // UINT8..UINT64, BOOL (0/1)
+    int64_t i = 0;                                   // INT8..INT64
+    double f = 0;                                    // FLOAT32, FLOAT64
+    std::string_view str;                            // STRING (points into the mapping)
     GgufValueType elem_type = GgufValueType::UINT8;  // ARRAY
-    std::vector<GgufValue> arr;   // ARRAY
+    std::vector<GgufValue> arr;                      // ARRAY
 
-    bool is_integer() const;      // any signed or unsigned integer type
+    bool is_integer() const;  // any signed or unsigned integer type
     // Human-readable rendering for the inspector (arrays abbreviated after `max_items`).
     std::string to_string(size_t max_items = 8) const;
 };
@@ -45,7 +56,7 @@ struct GgufTensorInfo {
     uint32_t n_dims = 0;
     uint64_t ne[4] = {1, 1, 1, 1};  // ggml order: ne[0] is the contiguous (innermost) dimension
     GgmlType type = GgmlType::F32;
-    uint64_t offset = 0;            // relative to the start of the data section
+    uint64_t offset = 0;  // relative to the start of the data section
     uint64_t n_bytes = 0;
     const uint8_t* data = nullptr;  // points into the mapping
 
@@ -66,7 +77,7 @@ public:
     uint64_t alignment() const { return alignment_; }
     uint64_t file_size() const { return size_; }
     uint64_t data_offset() const { return data_offset_; }  // start of the tensor data section
-    const uint8_t* mapping() const { return base_; }        // the file's first byte, mapped
+    const uint8_t* mapping() const { return base_; }       // the file's first byte, mapped
 
     // Metadata in file order.
     const std::vector<std::pair<std::string, GgufValue>>& metadata() const { return kv_; }

@@ -74,8 +74,12 @@ void check_value(const std::string& key, const GgufValue& v) {
         case GgufValueType::INT8: fits_i(INT8_MIN, INT8_MAX); break;
         case GgufValueType::INT16: fits_i(INT16_MIN, INT16_MAX); break;
         case GgufValueType::INT32: fits_i(INT32_MIN, INT32_MAX); break;
-        case GgufValueType::UINT64: case GgufValueType::INT64: case GgufValueType::FLOAT32:
-        case GgufValueType::FLOAT64: case GgufValueType::BOOL: case GgufValueType::STRING: break;
+        case GgufValueType::UINT64:
+        case GgufValueType::INT64:
+        case GgufValueType::FLOAT32:
+        case GgufValueType::FLOAT64:
+        case GgufValueType::BOOL:
+        case GgufValueType::STRING: break;
         case GgufValueType::ARRAY:
             if (static_cast<uint32_t>(v.elem_type) > static_cast<uint32_t>(GgufValueType::FLOAT64))
                 bad("unknown array element type " + std::to_string(static_cast<uint32_t>(v.elem_type)));
@@ -229,8 +233,7 @@ void GgufWriter::add_tensor(const std::string& name, GgmlType type, const std::v
         throw Error(where + "ne[0] = " + std::to_string(dims[0]) + " is not a multiple of the " + info->name +
                     " block size " + std::to_string(info->block_size));
     uint64_t expected = 0;
-    if (__builtin_mul_overflow(ggml_row_bytes(type, dims[0]), rows, &expected))
-        throw Error(where + "shape overflows");
+    if (__builtin_mul_overflow(ggml_row_bytes(type, dims[0]), rows, &expected)) throw Error(where + "shape overflows");
     if (data.size() != expected)
         throw Error(where + "data holds " + std::to_string(data.size()) + " bytes, but the " + info->name +
                     " shape needs " + std::to_string(expected));

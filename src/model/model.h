@@ -6,8 +6,8 @@
 
 #include "gguf/gguf.h"
 #include "model/model_config.h"
-#include "text/tokenizer.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 namespace tandem {
 

@@ -8,8 +8,8 @@ namespace tandem {
 namespace {
 
 int positive_int(const GgufFile& f, const std::string& key, uint32_t value) {
-    if (value == 0 || value > (1u << 30)) throw Error(f.path() + ": metadata '" + key + "' has an invalid value " +
-                                                      std::to_string(value));
+    if (value == 0 || value > (1u << 30))
+        throw Error(f.path() + ": metadata '" + key + "' has an invalid value " + std::to_string(value));
     return static_cast<int>(value);
 }
 

@@ -30,7 +30,7 @@ struct ModelConfig {
     float rms_eps = 0;         // attention.layer_norm_rms_epsilon
     float rope_theta = 10000;  // rope.freq_base
     RopeStyle rope_style = RopeStyle::AdjacentPairs;
-    bool qkv_bias = false;     // Q, K and V projections carry a bias (qwen2)
+    bool qkv_bias = false;  // Q, K and V projections carry a bias (qwen2)
 
     int q_dim() const { return n_heads * head_dim; }
     int kv_dim() const { return n_kv_heads * head_dim; }

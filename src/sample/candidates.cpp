@@ -10,7 +10,8 @@
 
 namespace tandem {
 
-int plan_candidates(const SamplerParams& params, int n_vocab, std::span<const int> window, std::vector<int>& extra_ids) {
+int plan_candidates(const SamplerParams& params, int n_vocab, std::span<const int> window,
+                    std::vector<int>& extra_ids) {
     extra_ids.clear();
     int best;
     if (params.temperature == 0.0f)
@@ -42,7 +43,9 @@ void select_top_candidates(const float* row, size_t n, int k, float* logits, int
         int id;
     };
     // Sampler's order: a before b when its logit is larger, or equal with a lower id.
-    auto before = [](const Entry& a, const Entry& b) { return a.logit > b.logit || (a.logit == b.logit && a.id < b.id); };
+    auto before = [](const Entry& a, const Entry& b) {
+        return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+    };
     // A heap of the k best so far with the worst on top. Ids only grow along the scan, so a later logit enters the
     // heap only if it is strictly larger than the worst one's; once the heap is full, blocks whose largest logit is
     // not are skipped after a max that the compiler vectorises (nearly every block of a 150k row).

@@ -38,9 +38,7 @@ constexpr long kPartialSortMax = 256;
 // this is a strict weak ordering.
 struct ByLogit {
     const float* logit;
-    bool operator()(int a, int b) const {
-        return logit[a] > logit[b] || (logit[a] == logit[b] && a < b);
-    }
+    bool operator()(int a, int b) const { return logit[a] > logit[b] || (logit[a] == logit[b] && a < b); }
 };
 
 // Puts the best (middle - first) elements of [first, last) at the front, sorted.
@@ -142,8 +140,7 @@ void Sampler::validate(const SamplerParams& p) {
         throw Error("sampler: min_p must be in [0, 1] (0 = off), got " + fmt(p.min_p));
     if (!(p.repeat_penalty > 0.0f) || std::isinf(p.repeat_penalty))
         throw Error("sampler: repeat_penalty must be a finite value > 0 (1 = off), got " + fmt(p.repeat_penalty));
-    if (p.repeat_last_n < 0)
-        throw Error("sampler: repeat_last_n must be >= 0, got " + std::to_string(p.repeat_last_n));
+    if (p.repeat_last_n < 0) throw Error("sampler: repeat_last_n must be >= 0, got " + std::to_string(p.repeat_last_n));
 }
 
 Sampler::Sampler(SamplerParams params, int n_vocab) : params_(params), n_vocab_(n_vocab), rng_(params.seed) {

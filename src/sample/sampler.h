@@ -25,7 +25,7 @@ struct SamplerParams {
 struct SparseDistribution {
     std::vector<int> ids;
     std::vector<float> probs;
-    float at(int id) const;  // the probability of `id` (0 when absent)
+    float at(int id) const;    // the probability of `id` (0 when absent)
     void assign_one(int id) {  // certainty: a deterministic proposal (prompt lookup)
         ids.assign(1, id);
         probs.assign(1, 1.0f);
@@ -98,8 +98,8 @@ private:
     int load_candidates(const CandidateRow& row, std::span<const int> history);
     // After the top-k cut or the greedy pick: softmax, top-p, min-p, renormalisation (none for greedy).
     void transform();
-    int pick();                   // sample()'s draw from the prepared distribution (via kept_)
-    void write_kept(float* probs) const;  // distribution()'s dense row
+    int pick();                                // sample()'s draw from the prepared distribution (via kept_)
+    void write_kept(float* probs) const;       // distribution()'s dense row
     void write_kept(SparseDistribution& out);  // and its sparse one (sorts the kept ids by id)
     int argmax() const;
     void top_k();
@@ -113,13 +113,13 @@ private:
     Rng rng_;
 
     // Scratch, sized n_vocab once so that the per-token path never allocates.
-    std::vector<float> logit_;    // by id: logits after NaN clean-up and penalty
-    std::vector<float> prob_;     // by id: probability, valid only for the ids in ids_[0, n_kept_)
-    std::vector<int> ids_;        // candidate ids; a prefix [0, n_kept_) is the kept set
-    std::vector<uint8_t> seen_;   // by id: marks for the penalty's distinct-token pass and the candidates' dedup,
-                                  // all zero between calls
-    std::vector<float> dense_;    // by id: a large kept set's probabilities, to list them in id order
-    SparseDistribution kept_;     // what sample() draws from
+    std::vector<float> logit_;   // by id: logits after NaN clean-up and penalty
+    std::vector<float> prob_;    // by id: probability, valid only for the ids in ids_[0, n_kept_)
+    std::vector<int> ids_;       // candidate ids; a prefix [0, n_kept_) is the kept set
+    std::vector<uint8_t> seen_;  // by id: marks for the penalty's distinct-token pass and the candidates' dedup,
+                                 // all zero between calls
+    std::vector<float> dense_;   // by id: a large kept set's probabilities, to list them in id order
+    SparseDistribution kept_;    // what sample() draws from
     int n_kept_ = 0;
     // How ids_[0, n_kept_) is ordered: ascending id (no sort was needed), by (logit desc, id asc) (top-k), or
     // neither (top-p's quickselect). Each transform picks its cheapest path from this.

@@ -3,9 +3,8 @@
 #include "text/bpe_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include <algorithm>
+#include <pcre2.h>
 
 #include "error.h"
 #include "gguf/gguf.h"
@@ -26,12 +25,16 @@ int sequence_length(const unsigned char* s, size_t n) {
         len = 2;
     } else if (c >= 0xE0 && c <= 0xEF) {
         len = 3;
-        if (c == 0xE0) lo = 0xA0;       // overlong
-        else if (c == 0xED) hi = 0x9F;  // surrogates
+        if (c == 0xE0)
+            lo = 0xA0;  // overlong
+        else if (c == 0xED)
+            hi = 0x9F;  // surrogates
     } else if (c >= 0xF0 && c <= 0xF4) {
         len = 4;
-        if (c == 0xF0) lo = 0x90;       // overlong
-        else if (c == 0xF4) hi = 0x8F;  // past U+10FFFF
+        if (c == 0xF0)
+            lo = 0x90;  // overlong
+        else if (c == 0xF4)
+            hi = 0x8F;  // past U+10FFFF
     } else {
         return 0;
     }
@@ -127,7 +130,7 @@ uint64_t pair_key(int left, int right) {
     return static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32 | static_cast<uint32_t>(right);
 }
 
-constexpr size_t kMaxCachedWord = 64;   // longer words are rare and cheap to keep out
+constexpr size_t kMaxCachedWord = 64;      // longer words are rare and cheap to keep out
 constexpr size_t kCacheEntries = 1 << 16;  // cleared when full: simple, and text keeps re-filling the hot words
 
 }  // namespace
@@ -168,8 +171,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_gguf(const GgufFile& gguf, cons
         auto re = std::make_unique<Regex>();
         int err = 0;
         PCRE2_SIZE err_offset = 0;
-        re->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED,
-                                 PCRE2_UTF | PCRE2_UCP, &err, &err_offset, nullptr);
+        re->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern), PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                 &err, &err_offset, nullptr);
         if (!re->code) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(err, msg, sizeof msg);
@@ -198,7 +201,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_gguf(const GgufFile& gguf, cons
 
     const GgufValue* merges_value = gguf.find("tokenizer.ggml.merges");
     if (!merges_value)
-        throw Error(path + ": a byte-level BPE vocabulary (tokenizer.ggml.model \"gpt2\") without "
+        throw Error(path +
+                    ": a byte-level BPE vocabulary (tokenizer.ggml.model \"gpt2\") without "
                     "tokenizer.ggml.merges is not supported");
     const std::vector<std::string_view> merges = gguf.get_string_array("tokenizer.ggml.merges");
     bpe->merges_.reserve(merges.size() * 2);
@@ -218,7 +222,8 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_gguf(const GgufFile& gguf, cons
         // A merge whose parts or result are not tokens can never produce a token; llama.cpp would apply it and
         // then fall back to single characters, which real vocabularies never need.
         if (l == bpe->text_to_id_.end() || r == bpe->text_to_id_.end() || j == bpe->text_to_id_.end()) continue;
-        bpe->merges_.emplace(pair_key(l->second, r->second), Merge{static_cast<int>(rank), j->second});  // first (lowest) rank wins
+        bpe->merges_.emplace(pair_key(l->second, r->second),
+                             Merge{static_cast<int>(rank), j->second});  // first (lowest) rank wins
     }
 
     // What each token renders as (llama_token_to_piece with special = false).
@@ -239,8 +244,10 @@ std::unique_ptr<BpeTokenizer> BpeTokenizer::from_gguf(const GgufFile& gguf, cons
                 }
                 uint32_t cp = len == 1 ? s[k] : len == 2 ? (s[k] & 0x1Fu) : len == 3 ? (s[k] & 0x0Fu) : (s[k] & 0x07u);
                 for (int c = 1; c < len; ++c) cp = cp << 6 | (s[k + c] & 0x3Fu);
-                if (cp < 512 && inverse[cp] >= 0) out += static_cast<char>(inverse[cp]);
-                else out.append(t, k, static_cast<size_t>(len));  // a character outside the mapping: as is
+                if (cp < 512 && inverse[cp] >= 0)
+                    out += static_cast<char>(inverse[cp]);
+                else
+                    out.append(t, k, static_cast<size_t>(len));  // a character outside the mapping: as is
                 k += static_cast<size_t>(len);
             }
         }  // control, unknown, unused, byte: nothing
@@ -274,8 +281,9 @@ void BpeTokenizer::encode(std::string_view text, std::vector<int>& out) const {
                 const size_t len = end - begin;
                 size_t gap = 0, at = 0;  // unmatched text starts at `gap`; search resumes at `at`
                 while (at < len) {
-                    const int rc = re->jit ? pcre2_jit_match(re->code, subject + begin, len, at, PCRE2_NO_UTF_CHECK, md, nullptr)
-                                           : pcre2_match(re->code, subject + begin, len, at, PCRE2_NO_UTF_CHECK, md, nullptr);
+                    const int rc =
+                        re->jit ? pcre2_jit_match(re->code, subject + begin, len, at, PCRE2_NO_UTF_CHECK, md, nullptr)
+                                : pcre2_match(re->code, subject + begin, len, at, PCRE2_NO_UTF_CHECK, md, nullptr);
                     if (rc == PCRE2_ERROR_NOMATCH) break;
                     if (rc < 0) {
                         PCRE2_UCHAR msg[256];
@@ -323,7 +331,8 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int>& out) con
     if (cacheable) {
         std::lock_guard<std::mutex> lock(cache_mutex_);
         if (cache_.size() >= kCacheEntries) cache_.clear();
-        cache_.emplace(std::string(word), std::vector<int>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+        cache_.emplace(std::string(word),
+                       std::vector<int>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
     }
 }
 
@@ -358,7 +367,8 @@ void BpeTokenizer::merge_word(std::string_view word, std::vector<int>& out) cons
     };
     const auto later = [](const Candidate& a, const Candidate& b) { return a.order > b.order; };
     std::vector<Symbol> sym(static_cast<size_t>(n));
-    for (int i = 0; i < n; ++i) sym[i] = {byte_to_id_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
+    for (int i = 0; i < n; ++i)
+        sym[i] = {byte_to_id_[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1};
     std::vector<Candidate> heap;
     heap.reserve(static_cast<size_t>(n));
     const auto candidate = [&](int left, Candidate& out) {

@@ -29,7 +29,8 @@ std::vector<int> tokenize_chat(const Tokenizer& tokenizer, const ChatTemplate& t
     const auto& texts = tokenizer.token_texts();
     const auto& types = tokenizer.token_types();
     for (size_t id = 0; id < texts.size(); ++id)
-        if ((types[id] == 3 || types[id] == 4) && !texts[id].empty()) specials.emplace_back(texts[id], static_cast<int>(id));
+        if ((types[id] == 3 || types[id] == 4) && !texts[id].empty())
+            specials.emplace_back(texts[id], static_cast<int>(id));
     std::sort(specials.begin(), specials.end(),
               [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 

@@ -37,8 +37,13 @@ std::string unescape_literal(const std::string& raw) {
             case 'n': out += '\n'; break;
             case 't': out += '\t'; break;
             case 'r': out += '\r'; break;
-            case '\\': case '\'': case '"': out += e; break;
-            default: out += '\\'; out += e; break;  // Python keeps unknown escapes verbatim
+            case '\\':
+            case '\'':
+            case '"': out += e; break;
+            default:
+                out += '\\';
+                out += e;
+                break;  // Python keeps unknown escapes verbatim
         }
     }
     return out;
@@ -164,8 +169,9 @@ std::string render_mistral(const std::vector<ChatMessage>& m, bool /*gen*/) {
     const size_t first = has_system ? 1 : 0;
     for (size_t i = first, n = 0; i < m.size(); ++i, ++n) {
         if ((m[i].role == "user") != (n % 2 == 0))
-            refuse("mistral", "After the optional system message, conversation roles must alternate "
-                              "user/assistant/user/assistant/...");
+            refuse("mistral",
+                   "After the optional system message, conversation roles must alternate "
+                   "user/assistant/user/assistant/...");
     }
     std::string out = "<s>";
     for (size_t i = first; i < m.size(); ++i) {
@@ -178,8 +184,9 @@ std::string render_mistral(const std::vector<ChatMessage>& m, bool /*gen*/) {
         } else if (m[i].role == "assistant") {
             out += m[i].content + "</s>";
         } else {
-            refuse("mistral", "Only user and assistant roles are supported, with the exception of an initial "
-                              "optional system message!");
+            refuse("mistral",
+                   "Only user and assistant roles are supported, with the exception of an initial "
+                   "optional system message!");
         }
     }
     return out;
@@ -272,8 +279,8 @@ ChatTemplate ChatTemplate::detect(const std::string& src, std::string* warning) 
     if (warning) {
         std::string list;
         for (const auto& n : names()) list += (list.empty() ? "" : ", ") + n;
-        *warning = "unrecognised chat template in the model; using ChatML (choose another with --chat-template: " +
-                   list + ")";
+        *warning =
+            "unrecognised chat template in the model; using ChatML (choose another with --chat-template: " + list + ")";
     }
     return ChatTemplate("chatml", "");
 }

@@ -20,10 +20,9 @@ constexpr uint32_t kModelPieces = 1, kModelTrainerSpec = 2, kModelNormalizerSpec
 // ModelProto.SentencePiece
 constexpr uint32_t kPieceText = 1, kPieceScore = 2, kPieceType = 3;
 // TrainerSpec
-constexpr uint32_t kTrainerModelType = 3, kTrainerVocabSize = 4, kTrainerByteFallback = 35,
-                   kTrainerUnkId = 40, kTrainerBosId = 41, kTrainerEosId = 42, kTrainerPadId = 43,
-                   kTrainerUnkSurface = 44, kTrainerUnkPiece = 45, kTrainerBosPiece = 46,
-                   kTrainerEosPiece = 47, kTrainerPadPiece = 48;
+constexpr uint32_t kTrainerModelType = 3, kTrainerVocabSize = 4, kTrainerByteFallback = 35, kTrainerUnkId = 40,
+                   kTrainerBosId = 41, kTrainerEosId = 42, kTrainerPadId = 43, kTrainerUnkSurface = 44,
+                   kTrainerUnkPiece = 45, kTrainerBosPiece = 46, kTrainerEosPiece = 47, kTrainerPadPiece = 48;
 // NormalizerSpec
 constexpr uint32_t kNormName = 1, kNormPrecompiledCharsmap = 2, kNormAddDummyPrefix = 3,
                    kNormRemoveExtraWhitespaces = 4, kNormEscapeWhitespaces = 5;
@@ -231,7 +230,7 @@ void collect_charsmaps(std::string_view bytes, std::vector<std::string>& out) {
 
 NormalizerSpec parse_normalizer(std::string_view bytes) {
     NormalizerSpec n;
-    n.name.clear();                    // proto default
+    n.name.clear();                     // proto default
     n.remove_extra_whitespaces = true;  // proto default
     for (Reader r(bytes); !r.done();) {
         const Field f = r.next();

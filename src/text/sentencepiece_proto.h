@@ -28,8 +28,8 @@ enum class PieceType : int32_t {
 enum class ModelType : int32_t { UNIGRAM = 1, BPE = 2, WORD = 3, CHAR = 4 };
 
 struct Piece {
-    std::string piece;  // field 1
-    float score = 0;    // field 2
+    std::string piece;                   // field 1
+    float score = 0;                     // field 2
     PieceType type = PieceType::NORMAL;  // field 3 (NORMAL is the proto default and is not written)
 };
 
@@ -54,16 +54,16 @@ struct TrainerSpec {
 };
 
 struct NormalizerSpec {
-    std::string name = "identity";           // field 1: no Unicode normalization (no precompiled charsmap)
-    bool add_dummy_prefix = true;            // field 3: encode "Hello" as "▁Hello"
-    bool remove_extra_whitespaces = false;   // field 4: Llama keeps runs of spaces (the proto default is true)
-    bool escape_whitespaces = true;          // field 5: spaces become ▁ (U+2581)
+    std::string name = "identity";          // field 1: no Unicode normalization (no precompiled charsmap)
+    bool add_dummy_prefix = true;           // field 3: encode "Hello" as "▁Hello"
+    bool remove_extra_whitespaces = false;  // field 4: Llama keeps runs of spaces (the proto default is true)
+    bool escape_whitespaces = true;         // field 5: spaces become ▁ (U+2581)
 };
 
 struct ModelProto {
-    std::vector<Piece> pieces;        // field 1 (repeated)
-    TrainerSpec trainer_spec;         // field 2
-    NormalizerSpec normalizer_spec;   // field 3
+    std::vector<Piece> pieces;       // field 1 (repeated)
+    TrainerSpec trainer_spec;        // field 2
+    NormalizerSpec normalizer_spec;  // field 3
     // Read only, never written: every precompiled_charsmap (NormalizerSpec field 2) of every normalizer_spec and
     // denormalizer_spec (field 5) occurrence in the file. libsentencepiece walks these tries without bounds checks,
     // so a reader of untrusted files checks each one first (tokenizer.cpp); protobuf merges repeated

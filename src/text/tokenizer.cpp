@@ -3,8 +3,6 @@
 // tokenizer.h; the BPE algorithm itself is in bpe_tokenizer.cpp.
 #include "text/tokenizer.h"
 
-#include <sentencepiece_processor.h>
-
 #include <algorithm>
 #include <cassert>
 #include <cstddef>
@@ -12,10 +10,11 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <sentencepiece_processor.h>
 
-#include "text/bpe_tokenizer.h"
 #include "error.h"
 #include "gguf/gguf.h"
+#include "text/bpe_tokenizer.h"
 #include "text/sentencepiece_proto.h"
 
 namespace tandem {
@@ -27,9 +26,12 @@ int parse_byte_piece(std::string_view text) {
     int value = 0;
     for (char c : text.substr(3, 2)) {
         int digit;
-        if (c >= '0' && c <= '9') digit = c - '0';
-        else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-        else return -1;
+        if (c >= '0' && c <= '9')
+            digit = c - '0';
+        else if (c >= 'A' && c <= 'F')
+            digit = c - 'A' + 10;
+        else
+            return -1;
         value = value * 16 + digit;
     }
     return value;
@@ -131,7 +133,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
     const std::string model = gguf.get_string("tokenizer.ggml.model");
     if (model == "gpt2") return from_gguf_bpe(gguf);
     if (model != "llama")
-        throw Error(path + ": tokenizer model \"" + model + "\" is not supported (tokenizer.ggml.model must be "
+        throw Error(path + ": tokenizer model \"" + model +
+                    "\" is not supported (tokenizer.ggml.model must be "
                     "\"llama\", sentencepiece, or \"gpt2\", byte-level BPE)");
 
     const std::vector<std::string_view> tokens = gguf.get_string_array("tokenizer.ggml.tokens");
@@ -298,8 +301,7 @@ void Tokenizer::load(const std::string& serialized, const std::string& source) {
             byte_values_[id] = static_cast<int16_t>(parse_byte_piece(texts_[id]));
 
     for (int id = 0; id < n_vocab() && context_id_ < 0; ++id)
-        if (types_[id] == static_cast<int>(spm::PieceType::NORMAL) && !decode_unchecked({id}).empty())
-            context_id_ = id;
+        if (types_[id] == static_cast<int>(spm::PieceType::NORMAL) && !decode_unchecked({id}).empty()) context_id_ = id;
     // sentencepiece matches its user-defined pieces itself; only parse_special adds the control tokens.
     index_specials(/*bpe_always_user_defined=*/false);
 }
@@ -403,9 +405,7 @@ bool Tokenizer::is_control(int id) const {
 
 bool Tokenizer::is_byte(int id) const { return byte_value(id) >= 0; }
 
-int Tokenizer::byte_value(int id) const {
-    return id >= 0 && id < n_vocab() ? byte_values_[id] : -1;
-}
+int Tokenizer::byte_value(int id) const { return id >= 0 && id < n_vocab() ? byte_values_[id] : -1; }
 
 // ---- TokenStreamDecoder -------------------------------------------------------------------------------------
 

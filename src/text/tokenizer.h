@@ -68,7 +68,7 @@ public:
     // The vocabulary as stored, for comparing a draft model's vocabulary with the target's.
     const std::vector<std::string>& token_texts() const { return texts_; }
     const std::vector<int>& token_types() const { return types_; }  // sentencepiece / GGUF token type numbers
-    std::string model_type() const { return model_type_; }           // "llama" or "gpt2"
+    std::string model_type() const { return model_type_; }          // "llama" or "gpt2"
     bool is_bpe() const { return bpe_ != nullptr; }
     // The BPE pre-tokenizer (tokenizer.ggml.pre, e.g. "qwen2"); empty for sentencepiece.
     std::string pre_tokenizer() const;
@@ -93,7 +93,7 @@ private:
     struct Special {
         std::string text;
         int id;
-        bool always;            // matched even without parse_special
+        bool always;  // matched even without parse_special
     };
     std::vector<Special> specials_[256];  // by first byte, longest first
     std::vector<std::string> texts_;

@@ -32,8 +32,8 @@ VocabCheck check_draft_vocabulary(const Tokenizer& target, const Tokenizer& draf
                     target.model_type() + "'");
     auto special = [](const char* name, int t, int d) {
         if (t != d)
-            throw Error(std::string("the draft's ") + name + " token id " + std::to_string(d) + " differs from the target's " +
-                        std::to_string(t));
+            throw Error(std::string("the draft's ") + name + " token id " + std::to_string(d) +
+                        " differs from the target's " + std::to_string(t));
     };
     special("BOS", target.bos(), draft.bos());
     special("EOS", target.eos(), draft.eos());
@@ -51,8 +51,9 @@ VocabCheck check_draft_vocabulary(const Tokenizer& target, const Tokenizer& draf
     VocabCheck result;
     if (dt.size() < tt.size()) {
         result.draft_is_prefix = true;
-        result.note = "the draft's vocabulary (" + std::to_string(dt.size()) + " tokens) is a prefix of the target's (" +
-                      std::to_string(tt.size()) + "); the target's extra tokens are never proposed";
+        result.note = "the draft's vocabulary (" + std::to_string(dt.size()) +
+                      " tokens) is a prefix of the target's (" + std::to_string(tt.size()) +
+                      "); the target's extra tokens are never proposed";
     }
     return result;
 }
