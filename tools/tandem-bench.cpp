@@ -525,7 +525,12 @@ int main(int argc, char** argv) {
         return app.exit(e);
     }
     try {
-        tandem::environment();  // read once, before anything runs: a malformed switch is an error here
+        // Read once, before anything runs. A retired route variable is an error here: the run would measure the
+        // default route under the name the caller meant to force.
+        for (const std::string& note : tandem::environment().retired) {
+            if (note.rfind("TANDEM_CUDA_", 0) == 0) throw tandem::Error(note);
+            std::fprintf(stderr, "tandem-bench: warning: %s\n", note.c_str());
+        }
         if (!synth_name.empty()) {
             auto shape = tandem::synthetic_preset(synth_name);
             if (!shape)

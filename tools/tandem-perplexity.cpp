@@ -110,7 +110,8 @@ int main(int argc, char** argv) {
         ->capture_default_str()->check(CLI::IsMember({"f32", "f16", "q8_0"}));
     CLI11_PARSE(app, argc, argv);
     try {
-        tandem::environment();  // read once, before anything runs
+        for (const std::string& note : tandem::environment().retired)  // read once, before anything runs
+            std::fprintf(stderr, "tandem-perplexity: warning: %s\n", note.c_str());
         return run(opt);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%standem-perplexity: %s\n", g_progress_line ? "\n" : "", e.what());

@@ -4,6 +4,7 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <string_view>
 
@@ -48,6 +49,19 @@ Environment Environment::read(const EnvLookup& lookup) {
     e.history_path = (state.empty() ? e.home + "/.local/state" : state) + "/tandem/history";
     e.repack = value_of(lookup, "TANDEM_NO_REPACK") != "1";
     e.avx512 = value_of(lookup, "TANDEM_NO_AVX512") != "1";
+    for (const char* name :
+         {"TANDEM_CUDA_GRAPHS", "TANDEM_CUDA_MATVEC", "TANDEM_CUDA_INT8", "TANDEM_CUDA_FUSED_MATVECS",
+          "TANDEM_CUDA_GATE_UP_Q8", "TANDEM_CUDA_QKV_ROPE", "TANDEM_CUDA_QKV_PAIRS", "TANDEM_CUDA_MATVEC_NORM",
+          "TANDEM_CUDA_ONE_LAUNCH_PICKS", "TANDEM_CUDA_GEMM", "TANDEM_CUDA_PDL", "TANDEM_CUDA_STREAM_PRIORITY",
+          "TANDEM_CUDA_PERSISTENT_STEP"})
+        if (!value_of(lookup, name).empty()) {
+            std::string route = std::string(name).substr(std::string_view("TANDEM_CUDA_").size());
+            for (char& c : route) c = c == '_' ? '-' : static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            e.retired.push_back(std::string(name) + " is no longer read: tandem-bench --cuda-route " + route +
+                                "=VALUE forces that route");
+        }
+    if (!value_of(lookup, "TANDEM_SPEC_TRACE").empty())
+        e.retired.push_back("TANDEM_SPEC_TRACE is no longer read: --spec-trace traces the speculative rounds");
     return e;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -18,6 +19,11 @@ struct Environment {
     std::string history_path;      // ${XDG_STATE_HOME:-$HOME/.local/state}/tandem/history (the REPL's)
     bool repack = true;            // TANDEM_NO_REPACK=1: false, the CPU reads every matrix in the file's layout
     bool avx512 = true;            // TANDEM_NO_AVX512=1: false, the AVX2 kernels even where AVX-512 is there
+    // Variables that earlier versions read and this one does not, set in this environment, each with what replaced
+    // it ("TANDEM_CUDA_MATVEC is no longer read: tandem-bench --cuda-route matvec=VALUE"): a script that still sets
+    // one would otherwise measure the default under another route's name. The programs warn; tandem-bench refuses a
+    // TANDEM_CUDA_* one.
+    std::vector<std::string> retired;
 
     // Parses the variables `lookup` finds; an empty value counts as unset, as in the shell.
     static Environment read(const EnvLookup& lookup);

@@ -222,7 +222,8 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
-        tandem::environment();  // read once, before anything runs: a malformed switch is an error here
+        for (const std::string& note : tandem::environment().retired)  // read once, before anything runs
+            std::fprintf(stderr, "tandem: warning: %s\n", note.c_str());
         if (opt.list_models) return list_models();
         tandem::Sampler::validate(opt.gen.sampler);
         return run(opt);

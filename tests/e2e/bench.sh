@@ -83,5 +83,17 @@ rc=$?
 check "compare-llamacpp: an unknown --drafting exits 2" [ $rc -eq 2 ]
 check "compare-llamacpp: the error names the choices" grep -q "choose from 'both', 'draft', 'lookup'" "$tmp/err"
 
+# --cuda-route: a route that does not exist is an error naming it; a retired TANDEM_CUDA_* variable is refused (it
+# would measure the default under the name of the route it meant to force); on the CPU a valid route changes nothing.
+"$bench" -m "$model" -p 8 -n 2 -r 1 -t 1 --cuda-route matvec=splt >/dev/null 2>"$tmp/err"
+check_all "--cuda-route: an unknown value exits 1 naming the item" [ $? -eq 1 ] ::: \
+  grep -q -- "--cuda-route matvec=splt: expected matvec=auto, direct, staged, split or persistent" "$tmp/err"
+TANDEM_CUDA_MATVEC=split "$bench" -m "$model" -p 8 -n 2 -r 1 -t 1 >/dev/null 2>"$tmp/err"
+check_all "a retired TANDEM_CUDA_* variable is refused with its replacement" [ $? -eq 1 ] ::: \
+  grep -q -- "TANDEM_CUDA_MATVEC is no longer read: tandem-bench --cuda-route matvec=VALUE" "$tmp/err"
+"$bench" -m "$model" -p 8 -n 2 -r 1 -t 1 --json --cuda-route matvec=split --cuda-route graphs=0 >"$tmp/routed" \
+  2>/dev/null
+check_all "--cuda-route on the CPU: runs" [ $? -eq 0 ] ::: [ "$(grep -c '"test":"[pt][pg]"' "$tmp/routed")" -eq 2 ]
+
 echo "bench: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -106,6 +106,13 @@ else
   check "--backend cuda --kv-type q8_0 without a GPU: the error names CUDA" grep -q "CUDA" "$tmp/err"
 fi
 
+# A variable earlier versions read is named on stderr with what replaced it; the answer is the same.
+out_retired=$(TANDEM_CUDA_MATVEC=split TANDEM_SPEC_TRACE=1 "$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0 \
+              2>"$tmp/err")
+check_all "retired variables: a warning each, the same text" [ "$out_retired" = "$out" ] ::: \
+  grep -q "warning: TANDEM_CUDA_MATVEC is no longer read: tandem-bench --cuda-route matvec=VALUE" "$tmp/err" ::: \
+  grep -q "warning: TANDEM_SPEC_TRACE is no longer read: --spec-trace" "$tmp/err"
+
 # The repacked-weights cache (cpu/repack_cache.h): a one-shot run makes the copies into a cache file, the next maps
 # them (the chat loop too), and the text is the file layout's either way; TANDEM_REPACK_CACHE=0 keeps them in memory.
 # (Only where the CPU has the repacked kernels: -v names no copies elsewhere.)

@@ -57,6 +57,18 @@ TEST_CASE("environment: TANDEM_NO_REPACK=1 and TANDEM_NO_AVX512=1 turn the CPU p
     CHECK(read({{"TANDEM_NO_AVX512", ""}}).avx512);
 }
 
+TEST_CASE("environment: a variable earlier versions read is named with what replaced it") {
+    CHECK(read({}).retired.empty());
+    CHECK(read({{"TANDEM_CUDA_MATVEC", ""}}).retired.empty());  // empty is unset
+    const Environment e = read({{"TANDEM_CUDA_MATVEC", "split"}, {"TANDEM_CUDA_ONE_LAUNCH_PICKS", "0"},
+                                {"TANDEM_SPEC_TRACE", "1"}, {"TANDEM_NO_AVX512", "1"}});
+    REQUIRE(e.retired.size() == 3);
+    CHECK(e.retired[0] == "TANDEM_CUDA_MATVEC is no longer read: tandem-bench --cuda-route matvec=VALUE forces that "
+                          "route");
+    CHECK(e.retired[1].find("--cuda-route one-launch-picks=VALUE") != std::string::npos);
+    CHECK(e.retired[2].find("--spec-trace") != std::string::npos);
+}
+
 TEST_CASE("environment: the CPU dispatch choices are fixed once a kernel table is built") {
     // The test process's kernels have run (or will) with the defaults: setting them again is fine, changing not.
     const cpu::CpuDispatch now = cpu::dispatch();
