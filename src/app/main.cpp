@@ -75,6 +75,7 @@ int run(Options& opt) {
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
     if (chat) {
+        session.open_backends();
         tandem::ReplConfig rc;
         rc.chat_template = session.chat_template();
         rc.system = opt.system_prompt;

@@ -57,6 +57,7 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
                     std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                     std::to_string(model.config.context_length) + ")");
 
+    session.open_backends();  // the prompt fits: only now are weights copied or uploaded
     if (o.echo && !write_stdout(o.prompt)) return 0;
     Generator generator(model, session.backend(), session.cache(), session.draft());
     const GenerationStats st = generator.generate(tokens, params, write_stdout);

@@ -16,8 +16,9 @@ struct OneShotOptions {
     GenerationParams params;  // n_predict, chunk, sampler, speculative, stops
 };
 
-// Returns the process's exit status (0; a closed stdout ends the run quietly). Throws Error for a prompt longer
-// than the context.
+// Opens the session's backends once the prompt is known to fit, then generates. Returns the process's exit status
+// (0; a closed stdout ends the run quietly). Throws Error for a prompt longer than the context, before any backend
+// is made.
 int run_one_shot(Session& session, const OneShotOptions& options);
 
 }  // namespace tandem

@@ -192,14 +192,14 @@ std::optional<ChatTemplate> choose_template(const SessionOptions& o, const Model
 
 }  // namespace
 
-Session::Session(const SessionOptions& o) {
+Session::Session(const SessionOptions& o) : options_(o) {
     const BackendSettings& settings = o.backends;
-    const bool verbose = verbose_ = settings.verbose;
-    const std::string kind = resolve_backend(o.backend, "--backend", verbose);
+    const bool verbose = settings.verbose;
+    kind_ = resolve_backend(o.backend, "--backend", verbose);
 
     // No -m: the default model from the cache, with the default draft when it is installed too.
     model_path_ = o.model;
-    std::string draft_path = o.draft;
+    draft_path_ = o.draft;
     if (model_path_.empty()) {
         const auto target = installed_path(default_target());
         if (!target)
@@ -207,15 +207,15 @@ Session::Session(const SessionOptions& o) {
                         environment().models_dir + ": run scripts/fetch-models");
         model_path_ = *target;
         const auto draft = installed_path(default_draft());
-        if (draft_path.empty() && !o.no_draft && draft) {
-            draft_path = *draft;
+        if (draft_path_.empty() && !o.no_draft && draft) {
+            draft_path_ = *draft;
             std::fprintf(stderr, "tandem: %s with draft %s (--no-draft to turn drafting off)\n",
                          default_target().c_str(), default_draft().c_str());
         }
     } else if (auto known = installed_path(model_path_)) {
         model_path_ = *known;  // a model name from --list-models
     }
-    if (o.no_draft) draft_path.clear();
+    if (o.no_draft) draft_path_.clear();
 
     model_ = Model::load(model_path_, o.tokenizer);
     const ModelConfig& c = model_->config;
@@ -228,27 +228,30 @@ Session::Session(const SessionOptions& o) {
 
     // The draft model is loaded and its vocabulary checked before either backend is made, and a pair on one GPU is
     // planned as a whole: what cannot run is refused before the target's weights are uploaded.
-    std::string draft_kind;
-    if (!draft_path.empty()) {
-        draft_kind = resolve_backend(o.draft_backend, "--draft-backend", verbose);
-        draft_model_ = load_draft(*model_, model_path_, draft_path);
-        check_pair_fits(kind, *model_, draft_kind, *draft_model_, n_ctx_, settings);
+    if (!draft_path_.empty()) {
+        draft_kind_ = resolve_backend(o.draft_backend, "--draft-backend", verbose);
+        draft_model_ = load_draft(*model_, model_path_, draft_path_);
+        check_pair_fits(kind_, *model_, draft_kind_, *draft_model_, n_ctx_, settings);
     }
+}
 
-    backend_ = make_backend(kind, *model_, n_ctx_, settings, BackendRole::Target);
+void Session::open_backends() {
+    if (backend_) return;
+    const SessionOptions& o = options_;
+    const BackendSettings& settings = o.backends;
+    backend_ = make_backend(kind_, *model_, n_ctx_, settings, BackendRole::Target);
     cache_ = backend_->new_cache(n_ctx_);
-    if (draft_model_) {
-        if (verbose && o.draft_requant && draft_kind == "cuda")
-            std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
-        // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied (the
-        // backend copies every row when the value is 0 or covers the whole vocabulary).
-        draft_backend_ = make_backend(draft_kind, *draft_model_, n_ctx_, settings, BackendRole::Draft, o.draft_requant,
-                                      o.draft_vocab);
-        draft_cache_ = draft_backend_->new_cache(n_ctx_);
-        if (verbose)
-            std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", draft_path.c_str(),
-                         draft_model_->config.n_layers, draft_model_->config.dim);
-    }
+    if (!draft_model_) return;
+    if (settings.verbose && o.draft_requant && draft_kind_ == "cuda")
+        std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
+    // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied (the
+    // backend copies every row when the value is 0 or covers the whole vocabulary).
+    draft_backend_ =
+        make_backend(draft_kind_, *draft_model_, n_ctx_, settings, BackendRole::Draft, o.draft_requant, o.draft_vocab);
+    draft_cache_ = draft_backend_->new_cache(n_ctx_);
+    if (settings.verbose)
+        std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", draft_path_.c_str(),
+                     draft_model_->config.n_layers, draft_model_->config.dim);
 }
 
 }  // namespace tandem

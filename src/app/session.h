@@ -79,25 +79,33 @@ struct SessionOptions {
     BackendSettings backends;
 };
 
-// A loaded model (and draft) with their backends and KV caches, ready for a Generator.
+// A loaded model (and draft) with their backends and KV caches, ready for a Generator. Built in two steps so that
+// what cannot run is refused before any weight is copied or uploaded: the constructor loads the models, checks the
+// draft against the target (and a pair's room on one GPU) and chooses the template and context; open_backends()
+// then makes the backends and caches (a caller checks its prompt in between).
 class Session {
 public:
     explicit Session(const SessionOptions& options);
+    // Makes the backends and their caches (once; later calls do nothing).
+    void open_backends();
 
     const Model& model() const { return *model_; }
     const std::string& model_path() const { return model_path_; }
+    // The chat template for the prompt: nullopt for --raw or a model without one.
+    const std::optional<ChatTemplate>& chat_template() const { return template_; }
+    int n_ctx() const { return n_ctx_; }
+    bool verbose() const { return options_.backends.verbose; }
+
+    // After open_backends():
     Backend& backend() { return *backend_; }
     KvCache& cache() { return *cache_; }
     // The draft's model, backend and cache (all null without a draft).
     DraftModel draft() { return {draft_model_.get(), draft_backend_.get(), draft_cache_.get()}; }
-    // The chat template for the prompt: nullopt for --raw or a model without one.
-    const std::optional<ChatTemplate>& chat_template() const { return template_; }
-    int n_ctx() const { return n_ctx_; }
-    bool verbose() const { return verbose_; }
 
 private:
-    bool verbose_ = false;
-    std::string model_path_;
+    SessionOptions options_;
+    std::string model_path_, draft_path_;
+    std::string kind_, draft_kind_;  // the resolved --backend and --draft-backend
     std::unique_ptr<Model> model_;
     std::unique_ptr<Model> draft_model_;
     std::optional<ChatTemplate> template_;

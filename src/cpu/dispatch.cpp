@@ -1,7 +1,6 @@
 // The process-wide CPU kernel choices (dispatch.h).
 #include "cpu/dispatch.h"
 
-#include <atomic>
 #include <mutex>
 
 #include "error.h"
