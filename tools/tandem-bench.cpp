@@ -38,6 +38,7 @@
 #include "error.h"
 #include "generate/generator.h"
 #include "model/model.h"
+#include "text/chat_prompt.h"
 
 namespace {
 
@@ -246,19 +247,38 @@ int record_agreement(const tandem::Model& model, const std::string& draft_path,
     return 0;
 }
 
-// Greedy generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side.
-// With `serve`, after loading it answers one generation per stdin line instead: "plain I" or "spec I" (prompt I,
-// from 0), one JSON line each, so that a caller can interleave the runs with another engine's.
+// How the speculative benchmark samples: greedy at temperature 0, else the CLI's sampler defaults at `temperature`,
+// repetition r (from 1) with seed `seed` + r - 1, so that medians and acceptance span several samples, and the
+// verification scheme `scheme`.
+struct BenchSampling {
+    float temperature = 0.0f;
+    uint64_t seed = 1234;
+    tandem::SpecSampling scheme = tandem::SpecSampling::Coupled;
+};
+
+// Generation of n tokens per prompt, plain and speculative, interleaved `reps` times; medians side by side, the
+// acceptance over all repetitions. Where the output must be plain decoding's (greedy, coupled sampling), a
+// speculative run that differs from the plain run of its seed is an error. With `serve`, after loading it answers
+// one generation per stdin line instead: "plain I [SEED]" or "spec I [SEED]" (prompt I, from 0), one JSON line
+// each, so that a caller can interleave the runs with another engine's.
 int speculative_bench(const tandem::Model& model, const std::string& draft_path,
                       std::optional<tandem::GgmlType> draft_requant, bool lookup, int draft_vocab,
-                      const std::vector<std::string>& prompts, int n_gen, int reps,
+                      const std::vector<std::string>& prompts, bool chat, int n_gen, int reps,
                       const tandem::BackendSettings& settings, bool json, bool serve, const std::string& backend_kind,
-                      float temperature, bool whole_rows, int draft_ahead, bool trace) {
+                      const BenchSampling& sampling, bool whole_rows, int draft_ahead, bool trace) {
     const int chunk = settings.chunk;
+    std::optional<tandem::ChatTemplate> tmpl;
+    if (chat) {
+        const std::string source = model.file->get_string_or("tokenizer.chat_template", "");
+        if (source.empty()) throw tandem::Error("--chat: the model has no chat template");
+        tmpl = tandem::ChatTemplate::detect(source);
+    }
     std::vector<std::vector<int>> encoded;
     int n_ctx_max = 0;
     for (const std::string& text : prompts) {
-        encoded.push_back(model.tokenizer->encode(text, model.tokenizer->add_bos()));
+        // --chat: one user turn, as tandem sends a prompt to an instruct model (without its end-of-turn stop).
+        encoded.push_back(tmpl ? tandem::tokenize_chat(*model.tokenizer, *tmpl, {{"user", text}}, true)
+                               : model.tokenizer->encode(text, model.tokenizer->add_bos()));
         n_ctx_max = std::max(n_ctx_max, static_cast<int>(encoded.back().size()) + n_gen + 70);
     }
     std::unique_ptr<tandem::Model> draft_model;
@@ -274,7 +294,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         make_bench_backend(backend_kind, model, n_ctx_max, settings);
     tandem::Backend& backend = *backend_ptr;
 
-    auto run = [&](const std::vector<int>& prompt, bool speculative) {
+    auto run = [&](const std::vector<int>& prompt, bool speculative, uint64_t seed) {
         const int n_ctx = static_cast<int>(prompt.size()) + n_gen + 70;
         auto cache = backend.new_cache(n_ctx);
         std::unique_ptr<tandem::KvCache> draft_cache;
@@ -286,8 +306,9 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         tandem::GenerationParams params;
         params.n_predict = n_gen;
         params.chunk = chunk;
-        params.sampler.temperature = temperature;  // > 0: the CLI's sampler defaults (top-k 40, ...), a fixed seed
-        params.sampler.seed = 1234;
+        params.sampler.temperature = sampling.temperature;  // > 0: the CLI's sampler defaults (top-k 40, ...)
+        params.sampler.seed = seed;
+        params.speculative.sampling = sampling.scheme;
         params.whole_rows = whole_rows;
         params.speculative.lookup = speculative && lookup;
         params.speculative.draft_vocab = draft_vocab;
@@ -308,15 +329,17 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
             if (line == "quit") break;
             char mode[16] = {0};
             int index = -1;
-            if (std::sscanf(line.c_str(), "%15s %d", mode, &index) != 2 || index < 0 ||
-                index >= static_cast<int>(encoded.size()) ||
+            unsigned long long seed = sampling.seed;
+            const int fields = std::sscanf(line.c_str(), "%15s %d %llu", mode, &index, &seed);
+            if (fields < 2 || index < 0 || index >= static_cast<int>(encoded.size()) ||
                 (std::strcmp(mode, "plain") != 0 && std::strcmp(mode, "spec") != 0)) {
-                std::printf("{\"error\":%s}\n", json_string("bad request '" + line + "' (plain I | spec I)").c_str());
+                std::printf("{\"error\":%s}\n",
+                            json_string("bad request '" + line + "' (plain I [SEED] | spec I [SEED])").c_str());
                 std::fflush(stdout);
                 continue;
             }
             const bool speculative = std::strcmp(mode, "spec") == 0;
-            const tandem::GenerationStats st = run(encoded[static_cast<size_t>(index)], speculative);
+            const tandem::GenerationStats st = run(encoded[static_cast<size_t>(index)], speculative, seed);
             std::printf("{\"test\":\"%s\",\"prompt\":%d,\"n_generated\":%d,\"seconds\":%.6f,\"tokens_per_s\":%.4f,"
                         "\"drafted\":%lld,\"accepted\":%lld,\"rounds\":%d,\"plain_steps\":%d}\n",
                         mode, index, st.n_generated, st.decode_s, st.n_generated / st.decode_s,
@@ -336,31 +359,43 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
         const std::string& text = prompts[i];
         const std::vector<int>& prompt = encoded[i];
         std::vector<double> plain, spec;
-        double acceptance = 0, mean_accepted = 0, from_ahead = 0;  // from_ahead: of the drafts proposed
-        int n_plain = 0, n_spec = 0;
+        int64_t drafted = 0, accepted = 0, ahead_used = 0;
+        int drafting_rounds = 0, n_plain = 0, n_spec = 0;
+        const bool must_match = sampling.temperature == 0.0f || sampling.scheme == tandem::SpecSampling::Coupled;
         for (int r = 0; r <= reps; ++r) {  // run 0 is a warm-up
+            const uint64_t seed = sampling.seed + static_cast<uint64_t>(std::max(0, r - 1));
+            std::vector<int> plain_tokens;
             for (bool speculative : {false, true}) {
-                const tandem::GenerationStats st = run(prompt, speculative);
+                const tandem::GenerationStats st = run(prompt, speculative, seed);
+                if (!speculative) plain_tokens = st.generated;
+                if (speculative && must_match && st.generated != plain_tokens)
+                    throw tandem::Error("prompt " + std::to_string(i + 1) + ", seed " + std::to_string(seed) +
+                                        ": the speculative output differs from plain decoding's");
                 const double tps = st.n_generated / st.decode_s;
                 if (r == 0) continue;
                 (speculative ? spec : plain).push_back(tps);
                 (speculative ? n_spec : n_plain) = st.n_generated;
-                if (speculative && st.spec.drafted > 0) {
-                    acceptance = static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.drafted);
-                    const int drafting_rounds = st.spec.rounds - st.spec.plain_steps;
-                    mean_accepted = drafting_rounds ? static_cast<double>(st.spec.accepted) / drafting_rounds : 0;
-                    from_ahead = static_cast<double>(st.spec.ahead_used) / static_cast<double>(st.spec.drafted);
+                if (speculative) {
+                    drafted += st.spec.drafted;
+                    accepted += st.spec.accepted;
+                    ahead_used += st.spec.ahead_used;
+                    drafting_rounds += st.spec.rounds - st.spec.plain_steps;
                 }
             }
         }
+        const double acceptance = drafted ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0;
+        const double mean_accepted = drafting_rounds ? static_cast<double>(accepted) / drafting_rounds : 0.0;
+        const double from_ahead = drafted ? static_cast<double>(ahead_used) / static_cast<double>(drafted) : 0.0;
         const double p = median(plain), s = median(spec);
         if (json) {
             std::printf("{\"test\":\"speculative\",\"prompt\":%s,\"n_prompt\":%zu,\"n_generated_plain\":%d,"
                         "\"n_generated_speculative\":%d,\"plain_tokens_per_s\":%.4f,\"speculative_tokens_per_s\":%.4f,"
                         "\"acceptance\":%.4f,\"mean_accepted\":%.4f,\"drafted_ahead\":%.4f,\"reps\":%d,\"draft\":%s,"
-                        "\"lookup\":%s}\n",
+                        "\"lookup\":%s,\"temperature\":%g,\"spec_sampling\":\"%s\",\"seed\":%llu}\n",
                         json_string(text).c_str(), prompt.size(), n_plain, n_spec, p, s, acceptance, mean_accepted,
-                        from_ahead, reps, draft_model ? "true" : "false", lookup ? "true" : "false");
+                        from_ahead, reps, draft_model ? "true" : "false", lookup ? "true" : "false",
+                        sampling.temperature, tandem::spec_sampling_name(sampling.scheme),
+                        static_cast<unsigned long long>(sampling.seed));
             std::fflush(stdout);
             continue;
         }
@@ -477,6 +512,9 @@ int main(int argc, char** argv) {
                    "with --draft: write, for each prompt, where the draft's greedy pick is the target's along the "
                    "target's greedy output (-n tokens) and the draft's top probability there, for --next-token-pattern");
     app.add_option("--prompts", prompts_path, "speculative mode: prompts, one per line (default: three built in)");
+    bool chat = false;
+    app.add_flag("--chat", chat,
+                 "speculative mode: each prompt is a user turn in the model's chat template, as tandem sends it");
     app.add_flag("--unescape", unescape, "the --prompts lines use the escapes \\n, \\t and \\\\ (multi-line prompts)");
     app.add_flag("--json", json, "print JSON lines instead of Markdown tables");
     app.add_flag("--serve", serve,
@@ -490,10 +528,16 @@ int main(int argc, char** argv) {
         ->capture_default_str()->check(CLI::IsMember({"cpu", "cuda"}));
     app.add_option("--kv-type", kv_type, "KV-cache storage: f16, f32 (CPU), q8_0")
         ->capture_default_str()->check(CLI::IsMember({"f32", "f16", "q8_0"}));
-    float temperature = 0.0f;
-    app.add_option("--temp", temperature,
-                   "speculative mode: sampling temperature (0: greedy; else the CLI's sampler defaults, seed 1234)")
+    BenchSampling sampling;
+    app.add_option("--temp", sampling.temperature,
+                   "speculative mode: sampling temperature (0: greedy; else the CLI's sampler defaults)")
         ->capture_default_str()->check(CLI::Range(0.0, 100.0));
+    app.add_option("--seed", sampling.seed, "speculative mode: the seed of the first repetition (then +1 each)")
+        ->capture_default_str();
+    std::string spec_sampling = "coupled";
+    app.add_option("--spec-sampling", spec_sampling,
+                   "speculative mode at --temp > 0: coupled (the output is plain decoding's for the seed) or rejection")
+        ->capture_default_str()->check(CLI::IsMember({"coupled", "rejection"}));
     bool whole_rows = false;
     app.add_flag("--whole-rows", whole_rows,
                  "speculative mode: every row of logits comes back whole (no candidates, no device confidence): the "
@@ -563,6 +607,8 @@ int main(int argc, char** argv) {
         // Speculative mode builds its own backends (the target's and the draft's): before the pp/tg one, which it
         // would only repack for nothing.
         if (!record_path.empty() && draft_path.empty()) throw tandem::Error("--record-agreement needs --draft");
+        sampling.scheme =
+            spec_sampling == "rejection" ? tandem::SpecSampling::Rejection : tandem::SpecSampling::Coupled;
         if (verify_sizes.empty() && (!draft_path.empty() || lookup)) {
             std::vector<std::string> prompts = {"Once upon a time", "Lily and Tom went to the park",
                                                 "The little dog was sad because"};
@@ -575,8 +621,8 @@ int main(int argc, char** argv) {
             }
             if (!record_path.empty())
                 return record_agreement(*model, draft_path, prompts, n_gen, settings, backend_kind, record_path);
-            return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts,
-                                     n_gen, reps, settings, json, serve, backend_kind, temperature, whole_rows,
+            return speculative_bench(*model, draft_path, tandem::parse_requant(draft_requant), lookup, draft_vocab, prompts, chat,
+                                     n_gen, reps, settings, json, serve, backend_kind, sampling, whole_rows,
                                      draft_ahead, spec_trace);
         }
         const tandem::ModelConfig& c = model->config;

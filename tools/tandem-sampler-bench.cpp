@@ -56,13 +56,13 @@ int main(int argc, char** argv) {
             for (float& x : row) x = normal(rng);
             for (int j = 0; j < 8; ++j) row[rng() % row.size()] = 14.0f + static_cast<float>(j);
             const Clock::time_point t0 = Clock::now();
-            sink += whole.sample(row.data(), history);
+            sink += whole.sample(row.data(), history, r);
             const Clock::time_point t1 = Clock::now();
             select_top_candidates(row.data(), row.size(), k, top.data(), top_ids.data());
             for (size_t j = 0; j < extra.size(); ++j) extra_logits[j] = row[static_cast<size_t>(extra[j])];
-            sink += selected.sample(CandidateRow{top, top_ids, extra, extra_logits}, history);
+            sink += selected.sample(CandidateRow{top, top_ids, extra, extra_logits}, history, r);
             const Clock::time_point t2 = Clock::now();
-            sink += given.sample(CandidateRow{top, top_ids, extra, extra_logits}, history);
+            sink += given.sample(CandidateRow{top, top_ids, extra, extra_logits}, history, r);
             const Clock::time_point t3 = Clock::now();
             given.distribution(CandidateRow{top, top_ids, extra, extra_logits}, history, dense_probs.data());
             const Clock::time_point t4 = Clock::now();

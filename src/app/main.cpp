@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <random>
 #include <sstream>
 
@@ -201,6 +202,13 @@ int main(int argc, char** argv) {
     app.add_flag(
         "--lookup", opt.gen.speculative.lookup,
         "prompt-lookup drafting: propose what followed the longest earlier match of the context's last tokens");
+    app.add_option("--spec-sampling", opt.gen.speculative.sampling,
+                   "how sampled speculative decoding verifies: coupled (the draft shares the target's noise; the "
+                   "output is exactly --no-draft's for the seed) or rejection (accepts more where the draft is "
+                   "weaker; the seed's output then varies with the draft lengths chosen)")
+        ->transform(CLI::CheckedTransformer(std::map<std::string, tandem::SpecSampling>{
+            {"coupled", tandem::SpecSampling::Coupled}, {"rejection", tandem::SpecSampling::Rejection}}))
+        ->default_str("coupled");
     app.add_flag("--spec-trace", opt.gen.speculative.trace,
                  "one stderr line per speculative round (draft length, drafted, accepted, timings), for diagnosis");
     app.add_flag("-v,--verbose", opt.verbose, "log model details to stderr");

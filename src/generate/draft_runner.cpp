@@ -17,19 +17,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// The draft samples with the target's transforms and its own random stream.
-SamplerParams draft_sampler_params(const SamplerParams& target) {
-    SamplerParams p = target;
-    p.seed = target.seed ^ 0x9e3779b97f4a7c15ull;
-    return p;
-}
-
 }  // namespace
 
 DraftRunner::DraftRunner(const DraftModel& draft, const GenerationParams& params, int base, std::span<const int> held)
     : draft_(draft),
       sp_(params.speculative),
-      sampler_params_(draft_sampler_params(params.sampler)),
+      sampler_params_(params.sampler),
+      proposal_use_(params.speculative.sampling == SpecSampling::Coupled ? NoiseUse::Token : NoiseUse::Proposal),
       chunk_(std::max(1, params.chunk)),
       vocab_(draft.model->config.n_vocab),
       k_cap_(std::max(0, sp_.draft_max)),
@@ -109,7 +103,7 @@ int DraftRunner::read_last(SparseDistribution& q, float& top) {
         // Greedy verification never reads q (the target's argmax decides), so the greedy draft only needs its token
         // and a confidence: its own top probability under a plain softmax, 1 / sum(exp(l - max)), in float SIMD.
         // (Every O(vocab) pass here costs ~1% of a 0.5B draft step at 151,936 ids.)
-        const int d = sampler_.sample(logits_.data(), context_);
+        const int d = sampler_.sample(logits_.data(), context_, next_position());
         const float mx = *std::max_element(logits_.begin(), logits_.end());
         std::copy(logits_.begin(), logits_.end(), scratch_.begin());
         top = 1.0f / cpu::exp_shifted_sum(scratch_.data(), vocab_, mx);
@@ -119,8 +113,19 @@ int DraftRunner::read_last(SparseDistribution& q, float& top) {
         sampler_.distribution(candidates_.row(0), context_, q);
     else
         sampler_.distribution(logits_.data(), context_, q);
+    if (proposal_use_ == NoiseUse::Token) {
+        // Coupled: the draft is accepted iff the target's perturbed scores log p + g have their maximum where the
+        // draft's log q + g have theirs, which is greedy decoding of the perturbed distributions. So the confidence
+        // the p_min rule reads is the greedy one of the perturbed q: its pick's share of it.
+        double share = 0;
+        const int d = gumbel_max(q, sampler_.noise(), next_position(), NoiseUse::Token, &share);
+        top = static_cast<float>(share);
+        return d;
+    }
+    // Rejection: accepted with probability sum min(p, q), which q's own top probability bounds from below when p
+    // resembles q.
     top = q.probs.empty() ? 0.0f : *std::max_element(q.probs.begin(), q.probs.end());
-    return -1;
+    return gumbel_max(q, sampler_.noise(), next_position(), NoiseUse::Proposal);
 }
 
 DraftRunner::Proposal DraftRunner::propose(int k, const std::vector<int>& history, std::vector<int>& drafted,
@@ -176,12 +181,11 @@ DraftRunner::Proposal DraftRunner::propose(int k, const std::vector<int>& histor
     }
     for (int i = i0; i < k && !done; ++i) {
         float top;
-        int d = read_last(q[static_cast<size_t>(i)], top);
+        const int d = read_last(q[static_cast<size_t>(i)], top);
         if (top < sp_.p_min && i > 0) {
             r.holds_last = true;
             break;
         }
-        if (!greedy_) d = sampler_.draw(q[static_cast<size_t>(i)]);
         drafted.push_back(d);
         context_.push_back(d);
         if (i + 1 < k) {
@@ -221,13 +225,12 @@ void DraftRunner::draft_ahead(const std::vector<int>& history, std::span<const i
         have_output = false;
         SparseDistribution& q = ahead_q_[static_cast<size_t>(j)];
         float top;
-        int e = read_last(q, top);
+        const int e = read_last(q, top);
         // ahead_ids_[j] would be the next round's draft j - 1, which the p_min rule stops from the second on.
         if (j >= 2 && top < sp_.p_min) {
             ahead_stopped_ = true;
             break;
         }
-        if (!greedy_) e = sampler_.draw(q);
         ahead_ids_.push_back(e);
         context_.push_back(e);
         last = e;

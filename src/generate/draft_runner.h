@@ -40,9 +40,10 @@ public:
         bool holds_last = false;  // the draft's cache holds the last draft too (the p_min rule stopped after it)
     };
     // Up to k tokens continuing `history` into `drafted` (empty on entry): first those drafted ahead for this round,
-    // then the draft's own, until k or the p_min rule (from the second on). Sampled drafting draws each from the
-    // draft's own random stream and leaves the distribution it was drawn from in q[i] (q holds at least k), for the
-    // rejection test. Adds its time to st.draft_s, the carried tokens to st.ahead_used. Afterwards the draft's cache
+    // then the draft's own, until k or the p_min rule (from the second on). Sampled drafting picks each by Gumbel-max
+    // from the draft's distribution with the seed's noise for its position (coupled: the target's own noise,
+    // NoiseUse::Token; rejection: NoiseUse::Proposal) and leaves that distribution in q[i] (q holds at least k), for
+    // the rejection test. Adds its time to st.draft_s, the carried tokens to st.ahead_used. Afterwards the draft's cache
     // holds history and every draft but the last (Proposal::holds_last: the last too).
     Proposal propose(int k, const std::vector<int>& history, std::vector<int>& drafted,
                      std::vector<SparseDistribution>& q, SpeculativeStats& st);
@@ -73,18 +74,22 @@ public:
 private:
     // Reads `tokens`, keeping the last row for read_last (as `context_`'s next-token row).
     void forward(std::span<const int> tokens);
-    // The proposal from the last forward: its token and top probability. Sampled drafting fills q and returns -1,
-    // leaving the draw to the caller after the p_min rule (a token not proposed takes no draw from its stream).
+    // The proposal from the last forward: its token and the confidence the p_min rule reads (greedy: the draft's top
+    // probability; coupled sampling: its pick's share of the noise-perturbed distribution; rejection sampling: q's
+    // top probability). Sampled drafting also fills q.
     int read_last(SparseDistribution& q, float& top);
     // Widens the restricted vocabulary to ids of the context it has not looked at yet.
     void update_vocabulary(const std::vector<int>& history);
+    // The context position of the token drafted next: context_[i] sits at base_ + i.
+    int64_t next_position() const { return base_ + static_cast<int64_t>(context_.size()); }
     int token_at(int p, const std::vector<int>& history) const {
         return p < base_ ? held_[static_cast<size_t>(p)] : history[static_cast<size_t>(p - base_)];
     }
 
     DraftModel draft_;
     const SpeculativeParams sp_;
-    const SamplerParams sampler_params_;  // the target's transforms with the draft's own random stream
+    const SamplerParams sampler_params_;  // the target's transforms and seed
+    const NoiseUse proposal_use_;         // the noise its sampled proposals use (SpeculativeParams::sampling)
     const int chunk_;                     // prefill chunk of a catch-up
     const int vocab_;
     const int k_cap_;

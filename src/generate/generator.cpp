@@ -68,9 +68,10 @@ std::string StopStringFilter::flush() {
 class Generator::Output {
 public:
     using Clock = std::chrono::steady_clock;
-    Output(const Model& model, const GenerationParams& params, const std::vector<int>& prompt,
+    Output(const Model& model, const GenerationParams& params, const std::vector<int>& prompt, int base,
            const std::function<bool(std::string_view)>& emit, GenerationStats& stats, Clock::time_point t_start)
-        : eos_(model.tokenizer->eos()),
+        : base_(base),
+          eos_(model.tokenizer->eos()),
           stop_tokens_(params.stop_tokens),
           n_predict_(params.n_predict),
           emit_(emit),
@@ -95,6 +96,9 @@ public:
         return true;
     }
     int remaining() const { return n_predict_ < 0 ? 1 << 30 : n_predict_ - stats_.n_generated; }
+    // The context position of the next token: where it will sit in the cache, after what earlier turns left there.
+    // Sampling noise is keyed by it (Sampler::sample).
+    int64_t next_position() const { return base_ + static_cast<int64_t>(history.size()); }
     bool stop_context_full() { return end(StopReason::ContextFull); }
 
     // Hands out what the decoder and the filter still hold (not after a closed pipe or a stop string).
@@ -120,6 +124,7 @@ private:
         return text.empty() || emit_(text);
     }
 
+    const int base_;  // the context position of history[0]
     const int eos_;
     const std::vector<int> stop_tokens_;
     const int n_predict_;
@@ -144,6 +149,7 @@ public:
     Verification(const GenerationParams& params, int n_vocab, int k_cap)
         : sampler_(params.sampler),
           greedy_(params.sampler.temperature <= 0.0f),
+          rejection_(!greedy_ && params.speculative.sampling == SpecSampling::Rejection),
           ids_only_(greedy_ && argmax_is_enough(params.sampler)),
           n_vocab_(n_vocab),
           logits_((static_cast<size_t>(k_cap) + 1) * static_cast<size_t>(n_vocab)),
@@ -168,21 +174,23 @@ public:
             backend.forward(batch_, cache, n_rows, logits_.data());
     }
 
-    // The verdict on `drafted` (the forward's, its outputs delivered), drawn from with `q` when sampled: greedy
-    // accepts while the target's choice (penalties see the drafts before it) is the draft; sampling runs rejection
-    // sampling (verify_proposal). No drafts: the target's token, exactly the plain step.
+    // The verdict on `drafted` (the forward's, its outputs delivered; drafted[i] at context position `position` + i),
+    // drawn from with `q` under rejection sampling: greedy and coupled sampling accept while the target's own pick
+    // (penalties see the drafts before it) is the draft, rejection sampling runs verify_proposal. No drafts: the
+    // target's token, exactly the plain step.
     Verdict judge(std::span<const int> drafted, std::span<const SparseDistribution> q, const std::vector<int>& history,
-                  Sampler& sampler) {
+                  int64_t position, Sampler& sampler) {
         const int n_drafted = static_cast<int>(drafted.size());
         Verdict verdict;
         if (n_drafted == 0) {
-            verdict.next_token = ids_only_ ? greedy_pick(ids_[0]) : sample(0, history, sampler);
+            verdict.next_token = ids_only_ ? greedy_pick(ids_[0]) : sample(0, history, position, sampler);
             return verdict;
         }
         context_ = history;
-        if (greedy_) {  // verify_proposal's greedy rule without building one-hot rows
+        if (!rejection_) {  // verify_proposal's greedy and coupled rule without building the target's distributions
             for (int i = 0; i <= n_drafted; ++i) {
-                const int choice = ids_only_ ? greedy_pick(ids_[static_cast<size_t>(i)]) : sample(i, context_, sampler);
+                const int choice =
+                    ids_only_ ? greedy_pick(ids_[static_cast<size_t>(i)]) : sample(i, context_, position + i, sampler);
                 if (i == n_drafted || choice != drafted[static_cast<size_t>(i)]) {
                     verdict.next_token = choice;
                     break;
@@ -201,17 +209,18 @@ public:
             if (i < n_drafted) context_.push_back(drafted[static_cast<size_t>(i)]);
         }
         return verify_proposal(drafted, std::span<const SparseDistribution>(p_dists_).first(drafted.size() + 1),
-                               q.first(drafted.size()), greedy_, sampler);
+                               q.first(drafted.size()), greedy_, SpecSampling::Rejection, sampler.noise(), position);
     }
 
 private:
     const float* row(int i) const { return &logits_[static_cast<size_t>(i) * static_cast<size_t>(n_vocab_)]; }
-    int sample(int i, std::span<const int> history, Sampler& sampler) const {
-        return as_candidates_ ? sampler.sample(candidates_.row(i), history) : sampler.sample(row(i), history);
+    int sample(int i, std::span<const int> history, int64_t position, Sampler& sampler) const {
+        return as_candidates_ ? sampler.sample(candidates_.row(i), history, position)
+                              : sampler.sample(row(i), history, position);
     }
 
     const SamplerParams sampler_;
-    const bool greedy_, ids_only_;
+    const bool greedy_, rejection_, ids_only_;
     const int n_vocab_;
     std::vector<float> logits_;
     std::vector<int> ids_, batch_, context_, window_buffer_;
@@ -288,14 +297,14 @@ void wait_for_layouts(Backend& target, std::optional<DraftRunner>& draft, bool t
 }
 
 // Fills r.drafted: the draft model's k tokens (their distributions in q), or the lookup's (q one-hot: a
-// deterministic proposal), or none.
+// deterministic proposal, for rejection sampling), or none.
 void propose(Round& r, std::optional<DraftRunner>& draft, const std::vector<int>& history,
-             std::vector<SparseDistribution>& q, bool greedy, SpeculativeStats& st) {
+             std::vector<SparseDistribution>& q, bool rejection, SpeculativeStats& st) {
     if (r.draft_round) {
         r.proposal = draft->propose(r.k, history, r.drafted, q, st);
     } else if (r.from_lookup) {
         r.drafted.assign(r.looked.tokens.begin(), r.looked.tokens.begin() + r.k);
-        if (!greedy)
+        if (rejection)
             for (size_t i = 0; i < r.drafted.size(); ++i) q[i].assign_one(r.drafted[i]);
     }
 }
@@ -411,7 +420,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     stats.prefill_s = std::chrono::duration<double>(Clock::now() - t_start).count();
 
     Sampler sampler(params.sampler, model_.config.n_vocab);
-    Output out(model_, params, prompt, emit, stats, t_start);
+    Output out(model_, params, prompt, cache_.n_committed() - static_cast<int>(prompt.size()), emit, stats, t_start);
     const Clock::time_point t_decode = Clock::now();
     const bool speculative = draft_.model != nullptr || params.speculative.lookup;
     if (speculative)
@@ -429,7 +438,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
     const bool ids_only = argmax_is_enough(params.sampler);
     CandidateRows candidates(params.whole_rows);
     std::vector<int> window_buffer;
-    int tok = sampler.sample(logits_.data(), out.history);  // the prefill's logits
+    int tok = sampler.sample(logits_.data(), out.history, out.next_position());  // the prefill's logits
     for (;;) {
         if (!out.push(tok)) return;
         if (cache_.n_committed() >= cache_.capacity()) {
@@ -443,10 +452,10 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
         } else if (candidates.plan(params.sampler, model_.config.n_vocab, backend_,
                                    penalty_window(params.sampler, out.history, {}, window_buffer))) {
             candidates.forward(backend_, std::span<const int>(&cur, 1), cache_, 1, logits_);
-            tok = sampler.sample(candidates.row(0), out.history);
+            tok = sampler.sample(candidates.row(0), out.history, out.next_position());
         } else {
             backend_.forward(std::span<const int>(&cur, 1), cache_, 1, logits_.data());
-            tok = sampler.sample(logits_.data(), out.history);
+            tok = sampler.sample(logits_.data(), out.history, out.next_position());
         }
         ++out.stats().n_decode_forwards;
     }
@@ -459,7 +468,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
 void Generator::decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params,
                                    const std::vector<int>& prompt, std::span<const int> held) {
     const SpeculativeParams& sp = params.speculative;
-    const bool greedy = params.sampler.temperature <= 0.0f;
+    const bool rejection = params.sampler.temperature > 0.0f && sp.sampling == SpecSampling::Rejection;
     const int k_cap = std::max(0, sp.draft_max);
     const bool ahead_auto = draft_.model && sp.draft_ahead < 0 && backend_.computes_in_background();
     DraftLengthController controller =
@@ -467,12 +476,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     LookupProposer lookup(sp);
     RoundLedger ledger(controller, lookup, out.stats(), sp.trace);
     Verification verification(params, model_.config.n_vocab, k_cap);
-    // The proposals' distributions (sampled verification draws with them; greedy compares tokens and needs none).
+    // The proposals' distributions (rejection sampling reads them; greedy and coupled verification compare tokens).
     std::vector<SparseDistribution> q_dists(static_cast<size_t>(std::max(1, k_cap)));
 
     // The first token comes from the prefill's logits; it is shown before the draft catches up on the prompt, so
     // drafting does not delay the time to first token.
-    int cur = sampler.sample(logits_.data(), out.history);
+    int cur = sampler.sample(logits_.data(), out.history, out.next_position());
     if (!out.push(cur)) return;
     // Cache positions are absolute: out.history[i] sits at base + i, after what the caches hold of earlier turns.
     std::optional<DraftRunner> draft;
@@ -496,11 +505,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         round.start = Clock::now();
 
         // ---- propose: up to k tokens from the draft model or prompt lookup (none in a plain round) ----
-        propose(round, draft, out.history, q_dists, greedy, out.stats().spec);
+        propose(round, draft, out.history, q_dists, rejection, out.stats().spec);
 
         // ---- verify: one target forward over cur + the proposal, the draft drafting ahead meanwhile ----
         verify(round, cur, backend_, cache_, verification, draft, out.history, out.remaining(), out.stats().spec);
-        round.verdict = verification.judge(round.drafted, q_dists, out.history, sampler);
+        round.verdict = verification.judge(round.drafted, q_dists, out.history, out.next_position(), sampler);
         ledger.verified(round);
 
         // ---- commit: both caches keep cur and the accepted drafts; emit those, then the target's next token ----

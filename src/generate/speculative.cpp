@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "sample/noise.h"
 #include "sample/sampler.h"
 
 namespace tandem {
@@ -285,11 +286,15 @@ void DraftLengthController::record_verify(int n_tokens, double seconds) {
     verify_s_[static_cast<size_t>(n_tokens)] = recent.median();
 }
 
+const char* spec_sampling_name(SpecSampling s) { return s == SpecSampling::Coupled ? "coupled" : "rejection"; }
+
 Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDistribution> target,
-                        std::span<const SparseDistribution> draft, bool greedy, Sampler& sampler) {
+                        std::span<const SparseDistribution> draft, bool greedy, SpecSampling sampling,
+                        const PositionNoise& noise, int64_t position) {
     Verdict v;
     const int k = static_cast<int>(drafted.size());
-    assert(target.size() >= drafted.size() + 1 && (greedy || draft.size() >= drafted.size()));
+    const bool rejection = !greedy && sampling == SpecSampling::Rejection;
+    assert(target.size() >= drafted.size() + 1 && (!rejection || draft.size() >= drafted.size()));
     // The first id of the largest probability (a dense row's max_element).
     auto argmax = [](const SparseDistribution& p) {
         int best = -1;
@@ -298,27 +303,34 @@ Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDist
             if (best < 0 || p.probs[j] > best_p) best = p.ids[j], best_p = p.probs[j];
         return best;
     };
+    // The target's own token at position + i: what plain decoding samples there.
+    auto target_token = [&](int i) {
+        const SparseDistribution& p = target[static_cast<size_t>(i)];
+        return greedy ? argmax(p) : gumbel_max(p, noise, position + i, NoiseUse::Token);
+    };
     SparseDistribution residual;
     for (int i = 0; i < k; ++i) {
-        const SparseDistribution& p = target[static_cast<size_t>(i)];
         const int x = drafted[static_cast<size_t>(i)];
-        if (greedy) {
-            // p is one-hot at the target's argmax.
-            if (p.at(x) >= 1.0f) {
+        if (!rejection) {
+            // Greedy: p is one-hot at the argmax. Coupled: the draft is accepted iff it is the target's sample.
+            const int t = target_token(i);
+            if (t == x) {
                 ++v.n_accepted;
                 continue;
             }
-            v.next_token = argmax(p);
+            v.next_token = t;
             return v;
         }
+        const SparseDistribution& p = target[static_cast<size_t>(i)];
         const SparseDistribution& q = draft[static_cast<size_t>(i)];
         const float px = p.at(x), qx = q.at(x);
         // Accept with probability min(1, p(x) / q(x)); q(x) > 0 because x was drawn from q.
-        if (qx > 0 && sampler.uniform() < std::min(1.0f, px / qx)) {
+        const double u = noise.uniform(position + i, NoiseUse::Acceptance);
+        if (qx > 0 && u < std::min(1.0, static_cast<double>(px) / qx)) {
             ++v.n_accepted;
             continue;
         }
-        // Rejected: the correction comes from the residual max(p - q, 0) (zero wherever p is), renormalised by draw().
+        // Rejected: the correction comes from the residual max(p - q, 0) (zero wherever p is).
         residual.ids = p.ids;
         residual.probs.resize(p.probs.size());
         bool any = false;
@@ -328,11 +340,10 @@ Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDist
         }
         // p == q exactly leaves no residual; then rejection had probability 0 and cannot happen, except through
         // float rounding: fall back to p itself.
-        v.next_token = any ? sampler.draw(residual) : sampler.draw(p);
+        v.next_token = gumbel_max(any ? residual : p, noise, position + i, NoiseUse::Residual);
         return v;
     }
-    const SparseDistribution& bonus = target[static_cast<size_t>(k)];
-    v.next_token = greedy ? argmax(bonus) : sampler.draw(bonus);
+    v.next_token = target_token(k);
     return v;
 }
 

@@ -4,8 +4,8 @@
 //     measured costs (a draft step, and a target verification of n tokens), falling back to plain decoding
 //     (k = 0) when drafting cannot win on this hardware.
 //   - verify_proposal: accepts or rejects drafted tokens against the target's distributions (greedy: while they
-//     equal the target's argmax; sampling: rejection sampling, Leviathan et al. 2023 / Chen et al. 2023), so the
-//     output distribution is exactly the target's.
+//     equal the target's argmax; coupled sampling: while they equal the target's own Gumbel-max sample; rejection
+//     sampling, Leviathan et al. 2023 / Chen et al. 2023), so the output distribution is exactly the target's.
 //   - SpeculativeStats: what --stats reports.
 #pragma once
 #include <algorithm>
@@ -18,8 +18,24 @@
 
 namespace tandem {
 
-class Sampler;
+class PositionNoise;
 struct SparseDistribution;
+
+// How sampled (temperature > 0) speculative decoding verifies a proposal. Both give exactly the target's
+// distribution; they differ in what a seed reproduces and in how often a draft is accepted.
+enum class SpecSampling {
+    // The draft proposes with the target's own noise (sample/noise.h: Gumbel-max keyed by position and token id) and
+    // a draft is accepted iff it is the token the target samples there: the output is plain decoding's for the same
+    // seed, token for token, whatever was drafted. Accepts with probability P(argmax(log q + g) = argmax(log p + g)),
+    // at least (1 - TV) / (1 + TV) for the total variation distance TV of p and q, and below rejection's 1 - TV.
+    Coupled,
+    // Rejection sampling: accept x ~ q with probability min(1, p(x)/q(x)), else a token from norm(max(p - q, 0)).
+    // The optimal acceptance, 1 - TV; but which positions take that test and which a plain step depends on the draft
+    // lengths the controller picks from timings, so a seed reproduces the text only where those lengths are fixed
+    // (--draft-min = --draft-max, no lookup).
+    Rejection,
+};
+const char* spec_sampling_name(SpecSampling s);
 
 struct SpeculativeParams {
     int draft_max = 16;  // k never exceeds this
@@ -48,6 +64,7 @@ struct SpeculativeParams {
     // catch=1 when the draft read a long catch-up; the draft steps of its own, the tokens it drafted ahead during
     // the verification and those of them carried to the next round. For diagnosis; the output is the same.
     bool trace = false;
+    SpecSampling sampling = SpecSampling::Coupled;  // --spec-sampling (temperature > 0 only)
 };
 
 // A prompt-lookup proposal: the tokens that followed an earlier occurrence of the context's last `match_len` tokens.
@@ -215,14 +232,18 @@ struct Verdict {
     int next_token = -1;  // the target's token after them (a correction on rejection, the bonus when all accepted)
 };
 
-// Verifies `drafted` (k tokens). `target` holds k + 1 target distributions (after the sampler's transforms) for the
-// positions of drafted[0..k-1] and the bonus position; `draft` holds the k draft distributions the tokens were
-// drawn from (certainty for deterministic proposals such as lookup). Greedy (temperature 0) accepts while the token
-// is the target's argmax (its distribution one-hot); sampling accepts x with probability min(1, p(x)/q(x)) and on
-// rejection draws from norm(max(p - q, 0)), in id order as from a dense row. Uses and advances `sampler`'s RNG.
-// Sparse: the work is O(kept ids), not O(n_vocab), per position.
+// Verifies `drafted` (k tokens), drafted[i] at context position `position` + i. `target` holds k + 1 target
+// distributions (after the sampler's transforms) for the positions of drafted[0..k-1] and the bonus position;
+// `draft` holds the k draft distributions the tokens were drawn from (certainty for deterministic proposals such as
+// lookup; read by rejection sampling only). Greedy (temperature 0) accepts while the token is the target's argmax
+// (its distribution one-hot). Coupled sampling accepts while the token is the target's Gumbel-max sample
+// (NoiseUse::Token), and that sample is the next token: plain decoding's token there. Rejection sampling accepts x
+// with probability min(1, p(x)/q(x)) (NoiseUse::Acceptance) and on rejection samples norm(max(p - q, 0))
+// (NoiseUse::Residual); the bonus token is the target's sample, as in plain decoding. Every number is `noise`'s for
+// that position, so a verdict is a pure function of its inputs. Sparse: O(kept ids), not O(n_vocab), per position.
 Verdict verify_proposal(std::span<const int> drafted, std::span<const SparseDistribution> target,
-                        std::span<const SparseDistribution> draft, bool greedy, Sampler& sampler);
+                        std::span<const SparseDistribution> draft, bool greedy, SpecSampling sampling,
+                        const PositionNoise& noise, int64_t position);
 
 struct SpeculativeStats {
     int rounds = 0;       // verification forwards

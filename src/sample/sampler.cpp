@@ -1,5 +1,5 @@
 // Sampler implementation: the transform chain (penalty → top-k → softmax with temperature → top-p → min-p →
-// renormalise), inverse-CDF drawing, and the xoshiro256** generator. The chain is the one llama.cpp's common
+// renormalise) and the Gumbel-max pick. The chain is the one llama.cpp's common
 // sampler uses, so settings carried over from llama.cpp mean the same thing here.
 #include "sample/sampler.h"
 
@@ -25,9 +25,9 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // user would tell apart.
 constexpr double kProbSlack = 1e-6;
 
-// Up to this many kept tokens, write_kept sorts them by id (sample() and speculative verification read them in id
-// order); beyond it, it scatters them into a dense row and walks all n_vocab floats, an O(n_vocab) cost that an O(k log k) sort of a few thousand ids matches
-// at n_vocab = 150k (a rough break-even; the two give the same token).
+// Up to this many kept tokens, write_kept sorts them by id (a SparseDistribution lists its ids in ascending order);
+// beyond it, it scatters them into a dense row and walks all n_vocab floats, an O(n_vocab) cost that an O(k log k)
+// sort of a few thousand ids matches at n_vocab = 150k (a rough break-even; the two give the same list).
 constexpr int kSortKeptMax = 4096;
 
 // Below this many, std::partial_sort (a heap of `middle` elements) is fastest; above, nth_element + sort wins.
@@ -51,31 +51,6 @@ void select_sorted(int* first, int* middle, int* last, ByLogit cmp) {
     }
 }
 
-// Inverse CDF over `count` entries in the order given; weights <= 0 (or NaN) are skipped, so a zero-probability
-// token is never returned. Shared by sample() and draw() so that both add the same floats in the same order and
-// therefore pick the same token for the same u.
-template <class IdAt, class ProbAt>
-int inverse_cdf(double u, int count, IdAt id_at, ProbAt prob_at) {
-    double total = 0.0;
-    for (int i = 0; i < count; ++i) {
-        const float p = prob_at(i);
-        if (p > 0.0f) total += p;
-    }
-    if (!(total > 0.0) || !std::isfinite(total))
-        throw Error("sampler: cannot draw from a distribution without a finite positive total weight");
-    const double target = u * total;
-    double cum = 0.0;
-    int last = -1;
-    for (int i = 0; i < count; ++i) {
-        const float p = prob_at(i);
-        if (!(p > 0.0f)) continue;
-        cum += p;
-        last = id_at(i);
-        if (cum > target) return last;
-    }
-    return last;  // u * total can round to a hair above the final cumulative sum
-}
-
 // Max of n floats (no NaNs). Eight independent running maxima: one chain would be bound by max's latency, about
 // four times slower at n_vocab = 150k, and the compiler may not reorder a float reduction by itself.
 float max_of(const float* x, int n) {
@@ -96,37 +71,6 @@ std::string fmt(double v) {
 
 }  // namespace
 
-// ---- Rng ------------------------------------------------------------------------------------------------------
-
-Rng::Rng(uint64_t seed) {
-    // splitmix64 spreads any seed (0 included) over the 256-bit state; xoshiro's state must not be all zero, and
-    // splitmix64 never yields four zero outputs in a row.
-    uint64_t x = seed;
-    for (uint64_t& s : s_) {
-        uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-        s = z ^ (z >> 31);
-    }
-}
-
-uint64_t Rng::next() {
-    auto rotl = [](uint64_t v, int k) { return (v << k) | (v >> (64 - k)); };
-    const uint64_t result = rotl(s_[1] * 5, 7) * 9;
-    const uint64_t t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return result;
-}
-
-double Rng::uniform_double() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
-
-float Rng::uniform_float() { return static_cast<float>(next() >> 40) * 0x1.0p-24f; }
-
 // ---- Sampler --------------------------------------------------------------------------------------------------
 
 void Sampler::validate(const SamplerParams& p) {
@@ -143,7 +87,7 @@ void Sampler::validate(const SamplerParams& p) {
     if (p.repeat_last_n < 0) throw Error("sampler: repeat_last_n must be >= 0, got " + std::to_string(p.repeat_last_n));
 }
 
-Sampler::Sampler(SamplerParams params, int n_vocab) : params_(params), n_vocab_(n_vocab), rng_(params.seed) {
+Sampler::Sampler(SamplerParams params, int n_vocab) : params_(params), n_vocab_(n_vocab), noise_(params.seed) {
     validate(params_);
     if (n_vocab <= 0) throw Error("sampler: vocabulary size must be > 0, got " + std::to_string(n_vocab));
     const size_t n = static_cast<size_t>(n_vocab);
@@ -153,8 +97,6 @@ Sampler::Sampler(SamplerParams params, int n_vocab) : params_(params), n_vocab_(
     seen_.assign(n, 0);
     dense_.resize(n);
 }
-
-float Sampler::uniform() { return rng_.uniform_float(); }
 
 void Sampler::load_logits(const float* logits, std::span<const int> history) {
     float* l = logit_.data();
@@ -478,41 +420,36 @@ void Sampler::distribution(const CandidateRow& row, std::span<const int> history
     write_kept(probs);
 }
 
-int Sampler::sample(const float* logits, std::span<const int> history) {
+int Sampler::sample(const float* logits, std::span<const int> history, int64_t position) {
     prepare(logits, history);
-    return pick();
+    return pick(position);
 }
 
-int Sampler::sample(const CandidateRow& row, std::span<const int> history) {
+int Sampler::sample(const CandidateRow& row, std::span<const int> history, int64_t position) {
     prepare(row, history);
-    return pick();
+    return pick(position);
 }
 
-int Sampler::pick() {
+int Sampler::pick(int64_t position) const {
     if (params_.temperature == 0.0f) return ids_[0];
-    // Through the sparse form, in id order as draw() walks a dense row, so that sample() == draw(distribution()).
-    write_kept(kept_);
-    return draw(kept_);
-}
-
-int Sampler::draw(const SparseDistribution& d) {
-    const double u = rng_.uniform_double();
-    // The dense walk skips the zeros in between: the same additions in the same order.
-    return inverse_cdf(
-        u, static_cast<int>(d.ids.size()), [&](int j) { return d.ids[static_cast<size_t>(j)]; },
-        [&](int j) { return d.probs[static_cast<size_t>(j)]; });
+    // gumbel_max over the kept set: the same scores of the same probabilities, and a maximum (the lower id on a tie)
+    // does not depend on the order the ids are visited in, so this is gumbel_max(distribution()) without its sort.
+    int best = -1;
+    double best_score = 0;
+    for (int j = 0; j < n_kept_; ++j) {
+        const int id = ids_[j];
+        const float p = prob_[id];
+        if (!(p > 0.0f)) continue;
+        const double s = gumbel_score(p, noise_, position, NoiseUse::Token, id);
+        if (best < 0 || s > best_score || (s == best_score && id < best)) best = id, best_score = s;
+    }
+    if (best < 0) throw Error("sampler: cannot sample from a distribution without a positive probability");
+    return best;
 }
 
 float SparseDistribution::at(int id) const {
     const auto it = std::lower_bound(ids.begin(), ids.end(), id);
     return it != ids.end() && *it == id ? probs[static_cast<size_t>(it - ids.begin())] : 0.0f;
-}
-
-int Sampler::draw(const float* probs, int n) {
-    if (n <= 0) throw Error("sampler: draw() needs at least one weight, got n = " + std::to_string(n));
-    const double u = rng_.uniform_double();
-    return inverse_cdf(
-        u, n, [](int i) { return i; }, [&](int i) { return probs[i]; });
 }
 
 }  // namespace tandem

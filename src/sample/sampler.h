@@ -1,12 +1,14 @@
-// Sampler: turns one row of logits into the next token (greedy, repetition penalty, top-k, temperature, top-p,
-// min-p) with a seeded, portable RNG, and exposes the final distribution so speculative decoding can compare the
-// target's p and the draft's q after exactly the same transforms.
+// Sampler: turns one row of logits into the token at a position (greedy, repetition penalty, top-k, temperature,
+// top-p, min-p, then Gumbel-max with the seed's noise for that position: sample/noise.h), and exposes the final
+// distribution so speculative decoding can compare the target's p and the draft's q after exactly the same
+// transforms.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "sample/candidates.h"
+#include "sample/noise.h"
 
 namespace tandem {
 
@@ -32,22 +34,6 @@ struct SparseDistribution {
     }
 };
 
-// xoshiro256** seeded through splitmix64 (Blackman & Vigna). Written out here rather than std::mt19937 plus a
-// std:: distribution because the distributions are implementation-defined: the same seed must give the same tokens
-// with libstdc++, libc++ and MSVC alike.
-class Rng {
-public:
-    explicit Rng(uint64_t seed);
-    uint64_t next();
-    // 53 random bits as a double in [0,1): every value exactly representable, never 1.0.
-    double uniform_double();
-    // 24 random bits as a float in [0,1). (Rounding a 53-bit double to float could produce 1.0f.)
-    float uniform_float();
-
-private:
-    uint64_t s_[4];
-};
-
 class Sampler {
 public:
     explicit Sampler(SamplerParams params, int n_vocab);
@@ -55,20 +41,22 @@ public:
     // Throws tandem::Error naming the first bad field.
     static void validate(const SamplerParams& params);
 
-    // Picks the next token from `logits` (n_vocab floats). `history` is the token sequence so far (prompt + output),
-    // used by the repetition penalty. Greedy when temperature == 0: argmax, ties broken by the lowest id.
-    // For temperature > 0, sample() returns exactly what draw(distribution(...)) would with the same RNG state.
-    int sample(const float* logits, std::span<const int> history);
+    // Picks the token at `position` (its index in the context: the positions a plain decode and a speculative round
+    // give the same token are the same numbers) from `logits` (n_vocab floats). `history` is the token sequence so
+    // far (prompt + output), used by the repetition penalty. Greedy when temperature == 0: argmax, ties broken by the
+    // lowest id. For temperature > 0, gumbel_max(distribution(...), noise(), position, NoiseUse::Token), bit for
+    // bit: the pick is a pure function of the seed, the position and the logits.
+    int sample(const float* logits, std::span<const int> history, int64_t position);
 
     // The final probability distribution the sampler draws from (after penalty, top-k, temperature, top-p, min-p,
     // renormalisation), written densely into `probs` (n_vocab floats, zeros outside the kept set; one-hot for
-    // greedy). Does not touch the RNG.
+    // greedy).
     void distribution(const float* logits, std::span<const int> history, float* probs);
 
     // The same two from a row given by its candidates (candidates.h; plan_candidates says what they must hold for
-    // these params and this history): the same token for the same RNG state, the same probabilities, bit for bit.
+    // these params and this history): the same token, the same probabilities, bit for bit.
     // Throws tandem::Error where the candidates lack an id of the penalty window or hold fewer than top-k ids.
-    int sample(const CandidateRow& row, std::span<const int> history);
+    int sample(const CandidateRow& row, std::span<const int> history, int64_t position);
     void distribution(const CandidateRow& row, std::span<const int> history, float* probs);
 
     // The same distributions as sparse ones: the kept ids with their probabilities, O(kept) beyond the transforms
@@ -76,14 +64,8 @@ public:
     void distribution(const float* logits, std::span<const int> history, SparseDistribution& out);
     void distribution(const CandidateRow& row, std::span<const int> history, SparseDistribution& out);
 
-    // Draws from a dense, not necessarily normalised distribution of n non-negative weights with this sampler's RNG
-    // by inverse CDF in id order (for speculative rejection sampling). Throws tandem::Error if no weight is > 0.
-    int draw(const float* probs, int n);
-
-    // draw() over a sparse distribution: the same token for the same RNG state as draw() over its dense row.
-    int draw(const SparseDistribution& d);
-
-    float uniform();  // a uniform draw in [0,1) from the sampler's RNG
+    // The seed's noise (SamplerParams::seed).
+    const PositionNoise& noise() const { return noise_; }
 
     const SamplerParams& params() const { return params_; }
     int n_vocab() const { return n_vocab_; }
@@ -98,7 +80,7 @@ private:
     int load_candidates(const CandidateRow& row, std::span<const int> history);
     // After the top-k cut or the greedy pick: softmax, top-p, min-p, renormalisation (none for greedy).
     void transform();
-    int pick();                                // sample()'s draw from the prepared distribution (via kept_)
+    int pick(int64_t position) const;          // sample()'s Gumbel-max over the prepared distribution
     void write_kept(float* probs) const;       // distribution()'s dense row
     void write_kept(SparseDistribution& out);  // and its sparse one (sorts the kept ids by id)
     int argmax() const;
@@ -110,7 +92,7 @@ private:
 
     SamplerParams params_;
     int n_vocab_;
-    Rng rng_;
+    PositionNoise noise_;
 
     // Scratch, sized n_vocab once so that the per-token path never allocates.
     std::vector<float> logit_;   // by id: logits after NaN clean-up and penalty
@@ -119,7 +101,6 @@ private:
     std::vector<uint8_t> seen_;  // by id: marks for the penalty's distinct-token pass and the candidates' dedup,
                                  // all zero between calls
     std::vector<float> dense_;   // by id: a large kept set's probabilities, to list them in id order
-    SparseDistribution kept_;    // what sample() draws from
     int n_kept_ = 0;
     // How ids_[0, n_kept_) is ordered: ascending id (no sort was needed), by (logit desc, id asc) (top-k), or
     // neither (top-p's quickselect). Each transform picks its cheapest path from this.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end checks of speculative decoding from the command line: --draft and --lookup give the same greedy text
-# as plain decoding, --stats reports the speculative figures, and a draft with another vocabulary is a clear error.
+# as plain decoding, and the same sampled text for a seed (at any draft length, threads, chunk), --stats reports the speculative figures, and a draft with another vocabulary is a clear error.
 # Usage: speculative.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -22,6 +22,28 @@ for prompt in "Once upon a time" "Sam was sad because"; do
   check "--lookup equals plain ($prompt)" [ "$look" = "$plain" ]
   check "--lookup --draft equals plain ($prompt)" [ "$both" = "$plain" ]
 done
+
+# Sampled: a seed gives the text of plain decoding with any drafting (--spec-sampling coupled, the default), and
+# --spec-sampling rejection is a choice the CLI takes (its text may differ from plain decoding's: not compared).
+for seed in 5 77; do
+  plain=$("$tandem" -m "$model" -p "Once upon a time" -n 80 --temp 0.8 --seed $seed -t 1 2>/dev/null)
+  spec=$("$tandem" -m "$model" -p "Once upon a time" -n 80 --temp 0.8 --seed $seed -t 1 --draft "$tmp/q4_0.gguf" 2>/dev/null)
+  fixed=$("$tandem" -m "$model" -p "Once upon a time" -n 80 --temp 0.8 --seed $seed -t 2 --draft "$tmp/q4_0.gguf" \
+    --draft-min 7 --draft-max 7 --chunk 1 2>/dev/null)
+  look=$("$tandem" -m "$model" -p "Once upon a time" -n 80 --temp 0.8 --seed $seed --lookup --draft-min 1 2>/dev/null)
+  check "sampled, seed $seed: --draft equals plain" [ -n "$plain" -a "$spec" = "$plain" ]
+  check "sampled, seed $seed: a fixed draft length, 2 threads, chunk 1 equal plain" [ "$fixed" = "$plain" ]
+  check "sampled, seed $seed: --lookup equals plain" [ "$look" = "$plain" ]
+done
+rej1=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0.8 --seed 5 --draft "$tmp/q4_0.gguf" \
+  --draft-min 3 --draft-max 3 --spec-sampling rejection 2>"$tmp/err")
+check "--spec-sampling rejection runs" [ $? -eq 0 -a -n "$rej1" ]
+rej2=$("$tandem" -m "$model" -p "Once upon a time" -n 40 --temp 0.8 --seed 5 --draft "$tmp/q4_0.gguf" \
+  --draft-min 3 --draft-max 3 --spec-sampling rejection 2>/dev/null)
+check "--spec-sampling rejection at a fixed draft length reproduces its seed" [ "$rej1" = "$rej2" ]
+"$tandem" -m "$model" -p hi --spec-sampling sometimes >/dev/null 2>"$tmp/err"
+rc=$?
+check_all "--spec-sampling: an unknown scheme is a usage error" [ $rc -ne 0 ] ::: grep -q "spec-sampling" "$tmp/err"
 
 "$tandem" -m "$model" -p "Once upon a time" -n 100 --temp 0 --draft "$tmp/q4_0.gguf" --draft-min 2 --stats \
   >"$tmp/out" 2>"$tmp/err"

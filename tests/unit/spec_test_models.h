@@ -23,6 +23,12 @@ namespace tandem::test {
 // and the llama2.c int8 export converted to f32 (it parts from the fp32 model after ~110 tokens).
 struct Drafts {
     std::string dir, q8_0, q4_0, q80bin, sharp;
+    // stories260K with every token's embedding replaced by token 1's (BOS): its hidden states, and so its next-token
+    // distribution, no longer depend on the context (only the repeat penalty moves them), and neighbouring tokens
+    // are drawn from one broad distribution. Noise that repeats across positions couples them visibly, which the
+    // story model's context-specific distributions (of little overlap) hide. `blind_sharp`: the same with its
+    // output matrix scaled by 3, an overconfident draft beside it.
+    std::string blind, blind_sharp;
     Drafts() {
         const std::string data = TANDEM_TEST_DATA;
         dir = std::filesystem::temp_directory_path() / ("tandem-spec-" + std::to_string(getpid()));
@@ -39,24 +45,38 @@ struct Drafts {
         // A draft that deliberately disagrees: stories260K with its output matrix scaled by 3, i.e. its logits at
         // temperature 1/3 — overconfident, the way a weak draft fails, so that many proposals get rejected and a
         // wrong correction step would visibly bias the output.
+        sharp = dir + "/sharp.gguf";
+        variant(*target, false, 3.0f, sharp);
+        blind = dir + "/blind.gguf";
+        variant(*target, true, 1.0f, blind);
+        blind_sharp = dir + "/blind_sharp.gguf";
+        variant(*target, true, 3.0f, blind_sharp);
+    }
+    // `target` with its output matrix scaled by `output_scale`, and with `blind`, every row of its (f32) token
+    // embedding replaced by row 1.
+    static void variant(const GgufFile& target, bool blind, float output_scale, const std::string& path) {
         GgufWriter w;
-        for (const auto& [key, value] : target->metadata()) w.add_value(key, value);
-        for (const GgufTensorInfo& t : target->tensors()) {
+        for (const auto& [key, value] : target.metadata()) w.add_value(key, value);
+        for (const GgufTensorInfo& t : target.tensors()) {
             std::vector<uint8_t> bytes(t.data, t.data + t.n_bytes);
-            if (t.name == "output.weight") {
+            if (t.name == "output.weight" && output_scale != 1.0f) {
                 REQUIRE(t.type == GgmlType::F32);
                 for (size_t i = 0; i < bytes.size(); i += 4) {
                     float f;
                     std::memcpy(&f, &bytes[i], 4);
-                    f *= 3.0f;
+                    f *= output_scale;
                     std::memcpy(&bytes[i], &f, 4);
                 }
+            }
+            if (t.name == "token_embd.weight" && blind) {
+                REQUIRE(t.type == GgmlType::F32);
+                const size_t row = static_cast<size_t>(t.ne[0]) * 4;
+                for (size_t r = 0; r < bytes.size() / row; ++r) std::memcpy(&bytes[r * row], &bytes[row], row);
             }
             std::vector<uint64_t> dims(t.ne, t.ne + t.n_dims);
             w.add_tensor(t.name, t.type, dims, std::move(bytes));
         }
-        sharp = dir + "/sharp.gguf";
-        w.write(sharp);
+        w.write(path);
     }
     ~Drafts() { std::filesystem::remove_all(dir); }
 };

@@ -214,7 +214,8 @@ TEST_CASE("sampler: picks and distributions from candidates are bitwise those fr
             REQUIRE(std::is_sorted(from_candidates.ids.begin(), from_candidates.ids.end()));
             REQUIRE(same_bits(want, spread_row));
             REQUIRE(same_bits(want, spread_candidates));
-            const int a = dense.sample(row.data(), history), b = sparse.sample(c.row(), history);
+            const int64_t pos = static_cast<int64_t>(history.size());
+            const int a = dense.sample(row.data(), history, pos), b = sparse.sample(c.row(), history, pos);
             REQUIRE(a == b);
             history.push_back(a);
             ++compared;

@@ -138,7 +138,7 @@ TEST_CASE("cuda sampling: argmax picks the CPU sampler's greedy token") {
                 SamplerParams greedy;
                 greedy.temperature = 0.0f;
                 Sampler sampler(greedy, s.n_vocab);
-                REQUIRE(sampler.sample(row, {}) == want[r]);  // the reference is the sampler's rule
+                REQUIRE(sampler.sample(row, {}, 0) == want[r]);  // the reference is the sampler's rule
             }
             std::vector<uint64_t> ws = workspace_for(s.n_rows, s.n_vocab);
             std::vector<unsigned> counters(cuda::argmax_counters(s.n_rows), 0u);

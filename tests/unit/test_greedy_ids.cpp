@@ -156,9 +156,9 @@ TEST_CASE("backend: the default forward_argmax picks as Sampler's greedy rule do
     for (int r = 0; r < n; ++r) {
         CAPTURE(r);
         if (ids[r] < 0)
-            CHECK_THROWS_AS(sampler.sample(rows[r].data(), {}), Error);
+            CHECK_THROWS_AS(sampler.sample(rows[r].data(), {}, 0), Error);
         else
-            CHECK(sampler.sample(rows[r].data(), {}) == ids[r]);
+            CHECK(sampler.sample(rows[r].data(), {}, 0) == ids[r]);
     }
     // No rows: just the forward.
     backend.forward_argmax(tokens, *cache, 0, ids.data(), {});

@@ -1,5 +1,6 @@
-// Unit tests for src/sampler.*: the RNG against reference values, each transform on crafted distributions, the
-// whole chain against a naive full-sort reference, sample() == draw(distribution()), frequencies, validation.
+// Unit tests for src/sample/sampler.*: each transform on crafted distributions, the whole chain against a naive
+// full-sort reference, sample() == gumbel_max(distribution()), seeds and positions, frequencies, validation. The
+// noise itself (Philox, Gumbel-max) is test_noise.cpp's.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,7 +12,8 @@
 #include "error.h"
 #include "sample/sampler.h"
 
-using tandem::Rng;
+using tandem::NoiseUse;
+using tandem::PositionNoise;
 using tandem::Sampler;
 using tandem::SamplerParams;
 
@@ -49,9 +51,10 @@ int count_nonzero(const std::vector<float>& v) {
 double sum(const std::vector<float>& v) { return std::accumulate(v.begin(), v.end(), 0.0); }
 
 std::vector<float> random_logits(int n, uint64_t seed, float scale = 4.0f) {
-    Rng rng(seed);
+    const PositionNoise noise(seed);
     std::vector<float> l(n);
-    for (float& x : l) x = (rng.uniform_float() * 2.0f - 1.0f) * scale;
+    for (int i = 0; i < n; ++i)
+        l[static_cast<size_t>(i)] = static_cast<float>(noise.uniform(i, NoiseUse::Token) * 2.0 - 1.0) * scale;
     return l;
 }
 
@@ -101,29 +104,6 @@ std::vector<double> reference(const SamplerParams& p, std::vector<float> l, std:
 
 }  // namespace
 
-TEST_CASE("sampler rng matches reference xoshiro256** seeded by splitmix64") {
-    // Values from an independent Python transcription of Vigna's reference C code (splitmix64 seed 0 gives
-    // 0xe220a8397b1dcdaf, its published first output). Pinning them pins the token stream for a seed everywhere.
-    Rng a(0);
-    CHECK(a.next() == 0x99ec5f36cb75f2b4ULL);
-    CHECK(a.next() == 0xbf6e1f784956452aULL);
-    CHECK(a.next() == 0x1a5f849d4933e6e0ULL);
-    CHECK(a.next() == 0x6aa594f1262d2d2cULL);
-    Rng b(42);
-    CHECK(b.next() == 0x15780b2e0c2ec716ULL);
-    CHECK(b.next() == 0x6104d9866d113a7eULL);
-    Rng c(0xdeadbeef);
-    CHECK(c.next() == 0xc5555444a74d7e83ULL);
-
-    Rng r(7);
-    for (int i = 0; i < 100000; ++i) {
-        const double d = r.uniform_double();
-        const float f = r.uniform_float();
-        REQUIRE((d >= 0.0 && d < 1.0));
-        REQUIRE((f >= 0.0f && f < 1.0f));
-    }
-}
-
 TEST_CASE("sampler seed reproducibility") {
     const auto logits = random_logits(500, 99, 2.0f);
     SamplerParams p;  // the defaults: top-k, top-p and min-p all active
@@ -133,7 +113,7 @@ TEST_CASE("sampler seed reproducibility") {
         q.seed = seed;
         Sampler s(q, 500);
         std::vector<int> out;
-        for (int i = 0; i < 1000; ++i) out.push_back(s.sample(logits.data(), out));
+        for (int i = 0; i < 1000; ++i) out.push_back(s.sample(logits.data(), out, i));
         return out;
     };
     const auto first = run(2024);
@@ -143,6 +123,14 @@ TEST_CASE("sampler seed reproducibility") {
     CHECK(run(0) != run(1));
     // More than one token was actually drawn, so the comparisons above are not trivially equal.
     CHECK(std::set<int>(first.begin(), first.end()).size() > 5);
+    // The pick is a function of the position, not of how many picks came before: a fresh sampler asked for position
+    // 500 alone gives what the run's 501st pick was, and the same position twice gives the same token.
+    SamplerParams q = p;
+    q.seed = 2024;
+    Sampler fresh(q, 500);
+    const std::vector<int> before(first.begin(), first.begin() + 500);
+    CHECK(fresh.sample(logits.data(), before, 500) == first[500]);
+    CHECK(fresh.sample(logits.data(), before, 500) == first[500]);
 }
 
 TEST_CASE("sampler top-k keeps exactly k") {
@@ -275,8 +263,8 @@ TEST_CASE("sampler repetition penalty") {
         Sampler sg(g, 6);
         const std::vector<float> close = {3.0f, 2.9f, 0, 0, 0, 0};
         const std::vector<int> h = {0};
-        CHECK(sg.sample(close.data(), {}) == 0);
-        CHECK(sg.sample(close.data(), h) == 1);
+        CHECK(sg.sample(close.data(), {}, 0) == 0);
+        CHECK(sg.sample(close.data(), h, 1) == 1);
     }
     SUBCASE("out-of-vocabulary history is an error, and leaves the sampler usable") {
         const std::vector<int> bad = {0, 6};
@@ -289,21 +277,21 @@ TEST_CASE("sampler greedy") {
     SamplerParams p = plain(0.0f);
     Sampler s(p, 5);
     const std::vector<float> l = {1.0f, 5.0f, -1.0f, 5.0f, 2.0f};
-    CHECK(s.sample(l.data(), {}) == 1);  // tie between 1 and 3: lowest id
+    CHECK(s.sample(l.data(), {}, 0) == 1);  // tie between 1 and 3: lowest id
     CHECK(dist(s, l) == std::vector<float>{0, 1, 0, 0, 0});
     // NaN never wins; all -inf/NaN is an error rather than a silent token 0.
     const std::vector<float> with_nan = {NAN, 0.0f, 1.0f, NAN, -3.0f};
-    CHECK(s.sample(with_nan.data(), {}) == 2);
+    CHECK(s.sample(with_nan.data(), {}, 0) == 2);
     const std::vector<float> dead = {NAN, -INFINITY, NAN, -INFINITY, NAN};
-    CHECK_THROWS_AS(s.sample(dead.data(), {}), tandem::Error);
+    CHECK_THROWS_AS(s.sample(dead.data(), {}, 0), tandem::Error);
     Sampler t(plain(), 5);
-    CHECK_THROWS_AS(t.sample(dead.data(), {}), tandem::Error);
+    CHECK_THROWS_AS(t.sample(dead.data(), {}, 0), tandem::Error);
 }
 
 TEST_CASE("sampler temperature near 0 selects the argmax") {
     const std::vector<float> l = {1.0f, 1.5f, 1.4f, -2.0f, 1.49f};
     Sampler s(plain(1e-4f), 5);
-    for (int i = 0; i < 1000; ++i) REQUIRE(s.sample(l.data(), {}) == 1);
+    for (int i = 0; i < 1000; ++i) REQUIRE(s.sample(l.data(), {}, i) == 1);
 }
 
 TEST_CASE("sampler temperature 1 matches the distribution empirically") {
@@ -312,7 +300,7 @@ TEST_CASE("sampler temperature 1 matches the distribution empirically") {
     Sampler s(plain(1.0f), 4);
     const int n = 20000;
     std::vector<int> counts(4, 0);
-    for (int i = 0; i < n; ++i) ++counts[s.sample(l.data(), {})];
+    for (int i = 0; i < n; ++i) ++counts[s.sample(l.data(), {}, i)];  // a fresh position, fresh noise
     // Each count is Binomial(n, p): std = sqrt(n p (1-p)), 35-69 here. A 5-sigma band fails a correct sampler with
     // probability ~5.7e-7 per token (two-sided normal tail), < 2.3e-6 for all four: for a fixed seed the test is
     // deterministic, so that is the chance of having picked an unlucky seed.
@@ -389,11 +377,11 @@ TEST_CASE("sampler top-p without top-k matches the reference at a 150k vocabular
         }
 }
 
-TEST_CASE("sampler sample() equals draw(distribution()) with the same RNG state") {
-    // Speculative decoding draws from distribution() rows; sampling must agree with it token for token.
+TEST_CASE("sampler sample() equals gumbel_max(distribution()) at every position") {
+    // Speculative decoding samples from distribution() rows; sampling must agree with it token for token.
     const int n = 10000;
     const auto logits = random_logits(n, 3, 3.0f);
-    // Flat-ish logits with top-p only keep > 4096 tokens, exercising sample()'s dense path.
+    // Flat-ish logits with top-p only keep > 4096 tokens, exercising write_kept's dense path.
     const auto flat = random_logits(n, 4, 0.1f);
     for (const auto* l : {&logits, &flat})
         for (int k : {0, 40, 6000})
@@ -405,32 +393,16 @@ TEST_CASE("sampler sample() equals draw(distribution()) with the same RNG state"
                 p.seed = 77;
                 Sampler a(p, n);
                 Sampler b(p, n);
-                std::vector<float> probs(n);
+                tandem::SparseDistribution d;
+                std::set<int> picks;
                 for (int i = 0; i < 30; ++i) {
-                    b.distribution(l->data(), {}, probs.data());
-                    REQUIRE(a.sample(l->data(), {}) == b.draw(probs.data(), n));
+                    b.distribution(l->data(), {}, d);
+                    const int x = a.sample(l->data(), {}, i);
+                    REQUIRE(x == gumbel_max(d, b.noise(), i, NoiseUse::Token));
+                    picks.insert(x);
                 }
+                CHECK(picks.size() > 1);  // the positions' noise differs, so the equality is not one token's
             }
-}
-
-TEST_CASE("sampler draw and uniform") {
-    Sampler s(plain(), 8);
-    const std::vector<float> w = {0.0f, 3.0f, 0.0f, 1.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // unnormalised weights
-    std::vector<int> counts(8, 0);
-    for (int i = 0; i < 4000; ++i) ++counts[s.draw(w.data(), 8)];
-    CHECK(counts[0] + counts[2] + counts[4] + counts[5] + counts[6] + counts[7] == 0);
-    // 3000 expected, std sqrt(4000 * 0.75 * 0.25) ~ 27; 5 sigma as above.
-    CHECK(std::abs(counts[1] - 3000) <= 5 * 27.4);
-    const std::vector<float> zeros(8, 0.0f);
-    CHECK_THROWS_AS(s.draw(zeros.data(), 8), tandem::Error);
-    CHECK_THROWS_AS(s.draw(w.data(), 0), tandem::Error);
-    double total = 0;
-    for (int i = 0; i < 10000; ++i) {
-        const float u = s.uniform();
-        REQUIRE((u >= 0.0f && u < 1.0f));
-        total += u;
-    }
-    CHECK(total / 10000 == doctest::Approx(0.5).epsilon(0.02));
 }
 
 TEST_CASE("sampler validate rejects bad values") {

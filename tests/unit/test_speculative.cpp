@@ -727,19 +727,15 @@ TEST_CASE("speculative: vocabulary check") {
 }
 
 
-TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-square on the 2nd and 3rd tokens)") {
-    auto target = Model::load(kData + "/stories260K.gguf");
-    // After BOS alone the story can start many ways: broad distributions give the test its power.
-    const std::vector<int> prompt = {1};
-    SamplerParams sp;
-    sp.temperature = 1.2f;
-    sp.top_k = 30;
-    sp.top_p = 0.98f;
-    sp.min_p = 0.0f;
-    sp.repeat_penalty = 1.1f;  // the penalty must be applied alike to p and q
+namespace {
 
-    // Exact marginals of tokens 1..3 under the target alone: enumerate the (few) continuations the sampler keeps.
-    CpuBackend backend(*target, 1, 64);
+// The exact distributions of the first three sampled tokens after `prompt` under `target` alone with sampler `sp`,
+// enumerated over the (few) continuations the sampler keeps: the marginals of tokens 1, 2, 3 and the joints of
+// (1, 2) and (2, 3), keyed id * 512 + id (a sampler whose noise repeats across positions can keep every marginal and
+// still couple neighbouring tokens).
+std::array<std::map<int, double>, 5> exact_first_tokens(const Model& target, const SamplerParams& sp,
+                                                         const std::vector<int>& prompt) {
+    CpuBackend backend(target, 1, 64);
     Sampler exact_sampler(sp, 512);
     std::vector<float> logits(512), probs(512);
     auto dist = [&](const std::vector<int>& ctx) {
@@ -751,76 +747,142 @@ TEST_CASE("speculative: sampling at temperature > 0 is lossless (exact chi-squar
             if (probs[static_cast<size_t>(t)] > 0) d[t] = probs[static_cast<size_t>(t)];
         return d;
     };
-    std::map<int, double> m1 = dist(prompt), m2, m3;
-    for (const auto& [t1, p1] : m1) {
+    std::array<std::map<int, double>, 5> m;
+    m[0] = dist(prompt);
+    for (const auto& [t1, p1] : m[0]) {
         std::vector<int> c1 = prompt;
         c1.push_back(t1);
         for (const auto& [t2, p2] : dist(c1)) {
-            m2[t2] += p1 * p2;
+            m[1][t2] += p1 * p2;
+            m[3][t1 * 512 + t2] += p1 * p2;
             std::vector<int> c2 = c1;
             c2.push_back(t2);
-            for (const auto& [t3, p3] : dist(c2)) m3[t3] += p1 * p2 * p3;
+            for (const auto& [t3, p3] : dist(c2)) {
+                m[2][t3] += p1 * p2 * p3;
+                m[4][t2 * 512 + t3] += p1 * p2 * p3;
+            }
         }
     }
+    return m;
+}
 
-    int64_t drafted = 0, accepted = 0;
-    auto sample_runs = [&](const std::string& draft, bool lookup, int n_runs, int draft_vocab = 0) {
-        std::array<std::map<int, int>, 3> counts;
+using FirstTokenCounts = std::array<std::map<int, int>, 5>;  // as exact_first_tokens' five, counted
+
+void count_first_tokens(const std::vector<int>& tokens, FirstTokenCounts& counts) {
+    for (size_t i = 0; i < 3 && i < tokens.size(); ++i) ++counts[i][tokens[i]];
+    if (tokens.size() >= 3) {
+        ++counts[3][tokens[0] * 512 + tokens[1]];
+        ++counts[4][tokens[1] * 512 + tokens[2]];
+    }
+}
+
+// Whether every one of the five passes the chi-square test against the exact distributions (INFO says which not).
+bool all_pass(const FirstTokenCounts& counts, const std::array<std::map<int, double>, 5>& exact, int n_runs) {
+    static const char* kNames[] = {"token 1", "token 2", "token 3", "tokens (1, 2)", "tokens (2, 3)"};
+    bool ok = true;
+    for (size_t i = 0; i < 5; ++i) {
+        const auto [stat, crit] = chi_square(counts[i], exact[i], n_runs);
+        if (stat >= crit) {
+            MESSAGE(std::string(kNames[i]) << ": chi-square " << stat << " >= critical " << crit);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+}  // namespace
+
+TEST_CASE("speculative: sampling at temperature > 0 is lossless, coupled and by rejection (exact chi-square on tokens 1-3)") {
+    // Mutation-checked: noise keyed without the position (one Gumbel vector for every token), or a uniform squared
+    // (biased noise), fails this test.
+    const std::vector<int> prompt = {1};  // after BOS alone the story can start many ways: broad distributions
+    SamplerParams sp;
+    sp.temperature = 1.2f;
+    sp.top_k = 30;
+    sp.top_p = 0.98f;
+    sp.min_p = 0.0f;
+    sp.repeat_penalty = 1.1f;  // the penalty must be applied alike to p and q
+    const int n_runs = 3000;
+
+    struct Pair {
+        const char* name;
+        std::string target, draft;
+    };
+    // The story model with its overconfident draft; the context-blind model (neighbouring tokens from one broad
+    // distribution) with its own.
+    const std::vector<Pair> pairs = {{"stories260K", kData + "/stories260K.gguf", drafts().sharp},
+                                     {"context-blind", drafts().blind, drafts().blind_sharp}};
+    for (const Pair& pair : pairs) {
+        CAPTURE(std::string(pair.name));
+        auto target = Model::load(pair.target);
+        const auto exact = exact_first_tokens(*target, sp, prompt);
+        REQUIRE(exact[0].size() >= 10);
+        REQUIRE(exact[1].size() >= 10);
+        REQUIRE(exact[2].size() >= 10);
+        int64_t drafted = 0, accepted = 0;
+        auto sample_runs = [&](SpecSampling scheme, const std::string& draft, bool lookup, int draft_vocab = 0) {
+            FirstTokenCounts counts;
+            for (int seed = 0; seed < n_runs; ++seed) {
+                GenerationParams p;
+                p.n_predict = 3;
+                p.sampler = sp;
+                p.sampler.seed = static_cast<uint64_t>(seed);
+                p.speculative.draft_min = 2;
+                p.speculative.draft_max = 2;
+                p.speculative.p_min = 0;
+                p.speculative.lookup = lookup;
+                p.speculative.draft_vocab = draft_vocab;
+                p.speculative.sampling = scheme;
+                const Run r = generate(*target, draft, prompt, p);
+                count_first_tokens(r.tokens, counts);
+                drafted += r.stats.spec.drafted;
+                accepted += r.stats.spec.accepted;
+            }
+            return counts;
+        };
+        for (SpecSampling scheme : {SpecSampling::Coupled, SpecSampling::Rejection}) {
+            CAPTURE(std::string(spec_sampling_name(scheme)));
+            drafted = accepted = 0;
+            CHECK(all_pass(sample_runs(scheme, pair.draft, false), exact, n_runs));
+            INFO("overconfident draft: " << accepted << " of " << drafted << " drafted tokens accepted");
+            CHECK(accepted > drafted / 10);  // the rule was exercised both ways
+            CHECK(accepted < drafted);
+            // A draft restricted to part of the vocabulary (q is then its distribution over the kept ids).
+            CHECK(all_pass(sample_runs(scheme, pair.draft, false, 256), exact, n_runs));
+            // Prompt lookup (one-hot proposals).
+            CHECK(all_pass(sample_runs(scheme, "", true), exact, n_runs));
+        }
+
+        // Negative controls: the test rejects tokens drawn from another distribution (the draft's, at a higher
+        // temperature), and tokens of the target's own distributions sampled with one position's noise for all
+        // three (on the context-blind pair, where that couples neighbours).
+        auto draft_model = Model::load(pair.draft);
+        FirstTokenCounts draft_only, reused;
+        CpuBackend backend(*target, 1, 64);
+        std::vector<float> logits(512);
         for (int seed = 0; seed < n_runs; ++seed) {
             GenerationParams p;
             p.n_predict = 3;
             p.sampler = sp;
+            p.sampler.temperature = 1.5f;
             p.sampler.seed = static_cast<uint64_t>(seed);
-            p.speculative.draft_min = 2;
-            p.speculative.draft_max = 2;
-            p.speculative.p_min = 0;
-            p.speculative.lookup = lookup;
-            p.speculative.draft_vocab = draft_vocab;
-            const Run r = generate(*target, draft, prompt, p);
-            for (size_t i = 0; i < 3 && i < r.tokens.size(); ++i) ++counts[i][r.tokens[i]];
-            drafted += r.stats.spec.drafted;
-            accepted += r.stats.spec.accepted;
+            count_first_tokens(generate(*draft_model, "", prompt, p).tokens, draft_only);
+            SamplerParams q = sp;
+            q.seed = static_cast<uint64_t>(seed);
+            Sampler sampler(q, 512);
+            std::vector<int> ctx = prompt;
+            for (int i = 0; i < 3; ++i) {
+                auto cache = backend.new_cache(64);
+                backend.forward(ctx, *cache, 1, logits.data());
+                ctx.push_back(sampler.sample(logits.data(), ctx, 1));  // always position 1: the reuse
+            }
+            count_first_tokens(std::vector<int>(ctx.begin() + 1, ctx.end()), reused);
         }
-        return counts;
-    };
-    REQUIRE(m1.size() >= 10);
-    REQUIRE(m2.size() >= 10);
-    REQUIRE(m3.size() >= 10);
-    const int n_runs = 3000;
-    const auto spec = sample_runs(drafts().sharp, false, n_runs);
-    INFO("overconfident draft: " << accepted << " of " << drafted << " drafted tokens accepted");
-    const auto [s1, c1] = chi_square(spec[0], m1, n_runs);
-    const auto [s2, c2] = chi_square(spec[1], m2, n_runs);
-    const auto [s3, c3] = chi_square(spec[2], m3, n_runs);
-    INFO("chi-square token 1: " << s1 << " (critical " << c1 << "), token 2: " << s2 << " (" << c2 << "), token 3: "
-                                << s3 << " (" << c3 << ")");
-    CHECK(s1 < c1);
-    CHECK(s2 < c2);
-    CHECK(s3 < c3);
-    // A draft restricted to part of the vocabulary (q is then its distribution over the kept ids) is lossless too.
-    const auto restricted = sample_runs(drafts().sharp, false, n_runs, 256);
-    CHECK(chi_square(restricted[1], m2, n_runs).first < chi_square(restricted[1], m2, n_runs).second);
-    CHECK(chi_square(restricted[2], m3, n_runs).first < chi_square(restricted[2], m3, n_runs).second);
-    // Prompt lookup (one-hot proposals) must be lossless too.
-    const auto look = sample_runs("", true, n_runs);
-    CHECK(chi_square(look[1], m2, n_runs).first < chi_square(look[1], m2, n_runs).second);
-    CHECK(chi_square(look[2], m3, n_runs).first < chi_square(look[2], m3, n_runs).second);
-
-    // The same test must reject a sampler that is not the target's: tokens drawn from the draft alone.
-    auto draft_model = Model::load(drafts().q4_0);
-    std::array<std::map<int, int>, 3> draft_only;
-    for (int seed = 0; seed < n_runs; ++seed) {
-        GenerationParams p;
-        p.n_predict = 3;
-        p.sampler = sp;
-        p.sampler.temperature = 1.5f;  // a visibly different distribution
-        p.sampler.seed = static_cast<uint64_t>(seed);
-        const Run r = generate(*draft_model, "", prompt, p);
-        for (size_t i = 0; i < 3 && i < r.tokens.size(); ++i) ++draft_only[i][r.tokens[i]];
+        const auto [n2, nc2] = chi_square(draft_only[1], exact[1], n_runs);
+        INFO("negative control, token 2: " << n2 << " (critical " << nc2 << ")");
+        CHECK(n2 > nc2);
+        if (std::string(pair.name) == "context-blind") CHECK_FALSE(all_pass(reused, exact, n_runs));
     }
-    const auto [n2, nc2] = chi_square(draft_only[1], m2, n_runs);
-    INFO("negative control, token 2: " << n2 << " (critical " << nc2 << ")");
-    CHECK(n2 > nc2);
 }
 
 TEST_CASE("speculative: a second generation on a non-empty cache (a chat turn) keeps the draft in step") {
@@ -880,17 +942,30 @@ TEST_CASE("speculative: a second generation on a non-empty cache (a chat turn) k
 
 namespace {
 
-// The rule of verify_proposal over dense rows (as it was written before the distributions became sparse), the
-// reference for the sparse one: the same RNG calls in the same order, so the same verdict.
-Verdict dense_verify(std::span<const int> drafted, const std::vector<std::vector<float>>& p_rows,
-                     const std::vector<std::vector<float>>& q_rows, Sampler& sampler) {
+// The dense row's Gumbel-max: argmax over every id of log w + g, zero weights skipped, the lower id on a tie.
+int dense_gumbel_max(const std::vector<float>& w, const PositionNoise& noise, int64_t position, NoiseUse use) {
+    int best = -1;
+    double best_score = 0;
+    for (int id = 0; id < static_cast<int>(w.size()); ++id) {
+        if (!(w[static_cast<size_t>(id)] > 0)) continue;
+        const double s = std::log(static_cast<double>(w[static_cast<size_t>(id)])) +
+                         noise.gumbel(position, use, static_cast<uint32_t>(id));
+        if (best < 0 || s > best_score) best = id, best_score = s;
+    }
+    return best;
+}
+
+// Rejection sampling over dense rows (as the rule was written before the distributions became sparse), the reference
+// for the sparse one: the same numbers of the same positions, so the same verdict.
+Verdict dense_rejection(std::span<const int> drafted, const std::vector<std::vector<float>>& p_rows,
+                        const std::vector<std::vector<float>>& q_rows, const PositionNoise& noise, int64_t pos) {
     Verdict v;
-    const int n = static_cast<int>(p_rows[0].size());
     for (size_t i = 0; i < drafted.size(); ++i) {
         const std::vector<float>& p = p_rows[i];
         const std::vector<float>& q = q_rows[i];
         const int x = drafted[i];
-        if (q[x] > 0 && sampler.uniform() < std::min(1.0f, p[x] / q[x])) {
+        const int64_t at = pos + static_cast<int64_t>(i);
+        if (q[x] > 0 && noise.uniform(at, NoiseUse::Acceptance) < std::min(1.0, static_cast<double>(p[x]) / q[x])) {
             ++v.n_accepted;
             continue;
         }
@@ -900,16 +975,17 @@ Verdict dense_verify(std::span<const int> drafted, const std::vector<std::vector
             r[t] = std::max(0.0f, p[t] - q[t]);
             any = any || r[t] > 0;
         }
-        v.next_token = any ? sampler.draw(r.data(), n) : sampler.draw(p.data(), n);
+        v.next_token = dense_gumbel_max(any ? r : p, noise, at, NoiseUse::Residual);
         return v;
     }
-    v.next_token = sampler.draw(p_rows[drafted.size()].data(), n);
+    v.next_token = dense_gumbel_max(p_rows[drafted.size()], noise, pos + static_cast<int64_t>(drafted.size()),
+                                    NoiseUse::Token);
     return v;
 }
 
 }  // namespace
 
-TEST_CASE("speculative: verify_proposal over sparse distributions gives the dense rule's verdicts") {
+TEST_CASE("speculative: verify_proposal over sparse distributions gives the dense rules' verdicts") {
     std::mt19937 rng(41);
     const int n = 60;
     std::uniform_real_distribution<float> unit(0.0f, 1.0f);
@@ -930,13 +1006,15 @@ TEST_CASE("speculative: verify_proposal over sparse distributions gives the dens
             if (dense[id] > 0) sparse.ids.push_back(id), sparse.probs.push_back(dense[id]);
         }
     };
-    int rejections = 0, all_accepted = 0;
+    int rejections = 0, all_accepted = 0, coupled_accepted = 0;
     for (int trial = 0; trial < 2000; ++trial) {
         const int k = 1 + static_cast<int>(rng() % 5);
         std::vector<std::vector<float>> p_rows(k + 1), q_rows(k);
         std::vector<SparseDistribution> p_sparse(k + 1), q_sparse(k);
         for (int i = 0; i <= k; ++i) random_dist(p_rows[i], p_sparse[i]);
-        std::vector<int> drafted;
+        const PositionNoise noise(rng());
+        const int64_t pos = rng() % 1000;
+        std::vector<int> drafted, coupled_drafts;
         for (int i = 0; i < k; ++i) {
             if (trial % 3 == 0) {  // often the target itself: long acceptances
                 q_rows[i] = p_rows[i];
@@ -947,31 +1025,49 @@ TEST_CASE("speculative: verify_proposal over sparse distributions gives the dens
             // A token of q's support (or, now and then, one q gives no mass: always rejected).
             const SparseDistribution& q = q_sparse[i];
             drafted.push_back(rng() % 10 == 0 ? static_cast<int>(rng() % n) : q.ids[rng() % q.ids.size()]);
+            // The coupled draft: q's Gumbel-max with the target's noise for its position.
+            coupled_drafts.push_back(gumbel_max(q, noise, pos + i, NoiseUse::Token));
         }
-        SamplerParams sp;
-        sp.seed = rng();
-        Sampler a(sp, n), b(sp, n);
-        const Verdict want = dense_verify(drafted, p_rows, q_rows, a);
-        const Verdict got = verify_proposal(drafted, p_sparse, q_sparse, false, b);
         CAPTURE(trial);
+        const Verdict want = dense_rejection(drafted, p_rows, q_rows, noise, pos);
+        const Verdict got = verify_proposal(drafted, p_sparse, q_sparse, false, SpecSampling::Rejection, noise, pos);
         REQUIRE(got.n_accepted == want.n_accepted);
         REQUIRE(got.next_token == want.next_token);
-        CHECK(a.uniform() == b.uniform());  // the RNGs moved alike
         rejections += want.n_accepted < k;
         all_accepted += want.n_accepted == k;
+
+        // Coupled: the accepted drafts and the next token are exactly the tokens plain decoding samples at those
+        // positions (the dense rows' Gumbel-max), up to and including the first the draft got wrong.
+        const Verdict c =
+            verify_proposal(coupled_drafts, p_sparse, q_sparse, false, SpecSampling::Coupled, noise, pos);
+        int plain_accepted = 0;
+        int plain_next = -1;
+        for (int i = 0; i <= k; ++i) {
+            const int t = dense_gumbel_max(p_rows[static_cast<size_t>(i)], noise, pos + i, NoiseUse::Token);
+            if (i < k && t == coupled_drafts[static_cast<size_t>(i)]) {
+                ++plain_accepted;
+                continue;
+            }
+            plain_next = t;
+            break;
+        }
+        REQUIRE(c.n_accepted == plain_accepted);
+        REQUIRE(c.next_token == plain_next);
+        coupled_accepted += c.n_accepted;
     }
     CHECK(rejections > 500);
     CHECK(all_accepted > 100);
+    CHECK(coupled_accepted > 500);
 
     // Greedy: accepted while the token is the one-hot's id; else that id.
     SparseDistribution one, two, three;
     one.assign_one(4), two.assign_one(9), three.assign_one(2);
-    Sampler s(SamplerParams{}, n);
+    const PositionNoise noise(1);
     const std::vector<SparseDistribution> target = {one, two, three};
-    Verdict g = verify_proposal(std::vector<int>{4, 9}, target, {}, true, s);
+    Verdict g = verify_proposal(std::vector<int>{4, 9}, target, {}, true, SpecSampling::Coupled, noise, 0);
     CHECK(g.n_accepted == 2);
     CHECK(g.next_token == 2);
-    g = verify_proposal(std::vector<int>{4, 5}, target, {}, true, s);
+    g = verify_proposal(std::vector<int>{4, 5}, target, {}, true, SpecSampling::Rejection, noise, 0);
     CHECK(g.n_accepted == 1);
     CHECK(g.next_token == 9);
 }
