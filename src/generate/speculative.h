@@ -27,7 +27,8 @@ enum class SpecSampling {
     // The draft proposes with the target's own noise (sample/noise.h: Gumbel-max keyed by position and token id) and
     // a draft is accepted iff it is the token the target samples there: the output is plain decoding's for the same
     // seed, token for token, whatever was drafted. Accepts with probability P(argmax(log q + g) = argmax(log p + g)),
-    // at least (1 - TV) / (1 + TV) for the total variation distance TV of p and q, and below rejection's 1 - TV.
+    // at least (1 - TV) / (1 + TV) for the total variation distance TV of p and q (Daliri, Musco and Suresh 2024,
+    // arXiv:2408.07978), and at most rejection's 1 - TV.
     Coupled,
     // Rejection sampling: accept x ~ q with probability min(1, p(x)/q(x)), else a token from norm(max(p - q, 0)).
     // The optimal acceptance, 1 - TV; but which positions take that test and which a plain step depends on the draft

@@ -9,7 +9,8 @@
 // Sampling", NeurIPS 2014). Its point here: a draft model that proposes argmax log q(id) + g(id) with the same g
 // proposes the target's own sample wherever it can, so speculative decoding accepts a draft iff it equals the token
 // plain decoding would have sampled there, and the output is plain decoding's, token for token (coupled speculative
-// sampling, generate/speculative.h).
+// sampling, generate/speculative.h; Daliri, Musco and Suresh, "Coupling without communication and drafter-invariant
+// speculative decoding", arXiv:2408.07978, 2024, study this scheme and its acceptance bound).
 #pragma once
 #include <array>
 #include <cstdint>
