@@ -39,6 +39,29 @@ check "--draft: acceptance in the summary" grep -q "acceptance" "$tmp/err"
 printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0 --lookup >"$tmp/lookup" 2>/dev/null
 check "--chat --lookup gives the same answers" cmp -s "$tmp/out" "$tmp/lookup"
 
+# Sampled: the noise is keyed by the position in the conversation, so with a seed each answer is again the one-shot
+# continuation of the conversation so far with that seed, and a draft or prompt lookup changes no answer.
+printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0.9 --seed 9 >"$tmp/sampled" 2>/dev/null
+mapfile -t answers <"$tmp/sampled"
+convo=""
+i=0
+for turn in one two three; do
+  if [ -n "$convo" ] && [[ ! "$convo" =~ [[:space:]]$ ]]; then convo+=" "; fi
+  convo+="$turn"
+  expect=$("$tandem" -m "$model" -p "$convo" -n 10 --temp 0.9 --seed 9 2>/dev/null)
+  check "sampled answer $((i + 1)) equals the one-shot continuation with the seed" [ "${answers[$i]}" = "$expect" ]
+  convo+="$expect"
+  i=$((i + 1))
+done
+check "the sampled answers differ from the greedy ones" bash -c "! cmp -s '$tmp/out' '$tmp/sampled'"
+"$build/tandem-quantize" "$model" "$tmp/q4_0.gguf" q4_0 2>/dev/null  # a draft that disagrees now and then
+printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0.9 --seed 9 --draft "$tmp/q4_0.gguf" --draft-min 3 \
+  >"$tmp/sampled_draft" 2>/dev/null
+check "sampled --chat --draft gives the same answers" cmp -s "$tmp/sampled" "$tmp/sampled_draft"
+printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0.9 --seed 9 --lookup --draft-min 1 \
+  >"$tmp/sampled_lookup" 2>/dev/null
+check "sampled --chat --lookup gives the same answers" cmp -s "$tmp/sampled" "$tmp/sampled_lookup"
+
 # Commands work in a pipe too: /undo then the same turn again answers the same; /quit ends early.
 printf 'one\ntwo\n/undo\ntwo\n/quit\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0 >"$tmp/cmd" 2>/dev/null
 check "/undo in a pipe" [ "$(sed -n 2p "$tmp/cmd")" = "$(sed -n 3p "$tmp/cmd")" ]
