@@ -13,6 +13,30 @@ int positive_int(const GgufFile& f, const std::string& key, uint32_t value) {
     return static_cast<int>(value);
 }
 
+// What a file may declare that the forward pass does not implement yet. Loading it anyway would run another model
+// than the file's (wrong text, no error), so each is refused, naming the key or tensor.
+void refuse_unsupported(const GgufFile& f, const std::string& a, const ModelConfig& c) {
+    const std::string head = " (a head size other than embedding_length / head_count = " + std::to_string(c.head_dim) +
+                             " is not supported yet)";
+    for (const char* key : {"attention.key_length", "attention.value_length"})
+        if (f.find(a + key) && f.get_u32(a + key) != static_cast<uint32_t>(c.head_dim))
+            throw Error(f.path() + ": " + a + key + " is " + std::to_string(f.get_u32(a + key)) + head);
+    if (f.find(a + "attention.sliding_window") && f.get_u32(a + "attention.sliding_window") > 0)
+        throw Error(f.path() + ": " + a + "attention.sliding_window is " +
+                    std::to_string(f.get_u32(a + "attention.sliding_window")) +
+                    " (sliding-window attention is not supported yet)");
+    // A scaling factor without a type is linear scaling in llama.cpp's reading of the keys.
+    if (f.find(a + "rope.scaling.factor") && f.get_f32(a + "rope.scaling.factor") != 1.0f &&
+        f.get_f32(a + "rope.scaling.factor") != 0.0f)
+        throw Error(f.path() + ": " + a + "rope.scaling.factor is " +
+                    std::to_string(f.get_f32(a + "rope.scaling.factor")) + " (RoPE scaling is not supported yet)");
+    for (const char* tensor : {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
+        if (f.find_tensor(tensor))
+            throw Error(f.path() + ": tensor '" + tensor +
+                        "' (per-dimension RoPE frequency factors, as Llama 3.1+ and Phi-3 files carry) is not "
+                        "supported yet");
+}
+
 }  // namespace
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
@@ -52,6 +76,7 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
         throw Error(f.path() + ": rope.freq_base " + std::to_string(c.rope_theta) + " is out of range");
     if (f.find(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none")
         throw Error(f.path() + ": rope scaling '" + f.get_string(a + "rope.scaling.type") + "' is not supported");
+    refuse_unsupported(f, a, c);
 
     // ggml's rope mode by architecture: llama files rotate adjacent pairs, qwen2 files the two halves (NEOX).
     c.rope_style = c.arch == "qwen2" ? RopeStyle::Neox : RopeStyle::AdjacentPairs;

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -18,6 +19,7 @@
 #include "error.h"
 #include "generate/generator.h"
 #include "gguf/gguf.h"
+#include "gguf/gguf_writer.h"
 #include "model/model.h"
 #include "reference_files.h"
 #include "common/synthetic_model.h"
@@ -376,6 +378,50 @@ TEST_CASE("model: a synthetic qwen2 model has the architecture's biases, RoPE an
     CHECK_FALSE(std::filesystem::exists(path));
 }
 
+
+TEST_CASE("model: what a llama file declares but the forward pass lacks is refused, naming the key or tensor") {
+    // Llama 3.1+ files carry rope_freqs, Mistral-Nemo-class files a head size of their own, others a sliding window
+    // or RoPE scaling: run without them, the model would be another one (wrong text, no error).
+    const std::string path = (std::filesystem::temp_directory_path() /
+                              ("tandem-unsupported-" + std::to_string(::getpid()) + ".gguf")).string();
+    auto source = GgufFile::open(kData + "/stories260K.gguf");
+    auto variant = [&](const std::function<void(GgufWriter&)>& extra) {
+        GgufWriter w;
+        for (const auto& [key, value] : source->metadata()) w.add_value(key, value);
+        extra(w);
+        for (const GgufTensorInfo& t : source->tensors())
+            w.add_tensor(t.name, t.type, std::vector<uint64_t>(t.ne, t.ne + t.n_dims),
+                         std::vector<uint8_t>(t.data, t.data + t.n_bytes));
+        w.write(path);
+    };
+    auto refused = [&](const std::string& what) {
+        CAPTURE(what);
+        CHECK_THROWS_WITH_AS(Model::load(path), doctest::Contains(what.c_str()), Error);
+    };
+    // stories260K: 8 heads of 8 (embedding_length 64).
+    variant([](GgufWriter& w) { w.add_u32("llama.attention.key_length", 8); });
+    CHECK_NOTHROW(Model::load(path));  // the head size it implies anyway
+    variant([](GgufWriter& w) { w.add_u32("llama.attention.key_length", 16); });
+    refused("llama.attention.key_length is 16 (a head size other than");
+    variant([](GgufWriter& w) { w.add_u32("llama.attention.value_length", 4); });
+    refused("llama.attention.value_length is 4");
+    variant([](GgufWriter& w) { w.add_u32("llama.attention.sliding_window", 4096); });
+    refused("llama.attention.sliding_window is 4096 (sliding-window attention is not supported yet)");
+    variant([](GgufWriter& w) { w.add_f32("llama.rope.scaling.factor", 8.0f); });
+    refused("llama.rope.scaling.factor is 8");
+    variant([](GgufWriter& w) { w.add_string("llama.rope.scaling.type", "yarn"); });
+    refused("rope scaling 'yarn' is not supported");
+    variant([](GgufWriter& w) {
+        w.add_f32("llama.rope.scaling.factor", 1.0f);  // no scaling, stated
+        w.add_u32("llama.attention.sliding_window", 0);
+    });
+    CHECK_NOTHROW(Model::load(path));
+    variant([](GgufWriter& w) {
+        w.add_tensor("rope_freqs.weight", GgmlType::F32, {4}, std::vector<uint8_t>(16, 0));
+    });
+    refused("tensor 'rope_freqs.weight' (per-dimension RoPE frequency factors");
+    std::filesystem::remove(path);
+}
 
 TEST_CASE("model: the synthetic _K_M mixtures follow llama.cpp's rules for their base type") {
     // llama_tensor_get_type for Q4_K_M and Q5_K_M: the base type, Q6_K for the output and for attn_v / ffn_down in
