@@ -40,30 +40,31 @@ double PositionNoise::gumbel(int64_t position, NoiseUse use, uint32_t id) const 
     return -std::log(-std::log(uniform(position, use, id)));
 }
 
-double gumbel_score(float p, const PositionNoise& noise, int64_t position, NoiseUse use, int id) {
-    return std::log(static_cast<double>(p)) + noise.gumbel(position, use, static_cast<uint32_t>(id));
+void GumbelArgmax::offer(int id, float p) {
+    if (!(p > 0.0f)) return;
+    const double s = std::log(static_cast<double>(p)) + noise_.gumbel(position_, use_, static_cast<uint32_t>(id));
+    if (best_ < 0 || s > best_score_ || (s == best_score_ && id < best_)) {
+        if (track_share_) sum_ = best_ < 0 ? 1.0 : sum_ * std::exp(best_score_ - s) + 1.0;
+        best_ = id, best_score_ = s;
+    } else if (track_share_) {
+        sum_ += std::exp(s - best_score_);
+    }
 }
+
+int GumbelArgmax::pick() const {
+    if (best_ < 0) throw Error("sampler: cannot sample from a distribution without a positive probability");
+    return best_;
+}
+
+double GumbelArgmax::share() const { return 1.0 / sum_; }
 
 int gumbel_max(const SparseDistribution& d, const PositionNoise& noise, int64_t position, NoiseUse use,
                double* pick_share) {
-    int best = -1;
-    double best_score = 0;
-    double sum = 0;  // of exp(score - best_score), kept as the maximum moves (an online log-sum-exp)
-    for (size_t j = 0; j < d.ids.size(); ++j) {
-        const float p = d.probs[j];
-        if (!(p > 0.0f)) continue;
-        const int id = d.ids[j];
-        const double s = gumbel_score(p, noise, position, use, id);
-        if (best < 0 || s > best_score || (s == best_score && id < best)) {
-            if (pick_share) sum = best < 0 ? 1.0 : sum * std::exp(best_score - s) + 1.0;
-            best = id, best_score = s;
-        } else if (pick_share) {
-            sum += std::exp(s - best_score);
-        }
-    }
-    if (best < 0) throw Error("sampler: cannot sample from a distribution without a positive probability");
-    if (pick_share) *pick_share = 1.0 / sum;
-    return best;
+    GumbelArgmax argmax(noise, position, use, pick_share != nullptr);
+    for (size_t j = 0; j < d.ids.size(); ++j) argmax.offer(d.ids[j], d.probs[j]);
+    const int pick = argmax.pick();
+    if (pick_share) *pick_share = argmax.share();
+    return pick;
 }
 
 }  // namespace tandem

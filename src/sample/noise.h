@@ -52,8 +52,25 @@ private:
 int gumbel_max(const SparseDistribution& d, const PositionNoise& noise, int64_t position, NoiseUse use,
                double* pick_share = nullptr);
 
-// The score gumbel_max maximises, for callers that walk their own candidate lists (Sampler) and must pick exactly
-// what gumbel_max would from the same probabilities.
-double gumbel_score(float p, const PositionNoise& noise, int64_t position, NoiseUse use, int id);
+// gumbel_max's running maximum, for callers that walk their own candidate lists (Sampler's kept ids) and must pick
+// exactly what gumbel_max would from the same probabilities: offer every (id, probability), in any order (the
+// maximum, the lower id on a tie, does not depend on it); ids of probability <= 0 are skipped.
+class GumbelArgmax {
+public:
+    GumbelArgmax(const PositionNoise& noise, int64_t position, NoiseUse use, bool track_share = false)
+        : noise_(noise), position_(position), use_(use), track_share_(track_share) {}
+    void offer(int id, float p);
+    int pick() const;      // throws tandem::Error if no probability offered was positive
+    double share() const;  // the pick's share of the perturbed distribution (constructed with track_share)
+
+private:
+    const PositionNoise& noise_;
+    const int64_t position_;
+    const NoiseUse use_;
+    const bool track_share_;
+    int best_ = -1;
+    double best_score_ = 0;
+    double sum_ = 0;  // of exp(score - best_score_), rescaled as the maximum moves (an online log-sum-exp)
+};
 
 }  // namespace tandem

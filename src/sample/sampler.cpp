@@ -432,19 +432,10 @@ int Sampler::sample(const CandidateRow& row, std::span<const int> history, int64
 
 int Sampler::pick(int64_t position) const {
     if (params_.temperature == 0.0f) return ids_[0];
-    // gumbel_max over the kept set: the same scores of the same probabilities, and a maximum (the lower id on a tie)
-    // does not depend on the order the ids are visited in, so this is gumbel_max(distribution()) without its sort.
-    int best = -1;
-    double best_score = 0;
-    for (int j = 0; j < n_kept_; ++j) {
-        const int id = ids_[j];
-        const float p = prob_[id];
-        if (!(p > 0.0f)) continue;
-        const double s = gumbel_score(p, noise_, position, NoiseUse::Token, id);
-        if (best < 0 || s > best_score || (s == best_score && id < best)) best = id, best_score = s;
-    }
-    if (best < 0) throw Error("sampler: cannot sample from a distribution without a positive probability");
-    return best;
+    // gumbel_max over the kept set, without write_kept's sort: GumbelArgmax's pick does not depend on the order.
+    GumbelArgmax argmax(noise_, position, NoiseUse::Token);
+    for (int j = 0; j < n_kept_; ++j) argmax.offer(ids_[j], prob_[ids_[j]]);
+    return argmax.pick();
 }
 
 float SparseDistribution::at(int id) const {

@@ -19,18 +19,23 @@ check "no prompt decoration on stdout" bash -c "! grep -q '>>>' '$tmp/out'"
 check "a summary per answer on stderr" [ "$(grep -c 'tokens' "$tmp/err")" -eq 3 ]
 
 # Turn by turn: a base model's chat is one running text (a user turn glued to a word gets one space), so each
-# answer must equal the one-shot continuation of the conversation so far.
-mapfile -t answers <"$tmp/out"
-convo=""
-i=0
-for turn in one two three; do
-  if [ -n "$convo" ] && [[ ! "$convo" =~ [[:space:]]$ ]]; then convo+=" "; fi
-  convo+="$turn"
-  expect=$("$tandem" -m "$model" -p "$convo" -n 10 --temp 0 2>/dev/null)
-  check "answer $((i + 1)) equals the one-shot continuation" [ "${answers[$i]}" = "$expect" ]
-  convo+="$expect"
-  i=$((i + 1))
-done
+# answer of the chat whose answers are in ANSWERS_FILE (turns one, two, three) must equal the one-shot
+# continuation of the conversation so far, generated with the same FLAGS.
+check_turn_by_turn() {
+  local answers_file=$1 what=$2
+  shift 2
+  local answers convo="" i=0 turn expect
+  mapfile -t answers <"$answers_file"
+  for turn in one two three; do
+    if [ -n "$convo" ] && [[ ! "$convo" =~ [[:space:]]$ ]]; then convo+=" "; fi
+    convo+="$turn"
+    expect=$("$tandem" -m "$model" -p "$convo" -n 10 "$@" 2>/dev/null)
+    check "$what answer $((i + 1)) equals the one-shot continuation" [ "${answers[$i]}" = "$expect" ]
+    convo+="$expect"
+    i=$((i + 1))
+  done
+}
+check_turn_by_turn "$tmp/out" "greedy" --temp 0
 
 # The same with a draft model and with prompt lookup: speculation never changes a greedy answer.
 printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0 --draft "$model" >"$tmp/draft" 2>"$tmp/err"
@@ -42,17 +47,7 @@ check "--chat --lookup gives the same answers" cmp -s "$tmp/out" "$tmp/lookup"
 # Sampled: the noise is keyed by the position in the conversation, so with a seed each answer is again the one-shot
 # continuation of the conversation so far with that seed, and a draft or prompt lookup changes no answer.
 printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0.9 --seed 9 >"$tmp/sampled" 2>/dev/null
-mapfile -t answers <"$tmp/sampled"
-convo=""
-i=0
-for turn in one two three; do
-  if [ -n "$convo" ] && [[ ! "$convo" =~ [[:space:]]$ ]]; then convo+=" "; fi
-  convo+="$turn"
-  expect=$("$tandem" -m "$model" -p "$convo" -n 10 --temp 0.9 --seed 9 2>/dev/null)
-  check "sampled answer $((i + 1)) equals the one-shot continuation with the seed" [ "${answers[$i]}" = "$expect" ]
-  convo+="$expect"
-  i=$((i + 1))
-done
+check_turn_by_turn "$tmp/sampled" "sampled (seed 9)" --temp 0.9 --seed 9
 check "the sampled answers differ from the greedy ones" bash -c "! cmp -s '$tmp/out' '$tmp/sampled'"
 "$build/tandem-quantize" "$model" "$tmp/q4_0.gguf" q4_0 2>/dev/null  # a draft that disagrees now and then
 printf 'one\ntwo\nthree\n' | "$tandem" -m "$model" --chat -n 10 --temp 0.9 --seed 9 --draft "$tmp/q4_0.gguf" --draft-min 3 \

@@ -142,7 +142,7 @@ TEST_CASE("noise: gumbel_max's pick share is the pick's softmax share of the per
         double sum = 0, best = 0;
         for (size_t i = 0; i < w.size(); ++i) {
             if (w[i] <= 0) continue;
-            const double e = std::exp(gumbel_score(w[i], noise, pos, NoiseUse::Token, static_cast<int>(i)));
+            const double e = w[i] * std::exp(noise.gumbel(pos, NoiseUse::Token, static_cast<uint32_t>(i)));
             sum += e;
             if (static_cast<int>(i) == pick) best = e;
         }
