@@ -134,11 +134,6 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, const C
     proj_.resize(B * c.dim);
     gate_.resize(B * c.hidden_dim);
     up_.resize(B * c.hidden_dim);
-    // Frequencies as llama2.c and ggml define them: theta^(-2i/rope_dim) for pair i. Computed in double once,
-    // so every position uses the same rounded values.
-    for (int i = 0; i < c.rope_dim / 2; ++i)
-        rope_inv_freq_.push_back(
-            static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
     rope_cs_.resize(static_cast<size_t>(pool_.size()) * c.rope_dim);
     if (options.repack && activations_ == cpu::Activations::Int8)
         repack_weights(options.requantize_to, options.huge_pages, options.head_rows, options.repack_cache_dir);
@@ -235,7 +230,7 @@ void CpuBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n
 
 namespace {
 
-// RMSNorm in llama2.c's operation order (mean of squares, + eps, 1/sqrt, then weight * (scale * x)).
+// RMSNorm in llama2.c's operation order (mean of squares, + eps, 1/sqrt, then weight * (scale * x)); out may be x.
 void rms_norm(float* out, const float* x, const float* weight, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; ++i) ss += x[i] * x[i];
@@ -252,12 +247,13 @@ void add_bias(float* rows, const float* bias, int n, int width) {
 }
 
 // cos / sin of pos * inv_freq[i] for the rope_dim / 2 pairs: computed once per token and shared by every head of q
-// and k (the same values each head would compute for itself).
-void rope_angles(int pos, const float* inv_freq, int n_pairs, float* cos_out, float* sin_out) {
+// and k (the same values each head would compute for itself);
+// `amplitude` multiplies both (ggml's mscale: the rotated dims come out scaled by it; 1 leaves the values exact).
+void rope_angles(int pos, const float* inv_freq, int n_pairs, float amplitude, float* cos_out, float* sin_out) {
     for (int i = 0; i < n_pairs; ++i) {
         const float angle = static_cast<float>(pos) * inv_freq[i];
-        cos_out[i] = std::cos(angle);
-        sin_out[i] = std::sin(angle);
+        cos_out[i] = std::cos(angle) * amplitude;
+        sin_out[i] = std::sin(angle) * amplitude;
     }
 }
 
@@ -286,6 +282,7 @@ struct F32Rows {
     size_t stride;  // floats from one position to the next
     float element(int t, int d) const { return base[t * stride + d]; }
     const void* address(int t, int d) const { return base + t * stride + d; }
+    F32Rows from(int first) const { return {base + first * stride, stride}; }  // position first becomes 0
 #ifdef TANDEM_ATTENTION_SIMD
     __m256 load8(int t, int d) const { return _mm256_loadu_ps(base + t * stride + d); }
 #endif
@@ -295,6 +292,7 @@ struct F16Rows {
     size_t stride;
     float element(int t, int d) const { return fp16_to_fp32(base[t * stride + d]); }
     const void* address(int t, int d) const { return base + t * stride + d; }
+    F16Rows from(int first) const { return {base + first * stride, stride}; }
 #ifdef TANDEM_ATTENTION_SIMD
     __m256 load8(int t, int d) const {
         return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(base + t * stride + d)));
@@ -306,6 +304,7 @@ struct Q8_0Rows {  // rows of kv_dim / 32 blocks: an fp16 scale, then 32 int8 co
     size_t row_bytes;
     const uint8_t* block(int t, int d) const { return base + t * row_bytes + static_cast<size_t>(d / 32) * 34; }
     const void* address(int t, int d) const { return block(t, d) + 2 + d % 32; }
+    Q8_0Rows from(int first) const { return {base + first * row_bytes, row_bytes}; }
     float element(int t, int d) const {
         const uint8_t* blk = block(t, d);
         return static_cast<float>(static_cast<int8_t>(blk[2 + d % 32])) * fp16_to_fp32(cpu::load_u16(blk));
@@ -504,14 +503,16 @@ void CpuBackend::for_tokens(int n, Fn&& fn) {
     });
 }
 
-// gate_ = silu(gate_) * up_ over the first `count` elements, split over the pool when there are many, at multiples
-// of 8: every element takes the same (vector or tail) path as in one call over the whole array.
-void CpuBackend::swiglu(int64_t count) {
+// gate_ = act(gate_) * up_ over the first `count` elements (SwiGLU or GeGLU, the model's activation), split over the
+// pool when there are many, at multiples of 8: every element takes the same (vector or tail) path as in one call
+// over the whole array.
+void CpuBackend::gated_activation(int64_t count) {
+    const auto apply = model_.config.activation == FfnActivation::GeluTanh ? cpu::geglu : cpu::swiglu;
     constexpr int64_t kMinParallel = 1 << 16;  // below this a split costs more than it saves (decode steps)
-    if (count < kMinParallel || pool_.size() == 1) return cpu::swiglu(gate_.data(), up_.data(), count);
+    if (count < kMinParallel || pool_.size() == 1) return apply(gate_.data(), up_.data(), count);
     pool_.parallel_for((count + 7) / 8, [&](int64_t begin, int64_t end, int) {
         const int64_t first = 8 * begin, last = std::min(count, 8 * end);
-        cpu::swiglu(gate_.data() + first, up_.data() + first, last - first);
+        apply(gate_.data() + first, up_.data() + first, last - first);
     });
 }
 
@@ -525,7 +526,10 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
     for (int i = 0; i < n; ++i) {
         const int tok = tokens[i];
         if (tok < 0 || tok >= c.n_vocab) throw Error("token id " + std::to_string(tok) + " is out of range");
-        cpu::dequantize_row(w.token_embd.type, w.token_embd.row(tok), x_.data() + static_cast<size_t>(i) * dim, dim);
+        float* x = x_.data() + static_cast<size_t>(i) * dim;
+        cpu::dequantize_row(w.token_embd.type, w.token_embd.row(tok), x, dim);
+        if (c.embedding_scale != 1.0f)
+            for (int j = 0; j < dim; ++j) x[j] *= c.embedding_scale;
     }
 
     auto mm = [&](const WeightView& W, const float* in, float* out) { matmul(W, in, n, out); };
@@ -544,32 +548,50 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             add_bias(k_.data(), static_cast<const float*>(L.bk.data), n, kv_dim);
             add_bias(v_.data(), static_cast<const float*>(L.bv.data), n, kv_dim);
         }
+        const int rope_table = c.layers[l].rope_table;
         for_tokens(n, [&](int i, int thread) {  // each thread its own angles; each token its own cache position
             const int pos = start_pos + i;
             float* q = &q_[static_cast<size_t>(i) * q_dim];
             float* k = &k_[static_cast<size_t>(i) * kv_dim];
-            const int n_pairs = c.rope_dim / 2;
-            float* cos_a = rope_cs_.data() + static_cast<size_t>(thread) * c.rope_dim;
-            float* sin_a = cos_a + n_pairs;
-            rope_angles(pos, rope_inv_freq_.data(), n_pairs, cos_a, sin_a);
-            rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
-            rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
+            if (c.qk_norm) {  // every head normed on its own, before RoPE
+                for (int h = 0; h < c.n_heads; ++h)
+                    rms_norm(q + h * c.head_dim, q + h * c.head_dim, static_cast<const float*>(L.q_norm.data),
+                             c.head_dim, c.rms_eps);
+                for (int h = 0; h < c.n_kv_heads; ++h)
+                    rms_norm(k + h * c.head_dim, k + h * c.head_dim, static_cast<const float*>(L.k_norm.data),
+                             c.head_dim, c.rms_eps);
+            }
+            if (rope_table >= 0) {
+                const int n_pairs = c.rope_dim / 2;
+                float* cos_a = rope_cs_.data() + static_cast<size_t>(thread) * c.rope_dim;
+                float* sin_a = cos_a + n_pairs;
+                rope_angles(pos, c.rope_inv_freq[static_cast<size_t>(rope_table)].data(), n_pairs,
+                            c.rope_amplitude, cos_a, sin_a);
+                rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
+                rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
+            }
             cache.store(l, pos, k, &v_[static_cast<size_t>(i) * kv_dim]);
         });
         attention(l, n, start_pos, cache);
         mm(L.wo, att_out_.data(), proj_.data());
 
         const float* ffn_norm = static_cast<const float*>(L.ffn_norm.data);
-        for_tokens(n, [&](int i, int) {  // the residual add, then the norm of its sum
+        for_tokens(n, [&](int i, int) {  // the residual add (of the normed output, with post-norms), then the norm
             float* x = &x_[static_cast<size_t>(i) * dim];
-            const float* p = &proj_[static_cast<size_t>(i) * dim];
+            float* p = &proj_[static_cast<size_t>(i) * dim];
+            if (c.post_norms) rms_norm(p, p, static_cast<const float*>(L.post_attn_norm.data), dim, c.rms_eps);
             for (int j = 0; j < dim; ++j) x[j] += p[j];
             rms_norm(&xb_[static_cast<size_t>(i) * dim], x, ffn_norm, dim, c.rms_eps);
         });
         mm(L.w_gate, xb_.data(), gate_.data());
         mm(L.w_up, xb_.data(), up_.data());
-        swiglu(static_cast<int64_t>(n) * hidden);
+        gated_activation(static_cast<int64_t>(n) * hidden);
         mm(L.w_down, gate_.data(), proj_.data());
+        if (c.post_norms)
+            for_tokens(n, [&](int i, int) {
+                float* p = &proj_[static_cast<size_t>(i) * dim];
+                rms_norm(p, p, static_cast<const float*>(L.post_ffn_norm.data), dim, c.rms_eps);
+            });
         for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
     }
     cache.commit_appended(n);
@@ -648,7 +670,7 @@ void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& ca
             keys.push_back(make_rows(cache.key_slab(layer, h / heads_per_slab)));
             values.push_back(make_rows(cache.value_slab(layer, h / heads_per_slab)));
         }
-        attention_over(keys.data(), values.data(), offsets.data(), n, start_pos);
+        attention_over(keys.data(), values.data(), offsets.data(), n, start_pos, model_.config.layers[layer].window);
     };
     switch (cache.type()) {
         case CpuKvType::F32:
@@ -661,10 +683,11 @@ void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& ca
 }
 
 template <typename Rows>
-void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos) {
+void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos,
+                                int window) {
     const ModelConfig& c = model_.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float scale = c.attention_scale;
     const int tile = query_tile(n, c.n_kv_heads, group, pool_.size());
     const int tiles_per_group = (group + tile - 1) / tile;
     const int items_per_token = c.n_kv_heads * tiles_per_group;
@@ -685,9 +708,12 @@ void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int*
                 att[h] = scratch + static_cast<size_t>(h) * scores_stride_;
                 out[h] = &att_out_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(first + h) * hd];
             }
-            const int n_keys = start_pos + i + 1, off = offsets[kv_head];
-            const Rows& k = keys[kv_head];
-            const Rows& v = values[kv_head];
+            // The keys the query sees: all up to its own position, or the last `window` of them. Only those are read.
+            const int pos = start_pos + i;
+            const int first_key = window > 0 ? std::max(0, pos - window + 1) : 0;
+            const int n_keys = pos + 1 - first_key, off = offsets[kv_head];
+            const Rows k = keys[kv_head].from(first_key);
+            const Rows v = values[kv_head].from(first_key);
             switch (count) {
                 case 1: attend<1>(q, k, v, off, hd, n_keys, scale, att, out); break;
                 case 2: attend<2>(q, k, v, off, hd, n_keys, scale, att, out); break;

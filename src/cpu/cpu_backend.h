@@ -144,11 +144,12 @@ private:
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     template <class Fn>
     void for_tokens(int n, Fn&& fn);  // fn(token, thread) for each of a step's n tokens
-    void swiglu(int64_t count);       // gate_ = silu(gate_) * up_, the first count elements
+    void gated_activation(int64_t count);  // gate_ = act(gate_) * up_, the first count elements
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
     template <typename Rows>  // a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows)
-    // keys[h] / values[h]: KV head h's rows, its elements from offsets[h] on.
-    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos);
+    // keys[h] / values[h]: KV head h's rows, its elements from offsets[h] on; window: the layer's sliding window (0:
+    // none).
+    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos, int window);
     // The logits of n normed rows x under restrict_logits.
     void restricted_logits(const float* x, int n, float* logits);
 
@@ -169,7 +170,6 @@ private:
     std::vector<float> up_;      // [max_batch][hidden_dim]
     std::vector<float> scores_;  // [n_threads][kMaxQueryTile][max context]: scores of one tile's heads
     int scores_stride_ = 0;
-    std::vector<float> rope_inv_freq_;  // [rope_dim / 2]
     std::vector<float> rope_cs_;        // [threads][rope_dim]: cos then sin of one token's angles
     // The part of the output matrix that is copied (all of it unless head_rows): declared before repacked_, which
     // holds a pointer to it until its background thread has stopped.

@@ -118,4 +118,30 @@ inline void swiglu(float* gate, const float* up, int64_t n) {
     }
 }
 
+// gate[i] = gelu(gate[i]) * up[i] for i < n, GELU in its tanh approximation (gemma's gelu_pytorch_tanh):
+// 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), computed as x / (1 + exp(-2u)), the same function
+// (1 + tanh(u) = 2 / (1 + exp(-2u))) with one exponential and no cancellation for negative x.
+inline void geglu(float* gate, const float* up, int64_t n) {
+    constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+    constexpr float kCubic = 0.044715f;
+    int64_t i = 0;
+#ifdef TANDEM_VEC_MATH_SIMD
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 minus_k = _mm256_set1_ps(-kTwoSqrt2OverPi);
+    const __m256 cubic = _mm256_set1_ps(kCubic);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 inner = _mm256_mul_ps(g, _mm256_add_ps(one, _mm256_mul_ps(cubic, _mm256_mul_ps(g, g))));
+        const __m256 e = exp8(_mm256_mul_ps(minus_k, inner));
+        const __m256 gelu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(gelu, _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < n; ++i) {
+        const float g = gate[i];
+        const float inner = g * (1.0f + kCubic * (g * g));
+        gate[i] = g / (1.0f + exp_scalar(-kTwoSqrt2OverPi * inner)) * up[i];
+    }
+}
+
 }  // namespace tandem::cpu

@@ -283,6 +283,12 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
                     std::to_string(model.config.kv_dim()) + ") to be a multiple of 32");
     const ModelConfig& c = model.config;
     const Weights& w = model.weights;
+    // The kernels compute the plain llama/qwen2 block; the block variations of newer families (ModelConfig) run on
+    // the CPU backend for now.
+    if (!c.is_plain_block())
+        throw Error("the CUDA backend does not run the " + c.arch +
+                    " block yet (QK-norm, post-norms, GELU, sliding windows, scaled embeddings or layers without "
+                    "RoPE): use --backend cpu");
     // What the kernels can take, checked before anything is allocated.
     auto require_matvec = [](const WeightView& v, const std::string& name) {
         if (!cuda::matvec_supports(v.type))
@@ -378,11 +384,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
-        // The CPU backend's frequencies: theta^(-2i/rope_dim) computed in double, rounded to float.
-        std::vector<float> inv_freq;
-        for (int i = 0; i < c.rope_dim / 2; ++i)
-            inv_freq.push_back(
-                static_cast<float>(std::pow(static_cast<double>(c.rope_theta), -2.0 * i / c.rope_dim)));
+        // The model's frequencies, the CPU backend's (ModelConfig::rope_inv_freq: one table for a plain block).
+        const std::vector<float>& inv_freq = c.rope_inv_freq[0];
         cuda::copy_to_device(inv_freq_, inv_freq.data(), inv_freq.size() * 4, stream_);
         if (const auto step = persistent_step_plan(model, options)) {
             step_plan_ = *step;

@@ -1,5 +1,10 @@
-// ModelConfig::from_gguf: architecture keys and their checks.
+// ModelConfig::from_gguf: the architecture table, the keys every architecture shares, and their checks. How each
+// architecture's block differs is read off llama.cpp's graph for it (src/models/<arch>.cpp of the llama.cpp that
+// llama-cpp-python 0.3.36 vendors, commit 0c1e570), the reference the tests compare with.
 #include "model/model_config.h"
+
+#include <cmath>
+#include <cstring>
 
 #include "error.h"
 #include "gguf/gguf.h"
@@ -7,44 +12,132 @@
 namespace tandem {
 namespace {
 
+// What a file's attention.sliding_window means for an architecture.
+enum class WindowRule {
+    Refused,  // the architecture has no sliding window: a file declaring one is an error
+    Ignored,  // llama.cpp reads and ignores it (phi3: "Phi SWA is currently disabled"), and so do we
+    AllLayers,
+    Pattern,  // layers il % n < n - 1 of every n (attention.sliding_window_pattern, default swa_pattern)
+};
+
+struct Architecture {
+    const char* name;
+    RopeStyle rope_style;
+    bool qk_norm;
+    bool post_norms;
+    FfnActivation activation;
+    bool scale_embeddings;  // by sqrt(dim)
+    WindowRule window;
+    int swa_pattern;       // WindowRule::Pattern's default n
+    int no_rope_every;     // > 0: layers with (il + 1) % n == 0 are not rotated
+    bool reads_rope_freqs; // the rope_freqs tensor divides the frequencies (Llama 3.1+)
+};
+
+// One row per architecture. Adding a family whose block is made of these variations is a row here (and its
+// tensors' names in weights.cpp); a new variation is a field here and one op in each backend.
+constexpr Architecture kArchitectures[] = {
+    // name      rope style           qk-norm post-norms activation        √dim   window                 pattern no-rope rope_freqs
+    {"llama",   RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::AllLayers, 0, 0, true},
+    {"qwen2",   RopeStyle::Neox,          false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false},
+    {"qwen3",   RopeStyle::Neox,          true,  false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false},
+    {"gemma3",  RopeStyle::Neox,          true,  true,  FfnActivation::GeluTanh, true,  WindowRule::Pattern,   6, 0, false},
+    {"smollm3", RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 4, false},
+};
+
+const Architecture* find_architecture(const std::string& name) {
+    for (const Architecture& a : kArchitectures)
+        if (name == a.name) return &a;
+    return nullptr;
+}
+
 int positive_int(const GgufFile& f, const std::string& key, uint32_t value) {
     if (value == 0 || value > (1u << 30))
         throw Error(f.path() + ": metadata '" + key + "' has an invalid value " + std::to_string(value));
     return static_cast<int>(value);
 }
 
-// What a file may declare that the forward pass does not implement yet. Loading it anyway would run another model
-// than the file's (wrong text, no error), so each is refused, naming the key or tensor.
-void refuse_unsupported(const GgufFile& f, const std::string& a, const ModelConfig& c) {
-    const std::string head = " (a head size other than embedding_length / head_count = " + std::to_string(c.head_dim) +
-                             " is not supported yet)";
-    for (const char* key : {"attention.key_length", "attention.value_length"})
-        if (f.find(a + key) && f.get_u32(a + key) != static_cast<uint32_t>(c.head_dim))
-            throw Error(f.path() + ": " + a + key + " is " + std::to_string(f.get_u32(a + key)) + head);
-    if (f.find(a + "attention.sliding_window") && f.get_u32(a + "attention.sliding_window") > 0)
-        throw Error(f.path() + ": " + a + "attention.sliding_window is " +
-                    std::to_string(f.get_u32(a + "attention.sliding_window")) +
-                    " (sliding-window attention is not supported yet)");
-    // A scaling factor without a type is linear scaling in llama.cpp's reading of the keys.
-    if (f.find(a + "rope.scaling.factor") && f.get_f32(a + "rope.scaling.factor") != 1.0f &&
-        f.get_f32(a + "rope.scaling.factor") != 0.0f)
-        throw Error(f.path() + ": " + a + "rope.scaling.factor is " +
-                    std::to_string(f.get_f32(a + "rope.scaling.factor")) + " (RoPE scaling is not supported yet)");
-    for (const char* tensor : {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
-        if (f.find_tensor(tensor))
-            throw Error(f.path() + ": tensor '" + tensor +
-                        "' (per-dimension RoPE frequency factors, as Llama 3.1+ and Phi-3 files carry) is not "
-                        "supported yet");
+// The per-pair inverse frequencies of a RoPE with base `theta`: theta^(-2i/d) / factor_i * scale, in double, rounded
+// once (with no factors and scale 1, the value llama2.c and the earlier backends computed).
+std::vector<float> inverse_frequencies(double theta, int rope_dim, const std::vector<float>& factors, double scale) {
+    std::vector<float> inv;
+    for (int i = 0; i < rope_dim / 2; ++i) {
+        const double factor = factors.empty() ? 1.0 : static_cast<double>(factors[static_cast<size_t>(i)]);
+        inv.push_back(static_cast<float>(std::pow(theta, -2.0 * i / rope_dim) / factor * scale));
+    }
+    return inv;
+}
+
+// The rope_freqs tensor's values: rope_dim / 2 finite positive f32 factors.
+std::vector<float> read_rope_factors(const GgufFile& f, const std::string& name, int rope_dim) {
+    const GgufTensorInfo* t = f.find_tensor(name);
+    if (t->type != GgmlType::F32 || t->n_dims != 1 || t->ne[0] != static_cast<uint64_t>(rope_dim / 2))
+        throw Error(f.path() + ": tensor '" + name + "' has shape " + t->shape_string() + " and type " +
+                    ggml_type_name(t->type) + ", expected f32 [" + std::to_string(rope_dim / 2) + "]");
+    std::vector<float> factors(static_cast<size_t>(rope_dim / 2));
+    std::memcpy(factors.data(), t->data, factors.size() * sizeof(float));
+    for (float v : factors)
+        if (!(v > 0.0f) || !std::isfinite(v))
+            throw Error(f.path() + ": tensor '" + name + "' holds a factor " + std::to_string(v) +
+                        " (factors must be finite and positive)");
+    return factors;
+}
+
+// Which layers have a window under WindowRule::Pattern: attention.sliding_window_pattern as a per-layer array of
+// booleans, or as n (layers il % n < n - 1), or the architecture's n.
+std::vector<bool> windowed_layers(const GgufFile& f, const std::string& a, const Architecture& arch, int n_layers) {
+    const std::string key = a + "attention.sliding_window_pattern";
+    std::vector<bool> windowed(static_cast<size_t>(n_layers));
+    const GgufValue* v = f.find(key);
+    if (v && v->type == GgufValueType::ARRAY) {
+        if (v->arr.size() != static_cast<size_t>(n_layers))
+            throw Error(f.path() + ": " + key + " has " + std::to_string(v->arr.size()) + " entries for " +
+                        std::to_string(n_layers) + " layers");
+        for (int il = 0; il < n_layers; ++il) {
+            const GgufValue& e = v->arr[static_cast<size_t>(il)];
+            if (e.type != GgufValueType::BOOL) throw Error(f.path() + ": " + key + " must hold booleans");
+            windowed[static_cast<size_t>(il)] = e.u != 0;
+        }
+        return windowed;
+    }
+    const int n = v ? static_cast<int>(f.get_u32(key)) : arch.swa_pattern;
+    for (int il = 0; il < n_layers; ++il) windowed[static_cast<size_t>(il)] = n == 0 || il % n < n - 1;
+    return windowed;
 }
 
 }  // namespace
+
+std::vector<std::string> ModelConfig::supported_architectures() {
+    std::vector<std::string> names;
+    for (const Architecture& a : kArchitectures) names.push_back(a.name);
+    return names;
+}
+
+bool ModelConfig::has_sliding_window() const {
+    for (const LayerAttention& l : layers)
+        if (l.window > 0) return true;
+    return false;
+}
+
+bool ModelConfig::is_plain_block() const {
+    if (qk_norm || post_norms || activation != FfnActivation::Silu || embedding_scale != 1.0f ||
+        rope_amplitude != 1.0f || rope_inv_freq.size() != 1 || has_sliding_window())
+        return false;
+    if (attention_scale != 1.0f / std::sqrt(static_cast<float>(head_dim))) return false;
+    for (const LayerAttention& l : layers)
+        if (l.rope_table != 0) return false;
+    return true;
+}
 
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");
     c.name = f.get_string_or("general.name", c.arch);
-    if (c.arch != "llama" && c.arch != "qwen2")
-        throw Error(f.path() + ": architecture '" + c.arch + "' is not supported (supported: llama, qwen2)");
+    const Architecture* arch = find_architecture(c.arch);
+    if (!arch) {
+        std::string names;
+        for (const Architecture& a : kArchitectures) names += std::string(names.empty() ? "" : ", ") + a.name;
+        throw Error(f.path() + ": architecture '" + c.arch + "' is not supported (supported: " + names + ")");
+    }
     const std::string a = c.arch + ".";
     auto required = [&](const std::string& key) { return positive_int(f, a + key, f.get_u32(a + key)); };
 
@@ -58,10 +151,18 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.rms_eps = f.get_f32(a + "attention.layer_norm_rms_epsilon");
     c.rope_theta = f.get_f32_or(a + "rope.freq_base", 10000.0f);
 
-    if (c.dim % c.n_heads != 0)
-        throw Error(f.path() + ": embedding_length " + std::to_string(c.dim) + " is not a multiple of head_count " +
-                    std::to_string(c.n_heads));
-    c.head_dim = c.dim / c.n_heads;
+    if (f.find(a + "attention.key_length")) {
+        c.head_dim = required("attention.key_length");
+    } else {
+        if (c.dim % c.n_heads != 0)
+            throw Error(f.path() + ": embedding_length " + std::to_string(c.dim) + " is not a multiple of head_count " +
+                        std::to_string(c.n_heads) + " (and " + a + "attention.key_length is absent)");
+        c.head_dim = c.dim / c.n_heads;
+    }
+    if (f.find(a + "attention.value_length") && f.get_u32(a + "attention.value_length") != static_cast<uint32_t>(c.head_dim))
+        throw Error(f.path() + ": " + a + "attention.value_length " +
+                    std::to_string(f.get_u32(a + "attention.value_length")) + " differs from the key length " +
+                    std::to_string(c.head_dim) + " (not supported)");
     if (c.n_heads % c.n_kv_heads != 0)
         throw Error(f.path() + ": head_count " + std::to_string(c.n_heads) + " is not a multiple of head_count_kv " +
                     std::to_string(c.n_kv_heads));
@@ -74,13 +175,74 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
         throw Error(f.path() + ": attention.layer_norm_rms_epsilon " + std::to_string(c.rms_eps) + " is out of range");
     if (!(c.rope_theta > 1.0f))
         throw Error(f.path() + ": rope.freq_base " + std::to_string(c.rope_theta) + " is out of range");
-    if (f.find(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none")
-        throw Error(f.path() + ": rope scaling '" + f.get_string(a + "rope.scaling.type") + "' is not supported");
-    refuse_unsupported(f, a, c);
 
-    // ggml's rope mode by architecture: llama files rotate adjacent pairs, qwen2 files the two halves (NEOX).
-    c.rope_style = c.arch == "qwen2" ? RopeStyle::Neox : RopeStyle::AdjacentPairs;
-    c.qkv_bias = c.arch == "qwen2";
+    // RoPE scaling, as llama.cpp reads it: the type defaults to linear, whose factor (default 1) divides the
+    // frequencies; "none" ignores the factor. YaRN and LongRoPE change more than the frequencies: refused.
+    const std::string scaling = f.get_string_or(a + "rope.scaling.type", "linear");
+    if (scaling != "linear" && scaling != "none")
+        throw Error(f.path() + ": " + a + "rope.scaling.type '" + scaling +
+                    "' is not supported (supported: none, linear)");
+    double freq_scale = 1.0;
+    if (scaling == "linear" && f.find(a + "rope.scaling.factor")) {
+        const float factor = f.get_f32(a + "rope.scaling.factor");
+        if (!(factor >= 0.0f) || !std::isfinite(factor))
+            throw Error(f.path() + ": " + a + "rope.scaling.factor " + std::to_string(factor) + " is out of range");
+        if (factor != 0.0f) freq_scale = 1.0 / factor;
+    }
+    c.rope_amplitude = f.get_f32_or(a + "rope.scaling.attn_factor", 1.0f);
+    if (!(c.rope_amplitude > 0.0f) || !std::isfinite(c.rope_amplitude))
+        throw Error(f.path() + ": " + a + "rope.scaling.attn_factor " + std::to_string(c.rope_amplitude) +
+                    " is out of range");
+    for (const char* tensor : {"rope_factors_long.weight", "rope_factors_short.weight"})
+        if (f.find_tensor(tensor))
+            throw Error(f.path() + ": tensor '" + tensor + "' (LongRoPE factors) is not supported yet");
+    std::vector<float> factors;
+    if (f.find_tensor("rope_freqs.weight")) {
+        if (!arch->reads_rope_freqs)
+            throw Error(f.path() + ": tensor 'rope_freqs.weight' is not part of the " + c.arch + " architecture");
+        factors = read_rope_factors(f, "rope_freqs.weight", c.rope_dim);
+    }
+
+    c.rope_style = arch->rope_style;
+    c.qk_norm = arch->qk_norm;
+    c.post_norms = arch->post_norms;
+    c.activation = arch->activation;
+    c.embedding_scale = arch->scale_embeddings ? std::sqrt(static_cast<float>(c.dim)) : 1.0f;
+    // Gemma 3 27B scales by the model width per head rather than the head size (llama.cpp's gemma3.cpp, after
+    // gemma_pytorch's config); every other model here by the head size.
+    c.attention_scale = c.arch == "gemma3" && c.n_layers == 62
+                            ? 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads))
+                            : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+
+    // Layers: the window, and which RoPE. Table 0 is the model's RoPE; a windowed gemma3 layer uses table 1, the
+    // local base (rope.freq_base_swa, 10000 by default) without the linear scaling, as llama.cpp's get_rope_freq_base
+    // and get_rope_freq_scale give it.
+    c.rope_inv_freq.push_back(inverse_frequencies(c.rope_theta, c.rope_dim, factors, freq_scale));
+    const uint32_t window =
+        f.find(a + "attention.sliding_window") ? f.get_u32(a + "attention.sliding_window") : 0u;
+    if (window > (1u << 30)) throw Error(f.path() + ": " + a + "attention.sliding_window is out of range");
+    if (window > 0 && arch->window == WindowRule::Refused)
+        throw Error(f.path() + ": " + a + "attention.sliding_window is " + std::to_string(window) +
+                    " (the " + c.arch + " architecture has no sliding-window attention)");
+    std::vector<bool> windowed(static_cast<size_t>(c.n_layers), window > 0 && arch->window == WindowRule::AllLayers);
+    if (window > 0 && arch->window == WindowRule::Pattern) {
+        windowed = windowed_layers(f, a, *arch, c.n_layers);
+        const float local_theta = f.get_f32_or(a + "rope.freq_base_swa", 10000.0f);
+        if (!(local_theta > 1.0f))
+            throw Error(f.path() + ": rope.freq_base_swa " + std::to_string(local_theta) + " is out of range");
+        c.rope_inv_freq.push_back(inverse_frequencies(local_theta, c.rope_dim, {}, 1.0));
+    }
+    for (int il = 0; il < c.n_layers; ++il) {
+        LayerAttention layer;
+        if (windowed[static_cast<size_t>(il)]) {
+            layer.window = static_cast<int>(window);
+            if (arch->window == WindowRule::Pattern) layer.rope_table = 1;
+        }
+        if (arch->no_rope_every > 0 && (il + 1) % arch->no_rope_every == 0) layer.rope_table = -1;
+        c.layers.push_back(layer);
+    }
+
     // The vocabulary size comes from token_embd (checked against llama.vocab_size and the tokenizer by the loader).
     const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
     if (!embd) throw Error(f.path() + ": tensor 'token_embd.weight' is missing");

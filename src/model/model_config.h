@@ -1,10 +1,16 @@
-// Hyperparameters of a model, read from GGUF metadata and checked for consistency. Nothing is guessed: a missing
-// required key or an inconsistent value is a tandem::Error naming the file and the key. The only defaults are the
-// ones the GGUF format itself defines (head_count_kv = head_count, rope.dimension_count = head size,
-// rope.freq_base = 10000).
+// Hyperparameters of a model, read from GGUF metadata and checked for consistency, and the description of its block:
+// which variations of the pre-norm transformer block the architecture uses (QK-norm, norms after the sublayers,
+// the FFN's activation, embedding scale, RoPE style and frequencies, a sliding window or no RoPE per layer). Both
+// backends compute the block from this description alone, so an architecture is a row of the table in
+// model_config.cpp, not a forward pass of its own.
+//
+// Nothing is guessed: a missing required key or an inconsistent value is a tandem::Error naming the file and the key.
+// The defaults are the ones llama.cpp applies when a key is absent (head_count_kv = head_count, key_length = dim /
+// heads, rope.dimension_count = head size, rope.freq_base = 10000, the architecture's sliding-window pattern).
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace tandem {
 
@@ -15,8 +21,23 @@ enum class RopeStyle {
     Neox,           // rotates (x[i], x[i + d/2]): qwen2 and others (ggml's "neox" rope)
 };
 
+// The gate's activation in the gated FFN: down(act(gate(x)) * up(x)).
+enum class FfnActivation {
+    Silu,      // SwiGLU (llama, qwen, phi3)
+    GeluTanh,  // GeGLU with the tanh approximation of GELU (gemma)
+};
+
+// How one layer attends.
+struct LayerAttention {
+    // > 0: a query at position p sees the keys at positions p' with p - p' < window (itself and window - 1 before
+    // it; llama.cpp's LLAMA_SWA_TYPE_STANDARD); 0: every earlier key.
+    int window = 0;
+    // Which of ModelConfig::rope_inv_freq rotates this layer's Q and K; -1: none (smollm3's every fourth layer).
+    int rope_table = 0;
+};
+
 struct ModelConfig {
-    std::string arch;          // general.architecture: "llama" or "qwen2"
+    std::string arch;          // general.architecture: one of supported_architectures()
     std::string name;          // general.name, for logs
     int n_vocab = 0;           // rows of token_embd
     int dim = 0;               // embedding_length
@@ -24,18 +45,39 @@ struct ModelConfig {
     int n_layers = 0;          // block_count
     int n_heads = 0;           // attention.head_count
     int n_kv_heads = 0;        // attention.head_count_kv (grouped-query attention when < n_heads)
-    int head_dim = 0;          // dim / n_heads
+    int head_dim = 0;          // attention.key_length (= value_length), dim / n_heads by default
     int rope_dim = 0;          // rope.dimension_count: leading dims of each head that are rotated
     int context_length = 0;    // the model's trained context
     float rms_eps = 0;         // attention.layer_norm_rms_epsilon
-    float rope_theta = 10000;  // rope.freq_base
+    float rope_theta = 10000;  // rope.freq_base (of the layers without a sliding window)
     RopeStyle rope_style = RopeStyle::AdjacentPairs;
-    bool qkv_bias = false;  // Q, K and V projections carry a bias (qwen2)
+
+    // ---- The block's variations (set from the architecture's row and the file) ----
+    bool qkv_bias = false;     // Q, K and V projections carry a bias (attn_q.bias ...: qwen2, and where a file has them)
+    bool qk_norm = false;      // RMSNorm of every Q and K head (attn_q_norm / attn_k_norm, [head_dim]) before RoPE
+    bool post_norms = false;   // RMSNorm of the attention and FFN outputs before each residual add (post_attention_norm,
+                               // post_ffw_norm: gemma)
+    FfnActivation activation = FfnActivation::Silu;
+    float embedding_scale = 1.0f;  // token embeddings are multiplied by this (gemma: sqrt(dim))
+    float attention_scale = 0.0f;  // scores = scale * q.k (1 / sqrt(head_dim) unless the architecture says otherwise)
+    // The rotated dims of Q and K are multiplied by this with the rotation (ggml's mscale: rope.scaling.attn_factor).
+    float rope_amplitude = 1.0f;
+    // Per-pair inverse frequencies, one table per distinct RoPE of the model ([table][rope_dim / 2]): the base's
+    // theta^(-2i / rope_dim), divided by the file's per-dimension factors (rope_freqs) and times the linear scaling
+    // factor's inverse, computed in double and rounded once.
+    std::vector<std::vector<float>> rope_inv_freq;
+    std::vector<LayerAttention> layers;  // [n_layers]
 
     int q_dim() const { return n_heads * head_dim; }
     int kv_dim() const { return n_kv_heads * head_dim; }
+    // Whether some layer has a sliding window.
+    bool has_sliding_window() const;
+    // Whether the block is the plain llama/qwen2 one (no variation beyond biases and the RoPE style, one RoPE table,
+    // every layer rotated, no window): what the CUDA backend's fused kernels compute.
+    bool is_plain_block() const;
 
     static ModelConfig from_gguf(const GgufFile& file);
+    static std::vector<std::string> supported_architectures();
 };
 
 }  // namespace tandem

@@ -22,19 +22,26 @@ struct WeightView {
     uint64_t n_bytes() const { return row_bytes() * static_cast<uint64_t>(rows); }
 };
 
+// A file with a fused attn_qkv (or a fused gate+up ffn_up, as phi3 writes them) is viewed as the separate
+// matrices: rows are stored one after another, so wq, wk and wv are consecutive row ranges of attn_qkv.
+// Optional tensors (biases, the block variations' norms) have data == nullptr where the model has none.
 struct LayerWeights {
-    WeightView attn_norm;  // [dim] f32
-    WeightView wq;         // [dim, n_heads * head_dim]
-    WeightView wk;         // [dim, n_kv_heads * head_dim]
-    WeightView wv;         // [dim, n_kv_heads * head_dim]
-    WeightView bq;         // [n_heads * head_dim] f32, qwen2 only (data == nullptr otherwise)
-    WeightView bk;         // [n_kv_heads * head_dim] f32, qwen2 only
-    WeightView bv;         // [n_kv_heads * head_dim] f32, qwen2 only
-    WeightView wo;         // [n_heads * head_dim, dim]
-    WeightView ffn_norm;   // [dim] f32
-    WeightView w_gate;     // [dim, hidden_dim]
-    WeightView w_up;       // [dim, hidden_dim]
-    WeightView w_down;     // [hidden_dim, dim]
+    WeightView attn_norm;      // [dim] f32
+    WeightView wq;             // [dim, n_heads * head_dim]
+    WeightView wk;             // [dim, n_kv_heads * head_dim]
+    WeightView wv;             // [dim, n_kv_heads * head_dim]
+    WeightView bq;             // [n_heads * head_dim] f32 (ModelConfig::qkv_bias)
+    WeightView bk;             // [n_kv_heads * head_dim] f32
+    WeightView bv;             // [n_kv_heads * head_dim] f32
+    WeightView q_norm;         // [head_dim] f32 (ModelConfig::qk_norm)
+    WeightView k_norm;         // [head_dim] f32
+    WeightView wo;             // [n_heads * head_dim, dim]
+    WeightView post_attn_norm; // [dim] f32 (ModelConfig::post_norms)
+    WeightView ffn_norm;       // [dim] f32
+    WeightView w_gate;         // [dim, hidden_dim]
+    WeightView w_up;           // [dim, hidden_dim]
+    WeightView w_down;         // [hidden_dim, dim]
+    WeightView post_ffn_norm;  // [dim] f32 (ModelConfig::post_norms)
 };
 
 struct Weights {

@@ -379,9 +379,10 @@ TEST_CASE("model: a synthetic qwen2 model has the architecture's biases, RoPE an
 }
 
 
-TEST_CASE("model: what a llama file declares but the forward pass lacks is refused, naming the key or tensor") {
+TEST_CASE("model: what a llama file declares is honoured or refused, naming the key or tensor") {
     // Llama 3.1+ files carry rope_freqs, Mistral-Nemo-class files a head size of their own, others a sliding window
-    // or RoPE scaling: run without them, the model would be another one (wrong text, no error).
+    // or RoPE scaling: each changes the model, so each is computed (ModelConfig's description) or refused; none is
+    // dropped (the model would be another one: wrong text, no error).
     const std::string path = (std::filesystem::temp_directory_path() /
                               ("tandem-unsupported-" + std::to_string(::getpid()) + ".gguf")).string();
     auto source = GgufFile::open(kData + "/stories260K.gguf");
@@ -398,28 +399,77 @@ TEST_CASE("model: what a llama file declares but the forward pass lacks is refus
         CAPTURE(what);
         CHECK_THROWS_WITH_AS(Model::load(path), doctest::Contains(what.c_str()), Error);
     };
-    // stories260K: 8 heads of 8 (embedding_length 64).
+    auto f32_bytes = [](const std::vector<float>& v) {
+        std::vector<uint8_t> b(v.size() * 4);
+        std::memcpy(b.data(), v.data(), b.size());
+        return b;
+    };
+    const std::vector<float> plain = Model::load(kData + "/stories260K.gguf")->config.rope_inv_freq.at(0);
+    REQUIRE(plain.size() == 4);  // stories260K: 8 heads of 8, rope dims 8
+    CHECK(plain[1] == static_cast<float>(std::pow(10000.0, -2.0 / 8)));
+
     variant([](GgufWriter& w) { w.add_u32("llama.attention.key_length", 8); });
-    CHECK_NOTHROW(Model::load(path));  // the head size it implies anyway
+    CHECK(Model::load(path)->config.head_dim == 8);  // the head size it implies anyway
+    // A head size of its own: Q is 8 x 16 = 128 wide, which stories260K's attn_q (64 rows) is not.
     variant([](GgufWriter& w) { w.add_u32("llama.attention.key_length", 16); });
-    refused("llama.attention.key_length is 16 (a head size other than");
+    refused("tensor 'blk.0.attn_q.weight' has shape [64, 64], expected [64, 128]");
     variant([](GgufWriter& w) { w.add_u32("llama.attention.value_length", 4); });
-    refused("llama.attention.value_length is 4");
+    refused("llama.attention.value_length 4 differs from the key length 8");
+    // A llama sliding window applies to every layer (Mistral's); qwen2 has none.
     variant([](GgufWriter& w) { w.add_u32("llama.attention.sliding_window", 4096); });
-    refused("llama.attention.sliding_window is 4096 (sliding-window attention is not supported yet)");
+    {
+        const auto m = Model::load(path);
+        REQUIRE(m->config.layers.size() == 5);
+        for (const LayerAttention& l : m->config.layers) CHECK(l.window == 4096);
+        CHECK_FALSE(m->config.is_plain_block());
+    }
+    variant([&](GgufWriter& w) {
+        w.add_string("general.architecture", "qwen3");
+        for (const auto& [key, value] : source->metadata()) {
+            const std::string k(key);
+            if (k.rfind("llama.", 0) == 0) w.add_value("qwen3." + k.substr(6), value);
+        }
+        w.add_u32("qwen3.attention.sliding_window", 64);
+    });
+    refused("qwen3.attention.sliding_window is 64 (the qwen3 architecture has no sliding-window attention)");
+    // Linear RoPE scaling divides every frequency by the factor; "none" ignores it; YaRN is refused.
     variant([](GgufWriter& w) { w.add_f32("llama.rope.scaling.factor", 8.0f); });
-    refused("llama.rope.scaling.factor is 8");
+    {
+        const auto inv = Model::load(path)->config.rope_inv_freq.at(0);
+        for (size_t i = 0; i < inv.size(); ++i)
+            CHECK(inv[i] == static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / 8) / 8));
+    }
+    variant([](GgufWriter& w) {
+        w.add_string("llama.rope.scaling.type", "none");
+        w.add_f32("llama.rope.scaling.factor", 8.0f);
+    });
+    CHECK(Model::load(path)->config.rope_inv_freq.at(0) == plain);
     variant([](GgufWriter& w) { w.add_string("llama.rope.scaling.type", "yarn"); });
-    refused("rope scaling 'yarn' is not supported");
+    refused("llama.rope.scaling.type 'yarn' is not supported (supported: none, linear)");
     variant([](GgufWriter& w) {
         w.add_f32("llama.rope.scaling.factor", 1.0f);  // no scaling, stated
         w.add_u32("llama.attention.sliding_window", 0);
     });
-    CHECK_NOTHROW(Model::load(path));
-    variant([](GgufWriter& w) {
-        w.add_tensor("rope_freqs.weight", GgmlType::F32, {4}, std::vector<uint8_t>(16, 0));
+    CHECK(Model::load(path)->config.is_plain_block());
+    // rope_freqs: the frequencies divided by its factors (Llama 3.1's long-context rule); bad factors refused.
+    variant([&](GgufWriter& w) { w.add_tensor("rope_freqs.weight", GgmlType::F32, {4}, f32_bytes({1, 2, 4, 8})); });
+    {
+        const auto inv = Model::load(path)->config.rope_inv_freq.at(0);
+        for (size_t i = 0; i < inv.size(); ++i)
+            CHECK(inv[i] == static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(i) / 8) /
+                                               static_cast<double>(1 << i)));
+    }
+    variant([&](GgufWriter& w) { w.add_tensor("rope_freqs.weight", GgmlType::F32, {4}, f32_bytes({1, 0, 1, 1})); });
+    refused("tensor 'rope_freqs.weight' holds a factor 0.000000 (factors must be finite and positive)");
+    variant([&](GgufWriter& w) { w.add_tensor("rope_freqs.weight", GgmlType::F32, {3}, f32_bytes({1, 1, 1})); });
+    refused("tensor 'rope_freqs.weight' has shape [3] and type f32, expected f32 [4]");
+    variant([&](GgufWriter& w) {
+        w.add_tensor("rope_factors_long.weight", GgmlType::F32, {4}, f32_bytes({1, 1, 1, 1}));
     });
-    refused("tensor 'rope_freqs.weight' (per-dimension RoPE frequency factors");
+    refused("tensor 'rope_factors_long.weight' (LongRoPE factors) is not supported yet");
+    // A tensor the block does not read (an output bias) is refused rather than dropped.
+    variant([&](GgufWriter& w) { w.add_tensor("output.bias", GgmlType::F32, {512}, f32_bytes(std::vector<float>(512))); });
+    refused("tensor 'output.bias' is not part of the llama block as tandem computes it");
     std::filesystem::remove(path);
 }
 

@@ -104,8 +104,9 @@ std::vector<uint8_t> norm_weights(Rng& rng, int64_t n) {
     return f32_bytes(v);
 }
 
-// A sentencepiece-style vocabulary: <unk>, <s>, </s>, the 256 byte pieces, then made-up normal pieces.
-void add_vocabulary(GgufWriter& w, int n_vocab) {
+}  // namespace
+
+void add_synthetic_vocabulary(GgufWriter& w, int n_vocab) {
     std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
     std::vector<int32_t> types = {2, 3, 3};
     char buf[16];
@@ -136,6 +137,8 @@ void add_vocabulary(GgufWriter& w, int n_vocab) {
     w.add_u32("tokenizer.ggml.eos_token_id", 2);
     w.add_bool("tokenizer.ggml.add_bos_token", true);
 }
+
+namespace {
 
 // The ids 3..end-1 in the cycle's order, fixed by the vocabulary size alone (Fisher-Yates, fixed seed): order[i]
 // leads to order[i + 1].
@@ -438,7 +441,7 @@ void write_synthetic_model(const std::string& path, const SyntheticShape& s, con
     w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(s.dim / s.n_heads));
     w.add_f32(a + "attention.layer_norm_rms_epsilon", qwen2 ? 1e-6f : 1e-5f);
     w.add_f32(a + "rope.freq_base", qwen2 ? 1e6f : 10000.0f);
-    add_vocabulary(w, s.n_vocab);
+    add_synthetic_vocabulary(w, s.n_vocab);
 
     // Matrix `tensor` ("attn_q", ...) of layer `layer` (-1: a model-wide one, "token_embd" or "output").
     auto matrix_type = [&](const std::string& tensor, int layer, int64_t cols) {

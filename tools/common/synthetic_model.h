@@ -11,6 +11,12 @@
 
 namespace tandem {
 
+class GgufWriter;
+
+// Writes a sentencepiece-style vocabulary of n_vocab pieces (<unk>, <s>, </s>, the 256 byte pieces, then made-up
+// normal pieces) into the file's tokenizer keys: a vocabulary llama.cpp and tandem both load.
+void add_synthetic_vocabulary(GgufWriter& w, int n_vocab);
+
 struct SyntheticShape {
     std::string name;
     int dim = 0, hidden_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, n_vocab = 0, context_length = 0;

@@ -1,0 +1,129 @@
+// Every supported architecture against llama.cpp: the fixtures of tests/data/arch/ (tiny random-weight files with
+// every variation of their family switched on, tools/common/architecture_fixtures.h) and llama.cpp's logits for a
+// fixed token sequence (llamacpp-logits.json, scripts/make-arch-references). Per position, every logit within a
+// tight tolerance and the greedy id equal; the CPU's chunk sizes 1 and 64 bitwise equal.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "common/architecture_fixtures.h"
+#include "cpu/cpu_backend.h"
+#include "gguf/gguf_writer.h"
+#include "mini_json.h"
+#include "model/model.h"
+#include "test_paths.h"
+
+using namespace tandem;
+
+namespace {
+
+const std::string kArch = std::string(TANDEM_TEST_DATA) + "/arch";
+
+const test::Json& references() {
+    static const test::Json json = [] {
+        std::ifstream in(kArch + "/llamacpp-logits.json", std::ios::binary);
+        REQUIRE_MESSAGE(in, "cannot open " << kArch << "/llamacpp-logits.json");
+        std::ostringstream ss;
+        ss << in.rdbuf();
+        return test::Json::parse(ss.str());
+    }();
+    return json;
+}
+
+// Logits of every position of `tokens`, fed `chunk` tokens per forward call.
+std::vector<float> cpu_logits(const Model& model, const std::vector<int>& tokens, int chunk) {
+    CpuBackend backend(model, 2, 64);
+    auto cache = backend.new_cache(64);
+    const size_t V = static_cast<size_t>(model.config.n_vocab);
+    std::vector<float> logits(tokens.size() * V);
+    for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
+        const size_t n = std::min(static_cast<size_t>(chunk), tokens.size() - at);
+        backend.forward(std::span<const int>(tokens).subspan(at, n), *cache, static_cast<int>(n),
+                        logits.data() + at * V);
+    }
+    return logits;
+}
+
+// Each position's logits against llama.cpp's: within `tolerance` of the row's spread (its largest |logit|, a
+// scale-free bound), and the same greedy id.
+void check_against_reference(const std::vector<float>& logits, const test::Json& ref, size_t n_vocab,
+                             float tolerance) {
+    const test::Json& rows = ref["logits"];
+    const std::vector<int> greedy = ref["greedy"].ints();
+    REQUIRE(logits.size() == rows.size() * n_vocab);
+    float worst = 0;
+    for (size_t p = 0; p < rows.size(); ++p) {
+        CAPTURE(p);
+        REQUIRE(rows[p].size() == n_vocab);
+        float scale = 0;
+        for (size_t v = 0; v < n_vocab; ++v) scale = std::max(scale, std::fabs(static_cast<float>(rows[p][v].num)));
+        for (size_t v = 0; v < n_vocab; ++v)
+            worst = std::max(worst, std::fabs(logits[p * n_vocab + v] - static_cast<float>(rows[p][v].num)) / scale);
+        CHECK(Backend::argmax_row(&logits[p * n_vocab], n_vocab) == greedy[p]);
+    }
+    MESSAGE("largest difference from llama.cpp, relative to the row's largest logit: " << worst);
+    CHECK(worst <= tolerance);
+}
+
+}  // namespace
+
+TEST_CASE("architectures: the committed fixtures are the ones the writer makes") {
+    // The references were computed on these bytes; a writer change that alters them needs new references.
+    for (const std::string& name : architecture_fixture_names()) {
+        CAPTURE(name);
+        const std::string fresh = (std::filesystem::temp_directory_path() /
+                                   ("tandem-fixture-" + name + "-" + std::to_string(::getpid()) + ".gguf")).string();
+        write_architecture_fixture(name, fresh);
+        auto read = [](const std::string& path) {
+            std::ifstream in(path, std::ios::binary);
+            return std::string(std::istreambuf_iterator<char>(in), {});
+        };
+        CHECK(read(fresh) == read(kArch + "/" + name + ".gguf"));
+        std::filesystem::remove(fresh);
+        CHECK(references()["fixtures"].has(name));
+    }
+}
+
+TEST_CASE("architectures: every fixture's logits match llama.cpp's on the CPU, chunk sizes 1 and 64 bitwise equal") {
+    for (const std::string& name : architecture_fixture_names()) {
+        CAPTURE(name);
+        const test::Json& ref = references()["fixtures"][name];
+        const auto model = Model::load(kArch + "/" + ref["file"].str);
+        const std::vector<int> tokens = ref["tokens"].ints();
+        const std::vector<float> whole = cpu_logits(*model, tokens, 64);
+        check_against_reference(whole, ref, static_cast<size_t>(model->config.n_vocab), 1e-4f);
+        CHECK(cpu_logits(*model, tokens, 1) == whole);
+    }
+}
+
+TEST_CASE("architectures: each fixture switches on its family's variations") {
+    // The fixtures are only a test of what they contain: this pins that each carries what its family adds.
+    auto config = [](const std::string& name) { return Model::load(kArch + "/" + name + ".gguf")->config; };
+    const ModelConfig llama3 = config("llama3"), qwen3 = config("qwen3"), gemma3 = config("gemma3"),
+                      smollm3 = config("smollm3");
+    CHECK(llama3.head_dim * llama3.n_heads != llama3.dim);
+    CHECK(llama3.rope_inv_freq[0].back() != static_cast<float>(std::pow(500000.0, -2.0 * 15 / 32)));  // rope_freqs
+    CHECK(qwen3.qk_norm);
+    CHECK(qwen3.head_dim * qwen3.n_heads != qwen3.dim);
+    CHECK(gemma3.qk_norm);
+    CHECK(gemma3.post_norms);
+    CHECK(gemma3.activation == FfnActivation::GeluTanh);
+    CHECK(gemma3.embedding_scale == 8.0f);
+    CHECK(gemma3.rope_inv_freq.size() == 2);
+    const std::vector<int> windows = {5, 5, 5, 5, 5, 0, 5};
+    for (int l = 0; l < gemma3.n_layers; ++l) {
+        CAPTURE(l);
+        CHECK(gemma3.layers[static_cast<size_t>(l)].window == windows[static_cast<size_t>(l)]);
+        CHECK(gemma3.layers[static_cast<size_t>(l)].rope_table == (windows[static_cast<size_t>(l)] > 0 ? 1 : 0));
+    }
+    CHECK(gemma3.layers[0].window < static_cast<int>(references()["fixtures"]["gemma3"]["tokens"].size()));
+    CHECK(smollm3.layers[3].rope_table == -1);
+    CHECK(smollm3.layers[2].rope_table == 0);
+    CHECK(Model::load(kArch + "/smollm3.gguf")->file->find_tensor("blk.0.attn_qkv.weight") != nullptr);
+    for (const ModelConfig* c : {&qwen3, &gemma3, &smollm3}) CHECK_FALSE(c->is_plain_block());
+}
