@@ -10,8 +10,10 @@
 namespace tandem {
 namespace {
 
-// Control bytes that neither templates nor tokenizers give meaning to, around the message index.
+// Control bytes that neither templates nor tokenizers give meaning to, around the message index; an 'r' before the
+// index marks the message's reasoning rather than its content.
 std::string sentinel(size_t i) { return "\x01" + std::to_string(i) + "\x02"; }
+std::string reasoning_sentinel(size_t i) { return "\x01r" + std::to_string(i) + "\x02"; }
 
 }  // namespace
 
@@ -21,7 +23,11 @@ std::vector<int> tokenize_chat(const Tokenizer& tokenizer, const ChatTemplate& t
     // putting the contents back in place of the sentinels gives exactly what render() would.
     const std::vector<ChatMessage> contents = tmpl.normalized(messages);
     std::vector<ChatMessage> marked = contents;
-    for (size_t i = 0; i < marked.size(); ++i) marked[i].content = sentinel(i);
+    for (size_t i = 0; i < marked.size(); ++i) {
+        marked[i].content = sentinel(i);
+        // Only a non-empty reasoning gets a marker: the template decides on its emptiness (ChatTemplate::normalized).
+        if (!marked[i].reasoning.empty()) marked[i].reasoning = reasoning_sentinel(i);
+    }
     const std::string rendered = tmpl.render(marked, add_generation_prompt);
 
     // Special tokens by text, longest first so that e.g. "<|im_start|>" wins over a shorter prefix.
@@ -46,7 +52,10 @@ std::vector<int> tokenize_chat(const Tokenizer& tokenizer, const ChatTemplate& t
         if (rendered[pos] == '\x01') {
             const size_t end = rendered.find('\x02', pos);
             if (end == std::string::npos) throw Error("chat template: a message marker was cut by the template");
-            plain += contents.at(std::stoul(rendered.substr(pos + 1, end - pos - 1))).content;
+            const bool reasoning = rendered[pos + 1] == 'r';
+            const size_t begin = pos + (reasoning ? 2 : 1);
+            const ChatMessage& m = contents.at(std::stoul(rendered.substr(begin, end - begin)));
+            plain += reasoning ? m.reasoning : m.content;
             pos = end + 1;
             continue;
         }

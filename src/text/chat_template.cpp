@@ -1,6 +1,6 @@
 // Chat templates: family detection from the Jinja source, and one hand-written renderer per family that reproduces
-// what Python jinja2 produces from the family's reference template (tests/data/chat-templates.json), error
-// messages included. No Jinja interpreter: the templates in the wild are a handful of families, and their
+// what Python jinja2 produces from the family's reference template (tests/data/chat-templates.json and
+// chat-templates-families.json), error messages included. No Jinja interpreter: the templates in the wild are a handful of families, and their
 // renderings are short and stable.
 #include "text/chat_template.h"
 
@@ -22,6 +22,16 @@ std::string trim(const std::string& s) {
     while (b < e && space(static_cast<unsigned char>(s[b]))) ++b;
     while (e > b && space(static_cast<unsigned char>(s[e - 1]))) --e;
     return s.substr(b, e - b);
+}
+
+// Python's s.lstrip('\n') / s.rstrip('\n'), as the Qwen3 template applies them to reasoning and answers.
+std::string lstrip_newlines(const std::string& s) {
+    const size_t b = s.find_first_not_of('\n');
+    return b == std::string::npos ? std::string() : s.substr(b);
+}
+std::string rstrip_newlines(const std::string& s) {
+    const size_t e = s.find_last_not_of('\n');
+    return e == std::string::npos ? std::string() : s.substr(0, e + 1);
 }
 
 // Undoes the escapes of a Jinja (Python-style) string literal that can appear in a system prompt.
@@ -95,6 +105,19 @@ std::string chatml_default_system(const std::string& src) {
 
 const char* const kAlternate = "Conversation roles must alternate user/assistant/user/assistant/...";
 
+// Qwen3's `ns.last_query_index`: the last user message that is not a tool result wrapped in <tool_response> tags
+// (the template's multi-step tool check), or the last message when there is none.
+size_t qwen3_last_query(const std::vector<ChatMessage>& m) {
+    static const std::string open = "<tool_response>", close = "</tool_response>";
+    for (size_t i = m.size(); i-- > 0;) {
+        const std::string& c = m[i].content;
+        const bool tool_result = c.compare(0, open.size(), open) == 0 && c.size() >= close.size() &&
+                                 c.compare(c.size() - close.size(), close.size(), close) == 0;
+        if (m[i].role == "user" && !tool_result) return i;
+    }
+    return m.empty() ? 0 : m.size() - 1;
+}
+
 // ---- renderers: each mirrors its reference template line by line, with the contents as normalized() left them
 // (so a renderer only copies contents verbatim: a caller may render placeholders and substitute them) ----------
 
@@ -105,6 +128,40 @@ std::string render_chatml(const std::vector<ChatMessage>& m, bool gen, const std
     if (!has_system && !default_system.empty()) out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
     for (const auto& msg : m) out += "<|im_start|>" + msg.role + "\n" + msg.content + "<|im_end|>\n";
     if (gen) out += "<|im_start|>assistant\n";
+    return out;
+}
+
+// Qwen3 (Qwen-Qwen3-0.6B.jinja, without tools): ChatML without a default system prompt; an assistant turn after
+// the last user message carries its think block (normalized() put the reasoning apart and decided which turns keep
+// it: a non-empty `reasoning`, or the conversation's last message); thinking off appends the empty think block to
+// the generation prompt (enable_thinking=false). Roles other than system/user/assistant are skipped (tandem sends
+// no tool messages).
+std::string render_qwen3(const std::vector<ChatMessage>& m, bool gen, bool thinking) {
+    std::string out;
+    if (!m.empty() && m[0].role == "system") out += "<|im_start|>system\n" + m[0].content + "<|im_end|>\n";
+    const size_t query = qwen3_last_query(m);
+    for (size_t i = 0; i < m.size(); ++i) {
+        const ChatMessage& msg = m[i];
+        if (msg.role == "user" || (msg.role == "system" && i > 0)) {
+            out += "<|im_start|>" + msg.role + "\n" + msg.content + "<|im_end|>\n";
+        } else if (msg.role == "assistant") {
+            out += "<|im_start|>assistant\n";
+            if (i > query && (i + 1 == m.size() || !msg.reasoning.empty()))
+                out += "<think>\n" + msg.reasoning + "\n</think>\n\n";
+            out += msg.content + "<|im_end|>\n";
+        }
+    }
+    if (gen) out += thinking ? "<|im_start|>assistant\n" : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+    return out;
+}
+
+// Phi-4 (microsoft/phi-4): ChatML markers with <|im_sep|> after the role and no newlines; other roles skipped.
+std::string render_phi4(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out;
+    for (const auto& msg : m)
+        if (msg.role == "system" || msg.role == "user" || msg.role == "assistant")
+            out += "<|im_start|>" + msg.role + "<|im_sep|>" + msg.content + "<|im_end|>";
+    if (gen) out += "<|im_start|>assistant<|im_sep|>";
     return out;
 }
 
@@ -145,7 +202,35 @@ std::string render_gemma(const std::vector<ChatMessage>& m, bool gen) {
     return out;
 }
 
-// Phi-3 / 3.5: unknown roles are skipped (empty system messages too, by normalized()); without a generation prompt
+// Gemma 3: a leading system message is folded into the first turn (its text verbatim, then "\n\n", then the
+// trimmed first message); after it, strict user/model alternation, as Gemma 2.
+std::string render_gemma3(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out = "<bos>";
+    const bool has_system = !m.empty() && m[0].role == "system";
+    const size_t first = has_system ? 1 : 0;
+    for (size_t i = first; i < m.size(); ++i) {
+        const size_t n = i - first;
+        if ((m[i].role == "user") != (n % 2 == 0)) refuse("gemma3", kAlternate);
+        const std::string role = m[i].role == "assistant" ? "model" : m[i].role;
+        out += "<start_of_turn>" + role + "\n";
+        if (n == 0 && has_system) out += m[0].content + "\n\n";
+        out += m[i].content + "<end_of_turn>\n";
+    }
+    if (gen) out += "<start_of_turn>model\n";
+    return out;
+}
+
+// Phi-4-mini: "<|role|>" + content + "<|end|>" for every message, whatever its role, without newlines; without a
+// generation prompt the template ends with the EOS text.
+std::string render_phi4_mini(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out;
+    for (const auto& msg : m) out += "<|" + msg.role + "|>" + msg.content + "<|end|>";
+    out += gen ? "<|assistant|>" : "<|endoftext|>";
+    return out;
+}
+
+// Phi-3 / 3.5 (Phi-3-mini's template is the same but for an empty system message, which it writes and 3.5 skips;
+// tandem never sends one): unknown roles are skipped (empty system messages too, by normalized()); without a generation prompt
 // the template ends with the EOS text.
 std::string render_phi3(const std::vector<ChatMessage>& m, bool gen) {
     std::string out;
@@ -193,9 +278,10 @@ std::string render_mistral(const std::vector<ChatMessage>& m, bool /*gen*/) {
 }
 
 // DeepSeek-R1 (distills): the last system message right after BOS, past assistant turns without their think block
-// (dropped by normalized()), and a generation prompt with an empty think block (the template's default,
-// enable_thinking undefined).
-std::string render_deepseek_r1(const std::vector<ChatMessage>& m, bool gen) {
+// (dropped by normalized()), and a generation prompt that opens the think block ("<think>\n", DeepSeek's template,
+// and llama.cpp's with enable_thinking=true) or, thinking off, closes it at once ("<think>\n</think>", llama.cpp's
+// with enable_thinking false or undefined).
+std::string render_deepseek_r1(const std::vector<ChatMessage>& m, bool gen, bool thinking) {
     std::string system;
     for (const auto& msg : m)
         if (msg.role == "system") system = msg.content;
@@ -207,7 +293,7 @@ std::string render_deepseek_r1(const std::vector<ChatMessage>& m, bool gen) {
             out += "<｜Assistant｜>" + msg.content + "<｜end▁of▁sentence｜>";
         }
     }
-    if (gen) out += "<｜Assistant｜><think>\n</think>";
+    if (gen) out += thinking ? "<｜Assistant｜><think>\n" : "<｜Assistant｜><think>\n</think>";
     return out;
 }
 
@@ -255,7 +341,8 @@ std::string render_raw(const std::vector<ChatMessage>& m) {
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() {
-    return {"raw", "chatml", "llama2", "llama3", "mistral", "gemma", "zephyr", "phi3", "deepseek-r1"};
+    return {"raw",    "chatml", "qwen3", "llama2", "llama3",    "mistral",    "gemma",
+            "gemma3", "zephyr", "phi3",  "phi4",   "phi4-mini", "deepseek-r1"};
 }
 
 std::optional<ChatTemplate> ChatTemplate::by_name(const std::string& name) {
@@ -267,11 +354,30 @@ std::optional<ChatTemplate> ChatTemplate::by_name(const std::string& name) {
 ChatTemplate ChatTemplate::detect(const std::string& src, std::string* warning) {
     if (warning) warning->clear();
     if (trim(src).empty()) return ChatTemplate("raw", "");
-    // Most specific markers first: Phi-3 and Zephyr share <|user|>, Llama 2 and Mistral share [INST].
-    if (contains(src, "<|im_start|>")) return ChatTemplate("chatml", chatml_default_system(src));
+    // Most specific markers first: Phi-4, Qwen3 and plain ChatML share <|im_start|>; Gemma 2 and 3 share
+    // <start_of_turn>; Phi-3, Phi-4-mini and Zephyr <|user|>-style tags; Llama 2 and Mistral [INST].
+    if (contains(src, "<|im_start|>")) {
+        if (contains(src, "<|im_sep|>")) return ChatTemplate("phi4", "");
+        // Qwen3's switch writes the empty think block when enable_thinking is false; Qwen3.5 and MiniCPM5 share
+        // it but also open "<think>\n" in the generation prompt by default, which qwen3 does not render.
+        const bool think_markup = contains(src, "<think>");
+        if (contains(src, "enable_thinking") && contains(src, "'<think>\\n\\n</think>\\n\\n'") &&
+            !contains(src, "'<think>\\n' }}"))
+            return ChatTemplate("qwen3", "");
+        if (think_markup && warning)
+            *warning =
+                "the model's chat template handles <think> blocks in a way tandem does not reproduce; rendering it "
+                "as plain ChatML (reasoning, if any, stays in the answer; --chat-template chooses another family)";
+        return ChatTemplate("chatml", chatml_default_system(src));
+    }
     if (contains(src, "<|start_header_id|>")) return ChatTemplate("llama3", "");
-    if (contains(src, "<start_of_turn>")) return ChatTemplate("gemma", "");
+    if (contains(src, "<start_of_turn>"))
+        return ChatTemplate(contains(src, "first_user_prefix") ? "gemma3" : "gemma", "");
     if (contains(src, "<｜User｜>")) return ChatTemplate("deepseek-r1", "");
+    // Phi-4-mini splices the role into "<|" + role + "|>", so its source has <|assistant|> (the generation prompt)
+    // but no literal <|user|>.
+    if (contains(src, "<|end|>") && contains(src, "<|assistant|>") && !contains(src, "<|user|>"))
+        return ChatTemplate("phi4-mini", "");
     if (contains(src, "<|user|>") && contains(src, "<|end|>")) return ChatTemplate("phi3", "");
     if (contains(src, "<|user|>") && (contains(src, "</s>") || contains(src, "eos_token")))
         return ChatTemplate("zephyr", "");
@@ -289,9 +395,37 @@ std::vector<ChatMessage> ChatTemplate::normalized(const std::vector<ChatMessage>
     std::vector<ChatMessage> out;
     out.reserve(messages.size());
     const bool llama2_system = name_ == "llama2" && !messages.empty() && messages[0].role == "system";
+    const size_t qwen3_query = name_ == "qwen3" ? qwen3_last_query(messages) : 0;
     for (size_t i = 0; i < messages.size(); ++i) {
         ChatMessage msg = messages[i];
-        if (name_ == "llama3") {
+        if (name_ != "qwen3") msg.reasoning.clear();  // only qwen3's template has a place for it
+        if (name_ == "qwen3") {
+            if (msg.role == "assistant") {
+                // The template's split: the reasoning is what precedes the first "</think>" (after the last
+                // "<think>" in it), the answer what follows the last one, each without the newlines at the seam.
+                // A reasoning given apart (reasoning_content) is taken as it is, and the content is not split.
+                if (msg.reasoning.empty()) {
+                    const size_t first_end = msg.content.find("</think>");
+                    if (first_end != std::string::npos) {
+                        const std::string head = rstrip_newlines(msg.content.substr(0, first_end));
+                        const size_t open = head.rfind("<think>");
+                        msg.reasoning = lstrip_newlines(open == std::string::npos ? head : head.substr(open + 7));
+                        msg.content = lstrip_newlines(msg.content.substr(msg.content.rfind("</think>") + 8));
+                    }
+                }
+                const bool think_block = i > qwen3_query && (i + 1 == messages.size() || !msg.reasoning.empty());
+                if (think_block) {
+                    msg.reasoning = lstrip_newlines(rstrip_newlines(msg.reasoning));  // .strip('\n')
+                    msg.content = lstrip_newlines(msg.content);
+                } else {
+                    msg.reasoning.clear();  // past turns lose their reasoning
+                }
+            } else {
+                msg.reasoning.clear();
+            }
+        } else if (name_ == "gemma3") {
+            if (!(i == 0 && msg.role == "system")) msg.content = trim(msg.content);  // the system text is verbatim
+        } else if (name_ == "llama3") {
             if (msg.role != "tool" && msg.role != "ipython") msg.content = trim(msg.content);  // `| trim`
         } else if (name_ == "gemma") {
             msg.content = trim(msg.content);
@@ -321,22 +455,26 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     const std::vector<ChatMessage> m = normalized(messages);
     if (name_ == "raw") return render_raw(m);
     if (name_ == "chatml") return render_chatml(m, gen, default_system_);
+    if (name_ == "qwen3") return render_qwen3(m, gen, thinking_);
+    if (name_ == "phi4") return render_phi4(m, gen);
+    if (name_ == "gemma3") return render_gemma3(m, gen);
+    if (name_ == "phi4-mini") return render_phi4_mini(m, gen);
     if (name_ == "llama3") return render_llama3(m, gen);
     if (name_ == "gemma") return render_gemma(m, gen);
     if (name_ == "phi3") return render_phi3(m, gen);
     if (name_ == "mistral") return render_mistral(m, gen);
-    if (name_ == "deepseek-r1") return render_deepseek_r1(m, gen);
+    if (name_ == "deepseek-r1") return render_deepseek_r1(m, gen, thinking_);
     if (name_ == "llama2") return render_llama2(m, gen);
     if (name_ == "zephyr") return render_zephyr(m, gen);
     refuse(name_, "unknown family");  // unreachable: names are only made by detect/by_name
 }
 
 std::vector<std::string> ChatTemplate::end_of_turn() const {
-    if (name_ == "chatml") return {"<|im_end|>"};
+    if (name_ == "chatml" || name_ == "qwen3" || name_ == "phi4") return {"<|im_end|>"};
     if (name_ == "llama3") return {"<|eot_id|>"};
-    if (name_ == "gemma") return {"<end_of_turn>"};
-    // Phi-3's turns end with <|end|>; its template also ends the conversation with <|endoftext|>.
-    if (name_ == "phi3") return {"<|end|>", "<|endoftext|>"};
+    if (name_ == "gemma" || name_ == "gemma3") return {"<end_of_turn>"};
+    // Phi-3's and Phi-4-mini's turns end with <|end|>; their templates also end the conversation with <|endoftext|>.
+    if (name_ == "phi3" || name_ == "phi4-mini") return {"<|end|>", "<|endoftext|>"};
     if (name_ == "deepseek-r1") return {"<｜end▁of▁sentence｜>"};
     if (name_ == "mistral" || name_ == "llama2" || name_ == "zephyr") return {"</s>"};
     return {};

@@ -15,14 +15,23 @@ namespace tandem {
 struct ChatMessage {
     std::string role;  // "system", "user", "assistant"
     std::string content;
+    // The reasoning of an assistant turn, apart from its content, as templates with a `reasoning_content` field
+    // take it (qwen3). Callers normally leave it empty and store the answer alone (or a whole "<think>…</think>"
+    // turn) in `content`; normalized() fills it where the template writes the reasoning back.
+    std::string reasoning;
 };
 
 class ChatTemplate {
 public:
-    // Recognises the family from the Jinja source: <|im_start|> → chatml (with the default system prompt found in
-    // the source), <|start_header_id|> → llama3, <start_of_turn> → gemma, <|user|> + <|end|> → phi3,
-    // <｜User｜> → deepseek-r1, <|user|> + </s>/eos_token → zephyr, [INST] + <<SYS>> → llama2, [INST] → mistral.
-    // An empty source → "raw"; an unrecognised one → the ChatML default, with `warning` set to a sentence for stderr.
+    // Recognises the family from the Jinja source, most specific marker first: <|im_start|> with <|im_sep|> → phi4;
+    // <|im_start|> with Qwen3's thinking switch (enable_thinking and the empty '<think>\n\n</think>\n\n' block,
+    // and no generation prompt that opens <think> by itself) → qwen3; other <|im_start|> → chatml (with the default
+    // system prompt found in the source); <|start_header_id|> → llama3; <start_of_turn> with first_user_prefix
+    // → gemma3, without → gemma; <｜User｜> → deepseek-r1; <|end|> + <|assistant|> without a literal <|user|>
+    // (the role is spliced in) → phi4-mini; <|user|> + <|end|> → phi3; <|user|> + </s>/eos_token → zephyr;
+    // [INST] + <<SYS>> → llama2; [INST] → mistral. An empty source → "raw"; an unrecognised one → the ChatML
+    // default, with `warning` set to a sentence for stderr. `warning` is also set for a ChatML template with <think>
+    // handling that is not Qwen3's (Qwen3.5, QwQ): it is rendered as plain ChatML, without that handling.
     static ChatTemplate detect(const std::string& jinja_source, std::string* warning = nullptr);
     // By name (for --chat-template): one of names(); nullopt when unknown.
     static std::optional<ChatTemplate> by_name(const std::string& name);
@@ -35,23 +44,49 @@ public:
     // (a system message for gemma, roles that do not alternate where the template checks it).
     //
     // Prefix stability: rendering messages[0..k] without the generation prompt is a prefix of rendering
-    // messages[0..k+1] for raw, chatml, llama2, llama3, gemma and zephyr. Exceptions, which follow the templates:
-    //  - phi3 ends a rendering without generation prompt with "<|endoftext|>", so the prefix property holds only
-    //    up to that final token;
+    // messages[0..k+1] for raw, chatml, phi4, llama2, llama3, gemma, gemma3 and zephyr. Exceptions, which follow
+    // the templates:
+    //  - phi3 and phi4-mini end a rendering without generation prompt with "<|endoftext|>", so the prefix property
+    //    holds only up to that final token;
     //  - mistral folds the system message into the *last* user turn, so with a system message every turn must be
     //    re-rendered;
     //  - deepseek-r1 puts the (last) system message right after BOS, so a system message added later changes the
-    //    head; and its generation prompt "<｜Assistant｜><think>\n</think>" is not repeated when the assistant
-    //    message is rendered as history (the template drops the think block from past turns).
+    //    head; and its generation prompt ("<｜Assistant｜><think>\n", "<｜Assistant｜><think>\n</think>" with
+    //    thinking off) is not repeated when the assistant message is rendered as history (the template drops the
+    //    think block from past turns);
+    //  - qwen3 writes a think block ("<think>\n\n</think>\n\n" when there is no reasoning) into an assistant turn
+    //    that comes after the last user message, and drops it once a user message follows; so a rendering that ends
+    //    with a user message is a prefix of the later ones, one that ends with the assistant is not.
     std::string render(const std::vector<ChatMessage>& messages, bool add_generation_prompt) const;
 
+    // Thinking control (--think) for the families whose templates have it; the others ignore the setting.
+    //  - qwen3: on (the default, enable_thinking undefined or true) leaves the generation prompt
+    //    "<|im_start|>assistant\n" and the model opens its own <think> block; off (enable_thinking=false) appends
+    //    the empty block "<think>\n\n</think>\n\n", which Qwen3 was trained to read as "answer directly".
+    //  - deepseek-r1: on renders "<｜Assistant｜><think>\n", as DeepSeek's own template always does (and
+    //    llama.cpp's copy with enable_thinking=true): the generation prompt opens the think block and the model
+    //    continues inside it. Off renders "<｜Assistant｜><think>\n</think>", the think block closed at once, as
+    //    llama.cpp's copy does with enable_thinking false or undefined. The R1 distills were not trained on that
+    //    form, so they may still reason in the answer.
+    bool supports_thinking() const { return name_ == "qwen3" || name_ == "deepseek-r1"; }
+    void set_thinking(bool on) { thinking_ = on; }
+    bool thinking() const { return thinking_; }
+    // The generation prompt leaves a think block open (deepseek-r1 with thinking on): the generated text starts
+    // inside the reasoning, and its first "</think>" ends it.
+    bool generation_opens_reasoning() const { return name_ == "deepseek-r1" && thinking_; }
+
     // The messages with the template's own content transforms applied: contents trimmed where the template trims
-    // them (llama3, gemma, llama2), reasoning before the last "</think>" dropped from assistant turns
-    // (deepseek-r1), empty system messages removed (phi3). render(m) == render(normalized(m)), and render copies
-    // each normalized content verbatim into the text, so a caller may render placeholder contents (any text that
-    // has no leading/trailing whitespace and no "</think>") and substitute normalized(m)[i].content for
-    // placeholder i — e.g. to tokenize contents apart from the markup. One exception: llama2 with a system message
-    // and an all-blank first user message (the template's strip then also eats the "\n\n" before it).
+    // them (llama3, gemma, gemma3, llama2), reasoning before the last "</think>" dropped from assistant turns
+    // (deepseek-r1), empty system messages removed (phi3); qwen3 splits an assistant turn at "</think>" into
+    // `reasoning` and `content` as its template does, keeps the reasoning only where the template writes it back
+    // (a turn after the last user message) and strips the newlines the template strips. render(m) ==
+    // render(normalized(m)), and render copies each normalized content and reasoning verbatim into the text, so a
+    // caller may render placeholders (any text that has no leading/trailing whitespace, no "<think>"/"</think>"
+    // and is empty exactly when the original is) and substitute normalized(m)[i].content (.reasoning) for them —
+    // e.g. to tokenize contents apart from the markup. Exceptions: llama2 with a system message and an all-blank
+    // first user message (the template's strip then also eats the "\n\n" before it); qwen3 with a user message
+    // wrapped in "<tool_response>…</tool_response>" (the template takes it for a tool result when it looks for the
+    // last user query).
     std::vector<ChatMessage> normalized(const std::vector<ChatMessage>& messages) const;
 
     // Strings that end an assistant turn (e.g. "<|im_end|>", "<|eot_id|>"); the caller maps those that are single
@@ -71,6 +106,7 @@ private:
 
     std::string name_;
     std::string default_system_;
+    bool thinking_ = true;  // --think; the template's default form
 };
 
 }  // namespace tandem
