@@ -38,6 +38,8 @@ struct Options {
     bool stats = false;
     bool verbose = false;
     bool chat = false;  // --chat, or a terminal on stdin with no prompt
+    std::string think;  // --think on|off ("" = the template's default)
+    bool show_thinking = false;
     tandem::SessionOptions session;
     tandem::GenerationParams gen;
 };
@@ -66,6 +68,7 @@ int run(Options& opt) {
         prompt = read_stdin();
     }
     tandem::SessionOptions& so = opt.session;
+    if (!opt.think.empty()) so.think = opt.think == "on";
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;
     so.backends =
@@ -82,14 +85,18 @@ int run(Options& opt) {
         rc.system = opt.system_prompt;
         rc.params = params;
         rc.interactive = isatty(STDIN_FILENO);
+        rc.show_thinking = opt.show_thinking;
         const std::string& name = session.model().config.name;
         rc.model_name = name.empty() ? session.model_path() : name;
         tandem::Generator generator(session.model(), session.backend(), session.cache(), session.draft());
         return tandem::run_repl(session.model(), generator, session.cache(), session.draft(), rc);
     }
-    return tandem::run_one_shot(
-        session,
-        {.prompt = prompt, .system = opt.system_prompt, .echo = opt.echo, .stats = opt.stats, .params = params});
+    return tandem::run_one_shot(session, {.prompt = prompt,
+                                          .system = opt.system_prompt,
+                                          .echo = opt.echo,
+                                          .stats = opt.stats,
+                                          .show_thinking = opt.show_thinking,
+                                          .params = params});
 }
 
 // --list-models: the installed models, and where the disk space of the runs' repacked copies goes
@@ -119,6 +126,13 @@ int main(int argc, char** argv) {
     app.add_option("--system", opt.system_prompt, "system prompt (instruct models)");
     app.add_option("--chat-template", opt.session.chat_template, "chat template family instead of the model's")
         ->check(CLI::IsMember(tandem::ChatTemplate::names()));
+    app.add_option("--think", opt.think,
+                   "reasoning models (Qwen3, DeepSeek-R1): on (the default) lets the model think before it answers; "
+                   "off renders the template's no-thinking form (ignored, with a note, for other models)")
+        ->check(CLI::IsMember({"on", "off"}));
+    app.add_flag("--show-thinking", opt.show_thinking,
+                 "print a reasoning model's thinking on stdout, as a <think>...</think> block before the answer "
+                 "(default: on stderr, so that stdout carries only the answer)");
     app.add_option("-p,--prompt", opt.prompt, "prompt text");
     app.add_flag("--chat", opt.chat,
                  "chat: one user turn per line of stdin, one answer per line on stdout (a terminal on stdin with "

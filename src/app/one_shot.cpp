@@ -4,9 +4,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
 #include "text/chat_prompt.h"
+#include "text/reasoning_split.h"
 
 namespace tandem {
 
@@ -60,7 +62,27 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded
     if (o.echo && !write_stdout(o.prompt)) return 0;
     Generator generator(model, session.backend(), session.cache(), session.draft());
-    const GenerationStats st = generator.generate(tokens, params, write_stdout);
+    GenerationStats st;
+    if (tmpl && tmpl->supports_thinking()) {
+        // The answer goes to stdout, the thinking wherever the printer puts it.
+        ReasoningPrinter printer(o.show_thinking);
+        ReasoningSplitter splitter(tmpl->generation_opens_reasoning(),
+                                   [&](ReasoningSplitter::Part part, std::string_view text) {
+                                       if (part == ReasoningSplitter::Part::Reasoning) return printer.reasoning(text);
+                                       return printer.end() && write_stdout(text);
+                                   });
+        st = generator.generate(tokens, params, [&](std::string_view text) { return splitter.push(text); });
+        if (st.stop != StopReason::OutputClosed) {
+            if (!splitter.finish()) return 0;
+            const bool unfinished = splitter.in_reasoning();
+            if (!printer.end(!unfinished)) return 0;
+            if (unfinished)
+                std::fprintf(stderr, "tandem: note: the model stopped while thinking, before any answer%s\n",
+                             st.stop == StopReason::Length ? " (raise -n)" : "");
+        }
+    } else {
+        st = generator.generate(tokens, params, write_stdout);
+    }
     if (st.stop == StopReason::OutputClosed) return 0;  // the reader went away: end quietly
     if (st.stop == StopReason::ContextFull)
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);

@@ -1,5 +1,6 @@
 // A one-shot run: the prompt (as one user turn where the model has a chat template) answered once, streamed to
-// stdout, with --stats on stderr.
+// stdout, with --stats on stderr. A reasoning model's thinking (templates with a thinking switch) is split off the
+// answer and goes to stderr, or to stdout with --show-thinking.
 #pragma once
 #include <string>
 
@@ -10,10 +11,11 @@ namespace tandem {
 
 struct OneShotOptions {
     std::string prompt;
-    std::string system;       // --system: a system turn before the prompt (instruct models)
-    bool echo = false;        // print the prompt before the answer
-    bool stats = false;       // timing and throughput on stderr
-    GenerationParams params;  // n_predict, chunk, sampler, speculative, stops
+    std::string system;          // --system: a system turn before the prompt (instruct models)
+    bool echo = false;           // print the prompt before the answer
+    bool stats = false;          // timing and throughput on stderr
+    bool show_thinking = false;  // a reasoning model's thinking on stdout (default: stderr; reasoning_output.h)
+    GenerationParams params;     // n_predict, chunk, sampler, speculative, stops
 };
 
 // Opens the session's backends once the prompt is known to fit, then generates. Returns the process's exit status

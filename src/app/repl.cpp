@@ -14,6 +14,7 @@
 
 #include "app/environment.h"
 #include "app/line_editor.h"
+#include "app/reasoning_output.h"
 #include "app/repl_session.h"
 #include "app/stream_write.h"
 #include "backend.h"
@@ -73,6 +74,7 @@ std::string summary(const TurnReport& r) {
     if (st.speculative && st.spec.drafted > 0)
         s += format(", acceptance %.0f%%",
                     100.0 * static_cast<double>(st.spec.accepted) / static_cast<double>(st.spec.drafted));
+    if (r.reasoning_unfinished) s += ", stopped while thinking";
     if (r.interrupted)
         s += ", interrupted";
     else if (st.stop == StopReason::ContextFull)
@@ -188,7 +190,9 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
         sigemptyset(&sa.sa_mask);
         sa.sa_flags = 0;
         sigaction(SIGINT, &sa, &old_int);
-        notes.dim("tandem: chat with " + config.model_name + " (template " + tmpl.name() + ", context " +
+        const std::string thinking =
+            tmpl.supports_thinking() ? std::string(", thinking ") + (tmpl.thinking() ? "on" : "off") : "";
+        notes.dim("tandem: chat with " + config.model_name + " (template " + tmpl.name() + thinking + ", context " +
                   std::to_string(cache.capacity()) + " tokens). /help for commands, Ctrl-D or /quit to leave.");
     }
 
@@ -196,12 +200,23 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
     bool have_last = false;
     bool output_closed = false;
 
+    // A reasoning model's thinking: dimmed on stderr (or stdout with --show-thinking), never in the conversation.
+    ReasoningPrinter printer(config.show_thinking);
+    session.on_reasoning = [&](std::string_view text) {
+        if (g_interrupted.load()) return false;
+        if (!printer.reasoning(text)) {
+            output_closed = true;
+            return false;
+        }
+        return true;
+    };
+
     // Streams one answer; returns false when the program should end (stdout closed).
     auto run_turn = [&](auto&& call) -> bool {
         g_interrupted.store(false);
         auto emit = [&](std::string_view text) {
             if (g_interrupted.load()) return false;
-            if (!write_stdout(text)) {
+            if (!printer.end() || !write_stdout(text)) {
                 output_closed = true;
                 return false;
             }
@@ -211,9 +226,11 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
             last = call(emit);
             have_last = true;
         } catch (const Error& e) {
+            printer.end(false);
             notes.error(e.what());
             return true;
         }
+        if (!printer.end(!last.reasoning_unfinished)) output_closed = true;
         if (output_closed) return false;
         // Every answer ends with a newline: one answer per line in --chat, and the prompt starts a fresh line.
         if (!write_stdout("\n")) return false;

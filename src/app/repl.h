@@ -20,6 +20,7 @@ struct ReplConfig {
     bool interactive = true;                    // stdin is a terminal: line editing, history, Ctrl-C stops an answer
     std::string model_name;                     // for the banner
     std::string history_path;                   // "" = environment().history_path
+    bool show_thinking = false;                 // reasoning on stdout instead of stderr (reasoning_output.h)
 };
 
 // Runs the chat until /quit, Ctrl-D or the end of input; returns the exit status. `cache` (and the draft's)

@@ -10,6 +10,7 @@
 #include "error.h"
 #include "model/model.h"
 #include "text/chat_prompt.h"
+#include "text/reasoning_split.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -134,14 +135,25 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
     GenerationParams p = params;
     p.stop_tokens.insert(p.stop_tokens.end(), stop_tokens_.begin(), stop_tokens_.end());
     std::string text;
+    auto answer_piece = [&](std::string_view piece) {
+        if (!emit(piece)) return false;
+        text += piece;
+        return true;
+    };
+    ReasoningSplitter splitter(tmpl_.generation_opens_reasoning(),
+                               [&](ReasoningSplitter::Part part, std::string_view piece) {
+                                   if (part == ReasoningSplitter::Part::Answer) return answer_piece(piece);
+                                   report.reasoning += piece;
+                                   return !on_reasoning || on_reasoning(piece);
+                               });
+    const bool split = tmpl_.supports_thinking();
     report.stats = generator_.generate(
-        prompt, p,
-        [&](std::string_view piece) {
-            if (!emit(piece)) return false;
-            text += piece;
-            return true;
-        },
-        cached_);
+        prompt, p, [&](std::string_view piece) { return split ? splitter.push(piece) : answer_piece(piece); }, cached_);
+    if (split) {
+        if (report.stats.stop != StopReason::OutputClosed && !splitter.finish())
+            report.stats.stop = StopReason::OutputClosed;
+        report.reasoning_unfinished = splitter.in_reasoning();  // also when Ctrl-C stopped it there
+    }
 
     // The cache holds the prompt and the generated tokens that were fed back (never the last sampled one, and
     // with speculation possibly accepted drafts past the stop): keep exactly the known prefix.

@@ -17,12 +17,14 @@ class KvCache;
 
 // What one answer cost and how it ended.
 struct TurnReport {
-    GenerationStats stats;     // stats.n_prompt: tokens prefilled this turn
-    std::string answer;        // the text shown (and kept in the conversation)
-    int n_reused = 0;          // tokens of the rendered conversation already in the cache
-    int n_conversation = 0;    // tokens of the rendered conversation, generation prompt included
-    int n_dropped = 0;         // oldest messages dropped to fit the context
-    bool interrupted = false;  // the consumer stopped it (Ctrl-C); the partial answer is kept
+    GenerationStats stats;  // stats.n_prompt: tokens prefilled this turn
+    std::string answer;     // the answer shown on stdout and kept in the conversation (without the reasoning)
+    std::string reasoning;  // a reasoning model's thinking, split off the answer (never kept in the conversation)
+    bool reasoning_unfinished = false;  // the turn stopped inside its reasoning: no answer
+    int n_reused = 0;                   // tokens of the rendered conversation already in the cache
+    int n_conversation = 0;             // tokens of the rendered conversation, generation prompt included
+    int n_dropped = 0;                  // oldest messages dropped to fit the context
+    bool interrupted = false;           // the consumer stopped it (Ctrl-C); the partial answer is kept
 };
 
 class ChatSession {
@@ -35,7 +37,10 @@ public:
                 std::string system = "");
 
     // Appends the user's message and generates the answer (streamed through `emit`, which returns false to stop
-    // it). The answer, complete or not, joins the conversation. Throws tandem::Error (conversation unchanged)
+    // it). The answer, complete or not, joins the conversation. With a template that has a thinking switch the
+    // turn's reasoning is split off (ReasoningSplitter): it streams through `on_reasoning` and stays out of the
+    // conversation, as the templates drop it from past turns; the answer kept is the text after "</think>"
+    // without its leading newlines. Throws tandem::Error (conversation unchanged)
     // when the template refuses the conversation or the message alone does not fit the context.
     TurnReport send(const std::string& user, const GenerationParams& params, const Emit& emit);
     // Drops the last answer and answers the last user message again. Throws tandem::Error when there is none.
@@ -57,6 +62,8 @@ public:
     std::vector<int> render_tokens(bool generation_prompt) const;
     // Where notices for the user go (dropped turns); stderr in the REPL.
     std::function<void(const std::string&)> notice;
+    // Where a turn's reasoning streams (null: nowhere); returns false to stop the turn, like `emit`.
+    Emit on_reasoning;
 
     std::string to_json() const;
 

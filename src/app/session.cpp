@@ -225,6 +225,16 @@ Session::Session(const SessionOptions& o) : options_(o) {
                      model_path_.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab, n_ctx_,
                      settings.threads);
     template_ = choose_template(o, *model_);
+    if (o.think) {
+        // Accepted whatever the model, so that a script can pass --think off to any of them: a model without a
+        // thinking switch does not think, which off asks for anyway, and on cannot make it think.
+        if (template_ && template_->supports_thinking())
+            template_->set_thinking(*o.think);
+        else
+            std::fprintf(
+                stderr, "tandem: note: --think %s is ignored: %s has no thinking switch\n", *o.think ? "on" : "off",
+                template_ ? ("the chat template " + template_->name()).c_str() : "a run without a chat template");
+    }
 
     // The draft model is loaded and its vocabulary checked before either backend is made, and a pair on one GPU is
     // planned as a whole: what cannot run is refused before the target's weights are uploaded.

@@ -76,6 +76,9 @@ struct SessionOptions {
     int n_ctx = 0;              // 0: the model's, capped so the KV cache takes at most 1/4 of memory
     bool raw = false;           // no chat template
     std::string chat_template;  // a template family by name instead of the file's
+    // --think on|off: the template's thinking switch (ChatTemplate::set_thinking); unset keeps the template's
+    // default (on). A template without a switch ignores it, with a note on stderr.
+    std::optional<bool> think;
     BackendSettings backends;
 };
 

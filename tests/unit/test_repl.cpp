@@ -226,3 +226,52 @@ TEST_CASE("repl: /load replaces the conversation and keeps the matching cache pr
     const TurnReport t = s.send("Then", greedy(5), kKeep);
     CHECK(t.n_reused > 0);
 }
+
+TEST_CASE("repl: a reasoning template's thinking streams apart and stays out of the conversation") {
+    // stories260K does not think; under deepseek-r1 (thinking on) the generation prompt opens the think block, so
+    // all it writes is reasoning that never closes: no answer, and nothing of it in the history.
+    Rig rig;
+    ChatSession s(*rig.model, *rig.generator, *rig.cache, {}, *ChatTemplate::by_name("deepseek-r1"));
+    std::string shown, thought;
+    s.on_reasoning = [&](std::string_view t) {
+        thought += t;
+        return true;
+    };
+    const TurnReport t1 = s.send("Once upon a time", greedy(10), [&](std::string_view t) {
+        shown += t;
+        return true;
+    });
+    CHECK(shown.empty());
+    CHECK(t1.answer.empty());
+    CHECK_FALSE(t1.reasoning.empty());
+    CHECK(t1.reasoning == thought);
+    CHECK(t1.reasoning_unfinished);
+    REQUIRE(s.messages().size() == 2);
+    CHECK(s.messages()[1].content.empty());
+    // The next turn renders the empty answer, not the reasoning.
+    s.send("Then", greedy(4), kKeep);
+    const std::vector<int> rendered = s.render_tokens(false);
+    const std::string text = rig.model->tokenizer->decode(rendered);
+    CHECK(text.find(t1.reasoning) == std::string::npos);
+
+    // A consumer of the reasoning that stops ends the turn, like a closed stdout.
+    s.on_reasoning = [](std::string_view) { return false; };
+    const TurnReport t3 = s.send("Again", greedy(10), kKeep);
+    CHECK(t3.interrupted);
+    CHECK(t3.reasoning_unfinished);
+
+    // qwen3: text that does not open <think> is all answer, the same as plain ChatML gives for the same prompt.
+    Rig rig2;
+    ChatSession q(*rig2.model, *rig2.generator, *rig2.cache, {}, *ChatTemplate::by_name("qwen3"));
+    std::string q_thought;
+    q.on_reasoning = [&](std::string_view t) {
+        q_thought += t;
+        return true;
+    };
+    const TurnReport qa = q.send("Once upon a time", greedy(10), kKeep);
+    CHECK(q_thought.empty());
+    CHECK_FALSE(qa.reasoning_unfinished);
+    Rig rig3;
+    ChatSession c(*rig3.model, *rig3.generator, *rig3.cache, {}, *ChatTemplate::by_name("chatml"));
+    CHECK(c.send("Once upon a time", greedy(10), kKeep).answer == qa.answer);
+}
