@@ -105,6 +105,11 @@ constexpr const char* kLlama3 =
 constexpr const char* kQwen2 =
     R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Qwen3.5: as Qwen2, but combining marks (\p{M}) count as part of a word, so "e" + U+0301 stays one word
+// (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN35).
+constexpr const char* kQwen35 =
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 struct PreSpec {
     std::vector<const char*> names;  // tokenizer.ggml.pre values (llama.cpp's spellings)
     std::vector<const char*> regexes;
@@ -120,6 +125,7 @@ const std::vector<PreSpec>& pre_specs() {
         {{"llama-bpe", "llama3", "llama-v3"}, {kLlama3}, true, true},
         {{"dbrx", "smaug-bpe"}, {kLlama3}},
         {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {kQwen2}},
+        {{"qwen35"}, {kQwen35}},
         // SmolLM (LLAMA_VOCAB_PRE_TYPE_SMOLLM, shared with StarCoder): digits split off one by one, then GPT-2.
         {{"smollm", "starcoder", "refact", "codeshell", "command-r"}, {R"(\p{N})", kGpt2}},
     };

@@ -1,4 +1,4 @@
-// BpeTokenizer: byte-level BPE ("gpt2" GGUF vocabularies: Qwen2, SmolLM2, Llama 3, GPT-2) — the pre-tokenizer
+// BpeTokenizer: byte-level BPE ("gpt2" GGUF vocabularies: Qwen2, Qwen3.5, SmolLM2, Llama 3, GPT-2) — the pre-tokenizer
 // regexes (PCRE2, JIT), the GPT-2 byte<->unicode mapping, rank-ordered merges and the per-token rendering used by
 // decode. Special-token splitting and the public API live in Tokenizer (tokenizer.h), which owns one of these.
 //
