@@ -1,11 +1,11 @@
 // The subset of sentencepiece's ModelProto (sentencepiece_model.proto) that tandem needs, with a hand-written
 // protobuf wire-format serializer and parser.
 //
-// Why by hand: the Debian libsentencepiece-dev package ships no .proto or generated .pb.h headers, yet the only
-// way to give the library a vocabulary that lives in memory (the one stored inside a GGUF file) is
-// SentencePieceProcessor::LoadFromSerializedProto, which takes serialized ModelProto bytes. The parser reads real
-// .model files (the --tokenizer override, and the tests that check the serializer against them); it keeps the
-// fields below and skips every other field, as protobuf readers do.
+// Why by hand: the Debian libsentencepiece-dev package ships no .proto or generated .pb.h headers. The parser
+// reads real .model files (the --tokenizer override: tandem checks what libsentencepiece would otherwise trust);
+// it keeps the fields below and skips every other field, as protobuf readers do. The serializer writes models for
+// the tests (SentencePieceProcessor::LoadFromSerializedProto takes its bytes); GGUF vocabularies no longer go
+// through libsentencepiece (see spm_tokenizer.h).
 #pragma once
 #include <cstdint>
 #include <string>

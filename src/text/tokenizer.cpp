@@ -1,6 +1,6 @@
 // Tokenizer (sentencepiece vocabularies from GGUF metadata or .model files, byte-level BPE vocabularies from GGUF
 // metadata, special-token parsing) and TokenStreamDecoder (incremental, UTF-8-safe detokenization). See
-// tokenizer.h; the BPE algorithm itself is in bpe_tokenizer.cpp.
+// tokenizer.h; the algorithms themselves are in spm_tokenizer.cpp and bpe_tokenizer.cpp.
 #include "text/tokenizer.h"
 
 #include <algorithm>
@@ -16,6 +16,7 @@
 #include "gguf/gguf.h"
 #include "text/bpe_tokenizer.h"
 #include "text/sentencepiece_proto.h"
+#include "text/spm_tokenizer.h"
 
 namespace tandem {
 namespace {
@@ -125,7 +126,7 @@ std::string read_file(const std::string& path) {
 
 }  // namespace
 
-Tokenizer::Tokenizer() : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {}
+Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
 std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
@@ -138,7 +139,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
                     "\"llama\", sentencepiece, or \"gpt2\", byte-level BPE)");
 
     const std::vector<std::string_view> tokens = gguf.get_string_array("tokenizer.ggml.tokens");
-    const std::vector<float> scores = gguf.get_f32_array("tokenizer.ggml.scores");
+    std::vector<float> scores = gguf.get_f32_array("tokenizer.ggml.scores");
     const std::vector<int64_t> types = gguf.get_int_array("tokenizer.ggml.token_type");
     const size_t n = tokens.size();
     if (n == 0) throw Error(path + ": tokenizer.ggml.tokens is empty");
@@ -149,72 +150,42 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const GgufFile& gguf) {
 
     auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
     tok->model_type_ = model;
-    spm::ModelProto proto;
-    proto.pieces.resize(n);
-    bool any_byte = false;
+    tok->texts_.reserve(n);
+    tok->types_.reserve(n);
+    tok->byte_values_.assign(n, -1);
     for (size_t i = 0; i < n; ++i) {
         const int64_t type = types[i];
         if (type < static_cast<int64_t>(spm::PieceType::NORMAL) || type > static_cast<int64_t>(spm::PieceType::BYTE))
             throw Error(path + ": token " + std::to_string(i) + " has unknown token type " + std::to_string(type));
         check_piece_text(path, i, tokens[i], /*nul_allowed=*/true);
         if (type == static_cast<int64_t>(spm::PieceType::BYTE)) {
-            if (parse_byte_piece(tokens[i]) < 0)
+            tok->byte_values_[i] = static_cast<int16_t>(parse_byte_piece(tokens[i]));
+            if (tok->byte_values_[i] < 0)
                 throw Error(path + ": token " + std::to_string(i) + " \"" + std::string(tokens[i]) +
                             "\" has the byte type but is not of the form <0xNN>");
-            any_byte = true;
         }
-        proto.pieces[i] = {std::string(tokens[i]), scores[i], static_cast<spm::PieceType>(type)};
+        // A NaN would make the merge order undefined (and the heap's comparisons inconsistent).
+        if (scores[i] != scores[i]) throw Error(path + ": token " + std::to_string(i) + " has a NaN score");
+        tok->texts_.emplace_back(tokens[i]);
+        tok->types_.push_back(static_cast<int>(type));
     }
 
     const int n_vocab = static_cast<int>(n);
+    // llama.cpp needs no unknown token (byte pieces cover every character), and its type does not matter:
+    // Phi-3's unknown_token_id names "<unk>", a control token, while 53 padding tokens carry the unknown type.
     int unk = optional_token_id(gguf, "tokenizer.ggml.unknown_token_id", n_vocab);
-    if (unk < 0) {  // not in the metadata: the vocabulary's own UNKNOWN piece
-        for (size_t i = 0; i < n && unk < 0; ++i)
-            if (proto.pieces[i].type == spm::PieceType::UNKNOWN) unk = static_cast<int>(i);
-    }
-    if (unk < 0) throw Error(path + ": the vocabulary has no unknown token, which sentencepiece requires");
-    if (proto.pieces[unk].type != spm::PieceType::UNKNOWN)
-        throw Error(path + ": tokenizer.ggml.unknown_token_id " + std::to_string(unk) + " (\"" +
-                    proto.pieces[unk].piece + "\") does not have the unknown token type");
-    const int bos = optional_token_id(gguf, "tokenizer.ggml.bos_token_id", n_vocab);
-    const int eos = optional_token_id(gguf, "tokenizer.ggml.eos_token_id", n_vocab);
-    const int pad = optional_token_id(gguf, "tokenizer.ggml.padding_token_id", n_vocab);
-
-    spm::TrainerSpec& trainer = proto.trainer_spec;
-    // llama.cpp's "llama" (SPM) tokenizer merges the highest-scoring adjacent pair first, which is exactly
-    // sentencepiece's BPE model over these scores.
-    trainer.model_type = spm::ModelType::BPE;
-    trainer.vocab_size = n_vocab;
-    trainer.byte_fallback = any_byte;
-    trainer.unk_id = unk;
-    trainer.unk_piece = proto.pieces[unk].piece;
-    // sentencepiece looks bos/eos/pad up by text; give absent ones a text that cannot be a real piece.
-    trainer.bos_id = bos;
-    trainer.bos_piece = bos >= 0 ? proto.pieces[bos].piece : "<tandem:no-bos>";
-    trainer.eos_id = eos;
-    trainer.eos_piece = eos >= 0 ? proto.pieces[eos].piece : "<tandem:no-eos>";
-    trainer.pad_id = pad;
-    trainer.pad_piece = pad >= 0 ? proto.pieces[pad].piece : "<tandem:no-pad>";
-
-    spm::NormalizerSpec& norm = proto.normalizer_spec;
-    norm.name = "identity";  // GGUF stores no normalization rules; Llama's model uses none
-    norm.add_dummy_prefix = gguf.get_bool_or("tokenizer.ggml.add_space_prefix", true);
-    // llama.cpp keeps runs of whitespace unless told otherwise (sentencepiece's proto default would drop them).
-    norm.remove_extra_whitespaces = gguf.get_bool_or("tokenizer.ggml.remove_extra_whitespaces", false);
-    norm.escape_whitespaces = true;
-
-    tok->texts_.reserve(n);
-    tok->types_.reserve(n);
-    for (const spm::Piece& p : proto.pieces) {
-        tok->texts_.push_back(p.piece);
-        tok->types_.push_back(static_cast<int>(p.type));
-    }
+    for (size_t i = 0; i < n && unk < 0; ++i)
+        if (tok->types_[i] == static_cast<int>(spm::PieceType::UNKNOWN)) unk = static_cast<int>(i);
     tok->unk_ = unk;
-    tok->bos_ = bos;
-    tok->eos_ = eos;
-    tok->add_bos_ = gguf.get_bool_or("tokenizer.ggml.add_bos_token", true) && bos >= 0;
-    tok->add_eos_ = gguf.get_bool_or("tokenizer.ggml.add_eos_token", false) && eos >= 0;
-    tok->load(spm::serialize(proto), path);
+    tok->bos_ = optional_token_id(gguf, "tokenizer.ggml.bos_token_id", n_vocab);
+    tok->eos_ = optional_token_id(gguf, "tokenizer.ggml.eos_token_id", n_vocab);
+    tok->add_bos_ = gguf.get_bool_or("tokenizer.ggml.add_bos_token", true) && tok->bos_ >= 0;
+    tok->add_eos_ = gguf.get_bool_or("tokenizer.ggml.add_eos_token", false) && tok->eos_ >= 0;
+    // tokenizer.ggml.remove_extra_whitespaces is not read: llama.cpp's SPM tokenizer ignores it too.
+    tok->spm_ = std::make_unique<SpmTokenizer>(path, tok->texts_, tok->types_, std::move(scores), unk,
+                                               gguf.get_bool_or("tokenizer.ggml.add_space_prefix", true));
+    tok->index_specials(/*always_user_defined=*/true);
+    tok->apply_name_rules(gguf);
     return tok;
 }
 
@@ -253,7 +224,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf_bpe(const GgufFile& gguf) {
     tok->add_bos_ = gguf.get_bool_or("tokenizer.ggml.add_bos_token", tok->bpe_->default_add_bos()) && tok->bos_ >= 0;
     tok->add_eos_ = gguf.get_bool_or("tokenizer.ggml.add_eos_token", false) && tok->eos_ >= 0;
     tok->byte_values_.assign(n, -1);  // byte-level BPE has no <0xNN> pieces: every token is bytes already
-    tok->index_specials(/*bpe_always_user_defined=*/true);
+    tok->index_specials(/*always_user_defined=*/true);
+    tok->apply_name_rules(gguf);
     return tok;
 }
 
@@ -269,6 +241,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_model_file(const std::string& path) {
     for (const std::string& charsmap : proto.charsmaps) check_charsmap(path, charsmap);
 
     auto tok = std::unique_ptr<Tokenizer>(new Tokenizer());
+    tok->sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
     for (const spm::Piece& p : proto.pieces) {
         check_piece_text(path, tok->texts_.size(), p.piece, /*nul_allowed=*/false);
         tok->texts_.push_back(p.piece);
@@ -303,10 +276,10 @@ void Tokenizer::load(const std::string& serialized, const std::string& source) {
     for (int id = 0; id < n_vocab() && context_id_ < 0; ++id)
         if (types_[id] == static_cast<int>(spm::PieceType::NORMAL) && !decode_unchecked({id}).empty()) context_id_ = id;
     // sentencepiece matches its user-defined pieces itself; only parse_special adds the control tokens.
-    index_specials(/*bpe_always_user_defined=*/false);
+    index_specials(/*always_user_defined=*/false);
 }
 
-void Tokenizer::index_specials(bool bpe_always_user_defined) {
+void Tokenizer::index_specials(bool always_user_defined) {
     for (auto& bucket : specials_) bucket.clear();
     for (int id = 0; id < n_vocab(); ++id) {
         const auto type = static_cast<spm::PieceType>(types_[id]);
@@ -315,18 +288,34 @@ void Tokenizer::index_specials(bool bpe_always_user_defined) {
         // llama.cpp's special-token cache: control, user-defined and unknown tokens.
         if (type != spm::PieceType::CONTROL && type != spm::PieceType::USER_DEFINED && type != spm::PieceType::UNKNOWN)
             continue;
-        const bool always = bpe_always_user_defined && type == spm::PieceType::USER_DEFINED;
-        specials_[static_cast<unsigned char>(text[0])].push_back({text, id, always});
+        const bool always = always_user_defined && type == spm::PieceType::USER_DEFINED;
+        specials_[static_cast<unsigned char>(text[0])].push_back({text, id, always, false});
     }
     for (auto& bucket : specials_)
         std::stable_sort(bucket.begin(), bucket.end(),
                          [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
 }
 
+void Tokenizer::apply_name_rules(const GgufFile& gguf) {
+    // llama.cpp sets per-token attributes by model name, since GGUF files do not carry them. The one rule that
+    // concerns the families tandem tokenizes: Phi-3's special tokens eat the whitespace after them (its chat
+    // template's "<|user|>\n" is tokenized as "<|user|>" alone), except <unk>, <s> and <|endoftext|>.
+    std::string name = gguf.get_string_or("general.name", "");
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; });
+    if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return;
+    for (auto& bucket : specials_)
+        for (Special& s : bucket) s.rstrip = s.text != "<unk>" && s.text != "<s>" && s.text != "<|endoftext|>";
+}
+
 void Tokenizer::encode_plain(std::string_view text, std::vector<int>& out) const {
     if (text.empty()) return;
     if (bpe_) {
         bpe_->encode(text, out);
+        return;
+    }
+    if (spm_) {
+        spm_->encode(text, out);
         return;
     }
     std::vector<int> ids;
@@ -339,8 +328,8 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool par
     std::vector<int> ids;
     if (add_bos && bos_ >= 0) ids.push_back(bos_);
     // Cut out the special tokens (longest first at each position); each stretch of text between them is
-    // tokenized on its own, as llama.cpp's tokenizer_st_partition does. Sentencepiece then gives every stretch
-    // its dummy-prefix space, which is also what llama.cpp does after a special token.
+    // tokenized on its own, as llama.cpp's tokenizer_st_partition does. Sentencepiece vocabularies then give
+    // every stretch the space prefix, which is also what llama.cpp does after a special token.
     size_t plain = 0;  // start of the text not yet tokenized
     for (size_t i = 0; i < text.size();) {
         const Special* hit = nullptr;
@@ -358,6 +347,8 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool par
         encode_plain(text.substr(plain, i - plain), ids);
         ids.push_back(hit->id);
         i += hit->text.size();
+        if (hit->rstrip)  // the whitespace after it goes with it (llama.cpp: isspace in the C locale)
+            while (i < text.size() && (text[i] == ' ' || (text[i] >= '\t' && text[i] <= '\r'))) ++i;
         plain = i;
     }
     encode_plain(text.substr(plain), ids);
@@ -372,10 +363,24 @@ std::string Tokenizer::decode(const std::vector<int>& ids) const {
     return decode_unchecked(ids);
 }
 
+void Tokenizer::append_rendered(int id, bool& at_text_start, std::string& out) const {
+    const std::string& text = bpe_ ? bpe_->rendered(id) : spm_->rendered(id);
+    if (text.empty()) return;
+    size_t skip = 0;
+    if (at_text_start) {
+        at_text_start = false;
+        if (spm_ && spm_->add_space_prefix() && types_[id] == static_cast<int>(spm::PieceType::NORMAL) &&
+            text[0] == ' ')
+            skip = 1;
+    }
+    out.append(text, skip);
+}
+
 std::string Tokenizer::decode_unchecked(const std::vector<int>& ids) const {
-    if (bpe_) {
+    if (bpe_ || spm_) {
         std::string bytes;
-        for (int id : ids) bytes += bpe_->rendered(id);
+        bool at_text_start = true;
+        for (int id : ids) append_rendered(id, at_text_start, bytes);
         return utf8::sanitize(bytes);
     }
     std::string text;
@@ -393,6 +398,7 @@ std::string Tokenizer::piece(int id) const {
 
 int Tokenizer::token_id(std::string_view text) const {
     if (bpe_) return bpe_->token_id(text);
+    if (spm_) return spm_->token_id(text);
     const int id = sp_->PieceToId(text);  // sentencepiece answers unk for an unknown piece
     return id >= 0 && id < n_vocab() && texts_[id] == text ? id : -1;
 }
@@ -416,6 +422,7 @@ TokenStreamDecoder::TokenStreamDecoder(const Tokenizer& tokenizer, bool at_start
 
 void TokenStreamDecoder::reset() {
     pending_.clear();
+    text_start_ = at_start_;
     window_.clear();
     prefix_text_.clear();
     // A continuation starts with one already-"returned" piece of context, so the first real piece is mid-text.
@@ -440,10 +447,10 @@ bool TokenStreamDecoder::ends_in_incomplete_utf8() const {
     return false;
 }
 
-// Byte-level BPE decodes token by token (no leading-space rule, no context), so streaming only has to hold back
-// the bytes of a character that is not complete yet. Each decision uses exactly the bytes decode() would look
-// at, so the pieces always add up to decode(all ids).
-std::string TokenStreamDecoder::take_bpe(bool final) {
+// GGUF vocabularies decode token by token (the only context is whether text has started, for the leading-space
+// rule), so streaming only has to hold back the bytes of a character that is not complete yet. Each decision uses
+// exactly the bytes decode() would look at, so the pieces always add up to decode(all ids).
+std::string TokenStreamDecoder::take_bytes(bool final) {
     const auto* s = reinterpret_cast<const unsigned char*>(pending_.data());
     const size_t n = pending_.size();
     size_t i = 0;
@@ -466,9 +473,9 @@ std::string TokenStreamDecoder::push(int id) {
     if (id < 0 || id >= tok_.n_vocab())
         throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
                     std::to_string(tok_.n_vocab()) + " tokens");
-    if (tok_.bpe_) {
-        pending_ += tok_.bpe_->rendered(id);
-        return take_bpe(false);
+    if (!tok_.sp_) {
+        tok_.append_rendered(id, text_start_, pending_);
+        return take_bytes(false);
     }
     // A run of control tokens renders exactly like one (invisible, ends a byte run), so keep just one: the
     // window then stays small even if a model emits many in a row.
@@ -500,8 +507,8 @@ std::string TokenStreamDecoder::push(int id) {
 
 std::string TokenStreamDecoder::flush() {
     std::string out;
-    if (tok_.bpe_) {
-        out = take_bpe(true);
+    if (!tok_.sp_) {
+        out = take_bytes(true);
         reset();
         return out;
     }

@@ -3,9 +3,10 @@
 // TokenStreamDecoder, which turns a stream of generated ids into text piece by piece without ever splitting a
 // UTF-8 character.
 //
-// Sentencepiece vocabularies are encoded and decoded by libsentencepiece itself (a BPE ModelProto assembled from
-// the GGUF arrays, see sentencepiece_proto.h); byte-level BPE by BpeTokenizer (bpe_tokenizer.h). Both follow
-// llama.cpp, so tandem tokenizes exactly as llama.cpp does.
+// Vocabularies stored in a GGUF file are tokenized as llama.cpp tokenizes them: sentencepiece-style ones ("llama":
+// Llama 2, Phi-3, Gemma 3) by SpmTokenizer (spm_tokenizer.h), byte-level BPE ones ("gpt2": Qwen, SmolLM2,
+// Llama 3) by BpeTokenizer (bpe_tokenizer.h). Only the tokenizer metadata is read, so a vocabulary loads whatever
+// the file's architecture. A sentencepiece .model file (--tokenizer) is run by libsentencepiece itself.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -21,14 +22,18 @@ namespace tandem {
 
 class GgufFile;
 class BpeTokenizer;
+class SpmTokenizer;
 
 class Tokenizer {
 public:
-    // Dispatches on tokenizer.ggml.model. "llama": reads tokens, scores, token_type, the bos/eos/unk/padding ids
-    // and the add_bos_token / add_eos_token / add_space_prefix / remove_extra_whitespaces flags. "gpt2": tokens,
-    // token_type (optional), merges, tokenizer.ggml.pre (the pre-tokenizer), bos/eos ids, add_bos_token (default
-    // false, except for Llama 3's pre-tokenizer, as in llama.cpp). Throws tandem::Error naming the file on any
-    // inconsistency, an unknown model or an unknown pre-tokenizer.
+    // Dispatches on tokenizer.ggml.model. "llama": reads tokens, scores, token_type, the bos/eos/unk ids and the
+    // add_bos_token (default true) / add_eos_token / add_space_prefix (default true) flags; the unknown token is
+    // optional. "gpt2": tokens, token_type (optional), merges, tokenizer.ggml.pre (the pre-tokenizer), bos/eos
+    // ids, add_bos_token (default false, except for Llama 3's pre-tokenizer, as in llama.cpp). Both: the
+    // per-model token attributes llama.cpp derives from general.name (Phi-3's special tokens strip the whitespace
+    // after them). Throws tandem::Error naming the file on any inconsistency (arrays of different lengths,
+    // unknown token types, malformed byte pieces, duplicate sentencepiece pieces, NaN scores), an unknown model or
+    // an unknown pre-tokenizer. Never looks at the architecture.
     static std::unique_ptr<Tokenizer> from_gguf(const GgufFile& gguf);
     // A sentencepiece .model file (the --tokenizer override). Throws tandem::Error when unreadable or invalid.
     static std::unique_ptr<Tokenizer> from_model_file(const std::string& path);
@@ -40,14 +45,17 @@ public:
     // With `parse_special`, the texts of the vocabulary's control (and unknown and user-defined) tokens, such as
     // "<|im_start|>" or "<s>", are found in `text` first (longest match at each position) and become their ids;
     // the text between them is tokenized normally. Without it they are ordinary text, so a user typing
-    // "<|im_end|>" gets those characters. As in llama.cpp, byte-level BPE vocabularies split off user-defined
-    // tokens (e.g. Qwen's "<tool_call>") either way; sentencepiece matches its user-defined pieces itself.
+    // "<|im_end|>" gets those characters. As in llama.cpp, GGUF vocabularies split off user-defined tokens (e.g.
+    // Qwen's "<tool_call>", Gemma's "\n\n" or runs of spaces) either way; a .model file's sentencepiece matches
+    // its user-defined pieces itself.
     std::vector<int> encode(std::string_view text, bool add_bos, bool parse_special = false) const;
-    // Whole-sequence decode. Sentencepiece: as sentencepiece does it: control tokens are invisible, byte pieces
-    // are joined into UTF-8 (invalid bytes become U+FFFD), and the leading space of the first piece is dropped.
-    // Byte-level BPE: the bytes of every token (through the inverse GPT-2 byte mapping; control tokens render
-    // as nothing, user-defined ones as their text) joined, with bytes that do not form UTF-8 as U+FFFD.
-    // Throws tandem::Error for an id outside [0, n_vocab).
+    // Whole-sequence decode: the bytes of every token joined, with bytes that do not form UTF-8 as U+FFFD. GGUF
+    // vocabularies render each token as llama.cpp does without special tokens: control, unknown and unused
+    // tokens as nothing, user-defined ones as their text, byte pieces as their byte; byte-level BPE through the
+    // inverse GPT-2 byte mapping, sentencepiece with "▁" as a space. A sentencepiece vocabulary that adds a space
+    // prefix when encoding drops it again: the first token that renders text loses one leading space if it is a
+    // normal token (so [<s>, "▁Hello"] is "Hello"). A .model file: as libsentencepiece decodes (similar, but
+    // <unk> prints " ⁇ "). Throws tandem::Error for an id outside [0, n_vocab).
     std::string decode(const std::vector<int>& ids) const;
 
     // The raw piece text, e.g. "▁the", "<0x0A>", "<s>" (sentencepiece) or "Ġthe", "<|im_end|>" (BPE).
@@ -78,22 +86,31 @@ private:
     Tokenizer();
     // Loads serialized ModelProto bytes into sentencepiece; `source` names the file for error messages.
     void load(const std::string& serialized, const std::string& source);
+    // GGUF vocabularies: appends what token `id` renders as to `out`. `at_text_start` is true until a token has
+    // rendered text (then false); it drives the leading-space rule of decode().
+    void append_rendered(int id, bool& at_text_start, std::string& out) const;
     // Decodes without range checks (ids come from a caller that already checked them).
     std::string decode_unchecked(const std::vector<int>& ids) const;
     // Byte-level BPE: "gpt2" vocabularies.
     static std::unique_ptr<Tokenizer> from_gguf_bpe(const GgufFile& gguf);
-    // Indexes the tokens that encode() can match literally (see encode); `bpe_always_user_defined` marks the
-    // user-defined ones as matched even without parse_special.
-    void index_specials(bool bpe_always_user_defined);
+    // Indexes the tokens that encode() can match literally (see encode); `always_user_defined` marks the
+    // user-defined ones as matched even without parse_special (GGUF vocabularies, as llama.cpp does).
+    void index_specials(bool always_user_defined);
+    // The token attributes llama.cpp sets by general.name (see from_gguf).
+    void apply_name_rules(const GgufFile& gguf);
     // Plain text (no special tokens) to ids, appended.
     void encode_plain(std::string_view text, std::vector<int>& out) const;
 
+    // Exactly one of these is set: sp_ for a .model file, spm_ for a GGUF sentencepiece vocabulary, bpe_ for a
+    // GGUF byte-level BPE one.
     std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-    std::unique_ptr<BpeTokenizer> bpe_;  // set for byte-level BPE vocabularies (then sp_ is unused)
+    std::unique_ptr<SpmTokenizer> spm_;
+    std::unique_ptr<BpeTokenizer> bpe_;
     struct Special {
         std::string text;
         int id;
         bool always;  // matched even without parse_special
+        bool rstrip;  // the whitespace that follows it is dropped (llama.cpp's LLAMA_TOKEN_ATTR_RSTRIP)
     };
     std::vector<Special> specials_[256];  // by first byte, longest first
     std::vector<std::string> texts_;
@@ -102,8 +119,8 @@ private:
     std::string model_type_ = "llama";
     int bos_ = -1, eos_ = -1, unk_ = -1;
     bool add_bos_ = true, add_eos_ = false;
-    // A normal piece that decodes to non-empty text on its own. TokenStreamDecoder puts it in front of a
-    // continuation so that sentencepiece treats the first generated piece as mid-text (keeps its space).
+    // .model files: a normal piece that decodes to non-empty text on its own. TokenStreamDecoder puts it in front
+    // of a continuation so that sentencepiece treats the first generated piece as mid-text (keeps its space).
     int context_id_ = -1;
 };
 
@@ -112,11 +129,13 @@ private:
 // flush() is exactly what Tokenizer::decode would give (with `at_start`), and no result ever ends in the middle
 // of a UTF-8 character that later byte pieces could complete.
 //
-// How: sentencepiece decodes a small window of recent ids. The window starts with ids whose text was already
-// returned (the "prefix"); the new text is decode(window) minus decode(prefix). Because the prefix renders
-// non-empty text, sentencepiece does not drop the leading space of the pieces after it, and because it ends on
-// a complete character, later byte pieces cannot change how it renders. A trailing byte sequence that could
-// still become a valid character is held back until it completes or can no longer complete.
+// How, for GGUF vocabularies: each token's rendering is appended to a byte buffer, and the complete characters
+// at its front are returned; a trailing byte sequence that could still become a valid character is held back
+// until it completes or can no longer complete. For a .model file, libsentencepiece decodes a small window of
+// recent ids. The window starts with ids whose text was already returned (the "prefix"); the new text is
+// decode(window) minus decode(prefix). Because the prefix renders non-empty text, sentencepiece does not drop
+// the leading space of the pieces after it, and because it ends on a complete character, later byte pieces
+// cannot change how it renders; incomplete trailing byte sequences are held back in the same way.
 class TokenStreamDecoder {
 public:
     // `at_start`: true when the first pushed token begins the text (its leading space is dropped, as decode()
@@ -131,16 +150,17 @@ public:
 private:
     void reset();
     bool ends_in_incomplete_utf8() const;
-    // Byte-level BPE: returns the complete characters (and U+FFFD for bytes that cannot become one) at the front
-    // of pending_, keeping a trailing sequence that later bytes may still complete unless `final`.
-    std::string take_bpe(bool final);
+    // GGUF vocabularies: returns the complete characters (and U+FFFD for bytes that cannot become one) at the
+    // front of pending_, keeping a trailing sequence that later bytes may still complete unless `final`.
+    std::string take_bytes(bool final);
 
     const Tokenizer& tok_;
     bool at_start_;
     std::vector<int> window_;  // ids decoded together; the first prefix_len_ of them are already returned
     size_t prefix_len_ = 0;
     std::string prefix_text_;  // decode(window_[0, prefix_len_)), as sentencepiece renders it
-    std::string pending_;      // byte-level BPE: rendered bytes not returned yet (an incomplete character)
+    std::string pending_;      // GGUF vocabularies: rendered bytes not returned yet (an incomplete character)
+    bool text_start_ = true;   // GGUF vocabularies: no token has rendered text yet (see append_rendered)
 };
 
 }  // namespace tandem

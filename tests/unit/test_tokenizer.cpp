@@ -1,9 +1,11 @@
-// Tokenizer tests: the ModelProto serializer against real .model files, llama.cpp's 46 Llama-vocabulary cases,
-// the stories260K prompts and texts from llama2.c, the streaming decoder (byte pieces, invalid bytes, control
-// tokens, random sequences) and the errors a user can run into.
+// Tokenizer tests: the ModelProto serializer against real .model files, llama.cpp's 46 cases for the Llama 2 and
+// Phi-3 sentencepiece vocabularies, the stories260K prompts and texts from llama2.c, the streaming decoder (byte
+// pieces, invalid bytes, control tokens, random sequences) and the errors a user can run into.
 #include <doctest/doctest.h>
 #include <sentencepiece_processor.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -40,6 +42,12 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const std::string& name) {
 
 const Tokenizer& llama_vocab() {
     static const auto tok = gguf_tokenizer("ggml-vocab-llama-spm.gguf");
+    return *tok;
+}
+
+// Phi-3's vocabulary: Llama 2's pieces plus 64 added tokens; architecture phi3, which tandem does not run.
+const Tokenizer& phi3_vocab() {
+    static const auto tok = gguf_tokenizer("ggml-vocab-phi-3.gguf");
     return *tok;
 }
 
@@ -299,6 +307,65 @@ TEST_CASE("tokenizer llama-spm vocabulary: llama.cpp's 46 test cases encode exac
     CHECK(round_trips == 46);
 }
 
+TEST_CASE("tokenizer phi-3 vocabulary: llama.cpp's 46 test cases encode exactly, without its architecture") {
+    // The file declares architecture "phi3", which tandem has no forward pass for: from_gguf reads only the
+    // tokenizer metadata.
+    CHECK(GgufFile::open(kData + "/ggml-vocab-phi-3.gguf")->get_string("general.architecture") == "phi3");
+    const Tokenizer& tok = phi3_vocab();
+    CHECK(tok.n_vocab() == 32064);
+    CHECK(tok.bos() == 1);
+    CHECK(tok.eos() == 32000);  // <|endoftext|>
+    CHECK(tok.unk() == 0);      // "<unk>", which Phi-3's file types as a control token
+    CHECK(tok.is_control(0));
+    CHECK(tok.add_bos());
+    CHECK(tok.model_type() == "llama");
+    CHECK(tok.token_id("<|assistant|>") == 32001);
+    CHECK(tok.token_types()[32011] == 2);  // one of the 53 padding tokens typed "unknown"
+
+    const auto cases = read_vocab_cases(kData + "/ggml-vocab-phi-3.gguf");
+    CHECK(cases.size() == 46);
+    int round_trips = 0;
+    for (const VocabCase& c : cases) {
+        CAPTURE(c.text);
+        CHECK(tok.encode(c.text, false) == c.ids);
+        std::vector<int> with_bos = c.ids;
+        with_bos.insert(with_bos.begin(), 1);
+        CHECK(tok.encode(c.text, true) == with_bos);
+        CHECK(tok.encode(c.text, false, true) == c.ids);  // no special-token text in these inputs
+        CHECK(tok.decode(c.ids) == c.text);
+        round_trips += tok.decode(c.ids) == c.text;
+        CHECK(join(stream(tok, c.ids)) == c.text);
+    }
+    CHECK(round_trips == 46);
+}
+
+TEST_CASE("tokenizer phi-3: special tokens take the whitespace after them, as llama.cpp sets for Phi-3") {
+    // llama.cpp gives every special token of a model named "phi3"/"phi-3" the RSTRIP attribute except <unk>, <s>
+    // and <|endoftext|>, so Phi-3's chat markup "<|user|>\n...<|end|>\n<|assistant|>\n" loses its newlines.
+    const Tokenizer& tok = phi3_vocab();
+    const int user = tok.token_id("<|user|>"), end = tok.token_id("<|end|>"), assistant = tok.token_id("<|assistant|>");
+    REQUIRE(user == 32010);
+    std::vector<int> expected = {user};
+    for (int id : tok.encode("Hello there", false)) expected.push_back(id);
+    expected.push_back(end);
+    expected.push_back(assistant);
+    CHECK(tok.encode("<|user|>\n Hello there<|end|>\n\t <|assistant|>\n", false, true) == expected);
+    CHECK(tok.encode("<|user|>\n", false, true) == std::vector<int>{user});
+
+    // <s> keeps the whitespace after it, and so does every token of a vocabulary by another name (Llama 2's).
+    const auto after = [](const Tokenizer& t, int id, const std::string& text) {
+        std::vector<int> ids = {id};
+        for (int x : t.encode(text, false)) ids.push_back(x);
+        return ids;
+    };
+    CHECK(tok.encode("<s>\nHi", false, true) == after(tok, 1, "\nHi"));
+    CHECK(llama_vocab().encode("</s>\nHi", false, true) == after(llama_vocab(), 2, "\nHi"));
+    // Without parse_special, control tokens are text and nothing is stripped.
+    const std::vector<int> plain = tok.encode("<|user|>\nHi", false);
+    CHECK(std::find(plain.begin(), plain.end(), user) == plain.end());
+    CHECK(tok.decode(plain) == "<|user|>\nHi");
+}
+
 TEST_CASE("tokenizer stories260K: GGUF vocabulary and tok512.model give llama2.c's prompt ids") {
     const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
     REQUIRE(cases.size() >= 5);
@@ -438,7 +505,8 @@ TEST_CASE("tokenizer stream: control tokens and the leading-space rule") {
     check_both({hello, eos, eos, eos, eos, world}, "Hello world");
     check_both({space, hello}, " Hello");  // only the first leading space is dropped
     check_both({bos, space, space, hello}, "  Hello");
-    check_both({0, hello}, " \xE2\x81\x87  Hello");  // <unk> prints sentencepiece's unknown surface
+    check_both({0, hello}, "Hello");  // <unk> renders as nothing, as in llama.cpp, so "▁Hello" still comes first
+    check_both({hello, 0, world}, "Hello world");
 
     TokenStreamDecoder start(tok, true);
     CHECK(start.push(bos) == "");
@@ -551,19 +619,38 @@ TEST_CASE("tokenizer errors: inconsistent GGUF vocabularies") {
         const std::string message = load_error("byte", v);
         CHECK(message.find("<0xNN>") != std::string::npos);
     }
-    SUBCASE("no unknown token") {
+    SUBCASE("no unknown token: not needed while byte pieces cover every byte") {
         VocabSpec v;
         v.types[0] = 3;
-        const std::string message = load_error("nounk", v);
-        CHECK(message.find("no unknown token") != std::string::npos);
+        auto tok = Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("nounk", v)));
+        CHECK(tok->unk() == -1);
+        CHECK(tok->encode("h\xC3\xA9", false) == std::vector<int>{262, 3 + 0xC3, 3 + 0xA9});
+        // Without byte pieces either, a character the vocabulary lacks cannot be encoded: an error, not a crash.
+        for (int b = 0; b < 256; ++b) v.types[3 + b] = 1;
+        tok = Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("nounk_nobytes", v)));
+        CHECK(tok->encode("hi", false) == std::vector<int>{263});
+        const std::string message = error_of([&] { tok->encode("h\xC3\xA9", false); });
+        CHECK(message.find("cannot encode byte 0xC3") != std::string::npos);
     }
-    SUBCASE("duplicate pieces are rejected by sentencepiece, with the file named") {
+    SUBCASE("without byte pieces, a character falls back to <unk>") {
+        VocabSpec v;
+        for (int b = 0; b < 256; ++b) v.types[3 + b] = 1;
+        auto tok = Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("unk_fallback", v)));
+        CHECK(tok->unk() == 0);
+        CHECK(tok->encode("\xC3\xA9h", false) == std::vector<int>{259, 0, 0, 260});
+    }
+    SUBCASE("duplicate pieces, with the file named") {
         VocabSpec v;
         v.tokens[261] = "h";
         const std::string path = write_vocab_gguf("dup", v);
         const std::string message = error_of([&] { Tokenizer::from_gguf(*GgufFile::open(path)); });
         CHECK(message.find(path) != std::string::npos);
-        CHECK(message.find("sentencepiece rejected") != std::string::npos);
+        CHECK(message.find("duplicate token in the vocabulary: \"h\" has ids 260 and 261") != std::string::npos);
+    }
+    SUBCASE("a NaN score") {
+        VocabSpec v;
+        v.scores[262] = std::nanf("");
+        CHECK(load_error("nan", v).find("token 262 has a NaN score") != std::string::npos);
     }
     SUBCASE("an empty token") {
         VocabSpec v;
