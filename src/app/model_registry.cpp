@@ -20,6 +20,10 @@ const std::vector<KnownModel> kKnown = {
      "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"},
     {"smollm2-135m-instruct-q4_1", "smollm2-135m-instruct-q4_1.gguf", "small", 98362432ULL,
      "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"},
+    // Gemma 3 270M (base), a second model family; the Gemma Terms of Use apply. Not a default: default_target()
+    // and default_draft() name their models, and "small" is no default role.
+    {"gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m.gguf", "small", 253113024ULL,
+     "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"},
 };
 
 std::string human_size(uint64_t bytes) {

@@ -102,6 +102,15 @@ TEST_CASE("registry: defaults are the 1.5B target and the 0.5B draft") {
     CHECK(t->name == "qwen2.5-coder-1.5b-instruct-q4_k_m");
     CHECK(d->name == "qwen2.5-coder-0.5b-instruct-q4_k_m");
     CHECK(tandem::find_known_model("smollm2-135m-instruct-q4_1.gguf") != nullptr);  // the file name works too
+    // Gemma 3 270M is listed, but as neither default (the only "target" and "draft" roles are the Qwen models).
+    const tandem::KnownModel* gemma = tandem::find_known_model("gemma-3-270m-q4_k_m");
+    REQUIRE(gemma);
+    CHECK(gemma->role == "small");
+    for (const tandem::KnownModel& m : tandem::known_models()) {
+        CAPTURE(m.name);
+        if (m.role == "target") CHECK(m.name == tandem::default_target());
+        if (m.role == "draft") CHECK(m.name == tandem::default_draft());
+    }
     CHECK(tandem::find_known_model("no-such-model") == nullptr);
 }
 
