@@ -58,7 +58,7 @@ std::unique_ptr<Model> load_real(const std::string& name) {
 // llama-cpp-python 0.3.36's logits), so the number of prompts whose first 16 tokens agree is a noisy count. It is asserted for the fp32 path
 // (`min_full_agreement`) and printed for the 8-bit one, whose bug detector is the per-position near-tie check.
 void check_model(const std::string& name, const std::string& reference_file, cpu::Activations activations,
-                 int min_full_agreement) {
+                 int min_full_agreement, int min_cases = 9, bool assert_agreement = false) {
     auto model = load_real(name);
     const test::Json ref = test::Json::parse(read_text(kData + "/" + reference_file));
     const CpuKvType kv_type = activations == cpu::Activations::Int8 ? CpuKvType::F16 : CpuKvType::F32;
@@ -116,9 +116,9 @@ void check_model(const std::string& name, const std::string& reference_file, cpu
     table += summary;
     MESSAGE(table);
     std::fputs(table.c_str(), stderr);
-    CHECK(n_cases >= 9);
+    CHECK(n_cases >= min_cases);
     CHECK(n_ties <= n_positions / 20);
-    if (activations == cpu::Activations::Float) CHECK(n_agree16 >= min_full_agreement);
+    if (activations == cpu::Activations::Float || assert_agreement) CHECK(n_agree16 >= min_full_agreement);
 }
 
 }  // namespace
@@ -128,6 +128,16 @@ TEST_CASE("real: SmolLM2-135M greedy continuations agree with llama.cpp") {
     // near-ties early (every position is still checked above).
     check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json", cpu::Activations::Float, 4);
     check_model("smollm2-135m-instruct-q4_1", "llamacpp-smollm2-135m.json", cpu::Activations::Int8, 0);
+}
+
+TEST_CASE("real: Gemma 3 270M greedy continuations agree with llama.cpp") {
+    // A base model: llama.cpp's reference holds three raw prompts (64 tokens each), no chat. Gemma 3's block
+    // (sliding windows of 512 on 5 layers of 6, QK-norm, post-norms, GeGLU, scaled embeddings) on a real file.
+    // Measured here: the 8-bit path (tandem's default, and llama.cpp's own rounding) agrees on the first 16 tokens
+    // of 2 prompts of 3, all 64 of one; "Once upon a time" parts at position 4 on both paths, at a near-tie of
+    // 0.30-0.42 logits (SmolLM2-135M's narrow layers show margins up to 0.44 too); the fp32 path agrees on 1.
+    check_model("gemma-3-270m-q4_k_m", "llamacpp-gemma3-270m.json", cpu::Activations::Float, 1, 3);
+    check_model("gemma-3-270m-q4_k_m", "llamacpp-gemma3-270m.json", cpu::Activations::Int8, 2, 3, true);
 }
 
 TEST_CASE("real: Qwen2.5-Coder-0.5B greedy continuations agree with llama.cpp") {
