@@ -280,7 +280,7 @@ void Tokenizer::load(const std::string& serialized, const std::string& source) {
 }
 
 void Tokenizer::index_specials(bool always_user_defined) {
-    for (auto& bucket : specials_) bucket.clear();
+    special_trie_.assign(1, SpecialNode());
     for (int id = 0; id < n_vocab(); ++id) {
         const auto type = static_cast<spm::PieceType>(types_[id]);
         const std::string& text = texts_[id];
@@ -288,12 +288,26 @@ void Tokenizer::index_specials(bool always_user_defined) {
         // llama.cpp's special-token cache: control, user-defined and unknown tokens.
         if (type != spm::PieceType::CONTROL && type != spm::PieceType::USER_DEFINED && type != spm::PieceType::UNKNOWN)
             continue;
-        const bool always = always_user_defined && type == spm::PieceType::USER_DEFINED;
-        specials_[static_cast<unsigned char>(text[0])].push_back({text, id, always, false});
+        int node = 0;
+        for (const char c : text) {
+            const auto byte = static_cast<unsigned char>(c);
+            auto& children = special_trie_[static_cast<size_t>(node)].children;
+            const auto at = std::lower_bound(children.begin(), children.end(), std::make_pair(byte, 0),
+                                             [](const auto& a, const auto& b) { return a.first < b.first; });
+            if (at != children.end() && at->first == byte) {
+                node = at->second;
+            } else {
+                const int fresh = static_cast<int>(special_trie_.size());
+                children.insert(at, {byte, fresh});  // `children` is not used after the push_back below
+                special_trie_.emplace_back();
+                node = fresh;
+            }
+        }
+        SpecialNode& end = special_trie_[static_cast<size_t>(node)];
+        if (end.id >= 0) continue;  // two tokens with one text: the first one is the one matched
+        end.id = id;
+        end.always = always_user_defined && type == spm::PieceType::USER_DEFINED;
     }
-    for (auto& bucket : specials_)
-        std::stable_sort(bucket.begin(), bucket.end(),
-                         [](const Special& a, const Special& b) { return a.text.size() > b.text.size(); });
 }
 
 void Tokenizer::apply_name_rules(const GgufFile& gguf) {
@@ -304,8 +318,11 @@ void Tokenizer::apply_name_rules(const GgufFile& gguf) {
     std::transform(name.begin(), name.end(), name.begin(),
                    [](char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; });
     if (name.find("phi-3") == std::string::npos && name.find("phi3") == std::string::npos) return;
-    for (auto& bucket : specials_)
-        for (Special& s : bucket) s.rstrip = s.text != "<unk>" && s.text != "<s>" && s.text != "<|endoftext|>";
+    for (SpecialNode& node : special_trie_) {
+        if (node.id < 0) continue;
+        const std::string& text = texts_[static_cast<size_t>(node.id)];
+        node.rstrip = text != "<unk>" && text != "<s>" && text != "<|endoftext|>";
+    }
 }
 
 void Tokenizer::encode_plain(std::string_view text, std::vector<int>& out) const {
@@ -332,12 +349,21 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool par
     // every stretch the space prefix, which is also what llama.cpp does after a special token.
     size_t plain = 0;  // start of the text not yet tokenized
     for (size_t i = 0; i < text.size();) {
-        const Special* hit = nullptr;
-        for (const Special& s : specials_[static_cast<unsigned char>(text[i])]) {
-            if (!parse_special && !s.always) continue;
-            if (text.compare(i, s.text.size(), s.text) == 0) {
-                hit = &s;
-                break;
+        // The longest special token that starts at i and may be matched: walk the trie along the text.
+        const SpecialNode* hit = nullptr;
+        size_t hit_length = 0;
+        int node = 0;
+        for (size_t k = i; k < text.size(); ++k) {
+            const auto byte = static_cast<unsigned char>(text[k]);
+            const auto& children = special_trie_[static_cast<size_t>(node)].children;
+            const auto at = std::lower_bound(children.begin(), children.end(), std::make_pair(byte, 0),
+                                             [](const auto& a, const auto& b) { return a.first < b.first; });
+            if (at == children.end() || at->first != byte) break;
+            node = at->second;
+            const SpecialNode& here = special_trie_[static_cast<size_t>(node)];
+            if (here.id >= 0 && (parse_special || here.always)) {
+                hit = &here;
+                hit_length = k - i + 1;
             }
         }
         if (!hit) {
@@ -346,7 +372,7 @@ std::vector<int> Tokenizer::encode(std::string_view text, bool add_bos, bool par
         }
         encode_plain(text.substr(plain, i - plain), ids);
         ids.push_back(hit->id);
-        i += hit->text.size();
+        i += hit_length;
         if (hit->rstrip)  // the whitespace after it goes with it (llama.cpp: isspace in the C locale)
             while (i < text.size() && (text[i] == ' ' || (text[i] >= '\t' && text[i] <= '\r'))) ++i;
         plain = i;

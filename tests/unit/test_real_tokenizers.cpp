@@ -121,6 +121,8 @@ TEST_CASE("real: tokenizer of Gemma 3 270M matches llama.cpp") {
     for (int id : tok->encode("model", false)) expected.push_back(id);
     expected.push_back(newline);
     CHECK(tok->encode("<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n", true, true) == expected);
+    // Runs of newlines are user-defined tokens of 1 to 31 newlines (ids 107 to 137): the longest first.
+    CHECK(tok->encode(std::string(40, '\n'), false) == std::vector<int>{137, 115});
     const std::vector<int> plain = tok->encode("<start_of_turn>user", false);
     CHECK(std::find(plain.begin(), plain.end(), start) == plain.end());
     CHECK(tok->decode(plain) == "<start_of_turn>user");

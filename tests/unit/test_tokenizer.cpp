@@ -366,6 +366,24 @@ TEST_CASE("tokenizer phi-3: special tokens take the whitespace after them, as ll
     CHECK(tok.decode(plain) == "<|user|>\nHi");
 }
 
+TEST_CASE("tokenizer: the longest special token that may be matched wins") {
+    // "hh" is user-defined (split off always, as llama.cpp does), "hhi" a control token (only with parse_special):
+    // without parse_special the match must fall back from "hhi" to "hh".
+    VocabSpec v;
+    v.tokens.push_back("hh");
+    v.scores.push_back(0);
+    v.types.push_back(4);
+    v.tokens.push_back("hhi");
+    v.scores.push_back(0);
+    v.types.push_back(3);
+    const auto tok = Tokenizer::from_gguf(*GgufFile::open(write_vocab_gguf("specials", v)));
+    const std::vector<int> plain = tok->encode("hhih", false);
+    CHECK(plain == std::vector<int>{264, 259, 261, 260});  // "hh", then "▁ih" (the space prefix follows it)
+    CHECK(tok->encode("hhih", false, true) == std::vector<int>{265, 262});  // "hhi", then "▁h"
+    CHECK(tok->encode("hxhh", false) == std::vector<int>{262, 3 + 'x', 264});
+    CHECK(tok->decode(plain) == "hh ih");  // user-defined text as stored; the prefix space is not the first text
+}
+
 TEST_CASE("tokenizer stories260K: GGUF vocabulary and tok512.model give llama2.c's prompt ids") {
     const auto cases = test::read_greedy_reference(kData + "/stories260K-greedy.txt");
     REQUIRE(cases.size() >= 5);
