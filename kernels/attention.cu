@@ -53,12 +53,13 @@ __device__ __forceinline__ void combine_splits(const AttentionArgs& a, int tok, 
     float M = -INFINITY;
     for (int s = 0; s < used; ++s)
         M = fmaxf(M, __ldcg(partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd)));
+    // (Splits before a sliding window are empty, m = -inf; at least one split holds keys, so M is finite.)
     for (int d = d0; d < hd; d += step) {
         float L = 0.0f, A = 0.0f;
         for (int s = 0; s < used; ++s) {
             const float* p = partial(a.workspace, tok, head, s, a.n_heads, n_splits, hd);
             const float m = __ldcg(p);
-            if (m == -INFINITY) continue;  // cannot happen (every used split has a key); kept as a guard
+            if (m == -INFINITY) continue;  // a split wholly before a sliding window: no keys
             const float w = expf(m - M);
             L += __ldcg(p + 1) * w;
             A += __ldcg(p + 2 + d) * w;
@@ -98,12 +99,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, hd = a.head_dim;
     const int kv_dim = a.n_kv_heads * hd, kv_head = head / (a.n_heads / a.n_kv_heads);
     const int n_keys = start_position(a) + tok + 1;
-    const int begin = split * a.split_size;
+    const int split_begin = split * a.split_size;
     // A split past this token's last key: the grid is sized for the call's last token (or, replayed from a graph,
     // for a bound on the position), and the combine kernel reads only the splits that hold keys.
-    if (begin >= n_keys) return;
-    const int end = begin + a.split_size < n_keys ? begin + a.split_size : n_keys;
-    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    if (split_begin >= n_keys) return;
+    const int end = split_begin + a.split_size < n_keys ? split_begin + a.split_size : n_keys;
+    // A sliding window starts the keys later: a split wholly before it reads nothing and leaves the empty partial
+    // (m = -inf, l = 0), which the combine skips.
+    const int first_key = a.window > 0 && n_keys - a.window > 0 ? n_keys - a.window : 0;
+    const int begin = split_begin > first_key ? split_begin : first_key;
+    const float scale = a.scale != 0.0f ? a.scale : 1.0f / sqrtf(static_cast<float>(hd));
     const size_t row_bytes = Q8 ? static_cast<size_t>(kv_dim / 32) * 34 : static_cast<size_t>(kv_dim) * 2;
     const uint8_t* k_rows = static_cast<const uint8_t*>(a.k_cache);
     const uint8_t* v_rows = static_cast<const uint8_t*>(a.v_cache);

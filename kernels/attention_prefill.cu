@@ -5,7 +5,8 @@
 // tiles of BK: the K and V rows of the tile are staged in shared memory as the cache holds them (fp16 halves, or
 // Q8_0's int8 codes beside the fp32 scales of the blocks the head touches; the kv head indexed, not copied), then
 // three phases separated by barriers:
-//   scores  S[q][k] = (q . k) / sqrt(head_dim), -inf where the key is after the query (causal mask);
+//   scores  S[q][k] = scale * (q . k), -inf where the key is after the query (causal mask) or before its sliding
+//           window;
 //   softmax one thread per query row: running max m, correction exp(m_old - m_new), P = exp(S - m_new) in place,
 //           running sum l;
 //   output  warp w owns queries w, w + 4, ..., lane l the dims l + 32j: acc = acc * correction + P . V.
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     const int n_q = a.n_tokens - q0 < BQ ? a.n_tokens - q0 : BQ;
     const int q_dim = a.n_heads * hd, kv_dim = a.n_kv_heads * hd;
     const int kv_head = head / (a.n_heads / a.n_kv_heads);
-    const float scale = 1.0f / sqrtf(static_cast<float>(hd));
+    const float scale = a.scale != 0.0f ? a.scale : 1.0f / sqrtf(static_cast<float>(hd));
     const int first_pos = a.start_pos + q0;     // position of the tile's query 0
     const int n_keys = first_pos + n_q;         // keys 0..(last query's position)
     const size_t row_bytes = Q8 ? static_cast<size_t>(kv_dim / 32) * 34 : static_cast<size_t>(kv_dim) * 2;
@@ -79,11 +80,16 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
 
     const uint8_t* k_rows = static_cast<const uint8_t*>(a.k_cache);
     const uint8_t* v_rows = static_cast<const uint8_t*>(a.v_cache);
-    for (int k0 = 0; k0 < n_keys; k0 += BK) {
+    // A sliding window: key tiles wholly before the tile's first query's window are skipped. Tiles start at multiples
+    // of BK either way, so a query meets the same tiles whatever its query tile.
+    const int first_key = a.window > 0 && first_pos - a.window + 1 > 0 ? first_pos - a.window + 1 : 0;
+    for (int k0 = first_key / BK * BK; k0 < n_keys; k0 += BK) {
         __syncthreads();  // the previous tile's readers are done (first tile: Q and the row state are written)
         for (int i = tid; i < BK * HD; i += kThreads) {
             const int kk = i / HD, d = i % HD;
-            const bool in = k0 + kk < n_keys && d < hd;
+            // Rows before the tile's first window are staged as zeros, as those past its last key: no query reads
+            // them (their scores are masked), and P = 0 times a zero stays zero whatever the cache holds there.
+            const bool in = k0 + kk >= first_key && k0 + kk < n_keys && d < hd;
             const size_t row = static_cast<size_t>(k0 + kk) * row_bytes;
             const int e = kv_head * hd + d;  // the element's index in the row
             if constexpr (Q8) {
@@ -101,7 +107,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             // codes are 0 too, and nothing reads a NaN.
             for (int i = tid; i < BK * NB; i += kThreads) {
                 const int kk = i / NB, b = first_block + i % NB;
-                const bool in = k0 + kk < n_keys && b < kv_dim / 32;
+                const bool in = k0 + kk >= first_key && k0 + kk < n_keys && b < kv_dim / 32;
                 const size_t off = static_cast<size_t>(k0 + kk) * row_bytes + static_cast<size_t>(b) * 34;
                 k_scale[i] = in ? detail::load_half(k_rows + off) : 0.0f;
                 v_scale[i] = in ? detail::load_half(v_rows + off) : 0.0f;
@@ -110,11 +116,11 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
         __syncthreads();
         for (int i = tid; i < BQ * BK; i += kThreads) {
             const int qi = i / BK, kk = i % BK;
-            // Rows past the chunk take the mask of its last query: every row then has key 0, so m is finite after
-            // the first tile and no row ever computes exp(-inf - -inf).
+            // Rows past the chunk take the mask of its last query. (Without a window every row then has key 0, so m
+            // is finite after the first tile; with one, the softmax phase guards the rows without a key yet.)
             const int q_pos = first_pos + (qi < n_q ? qi : n_q - 1);
             float s = -INFINITY;
-            if (k0 + kk <= q_pos) {
+            if (k0 + kk <= q_pos && (a.window <= 0 || q_pos - (k0 + kk) < a.window)) {
                 const float* qr = q_tile + qi * QS;
                 float dot = 0.0f;
 #pragma unroll 8
@@ -130,11 +136,13 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             float m_new = m_old;
             for (int kk = 0; kk < BK; ++kk) m_new = fmaxf(m_new, sr[kk]);
             // A tile wholly after this row's query: m_new == m_old, correction exp(0) = 1 and P = 0, so the state
-            // is left bitwise unchanged (which makes a query's result independent of its tile).
-            const float correction = expf(m_old - m_new);
+            // is left bitwise unchanged (which makes a query's result independent of its tile). A tile wholly before
+            // its window, before any key of it (m_new == -inf): the same, without computing exp(-inf - -inf).
+            const bool none = m_new == -INFINITY;
+            const float correction = none ? 1.0f : expf(m_old - m_new);
             float sum = 0.0f;
             for (int kk = 0; kk < BK; ++kk) {
-                const float p = expf(sr[kk] - m_new);
+                const float p = none ? 0.0f : expf(sr[kk] - m_new);
                 sr[kk] = p;
                 sum += p;
             }

@@ -1,5 +1,5 @@
-// Small elementwise kernels of the forward pass that no other family owns: the Q/K/V bias add (qwen2) and the
-// column fill that writes -inf over the logits a restricted output leaves out.
+// Small elementwise kernels of the forward pass that no other family owns: the Q/K/V bias add (qwen2), the scale
+// of the token embeddings (gemma) and the column fill that writes -inf over the logits a restricted output leaves out.
 #include "common.cuh"
 
 namespace tandem::cuda {
@@ -14,6 +14,12 @@ __global__ void __launch_bounds__(kThreads) add_bias_kernel(float* __restrict__ 
     const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
         rows[i] += bias[i % width];
+}
+
+__global__ void __launch_bounds__(kThreads) scale_kernel(float* __restrict__ x, int64_t n, float factor) {
+    detail::wait_for_inputs();
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= factor;
 }
 
 // One grid-stride loop over n_rows × (end - begin) elements.
@@ -42,6 +48,13 @@ void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, fl
     detail::launch_kernel("fill_columns_kernel", fill_columns_kernel,
                           dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)), dim3(kThreads), 0, stream, rows,
                           stride, begin, end - begin, n, value);
+}
+
+void scale(float* x, int64_t n, float factor, Stream stream) {
+    detail::require(n > 0, "scale: empty vector");
+    const int64_t blocks = (n + kThreads - 1) / kThreads;
+    detail::launch_kernel("scale_kernel", scale_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
+                          dim3(kThreads), 0, stream, x, n, factor);
 }
 
 }  // namespace tandem::cuda

@@ -27,6 +27,9 @@ void rms_norm(const float* x, const float* weight, float* out, int rows, int col
 void add_rms_norm(float* x, const float* residual, const float* weight, float* out, int rows, int cols, float eps,
                   Stream stream, GgmlType q8_for = GgmlType::F32, void* xq = nullptr);
 
+// In place: x[r] = weight * (x[r] / sqrt(mean(x[r]^2) + eps)) for rows of cols <= 256 floats, one weight row for all
+// (QK-norm: rows = tokens x heads, cols = head_dim).
+void rms_norm_in_place(float* x, const float* weight, int rows, int cols, float eps, Stream stream);
 // ---- SwiGLU (swiglu.cu) ---------------------------------------------------------------------------------------------
 // out[i] = silu(gate[i]) * up[i]; out may alias gate. xq, when set (4-byte aligned; out 16-byte aligned, n whole
 // blocks): out also quantized for the 8-bit matvec route of type q8_for, bitwise quantize_activations of it (rows
@@ -34,9 +37,13 @@ void add_rms_norm(float* x, const float* residual, const float* weight, float* o
 void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream stream, GgmlType q8_for = GgmlType::F32,
             void* xq = nullptr);
 
+// out[i] = gelu(gate[i]) * up[i], GELU's tanh approximation (gemma's GeGLU); out may alias gate.
+void geglu(const float* gate, const float* up, float* out, int64_t n, Stream stream);
 // ---- bias add, column fill (elementwise.cu) -------------------------------------------------------------------------
 // rows[r][j] += bias[j] for r < n_rows, j < width (the Q/K/V biases of qwen2).
 void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream);
+// x[i] *= factor for i < n (gemma's sqrt(dim) on the token embeddings).
+void scale(float* x, int64_t n, float factor, Stream stream);
 // rows[r][j] = value for r < n_rows, begin <= j < end, rows `stride` floats apart (-inf for the logits that
 // restricted logits leave out).
 void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, float value, Stream stream);
@@ -243,9 +250,9 @@ struct RopeKvArgs {
     const float* v;           // [n_tokens][n_kv_heads * head_dim], copied into v_cache
     void* k_cache;            // this layer's cache: [capacity] rows of kv_row_bytes(kv_type, kv_dim)
     void* v_cache;
-    const float* inv_freq;    // [rope_dim / 2]: theta^(-2i/rope_dim), computed in double, rounded to float
+    const float* inv_freq;    // [rope_dim / 2]: ModelConfig::rope_inv_freq (theta^(-2i/rope_dim), ...) as floats
     int n_tokens, start_pos;  // token i is at position start_pos + i
-    int n_heads, n_kv_heads, head_dim, rope_dim;
+    int n_heads, n_kv_heads, head_dim, rope_dim;  // rope_dim 0 (rope_kv_write only): no rotation, the cache write
     RopeMode mode;
     KvType kv_type = KvType::F16;
     // CUDA graphs: when set, the kernel reads the start position from this device int when it runs (and ignores
@@ -283,6 +290,9 @@ struct AttentionArgs {
     int n_heads, n_kv_heads, head_dim;
     int split_size;            // key positions per split (> 0)
     KvType kv_type = KvType::F16;
+    float scale = 0.0f;  // scores = scale * q.k; 0: 1 / sqrt(head_dim)
+    // > 0: a query at position p sees only the keys at p - window + 1 .. p (a sliding-window layer); 0: all before it.
+    int window = 0;
     // CUDA graphs (attention only; attention_prefill ignores it): when set, the start position is read from this
     // device int when the kernels run, and start_pos is only a bound it never exceeds: the grid (and the workspace)
     // is sized for start_pos, and splits past a token's last key return at once. A captured launch then replays

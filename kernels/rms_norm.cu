@@ -136,6 +136,31 @@ void launch_norm(float* x, const float* residual, const float* weight, float* ou
                rms_norm_vec_kernel<kAddResidual, 4>, block);
 }
 
+// QK-norm: each row (a token's head) normed in place, one block per row. x is read into registers before the
+// reduction's barrier and written after it, so reading and writing the same row needs no second buffer.
+constexpr int kInPlaceThreads = 64;
+constexpr int kInPlaceMaxPerThread = 4;  // rows of up to 256 floats
+__global__ void __launch_bounds__(kInPlaceThreads)
+    rms_norm_in_place_kernel(float* x, const float* __restrict__ weight, int cols, float eps) {
+    detail::wait_for_inputs();
+    TANDEM_SHARED(float, scratch, 32);
+    float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
+    float v[kInPlaceMaxPerThread];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kInPlaceMaxPerThread; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + k * kInPlaceThreads;
+        v[k] = i < cols ? xr[i] : 0.0f;
+        ss += v[k] * v[k];
+    }
+    const float scale = norm::inverse_rms(detail::block_sum(ss, scratch), cols, eps);
+#pragma unroll
+    for (int k = 0; k < kInPlaceMaxPerThread; ++k) {
+        const int i = static_cast<int>(threadIdx.x) + k * kInPlaceThreads;
+        if (i < cols) xr[i] = weight[i] * (scale * v[k]);
+    }
+}
+
 }  // namespace
 
 void rms_norm(const float* x, const float* weight, float* out, int rows, int cols, float eps, Stream stream,
@@ -151,6 +176,13 @@ void add_rms_norm(float* x, const float* residual, const float* weight, float* o
     detail::require(rows > 0 && cols > 0, "add_rms_norm: empty shape");
     const norm::QuantOut q = norm::quant_out(q8_for, xq, cols);
     launch_norm<true>(x, residual, weight, out, rows, cols, eps, q, stream);
+}
+
+void rms_norm_in_place(float* x, const float* weight, int rows, int cols, float eps, Stream stream) {
+    detail::require(rows > 0 && cols > 0 && cols <= kInPlaceThreads * kInPlaceMaxPerThread,
+                    "rms_norm_in_place: rows must be 1..256 floats wide");
+    detail::launch_kernel("rms_norm_in_place_kernel", rms_norm_in_place_kernel, dim3(rows), dim3(kInPlaceThreads), 0,
+                          stream, x, weight, cols, eps);
 }
 
 }  // namespace tandem::cuda

@@ -76,7 +76,7 @@ __device__ __forceinline__ void k_pair_f16(const RopeKvArgs& a, const float* k_r
 inline void check_args(const RopeKvArgs& a) {
     detail::require(a.n_tokens > 0 && a.start_pos >= 0 && a.n_heads > 0 && a.n_kv_heads > 0 && a.head_dim > 0,
                     "rope_kv_write: bad shape");
-    detail::require(a.rope_dim % 2 == 0 && a.rope_dim > 0 && a.rope_dim <= a.head_dim,
+    detail::require(a.rope_dim % 2 == 0 && a.rope_dim >= 0 && a.rope_dim <= a.head_dim,
                     "rope_kv_write: rope_dim must be even and <= head_dim");
     detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
                     "rope_kv_write: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");

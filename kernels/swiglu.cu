@@ -17,6 +17,19 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// GeGLU (gemma): gelu(gate) * up with GELU's tanh approximation, as the CPU backend computes it (vec_math.h geglu):
+// g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3))) * u.
+__global__ void __launch_bounds__(kThreads)
+    geglu_kernel(const float* gate, const float* __restrict__ up, float* out, int64_t n) {
+    detail::wait_for_inputs();
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float g = gate[i];
+        const float inner = g * (1.0f + 0.044715f * (g * g));
+        out[i] = g / (1.0f + expf(-1.5957691216057308f * inner)) * up[i];
+    }
+}
+
 // With the quantized output: one warp per activation block, each lane computing the elements the quantizer has it
 // read (Q8_1: element j; Q8_K: elements 8l..8l+7), then the warp quantizing the block.
 using q8::kQuantWarps;
@@ -54,6 +67,13 @@ void swiglu(const float* gate, const float* up, float* out, int64_t n, Stream st
     const int64_t blocks = (n + kThreads - 1) / kThreads;
     // Capped: a grid-stride loop covers the rest, and the grid stays small enough for any n.
     detail::launch_kernel("swiglu_kernel", swiglu_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
+                          dim3(kThreads), 0, stream, gate, up, out, n);
+}
+
+void geglu(const float* gate, const float* up, float* out, int64_t n, Stream stream) {
+    detail::require(n > 0, "geglu: empty vector");
+    const int64_t blocks = (n + kThreads - 1) / kThreads;
+    detail::launch_kernel("geglu_kernel", geglu_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
                           dim3(kThreads), 0, stream, gate, up, out, n);
 }
 

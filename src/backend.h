@@ -20,10 +20,13 @@ public:
     // Positions 0..n_committed()-1 hold valid keys and values.
     int n_committed() const { return n_committed_; }
     int capacity() const { return capacity_; }
-    // Forgets every position from n on (no-op when n >= n_committed()).
+    // Forgets every position from n on (no-op when n >= n_committed()). A cache that cannot resume at n forgets more
+    // (a sliding-window ring that no longer holds the window before n starts over from 0): callers that cut back far,
+    // such as a chat that re-renders its conversation, read n_committed() afterwards. Cutting back by at most a step
+    // and a speculative rollback always keeps n.
     void truncate(int n) {
         assert(n >= 0);
-        if (n < n_committed_) n_committed_ = n;
+        if (n < n_committed_) n_committed_ = resumable(n);
     }
     // Called by the backend after it wrote `n` more positions.
     void commit_appended(int n) {
@@ -33,6 +36,9 @@ public:
 
 protected:
     explicit KvCache(int capacity) : capacity_(capacity) {}
+    // The position a cut back to n < n_committed() resumes at (n, or less where n cannot be kept); the cache may
+    // update what it tracks of its contents.
+    virtual int resumable(int n) { return n; }
 
 private:
     int n_committed_ = 0;

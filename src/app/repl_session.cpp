@@ -93,10 +93,8 @@ std::vector<int> ChatSession::sync_caches(const std::vector<int>& target, int* n
     while (common < cached_.size() && common < target.size() && cached_[common] == target[common]) ++common;
     // The Generator needs at least one token to prefill: that forward gives the logits of the first answer token.
     if (common == target.size()) --common;
-    cache_.truncate(static_cast<int>(common));
-    cached_.resize(common);
     // The draft's cache keeps the prefix it shares; the Generator catches it up from cached_ only if it drafts.
-    if (draft_.cache) draft_.cache->truncate(static_cast<int>(common));
+    common = cut_caches_back(common);
     *n_reused = static_cast<int>(common);
     return std::vector<int>(target.begin() + static_cast<std::ptrdiff_t>(common), target.end());
 }
@@ -110,9 +108,23 @@ void ChatSession::rollback_to_conversation() {
     }
     size_t common = 0;
     while (common < cached_.size() && common < target.size() && cached_[common] == target[common]) ++common;
-    cache_.truncate(static_cast<int>(common));
-    cached_.resize(common);
-    if (draft_.cache) draft_.cache->truncate(static_cast<int>(common));
+    cut_caches_back(common);
+}
+
+size_t ChatSession::cut_caches_back(size_t n) {
+    // A cache may keep less than asked (a sliding-window ring that no longer holds the window before n starts over):
+    // both caches and cached_ end at what both kept.
+    size_t kept = n;
+    for (bool agreed = false; !agreed;) {
+        cache_.truncate(static_cast<int>(kept));
+        if (draft_.cache) draft_.cache->truncate(static_cast<int>(kept));
+        size_t now = std::min(kept, static_cast<size_t>(cache_.n_committed()));
+        if (draft_.cache) now = std::min(now, static_cast<size_t>(draft_.cache->n_committed()));
+        agreed = now == kept;
+        kept = now;
+    }
+    cached_.resize(std::min(cached_.size(), kept));
+    return kept;
 }
 
 TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit) {
@@ -160,10 +172,8 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
     std::vector<int> full = target;
     full.insert(full.end(), report.stats.generated.begin(), report.stats.generated.end());
     const int held = std::min(cache_.n_committed(), static_cast<int>(full.size()));
-    cache_.truncate(held);
-    full.resize(static_cast<size_t>(held));
     cached_ = std::move(full);
-    if (draft_.cache) draft_.cache->truncate(held);
+    cut_caches_back(static_cast<size_t>(held));
 
     report.interrupted = report.stats.stop == StopReason::OutputClosed;
     report.answer = text;

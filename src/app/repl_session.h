@@ -75,6 +75,9 @@ private:
     // Rolls both caches back to the longest common prefix with `target`; returns the tokens to prefill.
     std::vector<int> sync_caches(const std::vector<int>& target, int* n_reused);
     void rollback_to_conversation();
+    // Cuts both caches back to the first n tokens of cached_ (or fewer, where a cache cannot resume at n); returns
+    // the count both kept, to which cached_ is cut too.
+    size_t cut_caches_back(size_t n);
 
     const Model& model_;
     Generator& generator_;

@@ -33,18 +33,61 @@ namespace tandem {
 // 2,557-token prompt ran at 90 tokens/s against 136 with tiles of at most 4.
 namespace {
 constexpr int kMaxQueryTile = 4;
+// Positions a sliding-window layer's ring keeps beyond its window and one step, for truncates (CpuKvCache): more
+// than any speculative rollback (a verification of at most 64 drafted tokens, or a draft's own run).
+constexpr int kRingRollback = 128;
 }  // namespace
 
-CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type, int n_kv_heads)
+CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type, int n_kv_heads,
+                       const std::vector<int>& windows, int ring_margin)
     : KvCache(capacity),
       kv_dim_(check_kv_width(kv_dim, type)),
       type_(type),
       slabs_(n_kv_heads > 1 && kv_dim % n_kv_heads == 0 &&
                      (type != CpuKvType::Q8_0 || (kv_dim / n_kv_heads) % 32 == 0)
                  ? n_kv_heads
-                 : 1),
-      k_(new uint8_t[static_cast<size_t>(n_layers) * capacity * row_bytes(kv_dim, type)]),
-      v_(new uint8_t[static_cast<size_t>(n_layers) * capacity * row_bytes(kv_dim, type)]) {}
+                 : 1) {
+    for (int l = 0; l < n_layers; ++l) {
+        const int window = static_cast<size_t>(l) < windows.size() ? windows[static_cast<size_t>(l)] : 0;
+        const int64_t ring = window > 0 ? static_cast<int64_t>(window) + std::max(ring_margin, 1) : 0;
+        const bool use_ring = window > 0 && ring + window < capacity;
+        window_.push_back(use_ring ? window : 0);
+        ring_.push_back(use_ring ? static_cast<int>(ring) : 0);
+        layer_slots_.push_back(use_ring ? static_cast<size_t>(ring + window) : static_cast<size_t>(capacity));
+        layer_first_.push_back(total_slots_ * static_cast<size_t>(slabs_));
+        total_slots_ += layer_slots_.back();
+        intact_from_.push_back(0);
+    }
+    const size_t bytes = total_slots_ * row_bytes(kv_dim, type);
+    k_.reset(new uint8_t[bytes]);
+    v_.reset(new uint8_t[bytes]);
+}
+
+void CpuKvCache::check_window_reach(int start) const {
+    for (size_t l = 0; l < ring_.size(); ++l)  // the step's first token needs its window's positions before it
+        if (ring_[l] > 0 && start > 0 && intact_from_[l] > std::max(0, start - window_[l] + 1))
+            throw Error("the KV cache resumes at position " + std::to_string(start) + ", but layer " +
+                        std::to_string(l) + "'s sliding-window ring holds positions from " +
+                        std::to_string(intact_from_[l]) + " on only");
+}
+
+void CpuKvCache::note_written(int start, int end) {
+    (void)start;
+    for (size_t l = 0; l < ring_.size(); ++l)
+        if (ring_[l] > 0) intact_from_[l] = std::max(intact_from_[l], end - ring_[l]);
+}
+
+int CpuKvCache::resumable(int n) {
+    bool keeps = true;
+    for (size_t l = 0; l < ring_.size(); ++l) {
+        if (ring_[l] == 0) continue;
+        intact_from_[l] = std::min(intact_from_[l], n);  // nothing from n on counts any more
+        if (n > 0 && intact_from_[l] > std::max(0, n - window_[l] + 1)) keeps = false;
+    }
+    if (keeps) return n;
+    std::fill(intact_from_.begin(), intact_from_.end(), 0);  // starting over: every ring is empty and intact
+    return 0;
+}
 
 int CpuKvCache::check_kv_width(int kv_dim, CpuKvType type) {
     if (type == CpuKvType::Q8_0 && kv_dim % 32 != 0)
@@ -53,26 +96,31 @@ int CpuKvCache::check_kv_width(int kv_dim, CpuKvType type) {
     return kv_dim;
 }
 
-void CpuKvCache::store(int layer, int pos, const float* key, const float* value) {
+void CpuKvCache::store_row(uint8_t* dst, const float* src) const {
     const int width = slab_width();
+    if (type_ == CpuKvType::F32) {
+        std::memcpy(dst, src, slab_row_bytes());
+    } else if (type_ == CpuKvType::Q8_0) {  // ggml's Q8_0 rounding, the blocks the CUDA backend's q8_0 cache holds
+        cpu::quantize_row(GgmlType::Q8_0, src, dst, width);
+    } else {
+        auto* d16 = reinterpret_cast<uint16_t*>(dst);
+        for (int j = 0; j < width; ++j) d16[j] = fp32_to_fp16(src[j]);
+    }
+}
+
+void CpuKvCache::store(int layer, int pos, const float* key, const float* value) {
+    const int width = slab_width(), at = slot(layer, pos);
+    const size_t l = static_cast<size_t>(layer);
+    // A ring's first `window` slots are mirrored after it (see the constructor's comment).
+    const int mirror = ring_[l] > 0 && at < window_[l] ? at + ring_[l] : -1;
     for (int s = 0; s < slabs_; ++s) {
-        uint8_t* k = k_.get() + offset(layer, s, pos);
-        uint8_t* v = v_.get() + offset(layer, s, pos);
         const float* ks = key + static_cast<size_t>(s) * width;
         const float* vs = value + static_cast<size_t>(s) * width;
-        if (type_ == CpuKvType::F32) {
-            std::memcpy(k, ks, slab_row_bytes());
-            std::memcpy(v, vs, slab_row_bytes());
-        } else if (type_ == CpuKvType::Q8_0) {  // ggml's Q8_0 rounding, the blocks the CUDA backend's q8_0 cache holds
-            cpu::quantize_row(GgmlType::Q8_0, ks, k, width);
-            cpu::quantize_row(GgmlType::Q8_0, vs, v, width);
-        } else {
-            auto* k16 = reinterpret_cast<uint16_t*>(k);
-            auto* v16 = reinterpret_cast<uint16_t*>(v);
-            for (int j = 0; j < width; ++j) {
-                k16[j] = fp32_to_fp16(ks[j]);
-                v16[j] = fp32_to_fp16(vs[j]);
-            }
+        store_row(k_.get() + offset(layer, s, at), ks);
+        store_row(v_.get() + offset(layer, s, at), vs);
+        if (mirror >= 0) {
+            std::memcpy(k_.get() + offset(layer, s, mirror), k_.get() + offset(layer, s, at), slab_row_bytes());
+            std::memcpy(v_.get() + offset(layer, s, mirror), v_.get() + offset(layer, s, at), slab_row_bytes());
         }
     }
 }
@@ -81,16 +129,17 @@ std::vector<uint8_t> CpuKvCache::position_bytes(int layer, int pos, bool key) co
     std::vector<uint8_t> row(row_bytes());
     for (int s = 0; s < slabs_; ++s)
         std::memcpy(row.data() + static_cast<size_t>(s) * slab_row_bytes(),
-                    (key ? k_ : v_).get() + offset(layer, s, pos), slab_row_bytes());
+                    (key ? k_ : v_).get() + offset(layer, s, slot(layer, pos)), slab_row_bytes());
     return row;
 }
 
 bool CpuKvCache::same_position(const CpuKvCache& other, int layer, int pos) const {
     if (other.kv_dim_ != kv_dim_ || other.type_ != type_ || other.slabs_ != slabs_) return false;
+    const int at = slot(layer, pos), other_at = other.slot(layer, pos);
     for (int s = 0; s < slabs_; ++s)
-        if (std::memcmp(k_.get() + offset(layer, s, pos), other.k_.get() + other.offset(layer, s, pos),
+        if (std::memcmp(k_.get() + offset(layer, s, at), other.k_.get() + other.offset(layer, s, other_at),
                         slab_row_bytes()) != 0 ||
-            std::memcmp(v_.get() + offset(layer, s, pos), other.v_.get() + other.offset(layer, s, pos),
+            std::memcmp(v_.get() + offset(layer, s, at), other.v_.get() + other.offset(layer, s, other_at),
                         slab_row_bytes()) != 0)
             return false;
     return true;
@@ -183,7 +232,12 @@ std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
         scores_stride_ = n_ctx;
         scores_.assign(static_cast<size_t>(pool_.size()) * kMaxQueryTile * n_ctx, 0.0f);
     }
-    return std::make_unique<CpuKvCache>(c.n_layers, n_ctx, c.kv_dim(), kv_type_, c.n_kv_heads);
+    // Windowed layers keep rings: a margin of one step's tokens plus the deepest rollback speculative decoding makes
+    // (a verification or a draft's run, at most kRingRollback positions).
+    std::vector<int> windows;
+    for (const LayerAttention& l : c.layers) windows.push_back(l.window);
+    return std::make_unique<CpuKvCache>(c.n_layers, n_ctx, c.kv_dim(), kv_type_, c.n_kv_heads, windows,
+                                        max_batch_ + kRingRollback);
 }
 
 namespace {
@@ -522,6 +576,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
     const int n = static_cast<int>(tokens.size());
     const int start_pos = cache.n_committed();
     const int dim = c.dim, kv_dim = c.kv_dim(), q_dim = c.q_dim(), hidden = c.hidden_dim;
+    cache.check_window_reach(start_pos);
 
     for (int i = 0; i < n; ++i) {
         const int tok = tokens[i];
@@ -595,6 +650,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
     }
     cache.commit_appended(n);
+    cache.note_written(start_pos, start_pos + n);
 
     if (n_logits > 0) {
         const float* out_norm = static_cast<const float*>(w.output_norm.data);
@@ -670,7 +726,9 @@ void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& ca
             keys.push_back(make_rows(cache.key_slab(layer, h / heads_per_slab)));
             values.push_back(make_rows(cache.value_slab(layer, h / heads_per_slab)));
         }
-        attention_over(keys.data(), values.data(), offsets.data(), n, start_pos, model_.config.layers[layer].window);
+        // A window's keys are one run of slots from its first position's (CpuKvCache's mirrored ring).
+        attention_over(keys.data(), values.data(), offsets.data(), n, start_pos, model_.config.layers[layer].window,
+                       [&](int pos) { return cache.slot(layer, pos); });
     };
     switch (cache.type()) {
         case CpuKvType::F32:
@@ -682,9 +740,9 @@ void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& ca
     }
 }
 
-template <typename Rows>
+template <typename Rows, typename FirstSlot>
 void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos,
-                                int window) {
+                                int window, FirstSlot first_slot) {
     const ModelConfig& c = model_.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     const float scale = c.attention_scale;
@@ -712,8 +770,8 @@ void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int*
             const int pos = start_pos + i;
             const int first_key = window > 0 ? std::max(0, pos - window + 1) : 0;
             const int n_keys = pos + 1 - first_key, off = offsets[kv_head];
-            const Rows k = keys[kv_head].from(first_key);
-            const Rows v = values[kv_head].from(first_key);
+            const Rows k = keys[kv_head].from(first_slot(first_key));
+            const Rows v = values[kv_head].from(first_slot(first_key));
             switch (count) {
                 case 1: attend<1>(q, k, v, off, hd, n_keys, scale, att, out); break;
                 case 2: attend<2>(q, k, v, off, hd, n_keys, scale, att, out); break;

@@ -34,7 +34,16 @@ class CpuKvCache : public KvCache {
 public:
     // `n_kv_heads` heads of kv_dim / n_kv_heads elements make up each key and value (1: the layout treats the row as
     // one piece).
-    CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32, int n_kv_heads = 1);
+    //
+    // Sliding-window layers (`windows[l]` > 0; empty: none) keep only the positions their window can still need: a
+    // ring of R = window + ring_margin slots, position p in slot p % R, and the first `window` slots mirrored after
+    // the ring (R + window slots in all), so that any window's positions are one contiguous run of slots and
+    // attention reads them as it reads a full layer's. ring_margin must cover the positions written between two
+    // reads of a window: the tokens of one forward step and the deepest truncate (speculative rollback) before the
+    // next; check_window_reach refuses a step whose window would need an overwritten position. A layer whose ring
+    // would not be smaller than the capacity keeps every position.
+    CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32, int n_kv_heads = 1,
+               const std::vector<int>& windows = {}, int ring_margin = 0);
     CpuKvType type() const { return type_; }
     // Stores the key and the value of `layer` at `pos` (kv_dim floats each, heads one after another), rounded to the
     // cache's type.
@@ -46,8 +55,22 @@ public:
     // contiguous stream the hardware prefetchers follow, or a single slab of whole rows where a head cannot be its
     // own run of Q8_0 blocks (a head width that is not a multiple of 32).
     int slabs() const { return slabs_; }
+    // The slot of `layer` that holds position `pos` (pos itself for a layer that keeps every position).
+    int slot(int layer, int pos) const {
+        const int ring = ring_[static_cast<size_t>(layer)];
+        return ring > 0 ? pos % ring : pos;
+    }
+    // Throws tandem::Error when a step from position `start` would need a position some windowed layer's ring no
+    // longer holds (cannot happen through truncate, which resumes at 0 instead: a guard).
+    void check_window_reach(int start) const;
+    // Records that positions [start, end) have been written (forward_step, after its stores): each overwrote the
+    // ring slot of the position R before it.
+    void note_written(int start, int end);
+    // Bytes of keys and values allocated (both), rings included.
+    size_t allocated_bytes() const { return 2 * total_slots_ * static_cast<size_t>(slabs_) * slab_row_bytes(); }
     int slab_width() const { return kv_dim_ / slabs_; }
     size_t slab_row_bytes() const { return row_bytes(slab_width(), type_); }
+    // Slab `slab` of `layer`, from slot 0 (position 0, or a windowed layer's ring; see slot()).
     const uint8_t* key_slab(int layer, int slab) const { return k_.get() + offset(layer, slab, 0); }
     const uint8_t* value_slab(int layer, int slab) const { return v_.get() + offset(layer, slab, 0); }
     // The stored bytes of `layer`'s key (or value) at `pos`, heads in order: row_bytes() bytes, kv_dim elements of
@@ -69,12 +92,25 @@ private:
     }
     // kv_dim, or an Error where the type cannot hold rows of that width (Q8_0: whole 32-element blocks).
     static int check_kv_width(int kv_dim, CpuKvType type);
-    size_t offset(int layer, int slab, int pos) const {
-        return ((static_cast<size_t>(layer) * slabs_ + slab) * capacity() + pos) * slab_row_bytes();
+    // Bytes from the start of the storage to `layer`'s slab `slab`, slot `slot`.
+    size_t offset(int layer, int slab, int slot) const {
+        const size_t l = static_cast<size_t>(layer);
+        return (layer_first_[l] + static_cast<size_t>(slab) * layer_slots_[l] + static_cast<size_t>(slot)) *
+               slab_row_bytes();
     }
+    // Stores one slab's row (slab_width() floats) at a slot, rounded to the cache's type.
+    void store_row(uint8_t* dst, const float* src) const;
     int kv_dim_;
     CpuKvType type_;
     int slabs_;
+    std::vector<int> window_;         // [layer]: its sliding window, 0 for none
+    std::vector<int> ring_;           // [layer]: R, the ring's length, or 0 where the layer keeps every position
+    std::vector<size_t> layer_slots_; // [layer]: slots per slab (capacity, or R + window)
+    std::vector<size_t> layer_first_; // [layer]: rows (of one slab) before the layer's first
+    size_t total_slots_ = 0;          // rows of one slab over all layers and slabs, / slabs
+    // [layer]: positions intact_from_[l] .. n_committed() - 1 are all in the layer's ring (0 for a full layer).
+    std::vector<int> intact_from_;
+    int resumable(int n) override;
     // [layer][slab][pos] rows of slab_row_bytes(), left uninitialized: a position is written before it is read, and
     // untouched pages of a large context cost no memory (the resident size grows with the tokens actually held).
     std::unique_ptr<uint8_t[]> k_, v_;
@@ -146,10 +182,12 @@ private:
     void for_tokens(int n, Fn&& fn);  // fn(token, thread) for each of a step's n tokens
     void gated_activation(int64_t count);  // gate_ = act(gate_) * up_, the first count elements
     void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
-    template <typename Rows>  // a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows)
-    // keys[h] / values[h]: KV head h's rows, its elements from offsets[h] on; window: the layer's sliding window (0:
-    // none).
-    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos, int window);
+    // Rows: a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows). keys[h] / values[h]: KV
+    // head h's rows from slot 0, its elements from offsets[h] on; window: the layer's sliding window (0: none);
+    // first_slot(p): the slot of position p, from which the window's keys run contiguously.
+    template <typename Rows, typename FirstSlot>
+    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos, int window,
+                        FirstSlot first_slot);
     // The logits of n normed rows x under restrict_logits.
     void restricted_logits(const float* x, int n, float* logits);
 

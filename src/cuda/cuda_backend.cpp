@@ -55,8 +55,9 @@ void for_each_tensor(const Weights& w, F&& f) {
     f(w.output_norm);
     f(w.output);
     for (const LayerWeights& L : w.layers)
-        for (const WeightView* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.wo, &L.ffn_norm,
-                                    &L.w_gate, &L.w_up, &L.w_down})
+        for (const WeightView* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
+                                    &L.wo, &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down,
+                                    &L.post_ffn_norm})
             f(*v);
 }
 
@@ -124,7 +125,7 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
                                     static_cast<size_t>(c.hidden_dim)});
     return {B * c.dim,        B * c.dim,        B * c.q_dim(),   B * c.kv_dim(),
             B * c.kv_dim(),   B * c.q_dim(),    B * c.dim,       B * c.hidden_dim,
-            B * c.hidden_dim, S * c.n_vocab,    static_cast<size_t>(c.rope_dim / 2), 1 + B,
+            B * c.hidden_dim, S * c.n_vocab,    c.rope_inv_freq.size() * static_cast<size_t>(c.rope_dim / 2), 1 + B,
             S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
             S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
@@ -173,6 +174,7 @@ size_t persistent_step_bytes(const ModelConfig& c, const cuda::DecodeStepPlan& p
 std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Model& model, const CudaOptions& options) {
     if (!options.persistent_step) return std::nullopt;
     const ModelConfig& c = model.config;
+    if (!c.is_plain_block()) return std::nullopt;  // the launch computes the plain llama/qwen2 block only
     if (!cuda::decode_step_supports(step_shape(c, options.kv_type))) return std::nullopt;
     // Rows staged through shared memory, by the first staged kernel that takes every matrix's type, unless
     // --cuda-route matvec=direct asks otherwise, none does, or every matrix is of a float type (walked directly
@@ -283,12 +285,15 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
                     std::to_string(model.config.kv_dim()) + ") to be a multiple of 32");
     const ModelConfig& c = model.config;
     const Weights& w = model.weights;
-    // The kernels compute the plain llama/qwen2 block; the block variations of newer families (ModelConfig) run on
-    // the CPU backend for now.
-    if (!c.is_plain_block())
-        throw Error("the CUDA backend does not run the " + c.arch +
-                    " block yet (QK-norm, post-norms, GELU, sliding windows, scaled embeddings or layers without "
-                    "RoPE): use --backend cpu");
+    // The block variations (ModelConfig) run kernel by kernel; two are not implemented here yet.
+    if (c.rope_amplitude != 1.0f)
+        throw Error("the CUDA backend does not scale RoPE (rope.scaling.attn_factor " +
+                    std::to_string(c.rope_amplitude) + "): use --backend cpu");
+    if (c.post_norms && c.hidden_dim < c.dim)
+        throw Error("the CUDA backend's post-norms need feed_forward_length >= embedding_length: use --backend cpu");
+    if (c.qk_norm && c.head_dim > 256)
+        throw Error("the CUDA backend's QK-norm takes heads of at most 256 (this model's: " +
+                    std::to_string(c.head_dim) + "): use --backend cpu");
     // What the kernels can take, checked before anything is allocated.
     auto require_matvec = [](const WeightView& v, const std::string& name) {
         if (!cuda::matvec_supports(v.type))
@@ -339,7 +344,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         output_ = matrix(w.output);
         output_norm_ = vec(w.output_norm);
         for (const LayerWeights& L : w.layers)
-            layers_.push_back({vec(L.attn_norm), vec(L.ffn_norm), vec(L.bq), vec(L.bk), vec(L.bv), matrix(L.wq),
+            layers_.push_back({vec(L.attn_norm), vec(L.ffn_norm), vec(L.bq), vec(L.bk), vec(L.bv), vec(L.q_norm),
+                               vec(L.k_norm), vec(L.post_attn_norm), vec(L.post_ffn_norm), matrix(L.wq),
                                matrix(L.wk), matrix(L.wv), matrix(L.wo), matrix(L.w_gate), matrix(L.w_up),
                                matrix(L.w_down)});
 
@@ -384,8 +390,9 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         x16_ = reinterpret_cast<uint16_t*>(take(s.x16));
         w_tile_ = reinterpret_cast<uint16_t*>(take(s.w_tile));
         w_tile_halves_ = 2 * s.w_tile;
-        // The model's frequencies, the CPU backend's (ModelConfig::rope_inv_freq: one table for a plain block).
-        const std::vector<float>& inv_freq = c.rope_inv_freq[0];
+        // The model's RoPE tables (ModelConfig::rope_inv_freq, the CPU backend's), one after another.
+        std::vector<float> inv_freq;
+        for (const std::vector<float>& table : c.rope_inv_freq) inv_freq.insert(inv_freq.end(), table.begin(), table.end());
         cuda::copy_to_device(inv_freq_, inv_freq.data(), inv_freq.size() * 4, stream_);
         if (const auto step = persistent_step_plan(model, options)) {
             step_plan_ = *step;
@@ -598,13 +605,23 @@ bool CudaBackend::fuses_qkv(const DeviceLayer& L, bool prefill) const {
 }
 
 bool CudaBackend::fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const {
-    return fuses_qkv(L, prefill) && options_.qkv_rope && n <= kStepTokens &&
+    // The launch's epilogue rotates with one table and no QK-norm before it: the plain block's RoPE.
+    return model_.config.is_plain_block() && fuses_qkv(L, prefill) && options_.qkv_rope && n <= kStepTokens &&
            cuda::matvec_rope_in_launch(L.wq.type, loads(L.wq.type), rope);
 }
 
-void CudaBackend::project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* norm_weight,
-                                   GgmlType next, bool prefill) {
+void CudaBackend::project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* post_norm,
+                                   const float* norm_weight, GgmlType next, bool prefill) {
     const ModelConfig& c = model_.config;
+    if (post_norm) {  // the projection normed before the residual add (gemma): three launches
+        // The normed rows go to up_, free here (its FFN products are consumed, or not made yet) and at least as
+        // wide (the constructor checks hidden_dim >= dim for such a model).
+        matmul(W, in, n, proj_, prefill);
+        cuda::rms_norm(proj_, post_norm, up_, n, c.dim, c.rms_eps, stream_);
+        const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
+        cuda::add_rms_norm(x_, up_, norm_weight, xb_, n, c.dim, c.rms_eps, stream_, nq.type, nq.xq);
+        return;
+    }
     if (prefill) {
         matmul(W, in, n, proj_, prefill);
         const FusedQuant nq = fused_quant(xb_, c.dim, next, n, prefill);
@@ -699,6 +716,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const int dim = c.dim;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
+    if (c.embedding_scale != 1.0f) cuda::scale(x_, static_cast<int64_t>(n) * dim, c.embedding_scale, stream_);
     if (persistent_step(n, prefill)) return enqueue_persistent_step(cache);
     const FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
     cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
@@ -706,8 +724,12 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const cuda::RopeMode mode =
         c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
     const auto rope_args = [&](int l) {
-        cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq_, n, pos.start, c.n_heads,
-                              c.n_kv_heads, c.head_dim, c.rope_dim, mode, cache.type()};
+        // The layer's RoPE table (ModelConfig::rope_inv_freq, uploaded one after another), or none: rope_dim 0 leaves
+        // Q and K as they are and only writes the cache.
+        const int table = c.layers[static_cast<size_t>(l)].rope_table;
+        const float* inv_freq = inv_freq_ + static_cast<size_t>(std::max(table, 0)) * (c.rope_dim / 2);
+        cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq, n, pos.start, c.n_heads,
+                              c.n_kv_heads, c.head_dim, table >= 0 ? c.rope_dim : 0, mode, cache.type()};
         rope.device_start_pos = pos.device;
         rope.trig = rope_trig_;  // read only by the Q/K/V launches that apply RoPE, after rope_trig_table below
         return rope;
@@ -754,10 +776,16 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                 cuda::add_bias(v_, L.bv, n, c.kv_dim(), stream_);
             }
         }
+        if (c.qk_norm) {  // every Q and K head normed on its own, before RoPE
+            cuda::rms_norm_in_place(q_, L.q_norm, n * c.n_heads, c.head_dim, c.rms_eps, stream_);
+            cuda::rms_norm_in_place(k_, L.k_norm, n * c.n_kv_heads, c.head_dim, c.rms_eps, stream_);
+        }
         if (!rope_in_qkv) cuda::rope_kv_write(rope, stream_);
         cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,
                                 pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
                                 options_.attention_split, cache.type()};
+        att.scale = c.attention_scale;
+        att.window = c.layers[static_cast<size_t>(l)].window;
         att.device_start_pos = pos.device;
         att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
         if (cuda::attention_quantizes_for(L.wo.type, c.head_dim)) {
@@ -771,9 +799,10 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         else
             cuda::attention(att, stream_);
         if (prefill) gemm_input(att_, n, c.q_dim(), {L.wo.type});
-        project_add_norm(L.wo, att_, n, L.ffn_norm, L.w_gate.type, prefill);
+        project_add_norm(L.wo, att_, n, L.post_attn_norm, L.ffn_norm, L.w_gate.type, prefill);
         if (prefill) gemm_input(xb_, n, dim, {L.w_gate.type, L.w_up.type});
-        const bool fused_gate_up = !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
+        const bool gelu = c.activation == FfnActivation::GeluTanh;
+        const bool fused_gate_up = !gelu && !prefill && options_.fused_matvecs && L.w_gate.type == L.w_up.type;
         if (fused_gate_up) {
             // SwiGLU in the gate/up launch (bitwise the launches below) and, for ffn_down's 8-bit route, its output
             // quantized into xq_ffn_ (the launch reads xq_): by the launch's last blocks on the staged and persistent
@@ -787,13 +816,18 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             // SwiGLU on its own, which can also quantize its output for ffn_down's 8-bit route.
             matmul(L.w_gate, xb_, n, gate_, prefill);
             matmul(L.w_up, xb_, n, up_, prefill);
-            const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
-            cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
+            if (gelu) {  // GeGLU: its own launch; ffn_down quantizes its input itself
+                xq_format_ = cuda::Q8Format::None;
+                cuda::geglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_);
+            } else {
+                const FusedQuant sq = fused_quant(gate_, c.hidden_dim, L.w_down.type, n, prefill);
+                cuda::swiglu(gate_, up_, gate_, static_cast<int64_t>(n) * c.hidden_dim, stream_, sq.type, sq.xq);
+            }
         }
         if (prefill) gemm_input(gate_, n, c.hidden_dim, {L.w_down.type});
         // The residual add, fused with the norm that comes next: the next layer's, or the output norm.
         const bool last = l + 1 == c.n_layers;
-        project_add_norm(L.w_down, gate_, n, last ? output_norm_ : layers_[l + 1].attn_norm,
+        project_add_norm(L.w_down, gate_, n, L.post_ffn_norm, last ? output_norm_ : layers_[l + 1].attn_norm,
                          last ? output_.type : layers_[l + 1].wq.type, prefill);
     }
 }

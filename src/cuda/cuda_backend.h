@@ -171,6 +171,8 @@ private:
     };
     struct DeviceLayer {
         const float *attn_norm = nullptr, *ffn_norm = nullptr, *bq = nullptr, *bk = nullptr, *bv = nullptr;
+        // The block variations' norms (null where the model has none): QK-norm, and the norms after the sublayers.
+        const float *q_norm = nullptr, *k_norm = nullptr, *post_attn_norm = nullptr, *post_ffn_norm = nullptr;
         DeviceMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
     };
 
@@ -260,9 +262,10 @@ private:
     // proj_ = W in (attn_output, ffn_down), then the residual add x_ += proj_ and the RMSNorm after it (norm_weight)
     // into xb_, quantized for a matvec of type `next` where fused_quant says: in one launch with matvec_norm
     // (cuda::matvec_add_rms_norm; it decides whether its last block can), else an add_rms_norm launch after the
-    // matmul.
-    void project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* norm_weight, GgmlType next,
-                          bool prefill);
+    // matmul. With post_norm (gemma's post_attention_norm / post_ffw_norm), proj_ is normed before the add, in
+    // launches of their own.
+    void project_add_norm(const DeviceMatrix& W, const float* in, int n, const float* post_norm,
+                          const float* norm_weight, GgmlType next, bool prefill);
     // W as one target of a fused matvec_multi launch (Q/K/V with their biases, gate/up).
     static cuda::MatvecTarget target(const DeviceMatrix& W, float* y, const float* bias);
     // A prefill GEMM input (n rows of cols) in the forms its readers (the weight types of the matrices that

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,8 @@
 
 #include "common/architecture_fixtures.h"
 #include "cpu/cpu_backend.h"
+#include "cuda/cuda_backend.h"
+#include "error.h"
 #include "gguf/gguf_writer.h"
 #include "mini_json.h"
 #include "model/model.h"
@@ -46,6 +49,24 @@ std::vector<float> cpu_logits(const Model& model, const std::vector<int>& tokens
         backend.forward(std::span<const int>(tokens).subspan(at, n), *cache, static_cast<int>(n),
                         logits.data() + at * V);
     }
+    return logits;
+}
+
+// The same through the CUDA backend (on the emulation in CI; its fp16 KV cache): `calls` splits the tokens into
+// forward calls of those sizes.
+std::vector<float> cuda_logits(const Model& model, const std::vector<int>& tokens, const std::vector<int>& calls,
+                               CudaPrefillOptions prefill = {}) {
+    CudaBackend backend(model, 64, prefill);
+    auto cache = backend.new_cache(64);
+    const size_t V = static_cast<size_t>(model.config.n_vocab);
+    std::vector<float> logits(tokens.size() * V);
+    size_t at = 0;
+    for (int n : calls) {
+        backend.forward(std::span<const int>(tokens).subspan(at, static_cast<size_t>(n)), *cache, n,
+                        logits.data() + at * V);
+        at += static_cast<size_t>(n);
+    }
+    REQUIRE(at == tokens.size());
     return logits;
 }
 
@@ -99,6 +120,76 @@ TEST_CASE("architectures: every fixture's logits match llama.cpp's on the CPU, c
         check_against_reference(whole, ref, static_cast<size_t>(model->config.n_vocab), 1e-4f);
         CHECK(cpu_logits(*model, tokens, 1) == whole);
     }
+}
+
+TEST_CASE("architectures: every fixture's logits match llama.cpp's on the emulated CUDA backend, every route") {
+    // The kernel-by-kernel path with the block variations: one 24-token call (matvec and split-K attention), the
+    // tokens one by one (decode steps, through CUDA graphs), and prefill calls (GEMM and tiled flash attention; the
+    // window masks inside tiles and skips tiles). The fp16 KV cache rounds keys and values (llama.cpp's reference
+    // kept f32): a looser bound than the CPU's, the same greedy ids.
+    for (const std::string& name : architecture_fixture_names()) {
+        CAPTURE(name);
+        const test::Json& ref = references()["fixtures"][name];
+        const auto model = Model::load(kArch + "/" + ref["file"].str);
+        const std::vector<int> tokens = ref["tokens"].ints();
+        const size_t V = static_cast<size_t>(model->config.n_vocab);
+        const std::vector<float> whole = cuda_logits(*model, tokens, {24});
+        check_against_reference(whole, ref, V, 2e-3f);
+        check_against_reference(cuda_logits(*model, tokens, std::vector<int>(24, 1)), ref, V, 2e-3f);
+        check_against_reference(cuda_logits(*model, tokens, {9, 15}, {256, 4}), ref, V, 2e-3f);
+        // The CPU backend with the same fp16 cache: the two backends' rounding of the same computation.
+        CpuBackend cpu(*model, 2, 64, {.activations = cpu::Activations::Float, .kv_type = CpuKvType::F16});
+        auto cache = cpu.new_cache(64);
+        std::vector<float> cpu_f16(tokens.size() * V);
+        cpu.forward(tokens, *cache, static_cast<int>(tokens.size()), cpu_f16.data());
+        float worst = 0;
+        for (size_t i = 0; i < whole.size(); ++i) worst = std::max(worst, std::fabs(whole[i] - cpu_f16[i]));
+        MESSAGE("largest |CUDA - CPU| with fp16 caches: " << worst);
+        CHECK(worst < 1e-3f);
+    }
+}
+
+TEST_CASE("architectures: sliding-window layers keep a ring of the cache, with the logits of a full cache") {
+    // gemma3's fixture (window 5) over 600 positions, 16 tokens a step: its windowed layers keep 5 + 16 + 128 slots
+    // (and 5 mirrored) instead of 600 positions, and give bitwise the logits of a cache that keeps every position,
+    // through rollbacks as speculative decoding makes them. Cutting back further than the ring keeps is an error.
+    const auto model = Model::load(kArch + "/gemma3.gguf");
+    const ModelConfig& c = model->config;
+    const int n_ctx = 700, n = 600;
+    std::vector<int> tokens;
+    for (int i = 0; i < n; ++i) tokens.push_back(3 + (i * 7919) % (c.n_vocab - 3));
+    CpuBackend backend(*model, 2, 16);
+    auto ring = backend.new_cache(n_ctx);
+    CpuKvCache full(c.n_layers, n_ctx, c.kv_dim(), CpuKvType::F32, c.n_kv_heads);
+    const auto& ring_cache = static_cast<const CpuKvCache&>(*ring);
+    MESSAGE("KV bytes with rings " << ring_cache.allocated_bytes() << ", without " << full.allocated_bytes());
+    CHECK(ring_cache.allocated_bytes() < full.allocated_bytes() / 2);
+    const size_t V = static_cast<size_t>(c.n_vocab);
+    std::vector<float> a(16 * V), b(16 * V);
+    int at = 0, round = 0;
+    while (at < n) {
+        const int step = std::min(16, n - at);
+        const auto chunk = std::span<const int>(tokens).subspan(static_cast<size_t>(at), static_cast<size_t>(step));
+        backend.forward(chunk, *ring, step, a.data());
+        backend.forward(chunk, full, step, b.data());
+        REQUIRE(std::memcmp(a.data(), b.data(), static_cast<size_t>(step) * V * 4) == 0);
+        at += step;
+        if (++round % 3 == 0 && at < n) {  // a rejected draft: cut back and go on from there
+            at -= 9;
+            ring->truncate(at);
+            full.truncate(at);
+        }
+    }
+    // Cutting back further than a ring keeps (a chat re-rendering an early turn) starts over from position 0, which
+    // the caller reads back; a full cache keeps what it is asked to.
+    ring->truncate(at - 200);
+    CHECK(ring->n_committed() == 0);
+    full.truncate(at - 200);
+    CHECK(full.n_committed() == at - 200);
+    backend.forward(std::span<const int>(tokens).subspan(0, 16), *ring, 16, a.data());
+    full.truncate(0);
+    backend.forward(std::span<const int>(tokens).subspan(0, 16), full, 16, b.data());
+    CHECK(std::memcmp(a.data(), b.data(), 16 * V * 4) == 0);
 }
 
 TEST_CASE("architectures: each fixture switches on its family's variations") {

@@ -671,29 +671,31 @@ TEST_CASE("cuda kernels: embedding gather dequantizes rows of every matvec type"
 namespace {
 
 // Causal GQA softmax attention in double over a cache of float values (fp16 or Q8_0 dequantized): query i
-// (position start + i) attends to 0..start + i.
+// (position start + i) attends to 0..start + i, or with a window to the last `window` of those; scores scaled by
+// `scale` (0: 1 / sqrt(hd)).
 std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& kc,
                                         const std::vector<float>& vc, int n_heads, int n_kv, int hd, int start,
-                                        int n_tok) {
+                                        int n_tok, int window = 0, double scale = 0.0) {
     const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
     std::vector<double> ref(static_cast<size_t>(n_tok) * q_dim);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+    if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(hd));
     for (int i = 0; i < n_tok; ++i)
         for (int h = 0; h < n_heads; ++h) {
             const int kvh = h / (n_heads / n_kv);
+            const int first = window > 0 ? std::max(0, start + i - window + 1) : 0;
             std::vector<double> s(start + i + 1);
             double mx = -INFINITY, sum = 0.0;
-            for (int t = 0; t <= start + i; ++t) {
+            for (int t = first; t <= start + i; ++t) {
                 double d = 0.0;
                 for (int e = 0; e < hd; ++e)
                     d += q[static_cast<size_t>(i) * q_dim + h * hd + e] * kc[static_cast<size_t>(t) * kv_dim + kvh * hd + e];
                 s[t] = d * scale;
                 mx = std::max(mx, s[t]);
             }
-            for (double& x : s) sum += (x = std::exp(x - mx));
+            for (int t = first; t <= start + i; ++t) sum += (s[t] = std::exp(s[t] - mx));
             for (int e = 0; e < hd; ++e) {
                 double o = 0.0;
-                for (int t = 0; t <= start + i; ++t)
+                for (int t = first; t <= start + i; ++t)
                     o += s[t] / sum * vc[static_cast<size_t>(t) * kv_dim + kvh * hd + e];
                 ref[static_cast<size_t>(i) * q_dim + h * hd + e] = o;
             }
@@ -704,10 +706,10 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
 // The same over an fp16 cache.
 std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<uint16_t>& kc,
                                         const std::vector<uint16_t>& vc, int n_heads, int n_kv, int hd, int start,
-                                        int n_tok) {
+                                        int n_tok, int window = 0, double scale = 0.0) {
     std::vector<float> k(kc.size()), v(vc.size());
     for (size_t i = 0; i < kc.size(); ++i) k[i] = fp16_to_fp32(kc[i]), v[i] = fp16_to_fp32(vc[i]);
-    return attention_reference(q, k, v, n_heads, n_kv, hd, start, n_tok);
+    return attention_reference(q, k, v, n_heads, n_kv, hd, start, n_tok, window, scale);
 }
 
 }  // namespace
@@ -1097,6 +1099,92 @@ TEST_CASE("cuda kernels: tiled flash attention for prefill chunks matches causal
     CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
     bad = {q.data(), kc.data(), vc.data(), out.data(), nullptr, 1, 0, 1, 1, 300, 0};
     CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
+}
+
+TEST_CASE("cuda kernels: sliding-window attention, split-K and tiled prefill, matches windowed softmax attention") {
+    // Windows shorter than a split, spanning splits, of one key, and longer than the context; prefill windows shorter
+    // than a query tile (32), so that rows of one tile start their keys in different key tiles, and key tiles wholly
+    // before a tile's windows are skipped. Cache positions before the first window hold NaN: reading one would show.
+    struct Case {
+        int n_heads, n_kv, hd, start, n_tok, split, window;
+        float scale;
+    };
+    const Case cases[] = {{4, 1, 32, 40, 3, 8, 5, 0.0f},    {2, 2, 64, 70, 2, 16, 40, 0.125f},
+                          {3, 1, 32, 9, 4, 4, 1, 0.0f},     {2, 1, 16, 5, 6, 64, 100, 0.3f},
+                          {4, 2, 32, 0, 70, 16, 7, 0.0625f}, {2, 1, 64, 33, 40, 16, 20, 0.0f}};
+    std::mt19937 rng(17);
+    for (const Case& c : cases) {
+        CAPTURE(c.hd);
+        CAPTURE(c.start);
+        CAPTURE(c.n_tok);
+        CAPTURE(c.window);
+        const int q_dim = c.n_heads * c.hd, kv_dim = c.n_kv * c.hd, n_pos = c.start + c.n_tok;
+        const std::vector<float> q = random_floats(static_cast<size_t>(c.n_tok) * q_dim, rng);
+        std::vector<uint16_t> kc(static_cast<size_t>(n_pos) * kv_dim), vc(kc.size());
+        for (uint16_t& h : kc) h = fp32_to_fp16(random_floats(1, rng, 2.0f)[0]);
+        for (uint16_t& h : vc) h = fp32_to_fp16(random_floats(1, rng)[0]);
+        const std::vector<double> ref =
+            attention_reference(q, kc, vc, c.n_heads, c.n_kv, c.hd, c.start, c.n_tok, c.window, c.scale);
+        const int never_read = std::max(0, c.start - c.window + 1);  // before every query's window
+        std::fill(kc.begin(), kc.begin() + static_cast<size_t>(never_read) * kv_dim, uint16_t{0x7E00});
+        std::fill(vc.begin(), vc.begin() + static_cast<size_t>(never_read) * kv_dim, uint16_t{0x7E00});
+        for (const LaunchOptions& o : kTwoOrders) {
+            ScopedLaunchOptions scope(o);
+            INFO("thread order " << std::string(order_name(o)));
+            std::vector<float> out(ref.size(), kNaN);
+            std::vector<float> ws(cuda::attention_workspace_floats(c.n_tok, c.start, c.n_heads, c.hd, c.split), kNaN);
+            cuda::AttentionArgs a{q.data(), kc.data(), vc.data(), out.data(), ws.data(), c.n_tok, c.start,
+                                  c.n_heads, c.n_kv, c.hd, c.split};
+            a.window = c.window;
+            a.scale = c.scale;
+            cuda::attention(a, nullptr);
+            for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::abs(out[i] - ref[i]) <= 5e-6);
+            check_fused_combine(a, out, ws.size());
+            std::vector<float> pre(ref.size(), kNaN);
+            a.out = pre.data();
+            a.workspace = nullptr;
+            cuda::attention_prefill(a, nullptr);
+            for (size_t i = 0; i < pre.size(); ++i) REQUIRE(std::abs(pre[i] - ref[i]) <= 5e-6);
+        }
+    }
+}
+
+TEST_CASE("cuda kernels: QK-norm in place, GeGLU and the embedding scale match their definitions") {
+    std::mt19937 rng(23);
+    for (int cols : {8, 32, 100, 256}) {  // heads of every width up to the kernel's 256
+        CAPTURE(cols);
+        const int rows = 7;
+        const std::vector<float> x = random_floats(static_cast<size_t>(rows) * cols, rng, 3.0f);
+        const std::vector<float> w = random_floats(cols, rng);
+        std::vector<double> ref(x.size());
+        for (int r = 0; r < rows; ++r) {
+            double ss = 0;
+            for (int i = 0; i < cols; ++i) ss += static_cast<double>(x[r * cols + i]) * x[r * cols + i];
+            const double inv = 1.0 / std::sqrt(ss / cols + 1e-6);
+            for (int i = 0; i < cols; ++i) ref[r * cols + i] = w[i] * inv * x[r * cols + i];
+        }
+        std::vector<float> y = x;
+        cuda::rms_norm_in_place(y.data(), w.data(), rows, cols, 1e-6f, nullptr);
+        check_close(y, ref, 1e-5, 1e-5);
+    }
+    std::vector<float> wide(300), w(300);
+    CHECK_THROWS_AS(cuda::rms_norm_in_place(wide.data(), w.data(), 1, 300, 1e-6f, nullptr), std::invalid_argument);
+    for (int n : {1, 37, 5000}) {
+        CAPTURE(n);
+        const std::vector<float> g = random_floats(n, rng, 6.0f), u = random_floats(n, rng);
+        std::vector<double> ref(n), scaled(n);
+        for (int i = 0; i < n; ++i) {
+            const double x = g[i];
+            ref[i] = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+            scaled[i] = 8.0 * g[i];
+        }
+        std::vector<float> out(n, kNaN);
+        cuda::geglu(g.data(), u.data(), out.data(), n, nullptr);
+        check_close(out, ref, 1e-5, 1e-5);
+        std::vector<float> s = g;
+        cuda::scale(s.data(), n, 8.0f, nullptr);
+        check_close(s, scaled, 0, 0);
+    }
 }
 
 // ---- the Q8_0 KV cache ------------------------------------------------------------------------------------------
