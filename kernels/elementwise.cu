@@ -22,6 +22,14 @@ __global__ void __launch_bounds__(kThreads) scale_kernel(float* __restrict__ x, 
     for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= factor;
 }
 
+__global__ void __launch_bounds__(kThreads) scale_leading_kernel(float* __restrict__ x, int width, int dims,
+                                                                 int64_t n, float factor) {
+    detail::wait_for_inputs();
+    const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        x[(i / dims) * width + i % dims] *= factor;
+}
+
 // One grid-stride loop over n_rows × (end - begin) elements.
 __global__ void __launch_bounds__(kThreads) fill_columns_kernel(float* __restrict__ rows, size_t stride, int begin,
                                                                 int width, int64_t n, float value) {
@@ -55,6 +63,14 @@ void scale(float* x, int64_t n, float factor, Stream stream) {
     const int64_t blocks = (n + kThreads - 1) / kThreads;
     detail::launch_kernel("scale_kernel", scale_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
                           dim3(kThreads), 0, stream, x, n, factor);
+}
+
+void scale_leading(float* x, int rows, int width, int dims, float factor, Stream stream) {
+    detail::require(rows > 0 && dims > 0 && dims <= width, "scale_leading: bad shape");
+    const int64_t n = static_cast<int64_t>(rows) * dims, blocks = (n + kThreads - 1) / kThreads;
+    detail::launch_kernel("scale_leading_kernel", scale_leading_kernel,
+                          dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)), dim3(kThreads), 0, stream, x,
+                          width, dims, n, factor);
 }
 
 }  // namespace tandem::cuda

@@ -44,6 +44,10 @@ void geglu(const float* gate, const float* up, float* out, int64_t n, Stream str
 void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream);
 // x[i] *= factor for i < n (gemma's sqrt(dim) on the token embeddings).
 void scale(float* x, int64_t n, float factor, Stream stream);
+// The first `dims` elements of each of `rows` rows of `width` floats multiplied by factor: RoPE's amplitude
+// (rope.scaling.attn_factor) on the dims it rotates, applied before rope_kv_write (a rotation is linear, so this
+// is the rotation by cos and sin times the factor, as ggml and the CPU backend compute it, up to rounding).
+void scale_leading(float* x, int rows, int width, int dims, float factor, Stream stream);
 // rows[r][j] = value for r < n_rows, begin <= j < end, rows `stride` floats apart (-inf for the logits that
 // restricted logits leave out).
 void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, float value, Stream stream);

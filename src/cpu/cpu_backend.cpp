@@ -603,7 +603,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             add_bias(k_.data(), static_cast<const float*>(L.bk.data), n, kv_dim);
             add_bias(v_.data(), static_cast<const float*>(L.bv.data), n, kv_dim);
         }
-        const int rope_table = c.layers[l].rope_table;
+        const int rope_table = c.rope_table(l, cache.capacity());
         for_tokens(n, [&](int i, int thread) {  // each thread its own angles; each token its own cache position
             const int pos = start_pos + i;
             float* q = &q_[static_cast<size_t>(i) * q_dim];

@@ -285,10 +285,7 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
                     std::to_string(model.config.kv_dim()) + ") to be a multiple of 32");
     const ModelConfig& c = model.config;
     const Weights& w = model.weights;
-    // The block variations (ModelConfig) run kernel by kernel; two are not implemented here yet.
-    if (c.rope_amplitude != 1.0f)
-        throw Error("the CUDA backend does not scale RoPE (rope.scaling.attn_factor " +
-                    std::to_string(c.rope_amplitude) + "): use --backend cpu");
+    // The block variations (ModelConfig) run kernel by kernel; what the kernels cannot take is refused here.
     if (c.post_norms && c.hidden_dim < c.dim)
         throw Error("the CUDA backend's post-norms need feed_forward_length >= embedding_length: use --backend cpu");
     if (c.qk_norm && c.head_dim > 256)
@@ -726,7 +723,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
     const auto rope_args = [&](int l) {
         // The layer's RoPE table (ModelConfig::rope_inv_freq, uploaded one after another), or none: rope_dim 0 leaves
         // Q and K as they are and only writes the cache.
-        const int table = c.layers[static_cast<size_t>(l)].rope_table;
+        const int table = c.rope_table(l, cache.capacity());
         const float* inv_freq = inv_freq_ + static_cast<size_t>(std::max(table, 0)) * (c.rope_dim / 2);
         cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq, n, pos.start, c.n_heads,
                               c.n_kv_heads, c.head_dim, table >= 0 ? c.rope_dim : 0, mode, cache.type()};
@@ -779,6 +776,10 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         if (c.qk_norm) {  // every Q and K head normed on its own, before RoPE
             cuda::rms_norm_in_place(q_, L.q_norm, n * c.n_heads, c.head_dim, c.rms_eps, stream_);
             cuda::rms_norm_in_place(k_, L.k_norm, n * c.n_kv_heads, c.head_dim, c.rms_eps, stream_);
+        }
+        if (c.rope_amplitude != 1.0f && rope.rope_dim > 0) {  // LongRoPE's attn_factor, on the dims RoPE rotates
+            cuda::scale_leading(q_, n * c.n_heads, c.head_dim, c.rope_dim, c.rope_amplitude, stream_);
+            cuda::scale_leading(k_, n * c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_amplitude, stream_);
         }
         if (!rope_in_qkv) cuda::rope_kv_write(rope, stream_);
         cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,

@@ -31,17 +31,21 @@ struct Architecture {
     int swa_pattern;       // WindowRule::Pattern's default n
     int no_rope_every;     // > 0: layers with (il + 1) % n == 0 are not rotated
     bool reads_rope_freqs; // the rope_freqs tensor divides the frequencies (Llama 3.1+)
+    bool long_rope;        // rope_factors_short / rope_factors_long (LongRoPE) where the file has them (phi3)
 };
 
 // One row per architecture. Adding a family whose block is made of these variations is a row here (and its
 // tensors' names in weights.cpp); a new variation is a field here and one op in each backend.
 constexpr Architecture kArchitectures[] = {
-    // name      rope style           qk-norm post-norms activation        √dim   window                 pattern no-rope rope_freqs
-    {"llama",   RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::AllLayers, 0, 0, true},
-    {"qwen2",   RopeStyle::Neox,          false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false},
-    {"qwen3",   RopeStyle::Neox,          true,  false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false},
-    {"gemma3",  RopeStyle::Neox,          true,  true,  FfnActivation::GeluTanh, true,  WindowRule::Pattern,   6, 0, false},
-    {"smollm3", RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 4, false},
+    // name      rope style           qk-norm post-norms activation        √dim   window              pattern no-rope freqs longrope
+    {"llama",   RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::AllLayers, 0, 0, true,  false},
+    {"qwen2",   RopeStyle::Neox,          false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false, false},
+    {"qwen3",   RopeStyle::Neox,          true,  false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false, false},
+    {"gemma3",  RopeStyle::Neox,          true,  true,  FfnActivation::GeluTanh, true,  WindowRule::Pattern,   6, 0, false, false},
+    {"smollm3", RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 4, false, false},
+    // Phi-3 / Phi-4-mini: fused attn_qkv and gate+up (weights.cpp views them), partial rotary dims, LongRoPE; a
+    // declared window is ignored as llama.cpp does ("Phi SWA is currently disabled").
+    {"phi3",    RopeStyle::Neox,          false, false, FfnActivation::Silu,     false, WindowRule::Ignored,   0, 0, false, true},
 };
 
 const Architecture* find_architecture(const std::string& name) {
@@ -179,9 +183,10 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     // RoPE scaling, as llama.cpp reads it: the type defaults to linear, whose factor (default 1) divides the
     // frequencies; "none" ignores the factor. YaRN and LongRoPE change more than the frequencies: refused.
     const std::string scaling = f.get_string_or(a + "rope.scaling.type", "linear");
-    if (scaling != "linear" && scaling != "none")
+    const bool has_long_rope = f.find_tensor("rope_factors_long.weight") || f.find_tensor("rope_factors_short.weight");
+    if (scaling != "linear" && scaling != "none" && !(scaling == "longrope" && has_long_rope && arch->long_rope))
         throw Error(f.path() + ": " + a + "rope.scaling.type '" + scaling +
-                    "' is not supported (supported: none, linear)");
+                    "' is not supported (supported: none, linear, and longrope for phi3)");
     double freq_scale = 1.0;
     if (scaling == "linear" && f.find(a + "rope.scaling.factor")) {
         const float factor = f.get_f32(a + "rope.scaling.factor");
@@ -193,10 +198,20 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     if (!(c.rope_amplitude > 0.0f) || !std::isfinite(c.rope_amplitude))
         throw Error(f.path() + ": " + a + "rope.scaling.attn_factor " + std::to_string(c.rope_amplitude) +
                     " is out of range");
-    for (const char* tensor : {"rope_factors_long.weight", "rope_factors_short.weight"})
-        if (f.find_tensor(tensor))
-            throw Error(f.path() + ": tensor '" + tensor + "' (LongRoPE factors) is not supported yet");
-    std::vector<float> factors;
+    std::vector<float> short_factors, long_factors;
+    if (has_long_rope) {
+        if (!arch->long_rope)
+            throw Error(f.path() + ": LongRoPE factors (rope_factors_long / rope_factors_short) are not part of the " +
+                        c.arch + " architecture");
+        for (const char* tensor : {"rope_factors_long.weight", "rope_factors_short.weight"})
+            if (!f.find_tensor(tensor)) throw Error(f.path() + ": tensor '" + tensor + "' is missing (LongRoPE needs both)");
+        short_factors = read_rope_factors(f, "rope_factors_short.weight", c.rope_dim);
+        long_factors = read_rope_factors(f, "rope_factors_long.weight", c.rope_dim);
+        c.long_rope_context = positive_int(
+            f, a + "rope.scaling.original_context_length",
+            f.get_u32_or(a + "rope.scaling.original_context_length", static_cast<uint32_t>(c.context_length)));
+    }
+    std::vector<float> factors = short_factors;
     if (f.find_tensor("rope_freqs.weight")) {
         if (!arch->reads_rope_freqs)
             throw Error(f.path() + ": tensor 'rope_freqs.weight' is not part of the " + c.arch + " architecture");
@@ -215,10 +230,14 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
                             : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
 
-    // Layers: the window, and which RoPE. Table 0 is the model's RoPE; a windowed gemma3 layer uses table 1, the
-    // local base (rope.freq_base_swa, 10000 by default) without the linear scaling, as llama.cpp's get_rope_freq_base
-    // and get_rope_freq_scale give it.
+    // Layers: the window, and which RoPE. Table 0 is the model's RoPE (with LongRoPE's short factors), then the
+    // long factors' table; a windowed gemma3 layer uses the last table, the local base (rope.freq_base_swa, 10000 by
+    // default) without the linear scaling, as llama.cpp's get_rope_freq_base and get_rope_freq_scale give it.
     c.rope_inv_freq.push_back(inverse_frequencies(c.rope_theta, c.rope_dim, factors, freq_scale));
+    if (!long_factors.empty()) {
+        c.long_rope_table = 1;
+        c.rope_inv_freq.push_back(inverse_frequencies(c.rope_theta, c.rope_dim, long_factors, freq_scale));
+    }
     const uint32_t window =
         f.find(a + "attention.sliding_window") ? f.get_u32(a + "attention.sliding_window") : 0u;
     if (window > (1u << 30)) throw Error(f.path() + ": " + a + "attention.sliding_window is out of range");
@@ -233,11 +252,12 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
             throw Error(f.path() + ": rope.freq_base_swa " + std::to_string(local_theta) + " is out of range");
         c.rope_inv_freq.push_back(inverse_frequencies(local_theta, c.rope_dim, {}, 1.0));
     }
+    const int local_table = static_cast<int>(c.rope_inv_freq.size()) - 1;
     for (int il = 0; il < c.n_layers; ++il) {
         LayerAttention layer;
         if (windowed[static_cast<size_t>(il)]) {
             layer.window = static_cast<int>(window);
-            if (arch->window == WindowRule::Pattern) layer.rope_table = 1;
+            if (arch->window == WindowRule::Pattern) layer.rope_table = local_table;
         }
         if (arch->no_rope_every > 0 && (il + 1) % arch->no_rope_every == 0) layer.rope_table = -1;
         c.layers.push_back(layer);

@@ -67,7 +67,17 @@ struct ModelConfig {
     // factor's inverse, computed in double and rounded once.
     std::vector<std::vector<float>> rope_inv_freq;
     std::vector<LayerAttention> layers;  // [n_layers]
+    // LongRoPE (phi3's rope_factors_short / rope_factors_long): table 0 holds the short factors, and where the context
+    // is longer than long_rope_context (rope.scaling.original_context_length), rope_inv_freq[long_rope_table] with the
+    // long ones replaces it: llama.cpp's rule, by the context size a cache is made for. -1: none.
+    int long_rope_table = -1;
+    int long_rope_context = 0;
 
+    // The RoPE table of `layer` in a cache of n_ctx positions (-1: the layer is not rotated).
+    int rope_table(int layer, int n_ctx) const {
+        const int table = layers[static_cast<size_t>(layer)].rope_table;
+        return table == 0 && long_rope_table >= 0 && n_ctx > long_rope_context ? long_rope_table : table;
+    }
     int q_dim() const { return n_heads * head_dim; }
     int kv_dim() const { return n_kv_heads * head_dim; }
     // Whether some layer has a sliding window.

@@ -50,7 +50,7 @@ WeightView row_range(const WeightView& m, int64_t first, int64_t count) {
 
 Weights Weights::from_gguf(const GgufFile& f, const ModelConfig& c) {
     Weights w;
-    UsedTensors used{"rope_freqs.weight"};  // read by ModelConfig
+    UsedTensors used{"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"};  // ModelConfig's
     w.token_embd = view(f, "token_embd.weight", c.dim, c.n_vocab, false, used);
     w.output_norm = view(f, "output_norm.weight", c.dim, 1, true, used);
     w.tied_output = f.find_tensor("output.weight") == nullptr;

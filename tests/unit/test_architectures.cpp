@@ -38,10 +38,11 @@ const test::Json& references() {
     return json;
 }
 
-// Logits of every position of `tokens`, fed `chunk` tokens per forward call.
-std::vector<float> cpu_logits(const Model& model, const std::vector<int>& tokens, int chunk) {
+// Logits of every position of `tokens`, fed `chunk` tokens per forward call, in a cache of n_ctx positions (the
+// context llama.cpp's reference had: LongRoPE picks its factors by it).
+std::vector<float> cpu_logits(const Model& model, const std::vector<int>& tokens, int chunk, int n_ctx) {
     CpuBackend backend(model, 2, 64);
-    auto cache = backend.new_cache(64);
+    auto cache = backend.new_cache(n_ctx);
     const size_t V = static_cast<size_t>(model.config.n_vocab);
     std::vector<float> logits(tokens.size() * V);
     for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
@@ -54,10 +55,10 @@ std::vector<float> cpu_logits(const Model& model, const std::vector<int>& tokens
 
 // The same through the CUDA backend (on the emulation in CI; its fp16 KV cache): `calls` splits the tokens into
 // forward calls of those sizes.
-std::vector<float> cuda_logits(const Model& model, const std::vector<int>& tokens, const std::vector<int>& calls,
-                               CudaPrefillOptions prefill = {}) {
-    CudaBackend backend(model, 64, prefill);
-    auto cache = backend.new_cache(64);
+std::vector<float> cuda_logits(const Model& model, const std::vector<int>& tokens, int n_ctx,
+                               const std::vector<int>& calls, CudaPrefillOptions prefill = {}) {
+    CudaBackend backend(model, n_ctx, prefill);
+    auto cache = backend.new_cache(n_ctx);
     const size_t V = static_cast<size_t>(model.config.n_vocab);
     std::vector<float> logits(tokens.size() * V);
     size_t at = 0;
@@ -111,14 +112,14 @@ TEST_CASE("architectures: the committed fixtures are the ones the writer makes")
 }
 
 TEST_CASE("architectures: every fixture's logits match llama.cpp's on the CPU, chunk sizes 1 and 64 bitwise equal") {
-    for (const std::string& name : architecture_fixture_names()) {
+    for (const auto& [name, ref] : references()["fixtures"].obj) {  // each fixture, and phi3 at a long context too
         CAPTURE(name);
-        const test::Json& ref = references()["fixtures"][name];
         const auto model = Model::load(kArch + "/" + ref["file"].str);
         const std::vector<int> tokens = ref["tokens"].ints();
-        const std::vector<float> whole = cpu_logits(*model, tokens, 64);
+        const int n_ctx = static_cast<int>(ref["n_ctx"].num);
+        const std::vector<float> whole = cpu_logits(*model, tokens, 64, n_ctx);
         check_against_reference(whole, ref, static_cast<size_t>(model->config.n_vocab), 1e-4f);
-        CHECK(cpu_logits(*model, tokens, 1) == whole);
+        CHECK(cpu_logits(*model, tokens, 1, n_ctx) == whole);
     }
 }
 
@@ -127,19 +128,19 @@ TEST_CASE("architectures: every fixture's logits match llama.cpp's on the emulat
     // tokens one by one (decode steps, through CUDA graphs), and prefill calls (GEMM and tiled flash attention; the
     // window masks inside tiles and skips tiles). The fp16 KV cache rounds keys and values (llama.cpp's reference
     // kept f32): a looser bound than the CPU's, the same greedy ids.
-    for (const std::string& name : architecture_fixture_names()) {
+    for (const auto& [name, ref] : references()["fixtures"].obj) {
         CAPTURE(name);
-        const test::Json& ref = references()["fixtures"][name];
         const auto model = Model::load(kArch + "/" + ref["file"].str);
         const std::vector<int> tokens = ref["tokens"].ints();
+        const int n_ctx = static_cast<int>(ref["n_ctx"].num);
         const size_t V = static_cast<size_t>(model->config.n_vocab);
-        const std::vector<float> whole = cuda_logits(*model, tokens, {24});
+        const std::vector<float> whole = cuda_logits(*model, tokens, n_ctx, {24});
         check_against_reference(whole, ref, V, 2e-3f);
-        check_against_reference(cuda_logits(*model, tokens, std::vector<int>(24, 1)), ref, V, 2e-3f);
-        check_against_reference(cuda_logits(*model, tokens, {9, 15}, {256, 4}), ref, V, 2e-3f);
+        check_against_reference(cuda_logits(*model, tokens, n_ctx, std::vector<int>(24, 1)), ref, V, 2e-3f);
+        check_against_reference(cuda_logits(*model, tokens, n_ctx, {9, 15}, {256, 4}), ref, V, 2e-3f);
         // The CPU backend with the same fp16 cache: the two backends' rounding of the same computation.
         CpuBackend cpu(*model, 2, 64, {.activations = cpu::Activations::Float, .kv_type = CpuKvType::F16});
-        auto cache = cpu.new_cache(64);
+        auto cache = cpu.new_cache(n_ctx);
         std::vector<float> cpu_f16(tokens.size() * V);
         cpu.forward(tokens, *cache, static_cast<int>(tokens.size()), cpu_f16.data());
         float worst = 0;
@@ -196,7 +197,16 @@ TEST_CASE("architectures: each fixture switches on its family's variations") {
     // The fixtures are only a test of what they contain: this pins that each carries what its family adds.
     auto config = [](const std::string& name) { return Model::load(kArch + "/" + name + ".gguf")->config; };
     const ModelConfig llama3 = config("llama3"), qwen3 = config("qwen3"), gemma3 = config("gemma3"),
-                      smollm3 = config("smollm3");
+                      smollm3 = config("smollm3"), phi3 = config("phi3");
+    CHECK(phi3.rope_dim < phi3.head_dim);  // partial rotary dims
+    CHECK(phi3.long_rope_table == 1);
+    CHECK(phi3.rope_table(0, 256) == 0);  // up to the original context: the short factors
+    CHECK(phi3.rope_table(0, 257) == 1);
+    CHECK(phi3.rope_amplitude == 1.19f);
+    CHECK(phi3.layers[0].window == 0);  // the declared window is ignored, as llama.cpp does
+    for (const char* fused : {"blk.0.attn_qkv.weight", "blk.0.ffn_up.weight"})
+        CHECK(Model::load(kArch + "/phi3.gguf")->file->find_tensor(fused) != nullptr);
+    CHECK(Model::load(kArch + "/phi3.gguf")->file->find_tensor("blk.0.ffn_gate.weight") == nullptr);
     CHECK(llama3.head_dim * llama3.n_heads != llama3.dim);
     CHECK(llama3.rope_inv_freq[0].back() != static_cast<float>(std::pow(500000.0, -2.0 * 15 / 32)));  // rope_freqs
     CHECK(qwen3.qk_norm);
@@ -216,5 +226,5 @@ TEST_CASE("architectures: each fixture switches on its family's variations") {
     CHECK(smollm3.layers[3].rope_table == -1);
     CHECK(smollm3.layers[2].rope_table == 0);
     CHECK(Model::load(kArch + "/smollm3.gguf")->file->find_tensor("blk.0.attn_qkv.weight") != nullptr);
-    for (const ModelConfig* c : {&qwen3, &gemma3, &smollm3}) CHECK_FALSE(c->is_plain_block());
+    for (const ModelConfig* c : {&qwen3, &gemma3, &smollm3, &phi3}) CHECK_FALSE(c->is_plain_block());
 }

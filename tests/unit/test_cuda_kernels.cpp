@@ -1149,7 +1149,7 @@ TEST_CASE("cuda kernels: sliding-window attention, split-K and tiled prefill, ma
     }
 }
 
-TEST_CASE("cuda kernels: QK-norm in place, GeGLU and the embedding scale match their definitions") {
+TEST_CASE("cuda kernels: QK-norm in place, GeGLU, the embedding scale and RoPE's amplitude match their definitions") {
     std::mt19937 rng(23);
     for (int cols : {8, 32, 100, 256}) {  // heads of every width up to the kernel's 256
         CAPTURE(cols);
@@ -1185,6 +1185,12 @@ TEST_CASE("cuda kernels: QK-norm in place, GeGLU and the embedding scale match t
         cuda::scale(s.data(), n, 8.0f, nullptr);
         check_close(s, scaled, 0, 0);
     }
+    // RoPE's amplitude on the rotated (leading) dims of each head only.
+    std::vector<float> heads = random_floats(5 * 16, rng), want_heads = heads;
+    for (int r = 0; r < 5; ++r)
+        for (int d = 0; d < 12; ++d) want_heads[r * 16 + d] *= 1.19f;
+    cuda::scale_leading(heads.data(), 5, 16, 12, 1.19f, nullptr);
+    CHECK(heads == want_heads);
 }
 
 // ---- the Q8_0 KV cache ------------------------------------------------------------------------------------------

@@ -445,7 +445,7 @@ TEST_CASE("model: what a llama file declares is honoured or refused, naming the 
     });
     CHECK(Model::load(path)->config.rope_inv_freq.at(0) == plain);
     variant([](GgufWriter& w) { w.add_string("llama.rope.scaling.type", "yarn"); });
-    refused("llama.rope.scaling.type 'yarn' is not supported (supported: none, linear)");
+    refused("llama.rope.scaling.type 'yarn' is not supported (supported: none, linear, and longrope for phi3)");
     variant([](GgufWriter& w) {
         w.add_f32("llama.rope.scaling.factor", 1.0f);  // no scaling, stated
         w.add_u32("llama.attention.sliding_window", 0);
@@ -466,7 +466,7 @@ TEST_CASE("model: what a llama file declares is honoured or refused, naming the 
     variant([&](GgufWriter& w) {
         w.add_tensor("rope_factors_long.weight", GgmlType::F32, {4}, f32_bytes({1, 1, 1, 1}));
     });
-    refused("tensor 'rope_factors_long.weight' (LongRoPE factors) is not supported yet");
+    refused("LongRoPE factors (rope_factors_long / rope_factors_short) are not part of the llama architecture");
     // A tensor the block does not read (an output bias) is refused rather than dropped.
     variant([&](GgufWriter& w) { w.add_tensor("output.bias", GgmlType::F32, {512}, f32_bytes(std::vector<float>(512))); });
     refused("tensor 'output.bias' is not part of the llama block as tandem computes it");

@@ -32,11 +32,12 @@ struct SplitMix {  // a fixed stream: the fixtures must be the same bytes on eve
 
 struct Fixture {
     std::string arch;
-    int n_layers = 3, n_kv_heads = 2, head_dim = kDim / kHeads;
-    bool tied = false, qkv_bias = false, qk_norm = false, post_norms = false, fused_qkv = false;
+    int n_layers = 3, n_kv_heads = 2, head_dim = kDim / kHeads, rope_dim = 0, context = 256;
+    bool tied = false, qkv_bias = false, qk_norm = false, post_norms = false, fused_qkv = false, fused_gate_up = false;
     float rms_eps = 1e-5f;
     std::function<void(GgufWriter&, const std::string& a)> keys;  // the family's own keys
     std::vector<float> rope_freqs;                                 // written as rope_freqs.weight when not empty
+    std::vector<float> long_factors, short_factors;                // rope_factors_long / _short when not empty
 };
 
 Fixture fixture(const std::string& name) {
@@ -75,6 +76,20 @@ Fixture fixture(const std::string& name) {
         f.n_layers = 4;
         f.fused_qkv = true;
         f.keys = [](GgufWriter& w, const std::string& a) { w.add_f32(a + "rope.freq_base", 2000000.0f); };
+    } else if (name == "phi3") {  // fused Q/K/V and gate+up, partial rotary dims, LongRoPE, an ignored window
+        f.arch = "phi3";
+        f.rope_dim = 12;  // of 16
+        f.fused_qkv = true;
+        f.fused_gate_up = true;
+        f.context = 1024;
+        f.short_factors = {1.0f, 1.1f, 1.3f, 1.6f, 2.0f, 2.5f};
+        f.long_factors = {1.0f, 1.5f, 3.0f, 6.0f, 12.0f, 24.0f};
+        f.keys = [](GgufWriter& w, const std::string& a) {
+            w.add_f32(a + "rope.freq_base", 10000.0f);
+            w.add_f32(a + "rope.scaling.attn_factor", 1.19f);
+            w.add_u32(a + "rope.scaling.original_context_length", 256);
+            w.add_u32(a + "attention.sliding_window", 2047);
+        };
     } else {
         throw Error("no architecture fixture '" + name + "'");
     }
@@ -89,7 +104,7 @@ std::vector<uint8_t> bytes_of(const std::vector<float>& v) {
 
 }  // namespace
 
-std::vector<std::string> architecture_fixture_names() { return {"llama3", "qwen3", "gemma3", "smollm3"}; }
+std::vector<std::string> architecture_fixture_names() { return {"llama3", "qwen3", "gemma3", "smollm3", "phi3"}; }
 
 void write_architecture_fixture(const std::string& name, const std::string& path) {
     const Fixture f = fixture(name);
@@ -100,8 +115,10 @@ void write_architecture_fixture(const std::string& name, const std::string& path
     GgufWriter w;
     const std::string a = f.arch + ".";
     w.add_string("general.architecture", f.arch);
-    w.add_string("general.name", "tandem-fixture-" + name);
-    w.add_u32(a + "context_length", 256);
+    // (Not "phi3" in the name: llama.cpp's vocabulary loader then looks up Phi-3's special tokens by their text, which
+    // the made-up vocabulary has not.)
+    w.add_string("general.name", "tandem-fixture-" + (name == "phi3" ? std::string("phi-three") : name));
+    w.add_u32(a + "context_length", static_cast<uint32_t>(f.context));
     w.add_u32(a + "embedding_length", kDim);
     w.add_u32(a + "feed_forward_length", kHidden);
     w.add_u32(a + "block_count", static_cast<uint32_t>(f.n_layers));
@@ -111,7 +128,7 @@ void write_architecture_fixture(const std::string& name, const std::string& path
         w.add_u32(a + "attention.key_length", static_cast<uint32_t>(f.head_dim));
         w.add_u32(a + "attention.value_length", static_cast<uint32_t>(f.head_dim));
     }
-    w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(f.head_dim));
+    w.add_u32(a + "rope.dimension_count", static_cast<uint32_t>(f.rope_dim > 0 ? f.rope_dim : f.head_dim));
     w.add_f32(a + "attention.layer_norm_rms_epsilon", f.rms_eps);
     f.keys(w, a);
     add_synthetic_vocabulary(w, kVocab);
@@ -138,6 +155,10 @@ void write_architecture_fixture(const std::string& name, const std::string& path
     if (!f.tied) matrix("output.weight", kDim, kVocab, 3.0f / std::sqrt(static_cast<float>(kDim)));
     if (!f.rope_freqs.empty())
         w.add_tensor("rope_freqs.weight", GgmlType::F32, {f.rope_freqs.size()}, bytes_of(f.rope_freqs));
+    if (!f.long_factors.empty()) {
+        w.add_tensor("rope_factors_long.weight", GgmlType::F32, {f.long_factors.size()}, bytes_of(f.long_factors));
+        w.add_tensor("rope_factors_short.weight", GgmlType::F32, {f.short_factors.size()}, bytes_of(f.short_factors));
+    }
     for (int l = 0; l < f.n_layers; ++l) {
         const std::string p = "blk." + std::to_string(l) + ".";
         vector(p + "attn_norm.weight", kDim, 1.0f, 0.25f);
@@ -155,8 +176,12 @@ void write_architecture_fixture(const std::string& name, const std::string& path
         matrix(p + "attn_output.weight", q_dim, kDim, 1.0f / std::sqrt(static_cast<float>(q_dim)));
         if (f.post_norms) vector(p + "post_attention_norm.weight", kDim, 1.0f, 0.25f);
         vector(p + "ffn_norm.weight", kDim, 1.0f, 0.25f);
-        matrix(p + "ffn_gate.weight", kDim, kHidden, proj);
-        matrix(p + "ffn_up.weight", kDim, kHidden, proj);
+        if (f.fused_gate_up) {
+            matrix(p + "ffn_up.weight", kDim, 2 * kHidden, proj);  // gate rows, then up rows
+        } else {
+            matrix(p + "ffn_gate.weight", kDim, kHidden, proj);
+            matrix(p + "ffn_up.weight", kDim, kHidden, proj);
+        }
         matrix(p + "ffn_down.weight", kHidden, kDim, 1.0f / std::sqrt(static_cast<float>(kHidden)));
         if (f.post_norms) vector(p + "post_ffw_norm.weight", kDim, 1.0f, 0.25f);
     }
