@@ -33,9 +33,6 @@ namespace tandem {
 // 2,557-token prompt ran at 90 tokens/s against 136 with tiles of at most 4.
 namespace {
 constexpr int kMaxQueryTile = 4;
-// Positions a sliding-window layer's ring keeps beyond its window and one step, for truncates (CpuKvCache): more
-// than any speculative rollback (a verification of at most 64 drafted tokens, or a draft's own run).
-constexpr int kRingRollback = 128;
 }  // namespace
 
 CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type, int n_kv_heads,
@@ -47,46 +44,18 @@ CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type, i
                      (type != CpuKvType::Q8_0 || (kv_dim / n_kv_heads) % 32 == 0)
                  ? n_kv_heads
                  : 1) {
+    std::vector<int> all_windows(windows);
+    all_windows.resize(static_cast<size_t>(n_layers), 0);
+    rings_ = KvRings(all_windows, ring_margin, capacity, true);
     for (int l = 0; l < n_layers; ++l) {
-        const int window = static_cast<size_t>(l) < windows.size() ? windows[static_cast<size_t>(l)] : 0;
-        const int64_t ring = window > 0 ? static_cast<int64_t>(window) + std::max(ring_margin, 1) : 0;
-        const bool use_ring = window > 0 && ring + window < capacity;
-        window_.push_back(use_ring ? window : 0);
-        ring_.push_back(use_ring ? static_cast<int>(ring) : 0);
-        layer_slots_.push_back(use_ring ? static_cast<size_t>(ring + window) : static_cast<size_t>(capacity));
+        const int ring = rings_.ring(l);
+        layer_slots_.push_back(ring > 0 ? static_cast<size_t>(ring + rings_.window(l)) : static_cast<size_t>(capacity));
         layer_first_.push_back(total_slots_ * static_cast<size_t>(slabs_));
         total_slots_ += layer_slots_.back();
-        intact_from_.push_back(0);
     }
     const size_t bytes = total_slots_ * row_bytes(kv_dim, type);
     k_.reset(new uint8_t[bytes]);
     v_.reset(new uint8_t[bytes]);
-}
-
-void CpuKvCache::check_window_reach(int start) const {
-    for (size_t l = 0; l < ring_.size(); ++l)  // the step's first token needs its window's positions before it
-        if (ring_[l] > 0 && start > 0 && intact_from_[l] > std::max(0, start - window_[l] + 1))
-            throw Error("the KV cache resumes at position " + std::to_string(start) + ", but layer " +
-                        std::to_string(l) + "'s sliding-window ring holds positions from " +
-                        std::to_string(intact_from_[l]) + " on only");
-}
-
-void CpuKvCache::note_written(int start, int end) {
-    (void)start;
-    for (size_t l = 0; l < ring_.size(); ++l)
-        if (ring_[l] > 0) intact_from_[l] = std::max(intact_from_[l], end - ring_[l]);
-}
-
-int CpuKvCache::resumable(int n) {
-    bool keeps = true;
-    for (size_t l = 0; l < ring_.size(); ++l) {
-        if (ring_[l] == 0) continue;
-        intact_from_[l] = std::min(intact_from_[l], n);  // nothing from n on counts any more
-        if (n > 0 && intact_from_[l] > std::max(0, n - window_[l] + 1)) keeps = false;
-    }
-    if (keeps) return n;
-    std::fill(intact_from_.begin(), intact_from_.end(), 0);  // starting over: every ring is empty and intact
-    return 0;
 }
 
 int CpuKvCache::check_kv_width(int kv_dim, CpuKvType type) {
@@ -109,10 +78,9 @@ void CpuKvCache::store_row(uint8_t* dst, const float* src) const {
 }
 
 void CpuKvCache::store(int layer, int pos, const float* key, const float* value) {
-    const int width = slab_width(), at = slot(layer, pos);
-    const size_t l = static_cast<size_t>(layer);
-    // A ring's first `window` slots are mirrored after it (see the constructor's comment).
-    const int mirror = ring_[l] > 0 && at < window_[l] ? at + ring_[l] : -1;
+    const int width = slab_width(), at = slot(layer, pos), ring = rings_.ring(layer);
+    // A ring's first `window` slots are mirrored after it (see the header's comment).
+    const int mirror = ring > 0 && at < rings_.window(layer) ? at + ring : -1;
     for (int s = 0; s < slabs_; ++s) {
         const float* ks = key + static_cast<size_t>(s) * width;
         const float* vs = value + static_cast<size_t>(s) * width;
@@ -233,11 +201,11 @@ std::unique_ptr<KvCache> CpuBackend::new_cache(int n_ctx) {
         scores_.assign(static_cast<size_t>(pool_.size()) * kMaxQueryTile * n_ctx, 0.0f);
     }
     // Windowed layers keep rings: a margin of one step's tokens plus the deepest rollback speculative decoding makes
-    // (a verification or a draft's run, at most kRingRollback positions).
+    // (KvRings::kRollbackMargin).
     std::vector<int> windows;
     for (const LayerAttention& l : c.layers) windows.push_back(l.window);
     return std::make_unique<CpuKvCache>(c.n_layers, n_ctx, c.kv_dim(), kv_type_, c.n_kv_heads, windows,
-                                        max_batch_ + kRingRollback);
+                                        max_batch_ + KvRings::kRollbackMargin);
 }
 
 namespace {
@@ -576,7 +544,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
     const int n = static_cast<int>(tokens.size());
     const int start_pos = cache.n_committed();
     const int dim = c.dim, kv_dim = c.kv_dim(), q_dim = c.q_dim(), hidden = c.hidden_dim;
-    cache.check_window_reach(start_pos);
+    cache.rings().check_reach(start_pos);
 
     for (int i = 0; i < n; ++i) {
         const int tok = tokens[i];
@@ -650,7 +618,7 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
         for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
     }
     cache.commit_appended(n);
-    cache.note_written(start_pos, start_pos + n);
+    cache.rings().note_written(start_pos + n);
 
     if (n_logits > 0) {
         const float* out_norm = static_cast<const float*>(w.output_norm.data);

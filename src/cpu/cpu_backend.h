@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "kv_rings.h"
 #include "cpu/matmul.h"
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
@@ -57,15 +58,11 @@ public:
     int slabs() const { return slabs_; }
     // The slot of `layer` that holds position `pos` (pos itself for a layer that keeps every position).
     int slot(int layer, int pos) const {
-        const int ring = ring_[static_cast<size_t>(layer)];
+        const int ring = rings_.ring(layer);
         return ring > 0 ? pos % ring : pos;
     }
-    // Throws tandem::Error when a step from position `start` would need a position some windowed layer's ring no
-    // longer holds (cannot happen through truncate, which resumes at 0 instead: a guard).
-    void check_window_reach(int start) const;
-    // Records that positions [start, end) have been written (forward_step, after its stores): each overwrote the
-    // ring slot of the position R before it.
-    void note_written(int start, int end);
+    // The rings' bookkeeping (kv_rings.h): forward_step checks a step's reach and records what it wrote.
+    KvRings& rings() { return rings_; }
     // Bytes of keys and values allocated (both), rings included.
     size_t allocated_bytes() const { return 2 * total_slots_ * static_cast<size_t>(slabs_) * slab_row_bytes(); }
     int slab_width() const { return kv_dim_ / slabs_; }
@@ -103,14 +100,11 @@ private:
     int kv_dim_;
     CpuKvType type_;
     int slabs_;
-    std::vector<int> window_;         // [layer]: its sliding window, 0 for none
-    std::vector<int> ring_;           // [layer]: R, the ring's length, or 0 where the layer keeps every position
+    KvRings rings_;
     std::vector<size_t> layer_slots_; // [layer]: slots per slab (capacity, or R + window)
     std::vector<size_t> layer_first_; // [layer]: rows (of one slab) before the layer's first
     size_t total_slots_ = 0;          // rows of one slab over all layers and slabs, / slabs
-    // [layer]: positions intact_from_[l] .. n_committed() - 1 are all in the layer's ring (0 for a full layer).
-    std::vector<int> intact_from_;
-    int resumable(int n) override;
+    int resumable(int n) override { return rings_.resumable(n); }
     // [layer][slab][pos] rows of slab_row_bytes(), left uninitialized: a position is written before it is read, and
     // untouched pages of a large context cost no memory (the resident size grows with the tokens actually held).
     std::unique_ptr<uint8_t[]> k_, v_;
