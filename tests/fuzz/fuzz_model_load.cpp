@@ -12,6 +12,7 @@
 #include "fuzz_checks.h"
 #include "gguf/gguf.h"
 #include "model/model.h"
+#include "common/architecture_fixtures.h"
 #include "common/synthetic_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -31,8 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 namespace tandem::fuzz {
 
 std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
-    // Small synthetic models of both architectures, in a float and two block types (dims of whole blocks), and one
-    // whose rows are shorter than a block (its matrices fall back to f16).
+    // Small synthetic llama and qwen2 models, in a float and two block types (dims of whole blocks), and one whose rows
+    // are shorter than a block (its matrices fall back to f16).
     struct Seed {
         const char* name;
         SyntheticShape shape;
@@ -52,6 +53,13 @@ std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
         const std::string path = (dir / seed.name).string();
         write_synthetic_model(path, seed.shape, seed.type);
         out.emplace_back(seed.name, read_file(path));
+    }
+    // Every other architecture, with its block's variations on (QK-norm, post-norms, windows, layers without RoPE,
+    // rope_freqs, LongRoPE, fused Q/K/V and gate+up): the keys and tensors the loader reads for them.
+    for (const std::string& name : architecture_fixture_names()) {
+        const std::string path = (dir / (name + ".gguf")).string();
+        write_architecture_fixture(name, path);
+        out.emplace_back("arch-" + name + ".gguf", read_file(path));
     }
     std::filesystem::remove_all(dir);
     return out;
