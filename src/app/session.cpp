@@ -224,6 +224,7 @@ Session::Session(const SessionOptions& o) : options_(o) {
         std::fprintf(stderr, "tandem: %s (%s): %d layers, dim %d, %d heads (%d kv), vocab %d, ctx %d, %d threads\n",
                      model_path_.c_str(), c.name.c_str(), c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.n_vocab, n_ctx_,
                      settings.threads);
+    if (verbose) std::fprintf(stderr, "tandem: %s\n", c.describe_block().c_str());
     template_ = choose_template(o, *model_);
     if (o.think) {
         // Accepted whatever the model, so that a script can pass --think off to any of them: a model without a

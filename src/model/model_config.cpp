@@ -132,6 +132,30 @@ bool ModelConfig::is_plain_block() const {
     return true;
 }
 
+std::string ModelConfig::describe_block() const {
+    std::vector<std::string> parts;
+    if (qkv_bias) parts.push_back("Q/K/V biases");
+    if (qk_norm) parts.push_back("QK-norm");
+    if (post_norms) parts.push_back("post-norms");
+    if (activation == FfnActivation::GeluTanh) parts.push_back("GeGLU");
+    if (embedding_scale != 1.0f) parts.push_back("sqrt(dim) embeddings");
+    if (rope_dim < head_dim) parts.push_back("RoPE on " + std::to_string(rope_dim) + " of " + std::to_string(head_dim) + " dims");
+    if (long_rope_table >= 0) parts.push_back("LongRoPE (long factors past " + std::to_string(long_rope_context) + ")");
+    int windowed = 0, unrotated = 0, window = 0;
+    for (const LayerAttention& l : layers) {
+        if (l.window > 0) ++windowed, window = l.window;
+        if (l.rope_table < 0) ++unrotated;
+    }
+    if (windowed > 0)
+        parts.push_back("window " + std::to_string(window) + " on " + std::to_string(windowed) + " of " +
+                        std::to_string(n_layers) + " layers");
+    if (unrotated > 0)
+        parts.push_back("no RoPE on " + std::to_string(unrotated) + " of " + std::to_string(n_layers) + " layers");
+    std::string text = arch + " block";
+    for (size_t i = 0; i < parts.size(); ++i) text += (i == 0 ? ": " : ", ") + parts[i];
+    return text;
+}
+
 ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     ModelConfig c;
     c.arch = f.get_string("general.architecture");

@@ -86,6 +86,10 @@ struct ModelConfig {
     // every layer rotated, no window): what the CUDA backend's fused kernels compute.
     bool is_plain_block() const;
 
+    // The block in words, for -v: "gemma3 block: QK-norm, post-norms, GeGLU, sqrt(dim) embeddings, window 512 on 15
+    // of 18 layers", or "llama block" for the plain one.
+    std::string describe_block() const;
+
     static ModelConfig from_gguf(const GgufFile& file);
     static std::vector<std::string> supported_architectures();
 };

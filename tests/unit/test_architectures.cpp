@@ -266,4 +266,8 @@ TEST_CASE("architectures: each fixture switches on its family's variations") {
     CHECK(smollm3.layers[2].rope_table == 0);
     CHECK(Model::load(kArch + "/smollm3.gguf")->file->find_tensor("blk.0.attn_qkv.weight") != nullptr);
     for (const ModelConfig* c : {&qwen3, &gemma3, &smollm3, &phi3}) CHECK_FALSE(c->is_plain_block());
+    CHECK(gemma3.describe_block() ==
+          "gemma3 block: QK-norm, post-norms, GeGLU, sqrt(dim) embeddings, window 5 on 6 of 7 layers");
+    CHECK(smollm3.describe_block() == "smollm3 block: no RoPE on 1 of 4 layers");
+    CHECK(phi3.describe_block() == "phi3 block: RoPE on 12 of 16 dims, LongRoPE (long factors past 256)");
 }
