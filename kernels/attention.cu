@@ -125,15 +125,11 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     for (int t0 = begin + warp * U; t0 < end; t0 += kWarps * U) {
         // Keys t0..t0+U-1 that exist: n_u >= 1 (t0 < end), the same for the whole warp.
         const int n_u = end - t0 < U ? end - t0 : U;
-        // The keys' rows: positions, or their slots in a sliding-window layer's ring (at most U apart: one wrap).
-        int row0 = t0;
-        if (a.ring > 0) row0 = t0 % a.ring;
-        const auto row_of = [&](int u) { return a.ring > 0 && row0 + u >= a.ring ? row0 + u - a.ring : row0 + u; };
         const auto key = [&](int u, int j) {
-            return kv_value<Q8>(k_rows + static_cast<size_t>(row_of(u)) * row_bytes, e0 + lane + 32 * j);
+            return kv_value<Q8>(k_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
         };
         const auto value = [&](int u, int j) {
-            return kv_value<Q8>(v_rows + static_cast<size_t>(row_of(u)) * row_bytes, e0 + lane + 32 * j);
+            return kv_value<Q8>(v_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
         };
         attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, key, value, m, l, acc);
     }

@@ -90,9 +90,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             // Rows before the tile's first window are staged as zeros, as those past its last key: no query reads
             // them (their scores are masked), and P = 0 times a zero stays zero whatever the cache holds there.
             const bool in = k0 + kk >= first_key && k0 + kk < n_keys && d < hd;
-            // A sliding-window layer's ring holds position p in row p % ring (the rows staged here, from the tile's
-            // first window to its last key, are fewer than the ring's).
-            const size_t row = static_cast<size_t>(a.ring > 0 ? (k0 + kk) % a.ring : k0 + kk) * row_bytes;
+            const size_t row = static_cast<size_t>(k0 + kk) * row_bytes;
             const int e = kv_head * hd + d;  // the element's index in the row
             if constexpr (Q8) {
                 const size_t off = row + static_cast<size_t>(e / 32) * 34 + 2 + e % 32;
@@ -110,9 +108,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             for (int i = tid; i < BK * NB; i += kThreads) {
                 const int kk = i / NB, b = first_block + i % NB;
                 const bool in = k0 + kk >= first_key && k0 + kk < n_keys && b < kv_dim / 32;
-                const int pos = k0 + kk;
-                const size_t off = static_cast<size_t>(a.ring > 0 ? pos % a.ring : pos) * row_bytes +
-                                   static_cast<size_t>(b) * 34;
+                const size_t off = static_cast<size_t>(k0 + kk) * row_bytes + static_cast<size_t>(b) * 34;
                 k_scale[i] = in ? detail::load_half(k_rows + off) : 0.0f;
                 v_scale[i] = in ? detail::load_half(v_rows + off) : 0.0f;
             }

@@ -263,8 +263,6 @@ struct RopeKvArgs {
     // start_pos), so a captured launch replays at whatever position the int holds then. A by-value start_pos would
     // be frozen into the graph at capture.
     const int* device_start_pos = nullptr;
-    // > 0 (rope_kv_write only): the cache is a ring of this many rows, position p in row p % ring.
-    int ring = 0;
     // The step's cosines and sines, from rope_trig_table: what matvec_qkv_rope's in-launch epilogue reads (the
     // matvec kernels do not compute them); rope_kv_write computes its own and ignores this.
     const float* trig = nullptr;
@@ -299,9 +297,6 @@ struct AttentionArgs {
     float scale = 0.0f;  // scores = scale * q.k; 0: 1 / sqrt(head_dim)
     // > 0: a query at position p sees only the keys at p - window + 1 .. p (a sliding-window layer); 0: all before it.
     int window = 0;
-    // > 0: the cache is a ring of this many rows, position t in row t % ring (a sliding-window layer's, at least
-    // window + the call's tokens); 0: position t in row t.
-    int ring = 0;
     // CUDA graphs (attention only; attention_prefill ignores it): when set, the start position is read from this
     // device int when the kernels run, and start_pos is only a bound it never exceeds: the grid (and the workspace)
     // is sized for start_pos, and splits past a token's last key return at once. A captured launch then replays

@@ -29,9 +29,8 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
     float* q = a.q + static_cast<size_t>(tok) * a.n_heads * hd;
     const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
     const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
-    const int row = a.ring > 0 ? pos % a.ring : pos;  // a sliding-window layer's ring
-    uint16_t* kc = static_cast<uint16_t*>(a.k_cache) + static_cast<size_t>(row) * kv_dim;
-    uint16_t* vc = static_cast<uint16_t*>(a.v_cache) + static_cast<size_t>(row) * kv_dim;
+    uint16_t* kc = static_cast<uint16_t*>(a.k_cache) + static_cast<size_t>(pos) * kv_dim;
+    uint16_t* vc = static_cast<uint16_t*>(a.v_cache) + static_cast<size_t>(pos) * kv_dim;
     const int stride = static_cast<int>(gridDim.y * blockDim.x);
     for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_items; p += stride) {
         if (p < n_q) {
@@ -94,9 +93,8 @@ __global__ void __launch_bounds__(kThreads) rope_kv_q8_0_kernel(RopeKvArgs a) {
     const size_t row_bytes = static_cast<size_t>(n_blocks) * kQ8BlockBytes;
     const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
     const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
-    const int row = a.ring > 0 ? pos % a.ring : pos;  // a sliding-window layer's ring
-    uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + static_cast<size_t>(row) * row_bytes;
-    uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + static_cast<size_t>(row) * row_bytes;
+    uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + static_cast<size_t>(pos) * row_bytes;
+    uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + static_cast<size_t>(pos) * row_bytes;
     for (int b = warp; b < n_blocks; b += warp_stride) {
         const int e = b * kQ8Block + lane;
         store_q8_0(kc + b * kQ8BlockBytes, rotated_k(a, k, e, pos), lane);

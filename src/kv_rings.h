@@ -1,9 +1,9 @@
-// KvRings: the sliding-window bookkeeping both backends' KV caches share. A layer with a window of W positions keeps
-// a ring of R = W + margin slots instead of every position (position p in slot p % R), where that is smaller than
-// the cache; the margin covers what is written between two reads of a window (one step's tokens, and a speculative
-// rollback). The rings also track from which position their contents are intact, so that a cut back resumes only
-// where every ring still holds the window before it (else at 0), and a step that would read an overwritten position
-// is refused.
+// KvRings: the sliding-window bookkeeping of a KV cache (the CPU backend's; the CUDA cache keeps every position). A
+// layer with a window of W positions keeps a ring of R = W + margin slots instead of every position (position p in
+// slot p % R), where that is smaller than the cache; the margin covers what is written between two reads of a window
+// (one step's tokens, and a speculative rollback). The rings also track from which position their contents are
+// intact, so that a cut back resumes only where every ring still holds the window before it (else at 0), and a step
+// that would read an overwritten position is refused.
 #pragma once
 #include <algorithm>
 #include <string>
