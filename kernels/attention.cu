@@ -3,6 +3,7 @@
 // block of each (token, head) to finish (with AttentionArgs::split_counters) or by a second kernel; the combine can
 // also quantize the head's output for the 8-bit matvec route.
 #include <cmath>
+#include <numeric>
 
 #include "common.cuh"
 #include "online_softmax.cuh"
@@ -103,11 +104,16 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     // A split past this token's last key: the grid is sized for the call's last token (or, replayed from a graph,
     // for a bound on the position), and the combine kernel reads only the splits that hold keys.
     if (split_begin >= n_keys) return;
-    const int end = split_begin + a.split_size < n_keys ? split_begin + a.split_size : n_keys;
+    int end = split_begin + a.split_size < n_keys ? split_begin + a.split_size : n_keys;
     // A sliding window starts the keys later: a split wholly before it reads nothing and leaves the empty partial
     // (m = -inf, l = 0), which the combine skips.
     const int first_key = a.window > 0 && n_keys - a.window > 0 ? n_keys - a.window : 0;
-    const int begin = split_begin > first_key ? split_begin : first_key;
+    // The loop below walks cache rows, not positions (only their count matters to the softmax): in a sliding-window
+    // layer's ring, position t is in row t - shift for the whole split, as the ring is a multiple of the split size.
+    // (A per-key t % ring made ptxas spill in the <128, q8_0> instance; this is one modulo per block.)
+    const int shift = a.ring > 0 ? split_begin - split_begin % a.ring : 0;
+    const int begin = (split_begin > first_key ? split_begin : first_key) - shift;
+    end -= shift;
     const float scale = a.scale != 0.0f ? a.scale : 1.0f / sqrtf(static_cast<float>(hd));
     const size_t row_bytes = Q8 ? static_cast<size_t>(kv_dim / 32) * 34 : static_cast<size_t>(kv_dim) * 2;
     const uint8_t* k_rows = static_cast<const uint8_t*>(a.k_cache);
@@ -123,7 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
     }
     float m = -INFINITY, l = 0.0f;
     for (int t0 = begin + warp * U; t0 < end; t0 += kWarps * U) {
-        // Keys t0..t0+U-1 that exist: n_u >= 1 (t0 < end), the same for the whole warp.
+        // Rows t0..t0+U-1 that hold keys: n_u >= 1 (t0 < end), the same for the whole warp.
         const int n_u = end - t0 < U ? end - t0 : U;
         const auto key = [&](int u, int j) {
             return kv_value<Q8>(k_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
@@ -226,8 +232,15 @@ size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int 
     return static_cast<size_t>(n_tokens) * n_heads * splits_for(start_pos, n_tokens, split_size) * (head_dim + 2);
 }
 
+int attention_ring_multiple(int split_size) {
+    constexpr int kLargestKeyTile = 32;  // attention_prefill.cu's BK
+    return std::lcm(split_size, kLargestKeyTile);
+}
+
 void attention(const AttentionArgs& a, Stream stream) {
     detail::require(a.n_tokens > 0 && a.start_pos >= 0 && a.split_size > 0, "attention: bad shape");
+    detail::require(a.ring >= 0 && a.ring % attention_ring_multiple(a.split_size) == 0,
+                    "attention: a ring's rows must be a multiple of attention_ring_multiple(split_size)");
     detail::require(a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0, "attention: n_heads must be a multiple of n_kv_heads");
     const int n_splits = splits_for(a.start_pos, a.n_tokens, a.split_size);
     detail::require(n_splits <= 65535 && a.n_heads <= 65535 && a.n_tokens <= 65535, "attention: grid too large");

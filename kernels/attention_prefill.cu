@@ -85,12 +85,15 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     const int first_key = a.window > 0 && first_pos - a.window + 1 > 0 ? first_pos - a.window + 1 : 0;
     for (int k0 = first_key / BK * BK; k0 < n_keys; k0 += BK) {
         __syncthreads();  // the previous tile's readers are done (first tile: Q and the row state are written)
+        // The tile's first row: a sliding-window layer's ring holds position p in row p % ring, and the ring is a
+        // multiple of BK (attention_ring_multiple), so the tile's BK positions lie in consecutive rows.
+        const int row0 = a.ring > 0 ? k0 % a.ring : k0;
         for (int i = tid; i < BK * HD; i += kThreads) {
             const int kk = i / HD, d = i % HD;
             // Rows before the tile's first window are staged as zeros, as those past its last key: no query reads
             // them (their scores are masked), and P = 0 times a zero stays zero whatever the cache holds there.
             const bool in = k0 + kk >= first_key && k0 + kk < n_keys && d < hd;
-            const size_t row = static_cast<size_t>(k0 + kk) * row_bytes;
+            const size_t row = static_cast<size_t>(row0 + kk) * row_bytes;
             const int e = kv_head * hd + d;  // the element's index in the row
             if constexpr (Q8) {
                 const size_t off = row + static_cast<size_t>(e / 32) * 34 + 2 + e % 32;
@@ -108,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
             for (int i = tid; i < BK * NB; i += kThreads) {
                 const int kk = i / NB, b = first_block + i % NB;
                 const bool in = k0 + kk >= first_key && k0 + kk < n_keys && b < kv_dim / 32;
-                const size_t off = static_cast<size_t>(k0 + kk) * row_bytes + static_cast<size_t>(b) * 34;
+                const size_t off = static_cast<size_t>(row0 + kk) * row_bytes + static_cast<size_t>(b) * 34;
                 k_scale[i] = in ? detail::load_half(k_rows + off) : 0.0f;
                 v_scale[i] = in ? detail::load_half(v_rows + off) : 0.0f;
             }
@@ -181,6 +184,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
 template <int D, int BQ, int BK>
 void launch(const char* name, const char* name_q8, const AttentionArgs& a, Stream stream) {
     const dim3 grid((a.n_tokens + BQ - 1) / BQ, a.n_heads), block(kThreads);
+    detail::require(a.ring >= 0 && a.ring % BK == 0, "attention_prefill: a ring's rows must be a multiple of the key tile");
     if (a.kv_type == KvType::Q8_0)
         detail::launch_kernel(name_q8, attention_prefill_kernel<D, BQ, BK, true>, grid, block, 0, stream, a);
     else

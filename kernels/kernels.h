@@ -263,6 +263,8 @@ struct RopeKvArgs {
     // start_pos), so a captured launch replays at whatever position the int holds then. A by-value start_pos would
     // be frozen into the graph at capture.
     const int* device_start_pos = nullptr;
+    // > 0 (rope_kv_write only): the cache is a ring of this many rows, position p in row p % ring.
+    int ring = 0;
     // The step's cosines and sines, from rope_trig_table: what matvec_qkv_rope's in-launch epilogue reads (the
     // matvec kernels do not compute them); rope_kv_write computes its own and ignores this.
     const float* trig = nullptr;
@@ -297,6 +299,10 @@ struct AttentionArgs {
     float scale = 0.0f;  // scores = scale * q.k; 0: 1 / sqrt(head_dim)
     // > 0: a query at position p sees only the keys at p - window + 1 .. p (a sliding-window layer); 0: all before it.
     int window = 0;
+    // > 0: the cache is a ring of this many rows, position t in row t % ring (a sliding-window layer's): at least
+    // window + the call's tokens - 1 rows, and a multiple of attention_ring_multiple(split_size), so that every
+    // split (split-K) and key tile (prefill) lies in consecutive rows. 0: position t in row t.
+    int ring = 0;
     // CUDA graphs (attention only; attention_prefill ignores it): when set, the start position is read from this
     // device int when the kernels run, and start_pos is only a bound it never exceeds: the grid (and the workspace)
     // is sized for start_pos, and splits past a token's last key return at once. A captured launch then replays
@@ -316,6 +322,9 @@ struct AttentionArgs {
 // The quantized output above is possible: q8_for's inputs are Q8_1 blocks and head_dim is 32, 64, 96 or 128.
 bool attention_quantizes_for(GgmlType q8_for, int head_dim);
 size_t attention_workspace_floats(int n_tokens, int start_pos, int n_heads, int head_dim, int split_size);
+// What a ring's row count must be a multiple of (AttentionArgs::ring): the split size and the prefill kernel's key
+// tile (32 positions at most), so that a split or a tile starting at a multiple of its size never wraps.
+int attention_ring_multiple(int split_size);
 void attention(const AttentionArgs& a, Stream stream);
 
 // ---- prefill attention (attention_prefill.cu) ------------------------------------------------------------------

@@ -171,8 +171,8 @@ size_t matvec_rope_counters(const RopeKvArgs& rope) {
 bool matvec_rope_in_launch(GgmlType type, MatvecLoads loads, const RopeKvArgs& rope) {
     // The angles tabled, the fp16 cache (rope_kv.cuh head_epilogue), every block within one head (kWarps rows a
     // block; split: one), and not the persistent kernel, whose blocks walk several block-rows (the float types
-    // always load directly).
-    return rope.trig && rope.kv_type == KvType::F16 && rope.head_dim % kWarps == 0 &&
+    // always load directly); a cache of every position (the epilogue writes row pos, not a ring's slot).
+    return rope.trig && rope.kv_type == KvType::F16 && rope.ring == 0 && rope.head_dim % kWarps == 0 &&
            (loads != MatvecLoads::Persistent || ggml_is_float_type(type));
 }
 

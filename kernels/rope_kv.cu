@@ -29,8 +29,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
     float* q = a.q + static_cast<size_t>(tok) * a.n_heads * hd;
     const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
     const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
-    uint16_t* kc = static_cast<uint16_t*>(a.k_cache) + static_cast<size_t>(pos) * kv_dim;
-    uint16_t* vc = static_cast<uint16_t*>(a.v_cache) + static_cast<size_t>(pos) * kv_dim;
+    const int row = a.ring > 0 ? pos % a.ring : pos;  // a sliding-window layer's ring
+    uint16_t* kc = static_cast<uint16_t*>(a.k_cache) + static_cast<size_t>(row) * kv_dim;
+    uint16_t* vc = static_cast<uint16_t*>(a.v_cache) + static_cast<size_t>(row) * kv_dim;
     const int stride = static_cast<int>(gridDim.y * blockDim.x);
     for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_items; p += stride) {
         if (p < n_q) {
@@ -49,9 +50,9 @@ __global__ void __launch_bounds__(kThreads) rope_kv_kernel(RopeKvArgs a) {
 }
 
 // Element e of a K row after RoPE, computed alone (each lane of a Q8_0 block needs its own value, and a pair's two
-// elements may lie in different blocks, NeoX halves always). The expressions are rotate()'s, so the value is the
-// one rotate() gives that element.
-__device__ __forceinline__ float rotated_k(const RopeKvArgs& a, const float* k, int e, int pos) {
+// elements may lie in different blocks, NeoX halves always), with pair i's cosine and sine from the block's table.
+// The expressions are rotate()'s, so the value is the one rotate() gives that element.
+__device__ __forceinline__ float rotated_k(const RopeKvArgs& a, const float* k, int e, const float2* angles) {
     const int hd = a.head_dim, j = e % hd, half = a.rope_dim / 2;
     if (j >= a.rope_dim) return k[e];
     const int base = e - j;
@@ -63,8 +64,7 @@ __device__ __forceinline__ float rotated_k(const RopeKvArgs& a, const float* k, 
         i = j / 2;
         ia = 2 * i, ib = 2 * i + 1;
     }
-    float c, s;
-    rope::cos_sin<false>(a, 0, pos, i, c, s);
+    const float c = angles[i].x, s = angles[i].y;
     const float v0 = k[base + ia], v1 = k[base + ib];
     return j == ia ? v0 * c - v1 * s : v0 * s + v1 * c;
 }
@@ -79,25 +79,45 @@ __device__ __forceinline__ void store_q8_0(uint8_t* block, float x, int lane) {
     if (lane == 0) *reinterpret_cast<uint16_t*>(block) = tandem_float_to_half(d);  // blocks sit at 2-byte alignment
 }
 
-// The Q8_0 cache: a token's blocks rotate its Q pairs, a thread each, then quantize its K and V blocks, a warp each.
+// The Q8_0 cache: a token's blocks first table the position's cosines and sines (one per pair, shared by every Q and
+// K head), then rotate its Q pairs, a thread each, then quantize its K and V blocks, a warp each. With the angles
+// computed in one place, cosf / sinf's slow path (Payne-Hanek reduction) is in one loop: computed inside both
+// rotation loops, its array went to a 32-byte stack frame once the ring's row was added (sm_80-90, 2026-12-07).
+constexpr int kMaxPairs = 128;  // rope_dim <= 256 (the attention kernels' largest head)
 __global__ void __launch_bounds__(kThreads) rope_kv_q8_0_kernel(RopeKvArgs a) {
+    TANDEM_SHARED(float2, angles, kMaxPairs);
     detail::wait_for_inputs();
-    const int tok = blockIdx.x, pos = rope::start_position(a) + tok, half = a.rope_dim / 2;
+    const int tok = blockIdx.x, pos = rope::start_position(a) + tok, half = a.rope_dim / 2, hd = a.head_dim;
+    for (int i = static_cast<int>(threadIdx.x); i < half; i += static_cast<int>(blockDim.x)) {
+        float c, s;
+        rope::cos_sin<false>(a, 0, pos, i, c, s);
+        angles[i] = make_float2(c, s);
+    }
+    __syncthreads();
     const int n_q = a.n_heads * half, stride = static_cast<int>(gridDim.y * blockDim.x);
-    float* q = a.q + static_cast<size_t>(tok) * a.n_heads * a.head_dim;
-    for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_q; p += stride)
-        rope::rotate_q_pair<false, false>(a, q, tok, pos, p / half, p % half);
-    const int kv_dim = a.n_kv_heads * a.head_dim, n_blocks = kv_dim / kQ8Block;
+    float* q = a.q + static_cast<size_t>(tok) * a.n_heads * hd;
+    for (int p = blockIdx.y * blockDim.x + threadIdx.x; p < n_q; p += stride) {
+        int ia, ib;
+        rope::pair_of(a, p % half, ia, ib);
+        float* head = q + (p / half) * hd;
+        float x0 = head[ia], x1 = head[ib];
+        const float2 cs = angles[p % half];
+        rope::rotate(x0, x1, cs.x, cs.y);
+        head[ia] = x0;
+        head[ib] = x1;
+    }
+    const int kv_dim = a.n_kv_heads * hd, n_blocks = kv_dim / kQ8Block;
     const int lane = threadIdx.x % 32, n_warps = blockDim.x / 32;
     const int warp = blockIdx.y * n_warps + threadIdx.x / 32, warp_stride = gridDim.y * n_warps;
     const size_t row_bytes = static_cast<size_t>(n_blocks) * kQ8BlockBytes;
     const float* k = a.k + static_cast<size_t>(tok) * kv_dim;
     const float* v = a.v + static_cast<size_t>(tok) * kv_dim;
-    uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + static_cast<size_t>(pos) * row_bytes;
-    uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + static_cast<size_t>(pos) * row_bytes;
+    const int row = a.ring > 0 ? pos % a.ring : pos;  // a sliding-window layer's ring
+    uint8_t* kc = static_cast<uint8_t*>(a.k_cache) + static_cast<size_t>(row) * row_bytes;
+    uint8_t* vc = static_cast<uint8_t*>(a.v_cache) + static_cast<size_t>(row) * row_bytes;
     for (int b = warp; b < n_blocks; b += warp_stride) {
         const int e = b * kQ8Block + lane;
-        store_q8_0(kc + b * kQ8BlockBytes, rotated_k(a, k, e, pos), lane);
+        store_q8_0(kc + b * kQ8BlockBytes, rotated_k(a, k, e, angles), lane);
         store_q8_0(vc + b * kQ8BlockBytes, v[e], lane);
     }
 }
@@ -148,6 +168,7 @@ void rope_kv_write(const RopeKvArgs& a, Stream stream) {
     detail::require(a.n_tokens <= 65535, "rope_kv_write: too many tokens for one launch");
     const int half = a.rope_dim / 2, kv_dim = a.n_kv_heads * a.head_dim;
     if (a.kv_type == KvType::Q8_0) {
+        detail::require(half <= kMaxPairs, "rope_kv_write: a Q8_0 cache takes rope_dim <= 256");
         const int slices =
             std::max(slices_for(a.n_heads * half, kThreads), slices_for(kv_dim / kQ8Block, kThreads / 32));
         detail::launch_kernel("rope_kv_q8_0_kernel", rope_kv_q8_0_kernel, dim3(a.n_tokens, slices), dim3(kThreads), 0,

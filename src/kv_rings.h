@@ -1,9 +1,9 @@
-// KvRings: the sliding-window bookkeeping of a KV cache (the CPU backend's; the CUDA cache keeps every position). A
-// layer with a window of W positions keeps a ring of R = W + margin slots instead of every position (position p in
-// slot p % R), where that is smaller than the cache; the margin covers what is written between two reads of a window
-// (one step's tokens, and a speculative rollback). The rings also track from which position their contents are
-// intact, so that a cut back resumes only where every ring still holds the window before it (else at 0), and a step
-// that would read an overwritten position is refused.
+// KvRings: the sliding-window bookkeeping both backends' KV caches share. A layer with a window of W positions keeps
+// a ring of R = W + margin slots instead of every position (position p in slot p % R), where that is smaller than
+// the cache; the margin covers what is written between two reads of a window (one step's tokens, and a speculative
+// rollback). The rings also track from which position their contents are intact, so that a cut back resumes only
+// where every ring still holds the window before it (else at 0), and a step that would read an overwritten position
+// is refused.
 #pragma once
 #include <algorithm>
 #include <string>
@@ -20,11 +20,13 @@ public:
     static constexpr int kRollbackMargin = 128;
 
     KvRings() = default;
-    // windows[l]: layer l's window (0: none). A layer keeps a ring only where it is smaller than `capacity`, counting
-    // `mirrored` (the CPU cache's copy of the first window's slots after the ring) when set.
-    KvRings(const std::vector<int>& windows, int margin, int capacity, bool mirrored) {
+    // windows[l]: layer l's window (0: none). A ring has window + margin slots rounded up to a multiple of `align`
+    // (the CUDA kernels' split and tile: attention_ring_multiple). A layer keeps a ring only where it is smaller than
+    // `capacity`, counting `mirrored` (the CPU cache's copy of the first window's slots after the ring) when set.
+    KvRings(const std::vector<int>& windows, int margin, int capacity, bool mirrored, int align = 1) {
         for (int window : windows) {
-            const long ring = window > 0 ? static_cast<long>(window) + std::max(margin, 1) : 0;
+            const long a = std::max(align, 1);
+            const long ring = window > 0 ? (static_cast<long>(window) + std::max(margin, 1) + a - 1) / a * a : 0;
             const bool keep_ring = window > 0 && ring + static_cast<long>(mirrored ? window : 0) < capacity;
             window_.push_back(keep_ring ? window : 0);
             ring_.push_back(keep_ring ? static_cast<int>(ring) : 0);

@@ -138,6 +138,18 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
             blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
+// Every layer's sliding window (0: none) and its ring's shape: the margin is the longest step (a prefill chunk, or a
+// short call of up to matvec_max_call tokens) and the rollback margin (kv_rings.h), the alignment the attention
+// kernels' splits and tiles need.
+CudaKvWindows kv_windows(const ModelConfig& c, const CudaPrefillOptions& prefill, const CudaOptions& options) {
+    CudaKvWindows w;
+    for (const LayerAttention& l : c.layers) w.windows.push_back(l.window);
+    w.margin = std::max({prefill.chunk_tokens, prefill.matvec_max_call, CudaBackend::kStepTokens}) +
+               KvRings::kRollbackMargin;
+    w.align = cuda::attention_ring_multiple(options.attention_split);
+    return w;
+}
+
 size_t workspace_bytes(const ModelConfig& c, int n_ctx, int split) {
     const int n = CudaBackend::kStepTokens;
     // The worst step: the last n positions of the cache. (A graph's attention grid is rounded up, but never past
@@ -246,12 +258,36 @@ CudaOptions on_this_device(CudaOptions o) {
 
 bool CudaBackend::use_blas(const CudaOptions& options) { return !options.simt_gemm && cuda::blas_available(); }
 
-CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type)
+namespace {
+// The rings of a cache of `capacity` positions (every layer's window, 0 past `windows`).
+KvRings cuda_rings(int n_layers, int capacity, const CudaKvWindows& w) {
+    std::vector<int> all(w.windows);
+    all.resize(static_cast<size_t>(n_layers), 0);
+    return KvRings(all, w.margin, capacity, false, w.align);
+}
+}  // namespace
+
+size_t CudaKvCache::bytes_needed(int n_layers, int capacity, int kv_dim, cuda::KvType type,
+                                 const CudaKvWindows& windows) {
+    const KvRings rings = cuda_rings(n_layers, capacity, windows);
+    size_t rows = 0;
+    for (int l = 0; l < n_layers; ++l) rows += static_cast<size_t>(rings.ring(l) > 0 ? rings.ring(l) : capacity);
+    return 2 * cuda::kv_row_bytes(type, kv_dim) * rows;
+}
+
+CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type, const CudaKvWindows& windows)
     : KvCache(capacity),
       type_(type),
       row_bytes_(cuda::kv_row_bytes(type, kv_dim)),
-      k_(bytes_needed(n_layers, capacity, kv_dim, type) / 2),
-      v_(bytes_needed(n_layers, capacity, kv_dim, type) / 2) {}
+      rings_(cuda_rings(n_layers, capacity, windows)),
+      k_(bytes_needed(n_layers, capacity, kv_dim, type, windows) / 2),
+      v_(bytes_needed(n_layers, capacity, kv_dim, type, windows) / 2) {
+    size_t offset = 0;
+    for (int l = 0; l < n_layers; ++l) {
+        layer_offset_.push_back(offset);
+        offset += static_cast<size_t>(rings_.ring(l) > 0 ? rings_.ring(l) : capacity) * row_bytes_;
+    }
+}
 
 CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options) {
     const ModelConfig& c = model.config;
@@ -261,7 +297,9 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
     p.prefill_chunk = prefill.chunk_tokens;
     p.weights = weight_layout(model.weights, nullptr);
     p.kv_type = options.kv_type;
-    p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options.kv_type) : 0;
+    p.kv_cache = n_ctx > 0 ? CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options.kv_type,
+                                                       kv_windows(c, prefill, options))
+                           : 0;
     p.scratch = scratch_layout(model, prefill, p.blas, p.int8_gemm).total() +
                 (n_ctx > 0 ? workspace_bytes(c, n_ctx, options.attention_split) : 0);
     if (const auto step = persistent_step_plan(model, options))
@@ -427,12 +465,13 @@ void CudaBackend::ensure_workspace(int n_ctx) {
 
 std::unique_ptr<KvCache> CudaBackend::new_cache(int n_ctx) {
     const ModelConfig& c = model_.config;
-    const size_t kv = CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
+    const CudaKvWindows windows = kv_windows(c, prefill_, options_);
+    const size_t kv = CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type, windows);
     const size_t ws = n_ctx > workspace_ctx_ ? workspace_bytes(c, n_ctx, options_.attention_split) : 0;
     check_fits("a KV cache of " + std::to_string(n_ctx) + " positions", kv + ws,
                " (KV cache " + mib(kv) + ", attention workspace " + mib(ws) + ")");
     ensure_workspace(n_ctx);
-    return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type);
+    return std::make_unique<CudaKvCache>(c.n_layers, n_ctx, c.kv_dim(), options_.kv_type, windows);
 }
 
 CudaBackend::CallOutput CudaBackend::CallOutput::advanced(size_t rows, int n_vocab) const {
@@ -664,6 +703,7 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     std::copy(tokens.begin(), tokens.end(), step_host_.begin() + 1);
     cuda::copy_to_device(step_in_, step_host_.data(), static_cast<size_t>(n + 1) * sizeof(int), stream_);
     if (persistent_step(n, prefill)) upload_step_layers(cache);
+    cache.rings().check_reach(start_pos);
 
     if (prefill) {
         enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
@@ -676,6 +716,7 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
         ++graph_stats_.direct_steps;
     }
     cache.commit_appended(n);
+    cache.rings().note_written(start_pos + n);
 
     // The outputs: a short step's (<= kStepTokens rows) were computed above, inside the graph; a prefill chunk's
     // run kStepTokens rows at a time through matvec (logits_ holds that many). Queued on the stream like the
@@ -727,6 +768,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
         const float* inv_freq = inv_freq_ + static_cast<size_t>(std::max(table, 0)) * (c.rope_dim / 2);
         cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq, n, pos.start, c.n_heads,
                               c.n_kv_heads, c.head_dim, table >= 0 ? c.rope_dim : 0, mode, cache.type()};
+        rope.ring = cache.ring(l);
         rope.device_start_pos = pos.device;
         rope.trig = rope_trig_;  // read only by the Q/K/V launches that apply RoPE, after rope_trig_table below
         return rope;
@@ -787,6 +829,7 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                                 options_.attention_split, cache.type()};
         att.scale = c.attention_scale;
         att.window = c.layers[static_cast<size_t>(l)].window;
+        att.ring = cache.ring(l);
         att.device_start_pos = pos.device;
         att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
         if (cuda::attention_quantizes_for(L.wo.type, c.head_dim)) {

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "kv_rings.h"
 #include "cuda/cuda_options.h"
 #include "device.h"
 #include "gguf/ggml_types.h"
@@ -47,21 +48,37 @@ struct Model;
 struct ModelConfig;
 struct Weights;
 
+// The sliding windows of a cache's layers and the rings they keep (kv_rings.h): window + margin rows, rounded up to
+// a multiple of `align` (cuda::attention_ring_multiple of the backend's split size).
+struct CudaKvWindows {
+    std::vector<int> windows;  // [layer]: the window, 0 for none (empty: no windowed layers)
+    int margin = 0;
+    int align = 1;
+};
+
 class CudaKvCache : public KvCache {
 public:
-    CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16);
-    // Device pointers to `layer`'s keys / values: [capacity] rows of cuda::kv_row_bytes(type(), kv_dim).
-    void* key(int layer) const { return k_.as<uint8_t>() + layer_offset(layer); }
-    void* value(int layer) const { return v_.as<uint8_t>() + layer_offset(layer); }
+    // Sliding-window layers keep a ring (kv_rings.h): position p in row p % ring(l); the kernels address them so
+    // (AttentionArgs::ring, RopeKvArgs::ring).
+    CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16,
+                const CudaKvWindows& windows = {});
+    // Device pointers to `layer`'s keys / values: rows of cuda::kv_row_bytes(type(), kv_dim), [capacity] of them, or
+    // [ring(layer)] for a windowed layer.
+    void* key(int layer) const { return k_.as<uint8_t>() + layer_offset_[static_cast<size_t>(layer)]; }
+    void* value(int layer) const { return v_.as<uint8_t>() + layer_offset_[static_cast<size_t>(layer)]; }
+    int ring(int layer) const { return rings_.ring(layer); }
+    KvRings& rings() { return rings_; }
     cuda::KvType type() const { return type_; }
-    static size_t bytes_needed(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16) {
-        return 2 * cuda::kv_row_bytes(type, kv_dim) * static_cast<size_t>(n_layers) * capacity;
-    }
+    // Bytes of keys and values for these layers' windows (rings where they are smaller than the capacity).
+    static size_t bytes_needed(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16,
+                               const CudaKvWindows& windows = {});
 
 private:
-    size_t layer_offset(int layer) const { return static_cast<size_t>(layer) * capacity() * row_bytes_; }
+    int resumable(int n) override { return rings_.resumable(n); }
     cuda::KvType type_;
     size_t row_bytes_;
+    KvRings rings_;
+    std::vector<size_t> layer_offset_;  // [layer]: bytes before its rows
     cuda::DeviceBuffer k_, v_;
 };
 

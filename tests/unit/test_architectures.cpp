@@ -193,6 +193,48 @@ TEST_CASE("architectures: sliding-window layers keep a ring of the cache, with t
     CHECK(std::memcmp(a.data(), b.data(), 16 * V * 4) == 0);
 }
 
+TEST_CASE("architectures: the CUDA backend's sliding-window rings give the logits of a full cache") {
+    // gemma3's fixture on the emulated CUDA backend, 600 positions: prefill calls of 16 (the GEMM and tiled attention
+    // path: matvec_max_call 4), single-token steps (split-K attention, graphs) and rollbacks, through a cache whose
+    // windowed layers keep rings of 5 + 16 + 128 rows rounded up to 32 (splits of 4 keys, key tiles of 32), and
+    // through one that keeps every position: bitwise the same.
+    const auto model = Model::load(kArch + "/gemma3.gguf");
+    const ModelConfig& c = model->config;
+    const int n_ctx = 700, n = 600;
+    std::vector<int> tokens;
+    for (int i = 0; i < n; ++i) tokens.push_back(3 + (i * 7919) % (c.n_vocab - 3));
+    CudaOptions options;
+    options.attention_split = 4;
+    CudaBackend gpu(*model, n_ctx, {16, 4}, options);
+    auto ring = gpu.new_cache(n_ctx);
+    CudaKvCache full(c.n_layers, n_ctx, c.kv_dim());
+    const auto& ring_cache = static_cast<const CudaKvCache&>(*ring);
+    CHECK(ring_cache.ring(0) == 160);
+    CHECK(ring_cache.ring(5) == 0);  // the global layer
+    CudaKvWindows windows{{}, 16 + 128, 32};
+    for (const LayerAttention& l : c.layers) windows.windows.push_back(l.window);
+    CHECK(CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim(), cuda::KvType::F16, windows) <
+          CudaKvCache::bytes_needed(c.n_layers, n_ctx, c.kv_dim()) / 2);
+    const size_t V = static_cast<size_t>(c.n_vocab);
+    std::vector<float> a(16 * V), b(16 * V);
+    int at = 0, round = 0;
+    while (at < n) {
+        const int step = std::min(round % 4 == 3 ? 1 : 16, n - at);
+        const auto chunk = std::span<const int>(tokens).subspan(static_cast<size_t>(at), static_cast<size_t>(step));
+        gpu.forward(chunk, *ring, step, a.data());
+        gpu.forward(chunk, full, step, b.data());
+        REQUIRE(std::memcmp(a.data(), b.data(), static_cast<size_t>(step) * V * 4) == 0);
+        at += step;
+        if (++round % 5 == 0 && at < n) {
+            at -= 9;
+            ring->truncate(at);
+            full.truncate(at);
+        }
+    }
+    ring->truncate(at - 300);
+    CHECK(ring->n_committed() == 0);
+}
+
 TEST_CASE("architectures: each fixture switches on its family's variations") {
     // The fixtures are only a test of what they contain: this pins that each carries what its family adds.
     auto config = [](const std::string& name) { return Model::load(kArch + "/" + name + ".gguf")->config; };
