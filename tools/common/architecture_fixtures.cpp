@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 
+#include "common/splitmix.h"
 #include "common/synthetic_model.h"
 #include "error.h"
 #include "gguf/gguf_writer.h"
@@ -18,17 +19,6 @@ constexpr int kVocab = 320;  // <unk> <s> </s>, 256 byte pieces, 61 made-up piec
 constexpr int kDim = 64;
 constexpr int kHidden = 128;
 constexpr int kHeads = 4;
-
-struct SplitMix {  // a fixed stream: the fixtures must be the same bytes on every machine
-    uint64_t state;
-    uint64_t next() {
-        uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform_pm1() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
-};
 
 struct Fixture {
     std::string arch;
@@ -108,7 +98,7 @@ std::vector<std::string> architecture_fixture_names() { return {"llama3", "qwen3
 
 void write_architecture_fixture(const std::string& name, const std::string& path) {
     const Fixture f = fixture(name);
-    SplitMix rng{0x7a6e64656dull};  // seeded by the name (not std::hash, which differs between libraries)
+    SplitMix64 rng{0x7a6e64656dull};  // seeded by the name (not std::hash, which differs between libraries)
     for (char ch : name) rng.state = rng.state * 131 + static_cast<unsigned char>(ch);
     const int q_dim = kHeads * f.head_dim, kv_dim = f.n_kv_heads * f.head_dim;
 

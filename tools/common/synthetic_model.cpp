@@ -13,23 +13,14 @@
 
 #include "cpu/fp16.h"
 #include "cpu/quant.h"
+#include "common/splitmix.h"
 #include "error.h"
 #include "gguf/gguf_writer.h"
 
 namespace tandem {
 namespace {
 
-// splitmix64: tiny, fast, deterministic everywhere.
-struct Rng {
-    uint64_t s;
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    float uniform_pm1() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
-};
+using Rng = SplitMix64;
 
 // A matrix of `rows` rows × `cols` columns with uniform values of standard deviation 1/sqrt(cols), so that
 // activations keep their scale through the layers.
