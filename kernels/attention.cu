@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32) attention_split_kernel(AttentionA
         const auto value = [&](int u, int j) {
             return kv_value<Q8>(v_rows + static_cast<size_t>(t0 + u) * row_bytes, e0 + lane + 32 * j);
         };
-        attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, key, value, m, l, acc);
+        attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, a.softcap, a.inv_softcap, key, value, m, l, acc);
     }
     if (lane == 0) {
         warp_m[warp] = m;

@@ -24,8 +24,10 @@ constexpr int kWarps = 4, kThreads = 32 * kWarps;
 // D: head dims up to 32 * D (lanes past head_dim hold zeros). BQ x BK keeps the static shared memory under 48 KiB
 // for every D (the largest, D = 8 with 16 x 16, is ~34 KiB with fp16 tiles, ~27 KiB with Q8_0's) and the
 // accumulators at BQ / 4 * D <= 32 registers.
-template <int D, int BQ, int BK, bool Q8>
-__global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionArgs a) {
+// kSoftcap: gemma2's soft-capped scores. Its instances ask for one resident block per SM at least (without that,
+// ptxas held the <64, q8_0, softcap> instance to 96 registers and spilled 8 bytes, sm_80); the others are unchanged.
+template <int D, int BQ, int BK, bool Q8, bool kSoftcap>
+__global__ void __launch_bounds__(kThreads, kSoftcap ? 1 : 0) attention_prefill_kernel(AttentionArgs a) {
     detail::wait_for_inputs();
     constexpr int HD = 32 * D;
     // Padded strides: the score phase reads K rows (one per lane) and up to two Q rows per warp at the same dim;
@@ -135,6 +137,10 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
         __syncthreads();
         if (tid < BQ) {
             float* sr = s_tile + tid * SS;
+            // gemma2's soft-capping: instances of their own, so that the others compile as before.
+            if constexpr (kSoftcap)
+                for (int kk = 0; kk < BK; ++kk)
+                    if (sr[kk] != -INFINITY) sr[kk] = detail::soft_cap(sr[kk], a.softcap, a.inv_softcap);
             const float m_old = row_m[tid];
             float m_new = m_old;
             for (int kk = 0; kk < BK; ++kk) m_new = fmaxf(m_new, sr[kk]);
@@ -181,14 +187,21 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_kernel(AttentionAr
     }
 }
 
+// names: the instances' names for the profiler, [2 * q8_0 + soft-capped].
 template <int D, int BQ, int BK>
-void launch(const char* name, const char* name_q8, const AttentionArgs& a, Stream stream) {
+void launch(const char* const (&names)[4], const AttentionArgs& a, Stream stream) {
     const dim3 grid((a.n_tokens + BQ - 1) / BQ, a.n_heads), block(kThreads);
     detail::require(a.ring >= 0 && a.ring % BK == 0, "attention_prefill: a ring's rows must be a multiple of the key tile");
-    if (a.kv_type == KvType::Q8_0)
-        detail::launch_kernel(name_q8, attention_prefill_kernel<D, BQ, BK, true>, grid, block, 0, stream, a);
+    const bool q8 = a.kv_type == KvType::Q8_0, capped = a.softcap > 0.0f;
+    const char* name = names[2 * q8 + capped];
+    if (q8 && capped)
+        detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK, true, true>, grid, block, 0, stream, a);
+    else if (q8)
+        detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK, true, false>, grid, block, 0, stream, a);
+    else if (capped)
+        detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK, false, true>, grid, block, 0, stream, a);
     else
-        detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK, false>, grid, block, 0, stream, a);
+        detail::launch_kernel(name, attention_prefill_kernel<D, BQ, BK, false, false>, grid, block, 0, stream, a);
 }
 
 }  // namespace
@@ -201,13 +214,14 @@ void attention_prefill(const AttentionArgs& a, Stream stream) {
     detail::require(a.head_dim > 0 && a.head_dim <= 256, "attention_prefill: head_dim must be 1..256");
     detail::require(kv_type_supports(a.kv_type, a.n_kv_heads * a.head_dim),
                     "attention_prefill: a Q8_0 cache needs n_kv_heads * head_dim to be a multiple of 32");
-    if (a.head_dim <= 32)
-        return launch<1, 32, 32>("attention_prefill_kernel<32>", "attention_prefill_kernel<32, q8_0>", a, stream);
-    if (a.head_dim <= 64)
-        return launch<2, 32, 32>("attention_prefill_kernel<64>", "attention_prefill_kernel<64, q8_0>", a, stream);
-    if (a.head_dim <= 128)
-        return launch<4, 32, 32>("attention_prefill_kernel<128>", "attention_prefill_kernel<128, q8_0>", a, stream);
-    return launch<8, 16, 16>("attention_prefill_kernel<256>", "attention_prefill_kernel<256, q8_0>", a, stream);
+#define TANDEM_PREFILL_NAMES(hd)                                                                 \
+    {"attention_prefill_kernel<" hd ">", "attention_prefill_kernel<" hd ", softcap>",             \
+     "attention_prefill_kernel<" hd ", q8_0>", "attention_prefill_kernel<" hd ", q8_0, softcap>"}
+    if (a.head_dim <= 32) return launch<1, 32, 32>(TANDEM_PREFILL_NAMES("32"), a, stream);
+    if (a.head_dim <= 64) return launch<2, 32, 32>(TANDEM_PREFILL_NAMES("64"), a, stream);
+    if (a.head_dim <= 128) return launch<4, 32, 32>(TANDEM_PREFILL_NAMES("128"), a, stream);
+    return launch<8, 16, 16>(TANDEM_PREFILL_NAMES("256"), a, stream);
+#undef TANDEM_PREFILL_NAMES
 }
 
 }  // namespace tandem::cuda

@@ -27,6 +27,15 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// cap * tanh(x * inv_cap) (gemma2's soft-capping; inv_cap = 1 / cap), with tanh(y) = 1 - 2 / (1 + e^2y) through
+// __expf and __fdividef: no branch and no slow path (with tanhf in its online softmax, attention_split_kernel<256>
+// spilled 12 bytes, sm_80-90, 2026-12-07). Large |y| gives +-cap exactly; the absolute error is a few 1e-7 of the
+// cap, below what a softmax or a sampler can tell.
+__device__ __forceinline__ float soft_cap(float x, float cap, float inv_cap) {
+    const float e = __expf(2.0f * x * inv_cap);
+    return cap * (1.0f - __fdividef(2.0f, 1.0f + e));
+}
+
 // Sum over a block whose size is a multiple of 32, returned to every thread. `scratch` is 32 floats of shared
 // memory; every warp reduces the per-warp partials itself, which saves the broadcast barrier. The caller must
 // __syncthreads() before reusing `scratch`.

@@ -350,7 +350,7 @@ __device__ __forceinline__ void attend_split(const DecodeStepArgs& a, const Deco
         const auto value = [&](int u, int i) {
             return tandem_half_to_float(__ldcg(v_rows + static_cast<size_t>(t0 + u) * kv_dim + e0 + lane + 32 * i));
         };
-        attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, key, value, m, l, acc);
+        attend::online_softmax_step<D, U>(q, n_u, hd, lane, scale, 0.0f, 0.0f, key, value, m, l, acc);
     }
     float* out = partial(a.workspace, head, split, max_splits, hd);
     if (lane == 0) {

@@ -1,5 +1,8 @@
 // Small elementwise kernels of the forward pass that no other family owns: the Q/K/V bias add (qwen2), the scale
-// of the token embeddings (gemma) and the column fill that writes -inf over the logits a restricted output leaves out.
+// of the token embeddings (gemma), the soft-capping of logits (gemma2) and the column fill that writes -inf over the
+// logits a restricted output leaves out.
+#include <cmath>
+
 #include "common.cuh"
 
 namespace tandem::cuda {
@@ -30,6 +33,17 @@ __global__ void __launch_bounds__(kThreads) scale_leading_kernel(float* __restri
         x[(i / dims) * width + i % dims] *= factor;
 }
 
+// One grid-stride loop over n_rows × width elements.
+__global__ void __launch_bounds__(kThreads) soft_cap_kernel(float* __restrict__ rows, size_t stride, int width,
+                                                            int64_t n, float cap, float inv_cap) {
+    detail::wait_for_inputs();
+    const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+        float& x = rows[static_cast<size_t>(i / width) * stride + i % width];
+        if (x != -INFINITY) x = detail::soft_cap(x, cap, inv_cap);
+    }
+}
+
 // One grid-stride loop over n_rows × (end - begin) elements.
 __global__ void __launch_bounds__(kThreads) fill_columns_kernel(float* __restrict__ rows, size_t stride, int begin,
                                                                 int width, int64_t n, float value) {
@@ -56,6 +70,15 @@ void fill_columns(float* rows, int n_rows, size_t stride, int begin, int end, fl
     detail::launch_kernel("fill_columns_kernel", fill_columns_kernel,
                           dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)), dim3(kThreads), 0, stream, rows,
                           stride, begin, end - begin, n, value);
+}
+
+void soft_cap(float* rows, int n_rows, size_t stride, int width, float cap, Stream stream) {
+    detail::require(n_rows >= 0 && width >= 0 && static_cast<size_t>(width) <= stride && cap > 0.0f,
+                    "soft_cap: bad shape or cap");
+    if (n_rows == 0 || width == 0) return;
+    const int64_t n = static_cast<int64_t>(n_rows) * width, blocks = (n + kThreads - 1) / kThreads;
+    detail::launch_kernel("soft_cap_kernel", soft_cap_kernel, dim3(static_cast<unsigned>(blocks < 4096 ? blocks : 4096)),
+                          dim3(kThreads), 0, stream, rows, stride, width, n, cap, 1.0f / cap);
 }
 
 void scale(float* x, int64_t n, float factor, Stream stream) {

@@ -44,6 +44,9 @@ void geglu(const float* gate, const float* up, float* out, int64_t n, Stream str
 void add_bias(float* rows, const float* bias, int n_rows, int width, Stream stream);
 // x[i] *= factor for i < n (gemma's sqrt(dim) on the token embeddings).
 void scale(float* x, int64_t n, float factor, Stream stream);
+// rows[r][j] = cap * tanh(rows[r][j] / cap) for r < n_rows, j < width, rows `stride` floats apart (gemma2's
+// soft-capped logits); -inf stays -inf (the logits a restriction leaves out).
+void soft_cap(float* rows, int n_rows, size_t stride, int width, float cap, Stream stream);
 // The first `dims` elements of each of `rows` rows of `width` floats multiplied by factor: RoPE's amplitude
 // (rope.scaling.attn_factor) on the dims it rotates, applied before rope_kv_write (a rotation is linear, so this
 // is the rotation by cos and sin times the factor, as ggml and the CPU backend compute it, up to rounding).
@@ -299,6 +302,9 @@ struct AttentionArgs {
     float scale = 0.0f;  // scores = scale * q.k; 0: 1 / sqrt(head_dim)
     // > 0: a query at position p sees only the keys at p - window + 1 .. p (a sliding-window layer); 0: all before it.
     int window = 0;
+    // > 0 (gemma2): scores are soft-capped, s -> softcap * tanh(s * inv_softcap), before the softmax; inv_softcap is
+    // 1 / softcap (given, as a division in the kernels would bring its slow-path subroutine).
+    float softcap = 0.0f, inv_softcap = 0.0f;
     // > 0: the cache is a ring of this many rows, position t in row t % ring (a sliding-window layer's): at least
     // window + the call's tokens - 1 rows, and a multiple of attention_ring_multiple(split_size), so that every
     // split (split-K) and key tile (prefill) lies in consecutive rows. 0: position t in row t.

@@ -13,9 +13,11 @@ namespace tandem::cuda::attend {
 // unnormalised output acc: their K loads issued together, one update of the running max for them, then their V
 // loads (a warp waits for memory twice a step, not twice a key). Lane j holds dims j + 32 i of the head (i < D; only
 // those below hd take part); key(u, i) / value(u, i) is that element of key / value u; q is pre-loaded the same way.
+// softcap > 0 (gemma2): each score s = scale * q.k becomes softcap * tanh(s * inv_softcap) first.
 template <int D, int U, class Key, class Value>
 __device__ __forceinline__ void online_softmax_step(const float (&q)[D], int n_u, int hd, int lane, float scale,
-                                                    Key&& key, Value&& value, float& m, float& l, float (&acc)[D]) {
+                                                    float softcap, float inv_softcap, Key&& key, Value&& value,
+                                                    float& m, float& l, float (&acc)[D]) {
     float s[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -27,10 +29,14 @@ __device__ __forceinline__ void online_softmax_step(const float (&q)[D], int n_u
     }
     float m_new = m;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-        s[u] = detail::warp_sum(s[u]) * scale;
-        if (u < n_u) m_new = fmaxf(m_new, s[u]);
+    for (int u = 0; u < U; ++u) s[u] = detail::warp_sum(s[u]) * scale;
+    if (softcap > 0.0f) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) s[u] = detail::soft_cap(s[u], softcap, inv_softcap);
     }
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+        if (u < n_u) m_new = fmaxf(m_new, s[u]);
     const float correction = expf(m - m_new);
     float p[U], p_sum = 0.0f;
 #pragma unroll

@@ -485,12 +485,15 @@ void weighted_values(const float* const* weights, const Rows& values, int off, i
     }
 }
 
-// Q query heads of one KV group at one position over the keys and values 0..n_keys-1: scores, softmax (the weights
+// Q query heads of one KV group at one position over the keys and values 0..n_keys-1: scores (soft-capped where
+// softcap > 0: cap * tanh(s * (1 / cap)), as llama.cpp scales, tanhs and scales back), softmax (the weights
 // att[j][t] * (1 / sum), stored back into att), weighted sum of the values.
 template <int Q, typename Rows>
 void attend(const float* const* q, const Rows& keys, const Rows& values, int off, int hd, int n_keys, float scale,
-            float* const* att, float* const* out) {
+            float softcap, float* const* att, float* const* out) {
     attention_scores<Q>(q, keys, off, hd, n_keys, scale, att);
+    if (softcap > 0.0f)
+        for (int j = 0; j < Q; ++j) cpu::soft_cap(att[j], n_keys, softcap);
     for (int j = 0; j < Q; ++j) {
         float max_score = -INFINITY;
         for (int t = 0; t < n_keys; ++t) max_score = std::max(max_score, att[j][t]);
@@ -630,6 +633,8 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             matmul(w.output, xb_.data(), n_logits, logits);
         else
             restricted_logits(xb_.data(), n_logits, logits);
+        if (c.logit_softcap > 0.0f)  // (the -inf of ids a restriction leaves out stay -inf)
+            cpu::soft_cap(logits, static_cast<int64_t>(n_logits) * c.n_vocab, c.logit_softcap);
     }
 }
 
@@ -713,7 +718,7 @@ void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int*
                                 int window, FirstSlot first_slot) {
     const ModelConfig& c = model_.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
-    const float scale = c.attention_scale;
+    const float scale = c.attention_scale, softcap = c.attention_softcap;
     const int tile = query_tile(n, c.n_kv_heads, group, pool_.size());
     const int tiles_per_group = (group + tile - 1) / tile;
     const int items_per_token = c.n_kv_heads * tiles_per_group;
@@ -741,10 +746,10 @@ void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int*
             const Rows k = keys[kv_head].from(first_slot(first_key));
             const Rows v = values[kv_head].from(first_slot(first_key));
             switch (count) {
-                case 1: attend<1>(q, k, v, off, hd, n_keys, scale, att, out); break;
-                case 2: attend<2>(q, k, v, off, hd, n_keys, scale, att, out); break;
-                case 3: attend<3>(q, k, v, off, hd, n_keys, scale, att, out); break;
-                default: attend<4>(q, k, v, off, hd, n_keys, scale, att, out); break;
+                case 1: attend<1>(q, k, v, off, hd, n_keys, scale, softcap, att, out); break;
+                case 2: attend<2>(q, k, v, off, hd, n_keys, scale, softcap, att, out); break;
+                case 3: attend<3>(q, k, v, off, hd, n_keys, scale, softcap, att, out); break;
+                default: attend<4>(q, k, v, off, hd, n_keys, scale, softcap, att, out); break;
             }
         }
     });

@@ -1,4 +1,5 @@
-// Elementwise math for the CPU backend's hot loops: exp (for softmax) and SiLU-gated products (SwiGLU), 8 lanes
+// Elementwise math for the CPU backend's hot loops: exp (for softmax), SiLU- and GELU-gated products (SwiGLU,
+// GeGLU) and tanh soft-capping, 8 lanes
 // at a time with AVX2/FMA, and a scalar form that performs the same operations (fused multiply-adds included) so
 // that every element gets the same bits whichever path computes it. A prefill chunk and a 1-token step therefore
 // agree bitwise (batch invariance), and so do the SIMD body and its tail.
@@ -141,6 +142,31 @@ inline void geglu(float* gate, const float* up, int64_t n) {
         const float g = gate[i];
         const float inner = g * (1.0f + kCubic * (g * g));
         gate[i] = g / (1.0f + exp_scalar(-kTwoSqrt2OverPi * inner)) * up[i];
+    }
+}
+
+// v[i] = cap * tanh(v[i] / cap) for i < n (gemma2's soft-capping of attention scores and logits), with tanh(y) as
+// 2 / (1 + exp(-2y)) - 1: one exponential; its absolute error (a few ulp of 1, times cap) is far below what the
+// softmax or a sampler can tell. -inf stays -inf (the logits of ids a restriction leaves out).
+inline void soft_cap(float* v, int64_t n, float cap) {
+    const float minus_two_over_cap = -2.0f / cap;
+    int64_t i = 0;
+#ifdef TANDEM_VEC_MATH_SIMD
+    const __m256 one = _mm256_set1_ps(1.0f), two = _mm256_set1_ps(2.0f);
+    const __m256 k = _mm256_set1_ps(minus_two_over_cap), c = _mm256_set1_ps(cap);
+    const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(v + i);
+        const __m256 e = exp8(_mm256_mul_ps(x, k));
+        const __m256 t = _mm256_sub_ps(_mm256_div_ps(two, _mm256_add_ps(one, e)), one);
+        const __m256 capped = _mm256_mul_ps(t, c);
+        _mm256_storeu_ps(v + i, _mm256_blendv_ps(capped, x, _mm256_cmp_ps(x, minus_inf, _CMP_EQ_OQ)));
+    }
+#endif
+    for (; i < n; ++i) {
+        if (v[i] == -INFINITY) continue;
+        const float e = exp_scalar(v[i] * minus_two_over_cap);
+        v[i] = (2.0f / (1.0f + e) - 1.0f) * cap;
     }
 }
 

@@ -829,6 +829,10 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
                                 options_.attention_split, cache.type()};
         att.scale = c.attention_scale;
         att.window = c.layers[static_cast<size_t>(l)].window;
+        if (c.attention_softcap > 0.0f) {
+            att.softcap = c.attention_softcap;
+            att.inv_softcap = 1.0f / c.attention_softcap;
+        }
         att.ring = cache.ring(l);
         att.device_start_pos = pos.device;
         att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
@@ -964,6 +968,8 @@ void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
             cuda::matvec_rows(W.type, W.data, W.row_bytes, W.cols, logit_extra_ids_, n_extra_logits_, x, rows, logits_,
                               n_vocab, stream_, loads(W.type), xq);
     }
+    if (model_.config.logit_softcap > 0.0f)
+        cuda::soft_cap(logits_, rows, static_cast<size_t>(n_vocab), n_vocab, model_.config.logit_softcap, stream_);
     unsigned* counters = options_.one_launch_picks ? pick_counters_ : nullptr;  // one launch, not two or three
     if (picks == Picks::Argmax) cuda::argmax(logits_, rows, n_vocab, ids_, sampling_ws_, stream_, counters);
     if (picks == Picks::ArgmaxConfidence)

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "error.h"
 #include "gguf/gguf.h"
@@ -22,30 +23,43 @@ enum class WindowRule {
 
 struct Architecture {
     const char* name;
-    RopeStyle rope_style;
-    bool qk_norm;
-    bool post_norms;
-    FfnActivation activation;
-    bool scale_embeddings;  // by sqrt(dim)
-    WindowRule window;
-    int swa_pattern;       // WindowRule::Pattern's default n
-    int no_rope_every;     // > 0: layers with (il + 1) % n == 0 are not rotated
-    bool reads_rope_freqs; // the rope_freqs tensor divides the frequencies (Llama 3.1+)
-    bool long_rope;        // rope_factors_short / rope_factors_long (LongRoPE) where the file has them (phi3)
+    RopeStyle rope_style = RopeStyle::AdjacentPairs;
+    bool qk_norm = false;
+    bool post_norms = false;
+    FfnActivation activation = FfnActivation::Silu;
+    bool scale_embeddings = false;  // by sqrt(dim)
+    WindowRule window = WindowRule::Refused;
+    int swa_pattern = 0;        // WindowRule::Pattern's default n
+    int default_window = 0;     // WindowRule::Pattern: the window where attention.sliding_window is absent (0: none)
+    // WindowRule::Pattern: the RoPE base of windowed layers where rope.freq_base_swa is absent, without the linear
+    // scaling; 0: the global base and scaling.
+    float local_rope_base = 0.0f;
+    int no_rope_every = 0;      // > 0: layers with (il + 1) % n == 0 are not rotated
+    bool reads_rope_freqs = false;  // the rope_freqs tensor divides the frequencies (Llama 3.1+)
+    bool long_rope = false;     // rope_factors_short / rope_factors_long (LongRoPE) where the file has them (phi3)
+    bool soft_caps = false;     // tanh soft-capping of attention scores and final logits (attn_logit_softcapping,
+                                // final_logit_softcapping; llama.cpp's defaults 50 and 30)
+    int wide_scale_layers = 0;  // the layer count of the size whose attention scale is 1 / sqrt(dim / heads)
 };
 
 // One row per architecture. Adding a family whose block is made of these variations is a row here (and its
 // tensors' names in weights.cpp); a new variation is a field here and one op in each backend.
 constexpr Architecture kArchitectures[] = {
-    // name      rope style           qk-norm post-norms activation        √dim   window              pattern no-rope freqs longrope
-    {"llama",   RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::AllLayers, 0, 0, true,  false},
-    {"qwen2",   RopeStyle::Neox,          false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false, false},
-    {"qwen3",   RopeStyle::Neox,          true,  false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 0, false, false},
-    {"gemma3",  RopeStyle::Neox,          true,  true,  FfnActivation::GeluTanh, true,  WindowRule::Pattern,   6, 0, false, false},
-    {"smollm3", RopeStyle::AdjacentPairs, false, false, FfnActivation::Silu,     false, WindowRule::Refused,   0, 4, false, false},
+    {.name = "llama", .window = WindowRule::AllLayers, .reads_rope_freqs = true},
+    {.name = "qwen2", .rope_style = RopeStyle::Neox},
+    {.name = "qwen3", .rope_style = RopeStyle::Neox, .qk_norm = true},
+    // Gemma 2 and 3 27B scale attention by the model width per head rather than the head size (llama.cpp's
+    // gemma2.cpp / gemma3.cpp, after gemma_pytorch's config), recognised by their layer counts as llama.cpp does.
+    {.name = "gemma2", .rope_style = RopeStyle::Neox, .post_norms = true, .activation = FfnActivation::GeluTanh,
+     .scale_embeddings = true, .window = WindowRule::Pattern, .swa_pattern = 2, .default_window = 4096,
+     .soft_caps = true, .wide_scale_layers = 46},
+    {.name = "gemma3", .rope_style = RopeStyle::Neox, .qk_norm = true, .post_norms = true,
+     .activation = FfnActivation::GeluTanh, .scale_embeddings = true, .window = WindowRule::Pattern, .swa_pattern = 6,
+     .local_rope_base = 10000.0f, .wide_scale_layers = 62},
+    {.name = "smollm3", .no_rope_every = 4},
     // Phi-3 / Phi-4-mini: fused attn_qkv and gate+up (weights.cpp views them), partial rotary dims, LongRoPE; a
     // declared window is ignored as llama.cpp does ("Phi SWA is currently disabled").
-    {"phi3",    RopeStyle::Neox,          false, false, FfnActivation::Silu,     false, WindowRule::Ignored,   0, 0, false, true},
+    {.name = "phi3", .rope_style = RopeStyle::Neox, .window = WindowRule::Ignored, .long_rope = true},
 };
 
 const Architecture* find_architecture(const std::string& name) {
@@ -127,6 +141,7 @@ bool ModelConfig::is_plain_block() const {
         rope_amplitude != 1.0f || rope_inv_freq.size() != 1 || has_sliding_window())
         return false;
     if (attention_scale != 1.0f / std::sqrt(static_cast<float>(head_dim))) return false;
+    if (attention_softcap != 0.0f || logit_softcap != 0.0f) return false;
     for (const LayerAttention& l : layers)
         if (l.rope_table != 0) return false;
     return true;
@@ -141,6 +156,14 @@ std::string ModelConfig::describe_block() const {
     if (embedding_scale != 1.0f) parts.push_back("sqrt(dim) embeddings");
     if (rope_dim < head_dim) parts.push_back("RoPE on " + std::to_string(rope_dim) + " of " + std::to_string(head_dim) + " dims");
     if (long_rope_table >= 0) parts.push_back("LongRoPE (long factors past " + std::to_string(long_rope_context) + ")");
+    auto number = [](float v) {
+        std::string t = std::to_string(v);
+        t.erase(t.find_last_not_of('0') + 1);
+        if (t.back() == '.') t.pop_back();
+        return t;
+    };
+    if (attention_softcap != 0.0f)
+        parts.push_back("soft-capped scores (" + number(attention_softcap) + ") and logits (" + number(logit_softcap) + ")");
     int windowed = 0, unrotated = 0, window = 0;
     for (const LayerAttention& l : layers) {
         if (l.window > 0) ++windowed, window = l.window;
@@ -247,23 +270,31 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     c.post_norms = arch->post_norms;
     c.activation = arch->activation;
     c.embedding_scale = arch->scale_embeddings ? std::sqrt(static_cast<float>(c.dim)) : 1.0f;
-    // Gemma 3 27B scales by the model width per head rather than the head size (llama.cpp's gemma3.cpp, after
-    // gemma_pytorch's config); every other model here by the head size.
-    c.attention_scale = c.arch == "gemma3" && c.n_layers == 62
+    c.attention_scale = arch->wide_scale_layers > 0 && c.n_layers == arch->wide_scale_layers
                             ? 1.0f / std::sqrt(static_cast<float>(c.dim / c.n_heads))
                             : 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    if (arch->soft_caps) {
+        c.attention_softcap = f.get_f32_or(a + "attn_logit_softcapping", 50.0f);
+        c.logit_softcap = f.get_f32_or(a + "final_logit_softcapping", 30.0f);
+        for (const auto& [key, value] : {std::pair{"attn_logit_softcapping", c.attention_softcap},
+                                         std::pair{"final_logit_softcapping", c.logit_softcap}})
+            if (!(value > 0.0f) || !std::isfinite(value))
+                throw Error(f.path() + ": " + a + key + " " + std::to_string(value) + " is out of range");
+    }
     c.qkv_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
 
     // Layers: the window, and which RoPE. Table 0 is the model's RoPE (with LongRoPE's short factors), then the
-    // long factors' table; a windowed gemma3 layer uses the last table, the local base (rope.freq_base_swa, 10000 by
-    // default) without the linear scaling, as llama.cpp's get_rope_freq_base and get_rope_freq_scale give it.
+    // long factors' table; a windowed gemma layer uses the last table: gemma3's local base (rope.freq_base_swa, 10000
+    // by default) without the linear scaling, gemma2's the global base and scaling unless rope.freq_base_swa says
+    // otherwise, as llama.cpp's get_rope_freq_base and get_rope_freq_scale give them.
     c.rope_inv_freq.push_back(inverse_frequencies(c.rope_theta, c.rope_dim, factors, freq_scale));
     if (!long_factors.empty()) {
         c.long_rope_table = 1;
         c.rope_inv_freq.push_back(inverse_frequencies(c.rope_theta, c.rope_dim, long_factors, freq_scale));
     }
-    const uint32_t window =
-        f.find(a + "attention.sliding_window") ? f.get_u32(a + "attention.sliding_window") : 0u;
+    const uint32_t window = f.find(a + "attention.sliding_window")
+                                ? f.get_u32(a + "attention.sliding_window")
+                                : static_cast<uint32_t>(arch->default_window);
     if (window > (1u << 30)) throw Error(f.path() + ": " + a + "attention.sliding_window is out of range");
     if (window > 0 && arch->window == WindowRule::Refused)
         throw Error(f.path() + ": " + a + "attention.sliding_window is " + std::to_string(window) +
@@ -271,10 +302,13 @@ ModelConfig ModelConfig::from_gguf(const GgufFile& f) {
     std::vector<bool> windowed(static_cast<size_t>(c.n_layers), window > 0 && arch->window == WindowRule::AllLayers);
     if (window > 0 && arch->window == WindowRule::Pattern) {
         windowed = windowed_layers(f, a, *arch, c.n_layers);
-        const float local_theta = f.get_f32_or(a + "rope.freq_base_swa", 10000.0f);
+        const bool global = arch->local_rope_base == 0.0f;
+        const float local_theta =
+            f.get_f32_or(a + "rope.freq_base_swa", global ? c.rope_theta : arch->local_rope_base);
         if (!(local_theta > 1.0f))
             throw Error(f.path() + ": rope.freq_base_swa " + std::to_string(local_theta) + " is out of range");
-        c.rope_inv_freq.push_back(inverse_frequencies(local_theta, c.rope_dim, {}, 1.0));
+        c.rope_inv_freq.push_back(
+            inverse_frequencies(local_theta, c.rope_dim, global ? factors : std::vector<float>{}, global ? freq_scale : 1.0));
     }
     const int local_table = static_cast<int>(c.rope_inv_freq.size()) - 1;
     for (int il = 0; il < c.n_layers; ++il) {

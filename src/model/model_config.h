@@ -60,6 +60,10 @@ struct ModelConfig {
     FfnActivation activation = FfnActivation::Silu;
     float embedding_scale = 1.0f;  // token embeddings are multiplied by this (gemma: sqrt(dim))
     float attention_scale = 0.0f;  // scores = scale * q.k (1 / sqrt(head_dim) unless the architecture says otherwise)
+    // Soft-capping (gemma2), 0: none. Attention scores s become cap * tanh(s / cap) before the softmax (with
+    // s = attention_scale * q.k), and so do the output logits with logit_softcap.
+    float attention_softcap = 0.0f;
+    float logit_softcap = 0.0f;
     // The rotated dims of Q and K are multiplied by this with the rotation (ggml's mscale: rope.scaling.attn_factor).
     float rope_amplitude = 1.0f;
     // Per-pair inverse frequencies, one table per distinct RoPE of the model ([table][rope_dim / 2]): the base's

@@ -672,10 +672,10 @@ namespace {
 
 // Causal GQA softmax attention in double over a cache of float values (fp16 or Q8_0 dequantized): query i
 // (position start + i) attends to 0..start + i, or with a window to the last `window` of those; scores scaled by
-// `scale` (0: 1 / sqrt(hd)).
+// `scale` (0: 1 / sqrt(hd)), then soft-capped to softcap * tanh(s / softcap) where softcap > 0.
 std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<float>& kc,
                                         const std::vector<float>& vc, int n_heads, int n_kv, int hd, int start,
-                                        int n_tok, int window = 0, double scale = 0.0) {
+                                        int n_tok, int window = 0, double scale = 0.0, double softcap = 0.0) {
     const int q_dim = n_heads * hd, kv_dim = n_kv * hd;
     std::vector<double> ref(static_cast<size_t>(n_tok) * q_dim);
     if (scale == 0.0) scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -690,6 +690,7 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
                 for (int e = 0; e < hd; ++e)
                     d += q[static_cast<size_t>(i) * q_dim + h * hd + e] * kc[static_cast<size_t>(t) * kv_dim + kvh * hd + e];
                 s[t] = d * scale;
+                if (softcap > 0.0) s[t] = softcap * std::tanh(s[t] / softcap);
                 mx = std::max(mx, s[t]);
             }
             for (int t = first; t <= start + i; ++t) sum += (s[t] = std::exp(s[t] - mx));
@@ -706,10 +707,10 @@ std::vector<double> attention_reference(const std::vector<float>& q, const std::
 // The same over an fp16 cache.
 std::vector<double> attention_reference(const std::vector<float>& q, const std::vector<uint16_t>& kc,
                                         const std::vector<uint16_t>& vc, int n_heads, int n_kv, int hd, int start,
-                                        int n_tok, int window = 0, double scale = 0.0) {
+                                        int n_tok, int window = 0, double scale = 0.0, double softcap = 0.0) {
     std::vector<float> k(kc.size()), v(vc.size());
     for (size_t i = 0; i < kc.size(); ++i) k[i] = fp16_to_fp32(kc[i]), v[i] = fp16_to_fp32(vc[i]);
-    return attention_reference(q, k, v, n_heads, n_kv, hd, start, n_tok, window, scale);
+    return attention_reference(q, k, v, n_heads, n_kv, hd, start, n_tok, window, scale, softcap);
 }
 
 }  // namespace
@@ -1101,10 +1102,11 @@ TEST_CASE("cuda kernels: tiled flash attention for prefill chunks matches causal
     CHECK_THROWS_AS(cuda::attention_prefill(bad, nullptr), std::invalid_argument);
 }
 
-TEST_CASE("cuda kernels: sliding-window attention, split-K and tiled prefill, matches windowed softmax attention") {
+TEST_CASE("cuda kernels: sliding-window and soft-capped attention, split-K and tiled prefill, match their definition") {
     // Windows shorter than a split, spanning splits, of one key, and longer than the context; prefill windows shorter
     // than a query tile (32), so that rows of one tile start their keys in different key tiles, and key tiles wholly
     // before a tile's windows are skipped. Cache positions before the first window hold NaN: reading one would show.
+    // Each case also with gemma2's soft-capping of the scores, at a cap that bends them (|s| up to ~4).
     struct Case {
         int n_heads, n_kv, hd, start, n_tok, split, window;
         float scale;
@@ -1123,20 +1125,24 @@ TEST_CASE("cuda kernels: sliding-window attention, split-K and tiled prefill, ma
         std::vector<uint16_t> kc(static_cast<size_t>(n_pos) * kv_dim), vc(kc.size());
         for (uint16_t& h : kc) h = fp32_to_fp16(random_floats(1, rng, 2.0f)[0]);
         for (uint16_t& h : vc) h = fp32_to_fp16(random_floats(1, rng)[0]);
-        const std::vector<double> ref =
-            attention_reference(q, kc, vc, c.n_heads, c.n_kv, c.hd, c.start, c.n_tok, c.window, c.scale);
         const int never_read = std::max(0, c.start - c.window + 1);  // before every query's window
-        std::fill(kc.begin(), kc.begin() + static_cast<size_t>(never_read) * kv_dim, uint16_t{0x7E00});
-        std::fill(vc.begin(), vc.begin() + static_cast<size_t>(never_read) * kv_dim, uint16_t{0x7E00});
+        for (const float softcap : {0.0f, 1.5f})
         for (const LaunchOptions& o : kTwoOrders) {
+            CAPTURE(softcap);
+            const std::vector<double> ref =
+                attention_reference(q, kc, vc, c.n_heads, c.n_kv, c.hd, c.start, c.n_tok, c.window, c.scale, softcap);
+            std::vector<uint16_t> kn = kc, vn = vc;  // NaN where no query reads
+            std::fill(kn.begin(), kn.begin() + static_cast<size_t>(never_read) * kv_dim, uint16_t{0x7E00});
+            std::fill(vn.begin(), vn.begin() + static_cast<size_t>(never_read) * kv_dim, uint16_t{0x7E00});
             ScopedLaunchOptions scope(o);
             INFO("thread order " << std::string(order_name(o)));
             std::vector<float> out(ref.size(), kNaN);
             std::vector<float> ws(cuda::attention_workspace_floats(c.n_tok, c.start, c.n_heads, c.hd, c.split), kNaN);
-            cuda::AttentionArgs a{q.data(), kc.data(), vc.data(), out.data(), ws.data(), c.n_tok, c.start,
+            cuda::AttentionArgs a{q.data(), kn.data(), vn.data(), out.data(), ws.data(), c.n_tok, c.start,
                                   c.n_heads, c.n_kv, c.hd, c.split};
             a.window = c.window;
             a.scale = c.scale;
+            if (softcap > 0.0f) a.softcap = softcap, a.inv_softcap = 1.0f / softcap;
             cuda::attention(a, nullptr);
             for (size_t i = 0; i < out.size(); ++i) REQUIRE(std::abs(out[i] - ref[i]) <= 5e-6);
             check_fused_combine(a, out, ws.size());
@@ -1149,7 +1155,7 @@ TEST_CASE("cuda kernels: sliding-window attention, split-K and tiled prefill, ma
     }
 }
 
-TEST_CASE("cuda kernels: QK-norm in place, GeGLU, the embedding scale and RoPE's amplitude match their definitions") {
+TEST_CASE("cuda kernels: QK-norm in place, GeGLU, the embedding scale, RoPE's amplitude and soft-capping match their definitions") {
     std::mt19937 rng(23);
     for (int cols : {8, 32, 100, 256}) {  // heads of every width up to the kernel's 256
         CAPTURE(cols);
@@ -1185,6 +1191,16 @@ TEST_CASE("cuda kernels: QK-norm in place, GeGLU, the embedding scale and RoPE's
         cuda::scale(s.data(), n, 8.0f, nullptr);
         check_close(s, scaled, 0, 0);
     }
+    // gemma2's soft-capped logits: rows 7 floats apart, 5 of them capped; -inf (a restricted id) stays -inf.
+    std::vector<float> rows = random_floats(3 * 7, rng, 40.0f);
+    rows[2] = -INFINITY;
+    std::vector<double> want(rows.begin(), rows.end());
+    for (int r = 0; r < 3; ++r)
+        for (int j = 0; j < 5; ++j)
+            if (rows[r * 7 + j] != -INFINITY) want[r * 7 + j] = 30.0 * std::tanh(rows[r * 7 + j] / 30.0);
+    cuda::soft_cap(rows.data(), 3, 7, 5, 30.0f, nullptr);
+    check_close(rows, want, 1e-5, 1e-6);
+    CHECK(rows[2] == -INFINITY);
     // RoPE's amplitude on the rotated (leading) dims of each head only.
     std::vector<float> heads = random_floats(5 * 16, rng), want_heads = heads;
     for (int r = 0; r < 5; ++r)

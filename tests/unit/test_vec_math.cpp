@@ -77,3 +77,33 @@ TEST_CASE("vec_math: softmax sums are accurate and repeatable") {
     CHECK(g[1] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
     CHECK(g[2] == doctest::Approx(2.0 * -2.0 / (1.0 + std::exp(2.0))).epsilon(1e-6));
 }
+
+TEST_CASE("vec_math: soft_cap is cap * tanh(x / cap) to a few ulp of the cap, the same bits anywhere, -inf kept") {
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> dist(-400.0f, 400.0f);
+    std::vector<float> values(203);
+    for (float& v : values) v = dist(rng);
+    values[3] = 0.0f;
+    values[5] = -INFINITY;
+    values[8] = 1e-3f;
+    for (const float cap : {2.0f, 30.0f, 50.0f}) {
+        CAPTURE(cap);
+        std::vector<float> whole = values;
+        soft_cap(whole.data(), static_cast<int64_t>(whole.size()), cap);
+        double worst = 0;
+        int mismatches = 0;
+        for (size_t i = 0; i < values.size(); ++i) {
+            float one = values[i];
+            soft_cap(&one, 1, cap);  // the scalar tail
+            mismatches += std::memcmp(&one, &whole[i], sizeof one) != 0;
+            if (values[i] == -INFINITY) continue;
+            const double exact = cap * std::tanh(static_cast<double>(values[i]) / cap);
+            worst = std::max(worst, std::fabs(whole[i] - exact) / cap);
+        }
+        CHECK(mismatches == 0);
+        MESSAGE("largest soft_cap error: " << worst << " of the cap");
+        CHECK(worst < 4e-7);
+        CHECK(whole[5] == -INFINITY);
+        CHECK(whole[3] == 0.0f);
+    }
+}

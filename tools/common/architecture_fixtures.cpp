@@ -61,6 +61,21 @@ Fixture fixture(const std::string& name) {
             w.add_f32(a + "rope.freq_base", 1000000.0f);
             w.add_u32(a + "attention.sliding_window", 5);
         };
+    } else if (name == "gemma2") {  // alternate layers windowed (window 5), post-norms, GELU, soft-capping
+        f.arch = "gemma2";
+        f.n_layers = 4;  // layers 0 and 2 windowed, 1 and 3 global
+        f.n_kv_heads = 2;
+        f.head_dim = 32;
+        f.post_norms = true;
+        f.tied = true;
+        f.rms_eps = 1e-6f;
+        f.keys = [](GgufWriter& w, const std::string& a) {
+            w.add_f32(a + "rope.freq_base", 10000.0f);
+            w.add_u32(a + "attention.sliding_window", 5);
+            // Caps low enough to bend this fixture's scores (|s| up to ~3) and logits (standard deviation ~8).
+            w.add_f32(a + "attn_logit_softcapping", 2.0f);
+            w.add_f32(a + "final_logit_softcapping", 8.0f);
+        };
     } else if (name == "smollm3") {  // every fourth layer without RoPE; Q/K/V fused in attn_qkv
         f.arch = "smollm3";
         f.n_layers = 4;
@@ -94,7 +109,7 @@ std::vector<uint8_t> bytes_of(const std::vector<float>& v) {
 
 }  // namespace
 
-std::vector<std::string> architecture_fixture_names() { return {"llama3", "qwen3", "gemma3", "smollm3", "phi3"}; }
+std::vector<std::string> architecture_fixture_names() { return {"llama3", "qwen3", "gemma2", "gemma3", "smollm3", "phi3"}; }
 
 void write_architecture_fixture(const std::string& name, const std::string& path) {
     const Fixture f = fixture(name);
