@@ -189,6 +189,16 @@ std::string render_llama3(const std::vector<ChatMessage>& m, bool gen) {
     return out;
 }
 
+// Llama 3.0 (Meta-Llama-3-*-Instruct): each message under its role's header, trimmed, no default system header or
+// date (those came with 3.1).
+std::string render_llama3_0(const std::vector<ChatMessage>& m, bool gen) {
+    std::string out = "<|begin_of_text|>";
+    for (const auto& msg : m)
+        out += "<|start_header_id|>" + msg.role + "<|end_header_id|>\n\n" + msg.content + "<|eot_id|>";
+    if (gen) out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    return out;
+}
+
 // Gemma 2: no system role, strict user/model alternation.
 std::string render_gemma(const std::vector<ChatMessage>& m, bool gen) {
     if (!m.empty() && m[0].role == "system") refuse("gemma", "System role not supported");
@@ -341,8 +351,8 @@ std::string render_raw(const std::vector<ChatMessage>& m) {
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() {
-    return {"raw",    "chatml", "qwen3", "llama2", "llama3",    "mistral",    "gemma",
-            "gemma3", "zephyr", "phi3",  "phi4",   "phi4-mini", "deepseek-r1"};
+    return {"raw",    "chatml", "qwen3", "llama2", "llama3",    "llama3.0",   "mistral",
+            "gemma",  "gemma3", "zephyr", "phi3",  "phi4",      "phi4-mini",  "deepseek-r1"};
 }
 
 std::optional<ChatTemplate> ChatTemplate::by_name(const std::string& name) {
@@ -370,7 +380,9 @@ ChatTemplate ChatTemplate::detect(const std::string& src, std::string* warning) 
                 "as plain ChatML (reasoning, if any, stays in the answer; --chat-template chooses another family)";
         return ChatTemplate("chatml", chatml_default_system(src));
     }
-    if (contains(src, "<|start_header_id|>")) return ChatTemplate("llama3", "");
+    // Llama 3.1+ write a system header with a knowledge cutoff and a date; 3.0's template has neither.
+    if (contains(src, "<|start_header_id|>"))
+        return ChatTemplate(contains(src, "Cutting Knowledge Date") ? "llama3" : "llama3.0", "");
     if (contains(src, "<start_of_turn>"))
         return ChatTemplate(contains(src, "first_user_prefix") ? "gemma3" : "gemma", "");
     if (contains(src, "<｜User｜>")) return ChatTemplate("deepseek-r1", "");
@@ -427,6 +439,8 @@ std::vector<ChatMessage> ChatTemplate::normalized(const std::vector<ChatMessage>
             if (!(i == 0 && msg.role == "system")) msg.content = trim(msg.content);  // the system text is verbatim
         } else if (name_ == "llama3") {
             if (msg.role != "tool" && msg.role != "ipython") msg.content = trim(msg.content);  // `| trim`
+        } else if (name_ == "llama3.0") {
+            msg.content = trim(msg.content);  // `message['content'] | trim`
         } else if (name_ == "gemma") {
             msg.content = trim(msg.content);
         } else if (name_ == "llama2") {
@@ -460,6 +474,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     if (name_ == "gemma3") return render_gemma3(m, gen);
     if (name_ == "phi4-mini") return render_phi4_mini(m, gen);
     if (name_ == "llama3") return render_llama3(m, gen);
+    if (name_ == "llama3.0") return render_llama3_0(m, gen);
     if (name_ == "gemma") return render_gemma(m, gen);
     if (name_ == "phi3") return render_phi3(m, gen);
     if (name_ == "mistral") return render_mistral(m, gen);
@@ -471,7 +486,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
 
 std::vector<std::string> ChatTemplate::end_of_turn() const {
     if (name_ == "chatml" || name_ == "qwen3" || name_ == "phi4") return {"<|im_end|>"};
-    if (name_ == "llama3") return {"<|eot_id|>"};
+    if (name_ == "llama3" || name_ == "llama3.0") return {"<|eot_id|>"};
     if (name_ == "gemma" || name_ == "gemma3") return {"<end_of_turn>"};
     // Phi-3's and Phi-4-mini's turns end with <|end|>; their templates also end the conversation with <|endoftext|>.
     if (name_ == "phi3" || name_ == "phi4-mini") return {"<|end|>", "<|endoftext|>"};

@@ -26,7 +26,8 @@ public:
     // Recognises the family from the Jinja source, most specific marker first: <|im_start|> with <|im_sep|> → phi4;
     // <|im_start|> with Qwen3's thinking switch (enable_thinking and the empty '<think>\n\n</think>\n\n' block,
     // and no generation prompt that opens <think> by itself) → qwen3; other <|im_start|> → chatml (with the default
-    // system prompt found in the source); <|start_header_id|> → llama3; <start_of_turn> with first_user_prefix
+    // system prompt found in the source); <|start_header_id|> with "Cutting Knowledge Date" → llama3, without →
+    // llama3.0; <start_of_turn> with first_user_prefix
     // → gemma3, without → gemma; <｜User｜> → deepseek-r1; <|end|> + <|assistant|> without a literal <|user|>
     // (the role is spliced in) → phi4-mini; <|user|> + <|end|> → phi3; <|user|> + </s>/eos_token → zephyr;
     // [INST] + <<SYS>> → llama2; [INST] → mistral. An empty source → "raw"; an unrecognised one → the ChatML
@@ -44,8 +45,8 @@ public:
     // (a system message for gemma, roles that do not alternate where the template checks it).
     //
     // Prefix stability: rendering messages[0..k] without the generation prompt is a prefix of rendering
-    // messages[0..k+1] for raw, chatml, phi4, llama2, llama3, gemma, gemma3 and zephyr. Exceptions, which follow
-    // the templates:
+    // messages[0..k+1] for raw, chatml, phi4, llama2, llama3, llama3.0, gemma, gemma3 and zephyr. Exceptions, which
+    // follow the templates:
     //  - phi3 and phi4-mini end a rendering without generation prompt with "<|endoftext|>", so the prefix property
     //    holds only up to that final token;
     //  - mistral folds the system message into the *last* user turn, so with a system message every turn must be

@@ -357,8 +357,8 @@ TEST_CASE("chat template multi-turn rendering is prefix-stable where the family 
     const std::vector<ChatMessage> conversation = {{"user", "Hi"},      {"assistant", "Hello."}, {"user", "2+2?"},
                                                    {"assistant", "4"},  {"user", "Thanks"}};
     std::vector<std::pair<ChatTemplate, std::string>> templates;  // (template, text it may append at the end)
-    for (const char* n : {"raw", "chatml", "llama2", "llama3", "mistral", "gemma", "gemma3", "zephyr", "phi4",
-                          "deepseek-r1"})
+    for (const char* n : {"raw", "chatml", "llama2", "llama3", "llama3.0", "mistral", "gemma", "gemma3", "zephyr",
+                          "phi4", "deepseek-r1"})
         templates.emplace_back(*ChatTemplate::by_name(n), "");
     templates.emplace_back(ChatTemplate::detect(source_of("chatml-qwen2.5")), "");
     templates.emplace_back(ChatTemplate::detect(source_of("chatml-smollm2")), "");

@@ -46,6 +46,8 @@ const std::map<std::string, Expect> kExpect = {
     {"deepseek-r1", {"deepseek-r1", false}},          // llama.cpp's copy: `not enable_thinking` closes the block
     {"deepseek-r1-original", {"deepseek-r1", true}},  // DeepSeek's own: the block always stays open
     {"llama3.1", {"llama3", true}},
+    {"llama3.0", {"llama3.0", true}},
+    {"gemma2", {"gemma", true}},
     {"gemma3", {"gemma3", true}},
     {"phi3-mini", {"phi3", true}},
     {"phi4-mini", {"phi4-mini", true}},
