@@ -21,14 +21,15 @@ std::vector<int> tokenize_chat(const Tokenizer& tokenizer, const ChatTemplate& t
                                const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
     // The template's own edits to contents (trimming, dropping empty or reasoning parts) happen first, so that
     // putting the contents back in place of the sentinels gives exactly what render() would.
-    const std::vector<ChatMessage> contents = tmpl.normalized(messages);
+    const ChatTemplate t = tmpl.for_messages(messages);  // (smollm3's mode is in the system message's text)
+    const std::vector<ChatMessage> contents = t.normalized(messages);
     std::vector<ChatMessage> marked = contents;
     for (size_t i = 0; i < marked.size(); ++i) {
         marked[i].content = sentinel(i);
         // Only a non-empty reasoning gets a marker: the template decides on its emptiness (ChatTemplate::normalized).
         if (!marked[i].reasoning.empty()) marked[i].reasoning = reasoning_sentinel(i);
     }
-    const std::string rendered = tmpl.render(marked, add_generation_prompt);
+    const std::string rendered = t.render(marked, add_generation_prompt);
 
     // Special tokens by text, longest first so that e.g. "<|im_start|>" wins over a shorter prefix.
     std::vector<std::pair<std::string, int>> specials;

@@ -5,6 +5,7 @@
 #include "text/chat_template.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "error.h"
 
@@ -189,6 +190,51 @@ std::string render_llama3(const std::vector<ChatMessage>& m, bool gen) {
     return out;
 }
 
+// SmolLM3 (llama.cpp's copy of the template, with Unsloth's fixes): a system block of metadata with the reasoning
+// mode and the custom instructions (the system message without its /think, /no_think flags; the template's own text
+// when there are none), then ChatML turns; with thinking off every assistant turn and the generation prompt carry
+// the empty think block. Other system messages are not rendered; tool results go in as user turns.
+constexpr const char* kSmolLM3Thinking =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face. Your role as an assistant involves "
+    "thoroughly exploring questions through a systematic thinking process before providing the final precise and "
+    "accurate solutions. This requires engaging in a comprehensive cycle of analysis, summarizing, exploration, "
+    "reassessment, reflection, backtracking, and iteration to develop well-considered thinking process. Please "
+    "structure your response into two main sections: Thought and Solution using the specified format: <think> "
+    "Thought section </think> Solution section. In the Thought section, detail your reasoning process in steps. Each "
+    "step should include detailed considerations such as analysing questions, summarizing relevant findings, "
+    "brainstorming new ideas, verifying the accuracy of the current steps, refining any errors, and revisiting "
+    "previous steps. In the Solution section, based on various attempts, explorations, and reflections from the "
+    "Thought section, systematically present the final solution that you deem correct. The Solution section should "
+    "be logical, accurate, and concise and detail necessary steps needed to reach the conclusion.";
+constexpr const char* kSmolLM3Plain = "You are a helpful AI assistant named SmolLM, trained by Hugging Face.";
+
+std::string render_smollm3(const std::vector<ChatMessage>& m, bool gen, bool thinking) {
+    std::string out = "<|im_start|>system\n## Metadata\n\nKnowledge Cutoff Date: June 2025\nReasoning Mode: ";
+    out += thinking ? "/think" : "/no_think";
+    out += "\n\n## Custom Instructions\n\n";
+    const bool custom = !m.empty() && m[0].role == "system" && !m[0].content.empty();
+    out += custom ? m[0].content : (thinking ? kSmolLM3Thinking : kSmolLM3Plain);
+    out += "\n\n<|im_end|>\n";
+    const std::string empty_think = thinking ? "" : "<think>\n\n</think>\n";
+    for (const auto& msg : m) {
+        if (msg.role == "user" || msg.role == "tool")
+            out += "<|im_start|>user\n" + msg.content + "<|im_end|>\n";
+        else if (msg.role == "assistant")
+            out += "<|im_start|>assistant\n" + empty_think + msg.content + "<|im_end|>\n";
+    }
+    if (gen) out += "<|im_start|>assistant\n" + empty_think;
+    return out;
+}
+
+// The reasoning mode SmolLM3's template takes: a "/no_think" in the first (system) message turns it off, else a
+// "/think" on, else the --think setting (enable_thinking).
+bool smollm3_thinking(const std::vector<ChatMessage>& m, bool thinking) {
+    if (m.empty() || m[0].role != "system") return thinking;
+    if (contains(m[0].content, "/no_think")) return false;
+    if (contains(m[0].content, "/think")) return true;
+    return thinking;
+}
+
 // Llama 3.0 (Meta-Llama-3-*-Instruct): each message under its role's header, trimmed, no default system header or
 // date (those came with 3.1).
 std::string render_llama3_0(const std::vector<ChatMessage>& m, bool gen) {
@@ -351,8 +397,8 @@ std::string render_raw(const std::vector<ChatMessage>& m) {
 }  // namespace
 
 std::vector<std::string> ChatTemplate::names() {
-    return {"raw",    "chatml", "qwen3", "llama2", "llama3",    "llama3.0",   "mistral",
-            "gemma",  "gemma3", "zephyr", "phi3",  "phi4",      "phi4-mini",  "deepseek-r1"};
+    return {"raw",    "chatml", "qwen3",  "smollm3", "llama2",    "llama3",     "llama3.0", "mistral",
+            "gemma",  "gemma3", "zephyr", "phi3",    "phi4",      "phi4-mini",  "deepseek-r1"};
 }
 
 std::optional<ChatTemplate> ChatTemplate::by_name(const std::string& name) {
@@ -368,6 +414,7 @@ ChatTemplate ChatTemplate::detect(const std::string& src, std::string* warning) 
     // <start_of_turn>; Phi-3, Phi-4-mini and Zephyr <|user|>-style tags; Llama 2 and Mistral [INST].
     if (contains(src, "<|im_start|>")) {
         if (contains(src, "<|im_sep|>")) return ChatTemplate("phi4", "");
+        if (contains(src, "Reasoning Mode: ") && contains(src, "/no_think")) return ChatTemplate("smollm3", "");
         // Qwen3's switch writes the empty think block when enable_thinking is false; Qwen3.5 and MiniCPM5 share
         // it but also open "<think>\n" in the generation prompt by default, which qwen3 does not render.
         const bool think_markup = contains(src, "<think>");
@@ -439,6 +486,20 @@ std::vector<ChatMessage> ChatTemplate::normalized(const std::vector<ChatMessage>
             if (!(i == 0 && msg.role == "system")) msg.content = trim(msg.content);  // the system text is verbatim
         } else if (name_ == "llama3") {
             if (msg.role != "tool" && msg.role != "ipython") msg.content = trim(msg.content);  // `| trim`
+        } else if (name_ == "smollm3") {
+            if (i == 0 && msg.role == "system") {
+                // The flags set the mode (for_messages); the template renders the rest, right-stripped. Emptied,
+                // the message is as if absent: the template then writes its own instructions.
+                for (const char* flag : {"/no_think", "/think"})
+                    for (size_t at; (at = msg.content.find(flag)) != std::string::npos;)
+                        msg.content.erase(at, std::strlen(flag));
+                msg.content = trim("x" + msg.content).substr(1);  // right strip only
+                if (msg.content.empty()) continue;
+            } else if (msg.role == "system") {
+                continue;  // not rendered
+            } else if (msg.role == "assistant") {
+                msg.content = lstrip_newlines(msg.content);
+            }
         } else if (name_ == "llama3.0") {
             msg.content = trim(msg.content);  // `message['content'] | trim`
         } else if (name_ == "gemma") {
@@ -470,6 +531,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     if (name_ == "raw") return render_raw(m);
     if (name_ == "chatml") return render_chatml(m, gen, default_system_);
     if (name_ == "qwen3") return render_qwen3(m, gen, thinking_);
+    if (name_ == "smollm3") return render_smollm3(m, gen, smollm3_thinking(messages, thinking_));
     if (name_ == "phi4") return render_phi4(m, gen);
     if (name_ == "gemma3") return render_gemma3(m, gen);
     if (name_ == "phi4-mini") return render_phi4_mini(m, gen);
@@ -484,8 +546,14 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     refuse(name_, "unknown family");  // unreachable: names are only made by detect/by_name
 }
 
+ChatTemplate ChatTemplate::for_messages(const std::vector<ChatMessage>& messages) const {
+    ChatTemplate t = *this;
+    if (name_ == "smollm3") t.thinking_ = smollm3_thinking(messages, thinking_);
+    return t;
+}
+
 std::vector<std::string> ChatTemplate::end_of_turn() const {
-    if (name_ == "chatml" || name_ == "qwen3" || name_ == "phi4") return {"<|im_end|>"};
+    if (name_ == "chatml" || name_ == "qwen3" || name_ == "smollm3" || name_ == "phi4") return {"<|im_end|>"};
     if (name_ == "llama3" || name_ == "llama3.0") return {"<|eot_id|>"};
     if (name_ == "gemma" || name_ == "gemma3") return {"<end_of_turn>"};
     // Phi-3's and Phi-4-mini's turns end with <|end|>; their templates also end the conversation with <|endoftext|>.

@@ -24,6 +24,7 @@ struct ChatMessage {
 class ChatTemplate {
 public:
     // Recognises the family from the Jinja source, most specific marker first: <|im_start|> with <|im_sep|> → phi4;
+    // <|im_start|> with SmolLM3's "Reasoning Mode: " and /no_think → smollm3;
     // <|im_start|> with Qwen3's thinking switch (enable_thinking and the empty '<think>\n\n</think>\n\n' block,
     // and no generation prompt that opens <think> by itself) → qwen3; other <|im_start|> → chatml (with the default
     // system prompt found in the source); <|start_header_id|> with "Cutting Knowledge Date" → llama3, without →
@@ -69,7 +70,10 @@ public:
     //    continues inside it. Off renders "<｜Assistant｜><think>\n</think>", the think block closed at once, as
     //    llama.cpp's copy does with enable_thinking false or undefined. The R1 distills were not trained on that
     //    form, so they may still reason in the answer.
-    bool supports_thinking() const { return name_ == "qwen3" || name_ == "deepseek-r1"; }
+    //  - smollm3: on (enable_thinking undefined or true) writes "Reasoning Mode: /think" and the generation prompt
+    //    "<|im_start|>assistant\n"; off writes /no_think and the empty block "<think>\n\n</think>\n" into the
+    //    generation prompt and every assistant turn. A "/no_think" or "/think" in the system message overrides it.
+    bool supports_thinking() const { return name_ == "qwen3" || name_ == "deepseek-r1" || name_ == "smollm3"; }
     void set_thinking(bool on) { thinking_ = on; }
     bool thinking() const { return thinking_; }
     // The generation prompt leaves a think block open (deepseek-r1 with thinking on): the generated text starts
@@ -89,6 +93,10 @@ public:
     // wrapped in "<tool_response>…</tool_response>" (the template takes it for a tool result when it looks for the
     // last user query).
     std::vector<ChatMessage> normalized(const std::vector<ChatMessage>& messages) const;
+    // The template as it renders `messages`: smollm3 takes its reasoning mode from a /think or /no_think in the
+    // system message, which normalized() removes; render placeholders with for_messages(m), not with *this. Every
+    // other family: *this.
+    ChatTemplate for_messages(const std::vector<ChatMessage>& messages) const;
 
     // Strings that end an assistant turn (e.g. "<|im_end|>", "<|eot_id|>"); the caller maps those that are single
     // tokens to ids and stops generation there. Empty for raw (the model's EOS is the only stop).

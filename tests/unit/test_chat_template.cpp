@@ -147,7 +147,7 @@ TEST_CASE("chat template ChatML default system prompts come from the source") {
 
 TEST_CASE("chat template by_name round-trips and rejects unknown names") {
     const auto names = ChatTemplate::names();
-    CHECK(names.size() == 13);
+    CHECK(names.size() == 15);
     for (const auto& n : names) {
         CAPTURE(n);
         const auto t = ChatTemplate::by_name(n);
@@ -246,7 +246,9 @@ TEST_CASE("chat template Zephyr golden strings") {
 }
 
 TEST_CASE("chat template detection markers") {
-    CHECK(ChatTemplate::detect("{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}").name() == "llama3");
+    CHECK(ChatTemplate::detect("{{ '<|start_header_id|>' + role + '<|end_header_id|>' }}").name() == "llama3.0");
+    CHECK(ChatTemplate::detect("{{ '<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: ' }}")
+              .name() == "llama3");
     CHECK(ChatTemplate::detect("{{ '<start_of_turn>user\n' }}").name() == "gemma");
     CHECK(ChatTemplate::detect("{{ '<|user|>\n' + c + '<|end|>\n' }}").name() == "phi3");
     CHECK(ChatTemplate::detect("{{ '<|user|>\n' + c + '</s>' }}").name() == "zephyr");
