@@ -201,6 +201,11 @@ void MatcherCore::consume(const StackSet& in, uint32_t code_point, StackSet& out
         if (s == 0) continue;
         if (!sets_[program_[nodes_[s].pos].arg].matches(code_point)) continue;
         append_closure(successor(s), out.stacks);
+        if (out.stacks.size() > 4 * kMaxStacks) {  // bound the memory before the final deduplication
+            std::sort(out.stacks.begin(), out.stacks.end());
+            out.stacks.erase(std::unique(out.stacks.begin(), out.stacks.end()), out.stacks.end());
+            if (out.stacks.size() > kMaxStacks) break;
+        }
     }
     if (out.stacks.size() > 1) {
         std::sort(out.stacks.begin(), out.stacks.end());
