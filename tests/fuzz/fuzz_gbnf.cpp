@@ -25,9 +25,12 @@ constexpr size_t kMaxFed = 48;  // bytes fed to a matcher: enough to go deep, fe
 
 const std::vector<std::string>& vocabulary() {
     static const std::vector<std::string> vocab = [] {
-        std::vector<std::string> v = {"", "a", "ab", "abc", " ", "\"", "{", "}", "[", "]", ",", ":", "0", "12",
-                                      "-", "true", "null", "\n", "\\", "\xC3", "\xA9", "\xC3\xA9", "\xE4\xB8",
-                                      "\xAD", "\xE4\xB8\xAD", "\xF0\x9F", "\x98\x80", "x\xC3", "\xA9y", "\x80",
+        std::vector<std::string> v = {"",         "a",        "ab",       "abc",   " ",
+                                      "\"",       "{",        "}",        "[",     "]",
+                                      ",",        ":",        "0",        "12",    "-",
+                                      "true",     "null",     "\n",       "\\",    "\xC3",
+                                      "\xA9",     "\xC3\xA9", "\xE4\xB8", "\xAD",  "\xE4\xB8\xAD",
+                                      "\xF0\x9F", "\x98\x80", "x\xC3",    "\xA9y", "\x80",
                                       "\xFF"};
         for (int b = 0x20; b < 0x7F; b += 7) v.push_back(std::string(1, static_cast<char>(b)));
         return v;
@@ -44,7 +47,8 @@ void check_mask(TokenMasker& masker, const GrammarMatcher& state) {
             GrammarMatcher copy = state;
             allowed = copy.advance(vocab[id]);
         }
-        if (mask->test(id) != allowed) tandem::fuzz::fail("token mask differs from feeding token " + std::to_string(id));
+        if (mask->test(id) != allowed)
+            tandem::fuzz::fail("token mask differs from feeding token " + std::to_string(id));
     }
     if (masker.allowed(state).get() != mask.get()) tandem::fuzz::fail("the mask of the same state is not memoised");
 }
@@ -87,8 +91,10 @@ void run(std::string_view grammar_text, std::string_view input) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view bytes(reinterpret_cast<const char*>(data), size);
     const size_t split = bytes.find('\0');
-    if (split == std::string_view::npos) run(bytes, "");
-    else run(bytes.substr(0, split), bytes.substr(split + 1));
+    if (split == std::string_view::npos)
+        run(bytes, "");
+    else
+        run(bytes.substr(0, split), bytes.substr(split + 1));
     return 0;
 }
 
