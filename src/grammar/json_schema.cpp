@@ -22,6 +22,7 @@ namespace {
 constexpr size_t kMaxDepth = 64;    // nested schemas (and pattern groups)
 constexpr size_t kMaxWork = 20000;  // schema nodes converted, copies made by merging included
 constexpr size_t kMaxGrammarBytes = 4 << 20;
+constexpr size_t kMaxPrefixItems = 1000;    // each nests the rest of the tuple one group deeper
 constexpr uint64_t kMaxCount = 1000000000;  // minItems, maxLength, {m,n}, ...
 constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
 constexpr int64_t kMaxIntegerMagnitude = 999999999999999999;  // 18 digits, the integer rule's limit
@@ -1227,6 +1228,8 @@ private:
         std::vector<std::string> prefix;
         if (const JsonValue* p = s.find("prefixItems")) {
             if (!p->is_array()) fail(path, "prefixItems must be an array of schemas");
+            if (p->items.size() > kMaxPrefixItems)
+                fail(path, "prefixItems longer than " + std::to_string(kMaxPrefixItems) + " is not supported");
             for (size_t i = 0; i < p->items.size(); ++i)
                 prefix.push_back(
                     visit(p->items[i], name + "-" + std::to_string(i), path + "/prefixItems/" + std::to_string(i)));
