@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -21,6 +22,8 @@
 #include "cpu/cpu_backend.h"
 #include "cpu/repack_cache.h"
 #include "error.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
 
 namespace {
 
@@ -40,6 +43,7 @@ struct Options {
     bool chat = false;  // --chat, or a terminal on stdin with no prompt
     std::string think;  // --think on|off ("" = the template's default)
     bool show_thinking = false;
+    std::string grammar, grammar_file, json_schema;  // --grammar, --grammar-file, --json-schema
     tandem::SessionOptions session;
     tandem::GenerationParams gen;
 };
@@ -69,6 +73,23 @@ int run(Options& opt) {
     }
     tandem::SessionOptions& so = opt.session;
     if (!opt.think.empty()) so.think = opt.think == "on";
+    // The output's grammar, parsed (and a schema converted) before any model is loaded: a bad one fails at once.
+    std::optional<tandem::grammar::Grammar> grammar;
+    if (!opt.grammar.empty() || !opt.grammar_file.empty() || !opt.json_schema.empty()) {
+        if (chat)
+            throw tandem::Error("--grammar and --json-schema apply to one-shot runs for now (not --chat or the REPL)");
+        std::string text = !opt.grammar_file.empty() ? read_file(opt.grammar_file) : opt.grammar;
+        if (!opt.json_schema.empty()) {
+            const std::string schema =
+                opt.json_schema[0] == '@' ? read_file(opt.json_schema.substr(1)) : opt.json_schema;
+            text = tandem::json_schema_to_gbnf(schema);
+        }
+        grammar = tandem::grammar::parse_gbnf(text);
+        if (!so.no_draft && (!so.draft.empty() || opt.gen.speculative.lookup))
+            std::fprintf(stderr, "tandem: note: drafting is off under a grammar (constrained drafting comes later)\n");
+        so.no_draft = true;
+        opt.gen.speculative.lookup = false;
+    }
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;
     so.backends =
@@ -96,7 +117,8 @@ int run(Options& opt) {
                                           .echo = opt.echo,
                                           .stats = opt.stats,
                                           .show_thinking = opt.show_thinking,
-                                          .params = params});
+                                          .params = params,
+                                          .grammar = grammar});
 }
 
 // --list-models: the installed models, and where the disk space of the runs' repacked copies goes
@@ -161,6 +183,16 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     auto* seed_opt = app.add_option("--seed", opt.gen.sampler.seed, "random seed (default: random)");
     app.add_option("--stop", opt.gen.stops, "stop before this string (repeatable)")->take_all();
+    auto* grammar_opt = app.add_option("--grammar", opt.grammar,
+                                       "the output follows this grammar (llama.cpp's GBNF; root is the start)");
+    auto* grammar_file_opt =
+        app.add_option("--grammar-file", opt.grammar_file, "the output follows the GBNF grammar in this file")
+            ->check(CLI::ExistingFile);
+    auto* schema_opt = app.add_option("--json-schema", opt.json_schema,
+                                      "the output is JSON valid against this schema (inline JSON, or @FILE; {} for any "
+                                      "JSON value)");
+    grammar_opt->excludes(grammar_file_opt)->excludes(schema_opt);
+    grammar_file_opt->excludes(schema_opt);
     app.add_flag("--echo", opt.echo, "print the prompt before the generated text");
     app.add_flag("--stats", opt.stats, "print timing and throughput statistics to stderr");
     app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));

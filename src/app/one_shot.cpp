@@ -7,6 +7,7 @@
 #include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
+#include "grammar/constraint.h"
 #include "text/chat_prompt.h"
 #include "text/reasoning_split.h"
 
@@ -59,6 +60,20 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
                     std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                     std::to_string(model.config.context_length) + ")");
 
+    // The grammar's constraint: the vocabulary as bytes, the ends being EOS and the template's end of turn.
+    std::optional<grammar::TokenConstraint> constraint;
+    if (o.grammar) {
+        if (tmpl && tmpl->supports_thinking() && tmpl->thinking())
+            throw Error("--grammar and --json-schema with a reasoning model need --think off for now (the constraint "
+                        "would apply to the reasoning too)");
+        std::vector<std::string> bytes(static_cast<size_t>(model.config.n_vocab));
+        for (int id = 0; id < model.config.n_vocab && id < model.tokenizer->n_vocab(); ++id)
+            bytes[static_cast<size_t>(id)] = model.tokenizer->token_bytes(id);
+        std::vector<int> ends = params.stop_tokens;
+        if (model.tokenizer->eos() >= 0) ends.push_back(model.tokenizer->eos());
+        constraint.emplace(*o.grammar, bytes, ends);
+        params.constraint = &*constraint;
+    }
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded
     if (o.echo && !write_stdout(o.prompt)) return 0;
     Generator generator(model, session.backend(), session.cache(), session.draft());
@@ -87,6 +102,9 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
     if (st.stop == StopReason::ContextFull)
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
     if (o.stats) print_stats(st, model);
+    if (o.stats && constraint)
+        std::fprintf(stderr, "grammar masks:      %d, %.3f ms each\n", constraint->mask_calls(),
+                     constraint->mask_calls() > 0 ? constraint->mask_seconds() * 1e3 / constraint->mask_calls() : 0.0);
     return 0;
 }
 

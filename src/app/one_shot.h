@@ -2,10 +2,12 @@
 // stdout, with --stats on stderr. A reasoning model's thinking (templates with a thinking switch) is split off the
 // answer and goes to stderr, or to stdout with --show-thinking.
 #pragma once
+#include <optional>
 #include <string>
 
 #include "app/session.h"
 #include "generate/generator.h"
+#include "grammar/gbnf.h"
 
 namespace tandem {
 
@@ -16,6 +18,8 @@ struct OneShotOptions {
     bool stats = false;          // timing and throughput on stderr
     bool show_thinking = false;  // a reasoning model's thinking on stdout (default: stderr; reasoning_output.h)
     GenerationParams params;     // n_predict, chunk, sampler, speculative, stops
+    // --grammar / --json-schema: the answer follows it (plain decoding; a reasoning model needs --think off).
+    std::optional<grammar::Grammar> grammar;
 };
 
 // Opens the session's backends once the prompt is known to fit, then generates. Returns the process's exit status

@@ -11,6 +11,7 @@
 
 #include "backend.h"
 #include "error.h"
+#include "grammar/constraint.h"
 #include "generate/decode_rows.h"
 #include "generate/draft_runner.h"
 #include "model/model.h"
@@ -422,7 +423,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     Sampler sampler(params.sampler, model_.config.n_vocab);
     Output out(model_, params, prompt, cache_.n_committed() - static_cast<int>(prompt.size()), emit, stats, t_start);
     const Clock::time_point t_decode = Clock::now();
-    const bool speculative = draft_.model != nullptr || params.speculative.lookup;
+    const bool speculative = (draft_.model != nullptr || params.speculative.lookup) && !params.constraint;
     if (speculative)
         decode_speculative(out, sampler, params, prompt, held);
     else
@@ -435,11 +436,16 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
 }
 
 void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams& params) {
-    const bool ids_only = argmax_is_enough(params.sampler);
-    CandidateRows candidates(params.whole_rows);
+    grammar::TokenConstraint* constraint = params.constraint;
+    // A grammar masks whole rows: no device argmax, no candidate rows.
+    const bool ids_only = !constraint && argmax_is_enough(params.sampler);
+    CandidateRows candidates(params.whole_rows || constraint);
     std::vector<int> window_buffer;
+    const int n_vocab = model_.config.n_vocab;
+    if (constraint) constraint->mask(logits_.data(), n_vocab);
     int tok = sampler.sample(logits_.data(), out.history, out.next_position());  // the prefill's logits
     for (;;) {
+        if (constraint) constraint->accept(tok);
         if (!out.push(tok)) return;
         if (cache_.n_committed() >= cache_.capacity()) {
             out.stop_context_full();
@@ -455,6 +461,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
             tok = sampler.sample(candidates.row(0), out.history, out.next_position());
         } else {
             backend_.forward(std::span<const int>(&cur, 1), cache_, 1, logits_.data());
+            if (constraint) constraint->mask(logits_.data(), n_vocab);
             tok = sampler.sample(logits_.data(), out.history, out.next_position());
         }
         ++out.stats().n_decode_forwards;

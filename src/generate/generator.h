@@ -13,6 +13,9 @@
 
 namespace tandem {
 
+namespace grammar {
+class TokenConstraint;
+}
 struct Model;
 class Backend;
 class KvCache;
@@ -27,6 +30,10 @@ struct GenerationParams {
     // Every row of logits comes back whole: no candidates (Backend::forward_candidates), no device confidence
     // (forward_argmax_confidence). The same tokens, slower on a GPU: for measuring what those save.
     bool whole_rows = false;
+    // A grammar the output must follow (--grammar, --json-schema): every row of logits is masked before sampling
+    // and the constraint advanced by each token (not owned; its end ids should be EOS and stop_tokens). With one,
+    // generation decodes plainly: drafting under a grammar is not there yet.
+    grammar::TokenConstraint* constraint = nullptr;
 };
 
 enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };

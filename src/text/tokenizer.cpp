@@ -415,6 +415,17 @@ std::string Tokenizer::decode_unchecked(const std::vector<int>& ids) const {
     return text;
 }
 
+std::string Tokenizer::token_bytes(int id) const {
+    if (id < 0 || id >= n_vocab())
+        throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                    std::to_string(n_vocab()) + " tokens");
+    if (!bpe_ && !spm_) throw Error("tokenizer: a sentencepiece .model file (--tokenizer) cannot give token bytes");
+    std::string out;
+    bool at_text_start = false;
+    append_rendered(id, at_text_start, out);
+    return out;
+}
+
 std::string Tokenizer::piece(int id) const {
     if (id < 0 || id >= n_vocab())
         throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +

@@ -58,6 +58,11 @@ public:
     // <unk> prints " ⁇ "). Throws tandem::Error for an id outside [0, n_vocab).
     std::string decode(const std::vector<int>& ids) const;
 
+    // What token `id` decodes to as bytes, alone and not at the start of a text (decode()'s leading-space rule does
+    // not apply): a byte piece's byte, byte-level BPE mapped back to raw bytes, sentencepiece's "▁" as a space;
+    // empty for control, unknown and unused tokens. What a grammar constraint matches tokens by. GGUF vocabularies
+    // only: with a .model file (--tokenizer) it throws tandem::Error.
+    std::string token_bytes(int id) const;
     // The raw piece text, e.g. "▁the", "<0x0A>", "<s>" (sentencepiece) or "Ġthe", "<|im_end|>" (BPE).
     std::string piece(int id) const;
     // The id of the token whose raw piece text is exactly `text` (e.g. "<|im_end|>"), or -1 when there is none.

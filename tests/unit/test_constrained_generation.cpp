@@ -1,0 +1,130 @@
+// Constrained generation (grammar/constraint.h through Generator): on stories260K (a sentencepiece vocabulary with
+// byte fallback), greedy and sampled outputs follow GBNF grammars and a JSON schema, generation ends only where the
+// grammar can end, and a dead end is an error. Also Tokenizer::token_bytes, which the constraint matches tokens by.
+#include <doctest/doctest.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cpu/cpu_backend.h"
+#include "error.h"
+#include "generate/generator.h"
+#include "grammar/constraint.h"
+#include "grammar/gbnf.h"
+#include "grammar/json_schema.h"
+#include "mini_json.h"
+#include "model/model.h"
+#include "test_paths.h"
+#include "text/tokenizer.h"
+
+using namespace tandem;
+
+namespace {
+
+const std::string kData = TANDEM_TEST_DATA;
+
+// The text stories260K generates after "Once upon a time" under `gbnf`, greedy (temperature 0) or sampled.
+std::string constrained(const Model& model, const std::string& gbnf, float temperature, uint64_t seed,
+                        int n_predict = 80, GenerationStats* stats_out = nullptr) {
+    CpuBackend backend(model, 1, 64);
+    auto cache = backend.new_cache(256);
+    std::vector<std::string> bytes;
+    for (int id = 0; id < model.config.n_vocab; ++id) bytes.push_back(model.tokenizer->token_bytes(id));
+    grammar::TokenConstraint constraint(grammar::parse_gbnf(gbnf), bytes, {model.tokenizer->eos()});
+    GenerationParams params;
+    params.n_predict = n_predict;
+    params.sampler.temperature = temperature;
+    params.sampler.seed = seed;
+    params.constraint = &constraint;
+    Generator gen(model, backend, *cache);
+    std::string text;
+    const GenerationStats st = gen.generate(model.tokenizer->encode("Once upon a time", true), params,
+                                            [&](std::string_view piece) {
+                                                text += piece;
+                                                return true;
+                                            });
+    CHECK(constraint.mask_calls() == st.n_generated + (st.stop == StopReason::Eos ? 1 : 0));
+    if (stats_out) *stats_out = st;
+    return text;
+}
+
+}  // namespace
+
+TEST_CASE("constrained generation: token bytes are what each token decodes to, spaces and bytes included") {
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    const Tokenizer& t = *model->tokenizer;
+    CHECK(t.token_bytes(t.eos()).empty());  // control tokens spell nothing: a grammar never allows them
+    int bytes = 0, spaced = 0;
+    for (int id = 0; id < t.n_vocab(); ++id) {
+        const std::string b = t.token_bytes(id);
+        if (t.is_byte(id)) {
+            ++bytes;
+            CHECK(b == std::string(1, static_cast<char>(t.byte_value(id))));
+        }
+        if (t.piece(id).rfind("\xE2\x96\x81", 0) == 0) {  // "▁word" renders with its space, wherever it is
+            ++spaced;
+            CHECK(b == " " + t.piece(id).substr(3));
+        }
+    }
+    CHECK(bytes == 256);
+    CHECK(spaced > 50);
+    CHECK_THROWS_AS(t.token_bytes(t.n_vocab()), Error);
+}
+
+TEST_CASE("constrained generation: greedy and sampled outputs follow the grammar and end where it can end") {
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    // Lower-case words and one full stop: the model must end there (EOS is the only token the grammar then allows).
+    const std::string sentence = R"(root ::= [a-z ]+ "." )";
+    const std::regex sentence_re("[a-z ]+\\.");
+    GenerationStats st;
+    const std::string greedy = constrained(*model, sentence, 0.0f, 1, 80, &st);
+    CAPTURE(greedy);
+    CHECK(std::regex_match(greedy, sentence_re));
+    CHECK(st.stop == StopReason::Eos);
+    CHECK(constrained(*model, sentence, 0.0f, 2) == greedy);  // greedy ignores the seed
+    int differing = 0;
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+        const std::string sampled = constrained(*model, sentence, 1.0f, seed);
+        CAPTURE(sampled);
+        CHECK(std::regex_match(sampled, sentence_re));
+        CHECK(constrained(*model, sentence, 1.0f, seed) == sampled);  // the same seed, the same text
+        differing += sampled != greedy;
+    }
+    CHECK(differing > 0);
+    // Without the grammar the model writes capitals and commas: the constraint is what shapes the text above.
+    const std::string free_text = constrained(*model, "root ::= [^\\x00]*", 0.0f, 1, 60);
+    CHECK_FALSE(std::regex_match(free_text, sentence_re));
+    // Alternatives, bounded repetition, a digit class: the output is exactly one of the forms.
+    const std::string choice = constrained(*model, R"(root ::= ("yes" | "no") ", " [0-9]{2,3} "!")", 1.0f, 7);
+    CAPTURE(choice);
+    CHECK(std::regex_match(choice, std::regex("(yes|no), [0-9]{2,3}!")));
+}
+
+TEST_CASE("constrained generation: a JSON schema's output parses and has the required fields") {
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    const std::string gbnf = json_schema_to_gbnf(
+        R"({"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 99},
+            "tag": {"enum": ["cat", "dog"]}}, "required": ["id", "tag"], "additionalProperties": false})");
+    for (const float temperature : {0.0f, 0.8f}) {
+        for (uint64_t seed = 1; seed <= 3; ++seed) {
+            GenerationStats st;
+            const std::string text = constrained(*model, gbnf, temperature, seed, 120, &st);
+            CAPTURE(text);
+            REQUIRE(st.stop == StopReason::Eos);
+            const test::Json json = test::Json::parse(text);
+            REQUIRE(json.has("id"));
+            CHECK(json["id"].num >= 1);
+            CHECK(json["id"].num <= 99);
+            CHECK((json["tag"].str == "cat" || json["tag"].str == "dog"));
+            CHECK(json.obj.size() == 2);
+        }
+    }
+}
+
+TEST_CASE("constrained generation: a grammar no token can continue is an error, not a hang") {
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    // After "a" the grammar wants a character from an empty set: no token may follow, and it cannot end.
+    CHECK_THROWS_WITH_AS(constrained(*model, R"(root ::= "a" [^\x00-\U0010FFFF])", 0.0f, 1),
+                         doctest::Contains("grammar"), Error);
+}
