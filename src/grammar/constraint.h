@@ -35,6 +35,7 @@ public:
 private:
     std::vector<std::string> token_bytes_;  // for accept(); the masker keeps its own trie of them
     std::vector<int> end_ids_;
+    std::vector<float> end_logits_;  // mask()'s scratch
     GrammarMatcher matcher_;
     TokenMasker masker_;
     double mask_seconds_ = 0;

@@ -3,6 +3,7 @@
 // grammar can end, and a dead end is an error. Also Tokenizer::token_bytes, which the constraint matches tokens by.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <regex>
 #include <string>
 #include <vector>
@@ -127,4 +128,45 @@ TEST_CASE("constrained generation: a grammar no token can continue is an error, 
     // After "a" the grammar wants a character from an empty set: no token may follow, and it cannot end.
     CHECK_THROWS_WITH_AS(constrained(*model, R"(root ::= "a" [^\x00-\U0010FFFF])", 0.0f, 1),
                          doctest::Contains("grammar"), Error);
+}
+
+TEST_CASE("constrained generation: mask() keeps exactly the allowed ids' logits, and the end ids' where it can end") {
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    const Tokenizer& t = *model->tokenizer;
+    std::vector<std::string> bytes;
+    for (int id = 0; id < t.n_vocab(); ++id) bytes.push_back(t.token_bytes(id));
+    const grammar::Grammar g = grammar::parse_gbnf(R"(root ::= "ab" | "a" [0-9]* )");
+    grammar::TokenConstraint constraint(g, bytes, {t.eos(), t.bos()});
+    grammar::GrammarMatcher reference(g);
+    const int V = t.n_vocab();
+    auto check_row = [&](bool can_end) {
+        std::vector<float> row(static_cast<size_t>(V));
+        for (int id = 0; id < V; ++id) row[static_cast<size_t>(id)] = 0.25f * static_cast<float>(id % 7);
+        const std::vector<float> before = row;
+        constraint.mask(row.data(), V);
+        int kept = 0;
+        for (int id = 0; id < V; ++id) {
+            grammar::GrammarMatcher m = reference;
+            const bool end = id == t.eos() || id == t.bos();
+            const bool allowed = end ? can_end : !bytes[static_cast<size_t>(id)].empty() &&
+                                                     m.advance(bytes[static_cast<size_t>(id)]);
+            CAPTURE(id);
+            CHECK(row[static_cast<size_t>(id)] == (allowed ? before[static_cast<size_t>(id)] : -INFINITY));
+            kept += allowed;
+        }
+        CHECK(kept > 0);
+    };
+    check_row(false);  // nothing yet: "a" is needed, the grammar cannot end
+    const auto id_of = [&](const std::string& spelled) {
+        for (int id = 0; id < V; ++id)
+            if (bytes[static_cast<size_t>(id)] == spelled) return id;
+        return -1;
+    };
+    const int a = id_of("a");
+    REQUIRE(a >= 0);
+    constraint.accept(a);
+    CHECK(reference.advance("a"));
+    check_row(true);  // "a" is a whole sentence: the end ids keep their logits
+    REQUIRE(id_of("z") >= 0);
+    CHECK_THROWS_AS(constraint.accept(id_of("z")), Error);
 }
