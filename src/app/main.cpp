@@ -44,6 +44,7 @@ struct Options {
     std::string think;  // --think on|off ("" = the template's default)
     bool show_thinking = false;
     std::string grammar, grammar_file, json_schema;  // --grammar, --grammar-file, --json-schema
+    std::string output_format = "text";              // --output-format text | jsonl
     tandem::SessionOptions session;
     tandem::GenerationParams gen;
 };
@@ -100,6 +101,8 @@ int run(Options& opt) {
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
     if (chat) {
+        if (opt.output_format == "jsonl")
+            throw tandem::Error("--output-format jsonl applies to one-shot runs for now (not --chat or the REPL)");
         session.open_backends();
         tandem::ReplConfig rc;
         rc.chat_template = session.chat_template();
@@ -118,7 +121,8 @@ int run(Options& opt) {
                                           .stats = opt.stats,
                                           .show_thinking = opt.show_thinking,
                                           .params = params,
-                                          .grammar = grammar});
+                                          .grammar = grammar,
+                                          .jsonl = opt.output_format == "jsonl"});
 }
 
 // --list-models: the installed models, and where the disk space of the runs' repacked copies goes
@@ -183,6 +187,11 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     auto* seed_opt = app.add_option("--seed", opt.gen.sampler.seed, "random seed (default: random)");
     app.add_option("--stop", opt.gen.stops, "stop before this string (repeatable)")->take_all();
+    app.add_option("--output-format", opt.output_format,
+                   "text: the answer as it streams; jsonl: one JSON record per answer (text, token counts, stop "
+                   "reason, timings, drafting; docs/usage.md)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"text", "jsonl"}));
     auto* grammar_opt = app.add_option("--grammar", opt.grammar,
                                        "the output follows this grammar (llama.cpp's GBNF; root is the start)");
     auto* grammar_file_opt =

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "app/answer_record.h"
 #include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
@@ -75,16 +76,26 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
         params.constraint = &*constraint;
     }
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded
-    if (o.echo && !write_stdout(o.prompt)) return 0;
+    if (o.echo && !o.jsonl && !write_stdout(o.prompt)) return 0;
     Generator generator(model, session.backend(), session.cache(), session.draft());
     GenerationStats st;
+    // jsonl: the answer (and, with --show-thinking, the reasoning) is collected for the record instead of printed.
+    std::string answer, reasoning;
+    const auto answer_out = [&](std::string_view text) {
+        if (!o.jsonl) return write_stdout(text);
+        answer += text;
+        return true;
+    };
     if (tmpl && tmpl->supports_thinking()) {
         // The answer goes to stdout, the thinking wherever the printer puts it.
-        ReasoningPrinter printer(o.show_thinking);
+        ReasoningPrinter printer(o.show_thinking && !o.jsonl);
         ReasoningSplitter splitter(tmpl->generation_opens_reasoning(),
                                    [&](ReasoningSplitter::Part part, std::string_view text) {
-                                       if (part == ReasoningSplitter::Part::Reasoning) return printer.reasoning(text);
-                                       return printer.end() && write_stdout(text);
+                                       if (part == ReasoningSplitter::Part::Reasoning) {
+                                           if (o.jsonl && o.show_thinking) return reasoning += text, true;
+                                           return printer.reasoning(text);
+                                       }
+                                       return printer.end() && answer_out(text);
                                    });
         st = generator.generate(tokens, params, [&](std::string_view text) { return splitter.push(text); });
         if (st.stop != StopReason::OutputClosed) {
@@ -96,11 +107,18 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
                              st.stop == StopReason::Length ? " (raise -n)" : "");
         }
     } else {
-        st = generator.generate(tokens, params, write_stdout);
+        st = generator.generate(tokens, params, answer_out);
     }
     if (st.stop == StopReason::OutputClosed) return 0;  // the reader went away: end quietly
     if (st.stop == StopReason::ContextFull)
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
+    if (o.jsonl &&
+        !write_stdout(answer_record(answer, o.show_thinking && tmpl && tmpl->supports_thinking()
+                                                ? std::optional<std::string>(reasoning)
+                                                : std::nullopt,
+                                    st) +
+                      "\n"))
+        return 0;
     if (o.stats) print_stats(st, model);
     if (o.stats && constraint)
         std::fprintf(stderr, "grammar masks:      %d, %.3f ms each\n", constraint->mask_calls(),

@@ -20,6 +20,8 @@ struct OneShotOptions {
     GenerationParams params;     // n_predict, chunk, sampler, speculative, stops
     // --grammar / --json-schema: the answer follows it (plain decoding; a reasoning model needs --think off).
     std::optional<grammar::Grammar> grammar;
+    // --output-format jsonl: stdout gets one answer_record (answer_record.h) instead of the streamed text.
+    bool jsonl = false;
 };
 
 // Opens the session's backends once the prompt is known to fit, then generates. Returns the process's exit status
