@@ -1,6 +1,7 @@
 // Constrained generation (grammar/constraint.h through Generator): on stories260K (a sentencepiece vocabulary with
 // byte fallback), greedy and sampled outputs follow GBNF grammars and a JSON schema, generation ends only where the
-// grammar can end, and a dead end is an error. Also Tokenizer::token_bytes, which the constraint matches tokens by.
+// grammar can end, and a dead end is an error; mask() keeps exactly the allowed logits. Also Tokenizer::token_bytes,
+// which the constraint matches tokens by. The "real:" case runs the default draft's byte-level BPE vocabulary.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -8,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "app/environment.h"
+#include "app/model_registry.h"
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/generator.h"
@@ -169,4 +172,51 @@ TEST_CASE("constrained generation: mask() keeps exactly the allowed ids' logits,
     check_row(true);  // "a" is a whole sentence: the end ids keep their logits
     REQUIRE(id_of("z") >= 0);
     CHECK_THROWS_AS(constraint.accept(id_of("z")), Error);
+}
+
+TEST_CASE("real: constrained generation on Qwen2.5-Coder 0.5B (byte-level BPE) gives JSON valid for the schema") {
+    // The default draft's vocabulary (151,936 byte-level BPE tokens, spaces as "Ġ", multi-byte characters split
+    // across tokens): token_bytes maps them back, and the chat-formatted answer parses and has the fields.
+    const auto path = installed_path("qwen2.5-coder-0.5b-instruct-q4_k_m");
+    if (!path) FAIL("the default draft is missing from " << environment().models_dir << ": run scripts/fetch-models");
+    const auto model = Model::load(*path);
+    const Tokenizer& t = *model->tokenizer;
+    std::vector<std::string> bytes;
+    for (int id = 0; id < model->config.n_vocab; ++id) bytes.push_back(id < t.n_vocab() ? t.token_bytes(id) : "");
+    CHECK(bytes[static_cast<size_t>(t.encode(" the", false).at(0))] == " the");
+    CHECK(t.token_bytes(t.token_id("<|im_end|>")).empty());
+    const std::string schema = R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 40},
+        "population": {"type": "integer", "minimum": 0}, "country": {"enum": ["France", "Japan", "Peru"]}},
+        "required": ["city", "population", "country"], "additionalProperties": false})";
+    const int im_end = t.token_id("<|im_end|>");
+    for (const float temperature : {0.0f, 0.7f}) {
+        CpuBackend backend(*model, 2, 64);
+        auto cache = backend.new_cache(512);
+        grammar::TokenConstraint constraint(grammar::parse_gbnf(json_schema_to_gbnf(schema)), bytes,
+                                            {t.eos(), im_end});
+        GenerationParams params;
+        params.n_predict = 80;
+        params.sampler.temperature = temperature;
+        params.sampler.seed = 5;
+        params.stop_tokens = {im_end};
+        params.constraint = &constraint;
+        const std::vector<int> prompt = t.encode(
+            "<|im_start|>user\nDescribe the capital of Japan as JSON.<|im_end|>\n<|im_start|>assistant\n", false, true);
+        Generator gen(*model, backend, *cache);
+        std::string text;
+        const GenerationStats st = gen.generate(prompt, params, [&](std::string_view piece) {
+            text += piece;
+            return true;
+        });
+        CAPTURE(text);
+        REQUIRE(st.stop == StopReason::Eos);
+        const test::Json json = test::Json::parse(text);
+        CHECK(json["city"].str.size() <= 40);
+        CHECK(json["population"].num >= 0);
+        const std::string& country = json["country"].str;
+        CHECK((country == "France" || country == "Japan" || country == "Peru"));
+        CHECK(json.obj.size() == 3);
+        MESSAGE("temperature " << temperature << ": " << text << " (" << constraint.mask_calls() << " masks, "
+                               << constraint.mask_seconds() * 1e3 / constraint.mask_calls() << " ms each)");
+    }
 }
