@@ -67,12 +67,9 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
         if (tmpl && tmpl->supports_thinking() && tmpl->thinking())
             throw Error("--grammar and --json-schema with a reasoning model need --think off for now (the constraint "
                         "would apply to the reasoning too)");
-        std::vector<std::string> bytes(static_cast<size_t>(model.config.n_vocab));
-        for (int id = 0; id < model.config.n_vocab && id < model.tokenizer->n_vocab(); ++id)
-            bytes[static_cast<size_t>(id)] = model.tokenizer->token_bytes(id);
         std::vector<int> ends = params.stop_tokens;
         if (model.tokenizer->eos() >= 0) ends.push_back(model.tokenizer->eos());
-        constraint.emplace(*o.grammar, bytes, ends);
+        constraint.emplace(*o.grammar, model.tokenizer->token_bytes_table(model.config.n_vocab), ends);
         params.constraint = &*constraint;
     }
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded

@@ -10,21 +10,32 @@
 
 namespace tandem::grammar {
 
-TokenConstraint::TokenConstraint(const Grammar& grammar, const std::vector<std::string>& token_bytes,
+TokenConstraint::TokenConstraint(const Grammar& grammar, std::vector<std::string> token_bytes,
                                  std::vector<int> end_ids)
-    : token_bytes_(token_bytes), end_ids_(std::move(end_ids)), matcher_(grammar), masker_(token_bytes_) {}
+    : shared_(std::make_shared<Shared>(std::move(token_bytes), std::move(end_ids))), matcher_(grammar) {}
+
+bool TokenConstraint::is_end(int token) const {
+    return std::find(shared_->end_ids.begin(), shared_->end_ids.end(), token) != shared_->end_ids.end();
+}
 
 void TokenConstraint::mask(float* logits, int n_vocab) {
+    if (!try_mask(logits, n_vocab))
+        throw Error("grammar: no token of the vocabulary can continue the output here (the grammar needs a character "
+                    "no token spells, or cannot end)");
+}
+
+bool TokenConstraint::try_mask(float* logits, int n_vocab) {
     const auto start = std::chrono::steady_clock::now();
-    const std::shared_ptr<const TokenBitset> allowed = masker_.allowed(matcher_);
+    Shared& s = *shared_;
+    const std::shared_ptr<const TokenBitset> allowed = s.masker.allowed(matcher_);
     const bool can_end = matcher_.accepts();
     // The end ids' logits, kept where the grammar may end (they spell nothing, so the bitset never allows them).
-    end_logits_.clear();
-    for (int id : end_ids_)
-        if (can_end && id >= 0 && id < n_vocab) end_logits_.push_back(logits[id]);
+    s.end_logits.clear();
+    for (int id : s.end_ids)
+        if (can_end && id >= 0 && id < n_vocab) s.end_logits.push_back(logits[id]);
     // Word by word: a word of 64 allowed ids is skipped, one with none is filled.
     const size_t n = std::min(static_cast<size_t>(n_vocab), allowed->size);
-    bool any = can_end && !end_logits_.empty();
+    bool any = !s.end_logits.empty();
     for (size_t w = 0; w * 64 < n; ++w) {
         const uint64_t bits = allowed->words[w];
         any = any || bits != 0;
@@ -35,22 +46,30 @@ void TokenConstraint::mask(float* logits, int n_vocab) {
     }
     for (size_t id = n; id < static_cast<size_t>(n_vocab); ++id) logits[id] = -INFINITY;
     size_t k = 0;
-    for (int id : end_ids_)
-        if (can_end && id >= 0 && id < n_vocab) logits[id] = end_logits_[k++];
-    mask_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ++mask_calls_;
-    if (!any)
-        throw Error("grammar: no token of the vocabulary can continue the output here (the grammar needs a character "
-                    "no token spells, or cannot end)");
+    for (int id : s.end_ids)
+        if (can_end && id >= 0 && id < n_vocab) logits[id] = s.end_logits[k++];
+    s.mask_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++s.mask_calls;
+    return any;
+}
+
+bool TokenConstraint::allows(int token) const {
+    if (is_end(token)) return matcher_.accepts();
+    const std::vector<std::string>& bytes = shared_->token_bytes;
+    if (token < 0 || static_cast<size_t>(token) >= bytes.size() || bytes[static_cast<size_t>(token)].empty())
+        return false;
+    GrammarMatcher probe = matcher_;
+    return probe.advance(bytes[static_cast<size_t>(token)]);
 }
 
 void TokenConstraint::accept(int token) {
-    if (std::find(end_ids_.begin(), end_ids_.end(), token) != end_ids_.end()) {
+    if (is_end(token)) {
         if (!matcher_.accepts()) throw Error("grammar: generation ended where the grammar cannot end");
         return;
     }
-    if (token < 0 || static_cast<size_t>(token) >= token_bytes_.size() ||
-        token_bytes_[static_cast<size_t>(token)].empty() || !matcher_.advance(token_bytes_[static_cast<size_t>(token)]))
+    const std::vector<std::string>& bytes = shared_->token_bytes;
+    if (token < 0 || static_cast<size_t>(token) >= bytes.size() || bytes[static_cast<size_t>(token)].empty() ||
+        !matcher_.advance(bytes[static_cast<size_t>(token)]))
         throw Error("grammar: token " + std::to_string(token) + " is not allowed here");
 }
 

@@ -426,6 +426,12 @@ std::string Tokenizer::token_bytes(int id) const {
     return out;
 }
 
+std::vector<std::string> Tokenizer::token_bytes_table(int n_vocab) const {
+    std::vector<std::string> table(static_cast<size_t>(std::max(0, n_vocab)));
+    for (int id = 0; id < n_vocab && id < this->n_vocab(); ++id) table[static_cast<size_t>(id)] = token_bytes(id);
+    return table;
+}
+
 std::string Tokenizer::piece(int id) const {
     if (id < 0 || id >= n_vocab())
         throw Error("tokenizer: token id " + std::to_string(id) + " is outside the vocabulary of " +

@@ -63,6 +63,8 @@ public:
     // empty for control, unknown and unused tokens. What a grammar constraint matches tokens by. GGUF vocabularies
     // only: with a .model file (--tokenizer) it throws tandem::Error.
     std::string token_bytes(int id) const;
+    // token_bytes of every id below `n_vocab` (a model's output rows may outnumber the vocabulary: those are empty).
+    std::vector<std::string> token_bytes_table(int n_vocab) const;
     // The raw piece text, e.g. "▁the", "<0x0A>", "<s>" (sentencepiece) or "Ġthe", "<|im_end|>" (BPE).
     std::string piece(int id) const;
     // The id of the token whose raw piece text is exactly `text` (e.g. "<|im_end|>"), or -1 when there is none.
