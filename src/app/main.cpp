@@ -86,10 +86,6 @@ int run(Options& opt) {
             text = tandem::json_schema_to_gbnf(schema);
         }
         grammar = tandem::grammar::parse_gbnf(text);
-        if (!so.no_draft && (!so.draft.empty() || opt.gen.speculative.lookup))
-            std::fprintf(stderr, "tandem: note: drafting is off under a grammar (constrained drafting comes later)\n");
-        so.no_draft = true;
-        opt.gen.speculative.lookup = false;
     }
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -28,14 +29,15 @@ DraftRunner::DraftRunner(const DraftModel& draft, const GenerationParams& params
       vocab_(draft.model->config.n_vocab),
       k_cap_(std::max(0, sp_.draft_max)),
       greedy_(params.sampler.temperature <= 0.0f),
-      picks_only_(greedy_ && argmax_is_enough(params.sampler) && !params.whole_rows),
+      constraint_(params.constraint),
+      picks_only_(greedy_ && argmax_is_enough(params.sampler) && !params.whole_rows && !constraint_),
       restrict_(sp_.draft_vocab > 0 && sp_.draft_vocab < vocab_),
       base_(base),
       held_(held),
       sampler_(sampler_params_, std::max(1, vocab_)),
       logits_(static_cast<size_t>(std::max(1, vocab_))),
       scratch_(logits_.size()),
-      candidates_(params.whole_rows),
+      candidates_(params.whole_rows || constraint_),
       extra_seen_(restrict_ ? static_cast<size_t>(vocab_ - sp_.draft_vocab) : 0),
       ahead_q_(static_cast<size_t>(k_cap_) + 1),
       carried_q_(static_cast<size_t>(k_cap_) + 1) {
@@ -94,7 +96,19 @@ void DraftRunner::forward(std::span<const int> tokens) {
         draft_.backend->forward(tokens, *draft_.cache, 1, logits_.data());
 }
 
+void DraftRunner::follow_grammar(std::span<const int> tokens) {
+    if (!constraint_) return;
+    grammar_.emplace(*constraint_);
+    for (const int t : tokens) grammar_->accept(t);
+}
+
 int DraftRunner::read_last(SparseDistribution& q, float& top) {
+    if (grammar_) {
+        // The restricted vocabulary's other logits are -inf: what the grammar allows may all be among them.
+        if (!grammar_->try_mask(logits_.data(), vocab_) ||
+            *std::max_element(logits_.begin(), logits_.end()) == -std::numeric_limits<float>::infinity())
+            return -1;
+    }
     if (picks_only_) {
         top = confidence_;
         return greedy_pick(pick_);
@@ -134,6 +148,7 @@ DraftRunner::Proposal DraftRunner::propose(int k, const std::vector<int>& histor
     Clock::time_point t0 = Clock::now();
     update_vocabulary(history);
     context_ = history;
+    follow_grammar({});
     int i0 = 0;
     bool done = false;
     if (!carried_.empty()) {
@@ -144,6 +159,8 @@ DraftRunner::Proposal DraftRunner::propose(int k, const std::vector<int>& histor
         for (int j = 0; j < t; ++j) {
             drafted.push_back(carried_[static_cast<size_t>(j)]);
             context_.push_back(carried_[static_cast<size_t>(j)]);
+            // Drafted ahead from the state after the drafts and the guess, which is the constraint's now.
+            if (grammar_) grammar_->accept(carried_[static_cast<size_t>(j)]);
             if (!greedy_) std::swap(q[static_cast<size_t>(j)], carried_q_[static_cast<size_t>(j)]);
         }
         st.ahead_used += t;
@@ -182,12 +199,13 @@ DraftRunner::Proposal DraftRunner::propose(int k, const std::vector<int>& histor
     for (int i = i0; i < k && !done; ++i) {
         float top;
         const int d = read_last(q[static_cast<size_t>(i)], top);
-        if (top < sp_.p_min && i > 0) {
+        if (d < 0 || (top < sp_.p_min && i > 0)) {
             r.holds_last = true;
             break;
         }
         drafted.push_back(d);
         context_.push_back(d);
+        if (grammar_) grammar_->accept(d);
         if (i + 1 < k) {
             forward(std::span<const int>(&d, 1));
             ++r.steps;
@@ -211,6 +229,7 @@ void DraftRunner::draft_ahead(const std::vector<int>& history, std::span<const i
         std::min({sp_.draft_ahead > 0 ? sp_.draft_ahead : k_cap_ + 1, k_cap_ + 1, room, std::max(0, tokens_left)});
     context_ = history;
     context_.insert(context_.end(), drafted.begin(), drafted.end());
+    follow_grammar(drafted);
     bool have_output = holds_last;  // the last forward read drafted.back()
     int last = drafted.back();
     for (int j = 0; j < limit; ++j) {
@@ -227,12 +246,13 @@ void DraftRunner::draft_ahead(const std::vector<int>& history, std::span<const i
         float top;
         const int e = read_last(q, top);
         // ahead_ids_[j] would be the next round's draft j - 1, which the p_min rule stops from the second on.
-        if (j >= 2 && top < sp_.p_min) {
+        if (e < 0 || (j >= 2 && top < sp_.p_min)) {
             ahead_stopped_ = true;
             break;
         }
         ahead_ids_.push_back(e);
         context_.push_back(e);
+        if (grammar_) grammar_->accept(e);
         last = e;
     }
 }

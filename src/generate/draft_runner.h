@@ -1,13 +1,16 @@
 // The draft model's side of speculative decoding (Generator's speculative loop): its cache, a prefix of the target's
 // context caught up on what it lacks only when drafting first pays; its rows, read as its sampler needs them and
 // restricted to a vocabulary where asked; a round's proposals under the p_min rule; drafting ahead while the target
-// verifies; and what of all that survives the verification.
+// verifies; and what of all that survives the verification. Under a grammar (GenerationParams::constraint) it
+// proposes on a copy of the constraint advanced along its proposals, its rows masked as the target's will be.
 #pragma once
 #include <cstddef>
 #include <functional>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "grammar/constraint.h"
 #include "generate/decode_rows.h"
 #include "generate/generator.h"
 #include "generate/speculative.h"
@@ -44,7 +47,9 @@ public:
     // from the draft's distribution with the seed's noise for its position (coupled: the target's own noise,
     // NoiseUse::Token; rejection: NoiseUse::Proposal) and leaves that distribution in q[i] (q holds at least k), for
     // the rejection test. Adds its time to st.draft_s, the carried tokens to st.ahead_used. Afterwards the draft's cache
-    // holds history and every draft but the last (Proposal::holds_last: the last too).
+    // holds history and every draft but the last (Proposal::holds_last: the last too). Under a grammar, whose state
+    // (GenerationParams::constraint) must then be the one after `history`, every proposal is one it allows, and
+    // proposing stops where none of the ids the draft computes (its restricted vocabulary) is allowed.
     Proposal propose(int k, const std::vector<int>& history, std::vector<int>& drafted,
                      std::vector<SparseDistribution>& q, SpeculativeStats& st);
 
@@ -76,8 +81,11 @@ private:
     void forward(std::span<const int> tokens);
     // The proposal from the last forward: its token and the confidence the p_min rule reads (greedy: the draft's top
     // probability; coupled sampling: its pick's share of the noise-perturbed distribution; rejection sampling: q's
-    // top probability). Sampled drafting also fills q.
+    // top probability). Sampled drafting also fills q. Under a grammar the row is first masked with grammar_'s state;
+    // -1 when that leaves nothing to propose.
     int read_last(SparseDistribution& q, float& top);
+    // grammar_ at the main constraint's state (after the history) advanced along `tokens`, where there is a grammar.
+    void follow_grammar(std::span<const int> tokens);
     // Widens the restricted vocabulary to ids of the context it has not looked at yet.
     void update_vocabulary(const std::vector<int>& history);
     // The context position of the token drafted next: context_[i] sits at base_ + i.
@@ -94,7 +102,12 @@ private:
     const int vocab_;
     const int k_cap_;
     const bool greedy_;
-    // Greedy verification without a penalty reads only the pick and its confidence (forward_argmax_confidence).
+    // The output's grammar, at the state after the history the generator has emitted (not owned), and the copy the
+    // proposals advance.
+    const grammar::TokenConstraint* const constraint_;
+    std::optional<grammar::TokenConstraint> grammar_;
+    // Greedy verification without a penalty (and without a grammar, which masks whole rows) reads only the pick and
+    // its confidence (forward_argmax_confidence).
     const bool picks_only_;
     const bool restrict_;  // logits of the first sp_.draft_vocab ids and the context's only
     const int base_;

@@ -143,19 +143,19 @@ public:
 namespace {
 
 // The target's side of a speculative round: one forward over cur and the drafts, its rows read as verification
-// needs them (pure greedy: the argmax ids; else candidates where the sampler reads only those, else whole rows),
-// and the verdict on the drafts.
+// needs them (pure greedy: the argmax ids; else candidates where the sampler reads only those, else whole rows; under
+// a grammar always whole rows, which it masks), and the verdict on the drafts.
 class Verification {
 public:
     Verification(const GenerationParams& params, int n_vocab, int k_cap)
         : sampler_(params.sampler),
           greedy_(params.sampler.temperature <= 0.0f),
           rejection_(!greedy_ && params.speculative.sampling == SpecSampling::Rejection),
-          ids_only_(greedy_ && argmax_is_enough(params.sampler)),
+          ids_only_(greedy_ && argmax_is_enough(params.sampler) && !params.constraint),
           n_vocab_(n_vocab),
           logits_((static_cast<size_t>(k_cap) + 1) * static_cast<size_t>(n_vocab)),
           ids_(static_cast<size_t>(k_cap) + 1),
-          candidates_(params.whole_rows),
+          candidates_(params.whole_rows || params.constraint),
           p_dists_(static_cast<size_t>(k_cap) + 1) {}
 
     // Runs (or queues, under deferred outputs) the target over cur + `drafted`, which follow `history`.
@@ -178,18 +178,27 @@ public:
     // The verdict on `drafted` (the forward's, its outputs delivered; drafted[i] at context position `position` + i),
     // drawn from with `q` under rejection sampling: greedy and coupled sampling accept while the target's own pick
     // (penalties see the drafts before it) is the draft, rejection sampling runs verify_proposal. No drafts: the
-    // target's token, exactly the plain step.
+    // target's token, exactly the plain step. Under `grammar` (its state after `history`; drafts it allows, as
+    // proposals under it are) row i is masked with the state after drafted[0..i-1], as plain decoding would mask it:
+    // p is the masked distribution, and q, the draft's, was masked alike.
     Verdict judge(std::span<const int> drafted, std::span<const SparseDistribution> q, const std::vector<int>& history,
-                  int64_t position, Sampler& sampler) {
+                  int64_t position, Sampler& sampler, const grammar::TokenConstraint* grammar) {
         const int n_drafted = static_cast<int>(drafted.size());
         Verdict verdict;
+        std::optional<grammar::TokenConstraint> state;  // a copy, advanced along the drafts; the loop keeps the original
+        if (grammar) state.emplace(*grammar);
+        const auto mask = [&](int i) {
+            if (state) state->mask(row(i), n_vocab_);
+        };
         if (n_drafted == 0) {
+            mask(0);
             verdict.next_token = ids_only_ ? greedy_pick(ids_[0]) : sample(0, history, position, sampler);
             return verdict;
         }
         context_ = history;
         if (!rejection_) {  // verify_proposal's greedy and coupled rule without building the target's distributions
             for (int i = 0; i <= n_drafted; ++i) {
+                mask(i);
                 const int choice =
                     ids_only_ ? greedy_pick(ids_[static_cast<size_t>(i)]) : sample(i, context_, position + i, sampler);
                 if (i == n_drafted || choice != drafted[static_cast<size_t>(i)]) {
@@ -198,16 +207,21 @@ public:
                 }
                 ++verdict.n_accepted;
                 context_.push_back(choice);
+                if (state) state->accept(choice);
             }
             return verdict;
         }
         for (int i = 0; i <= n_drafted; ++i) {
             SparseDistribution& p = p_dists_[static_cast<size_t>(i)];
+            mask(i);
             if (as_candidates_)
                 sampler.distribution(candidates_.row(i), context_, p);
             else
                 sampler.distribution(row(i), context_, p);
-            if (i < n_drafted) context_.push_back(drafted[static_cast<size_t>(i)]);
+            if (i < n_drafted) {
+                context_.push_back(drafted[static_cast<size_t>(i)]);
+                if (state) state->accept(drafted[static_cast<size_t>(i)]);
+            }
         }
         return verify_proposal(drafted, std::span<const SparseDistribution>(p_dists_).first(drafted.size() + 1),
                                q.first(drafted.size()), greedy_, SpecSampling::Rejection, sampler.noise(), position);
@@ -215,6 +229,7 @@ public:
 
 private:
     const float* row(int i) const { return &logits_[static_cast<size_t>(i) * static_cast<size_t>(n_vocab_)]; }
+    float* row(int i) { return &logits_[static_cast<size_t>(i) * static_cast<size_t>(n_vocab_)]; }
     int sample(int i, std::span<const int> history, int64_t position, Sampler& sampler) const {
         return as_candidates_ ? sampler.sample(candidates_.row(i), history, position)
                               : sampler.sample(row(i), history, position);
@@ -298,13 +313,25 @@ void wait_for_layouts(Backend& target, std::optional<DraftRunner>& draft, bool t
 }
 
 // Fills r.drafted: the draft model's k tokens (their distributions in q), or the lookup's (q one-hot: a
-// deterministic proposal, for rejection sampling), or none.
+// deterministic proposal, for rejection sampling), or none. Under `grammar` (its state after `history`) the draft
+// proposes under it, and a lookup proposal is cut before the first token it does not allow.
 void propose(Round& r, std::optional<DraftRunner>& draft, const std::vector<int>& history,
-             std::vector<SparseDistribution>& q, bool rejection, SpeculativeStats& st) {
+             std::vector<SparseDistribution>& q, bool rejection, const grammar::TokenConstraint* grammar,
+             SpeculativeStats& st) {
     if (r.draft_round) {
         r.proposal = draft->propose(r.k, history, r.drafted, q, st);
     } else if (r.from_lookup) {
         r.drafted.assign(r.looked.tokens.begin(), r.looked.tokens.begin() + r.k);
+        if (grammar) {
+            grammar::TokenConstraint state = *grammar;
+            for (size_t i = 0; i < r.drafted.size(); ++i) {
+                if (!state.allows(r.drafted[i])) {
+                    r.drafted.resize(i);
+                    break;
+                }
+                state.accept(r.drafted[i]);
+            }
+        }
         if (rejection)
             for (size_t i = 0; i < r.drafted.size(); ++i) q[i].assign_one(r.drafted[i]);
     }
@@ -314,7 +341,7 @@ void propose(Round& r, std::optional<DraftRunner>& draft, const std::vector<int>
 void verify(Round& r, int cur, Backend& target, KvCache& cache, Verification& verification,
             std::optional<DraftRunner>& draft, const std::vector<int>& history, int remaining, SpeculativeStats& st) {
     const Clock::time_point t0 = Clock::now();
-    const bool ahead = r.draft_round && draft->drafts_ahead_of(target);
+    const bool ahead = r.draft_round && !r.drafted.empty() && draft->drafts_ahead_of(target);
     DeferredOutputs deferred(ahead ? &target : nullptr);
     verification.forward(target, cache, history, cur, r.drafted);
     r.verify_seconds = -1;  // from the start until the outputs were first seen ready
@@ -423,7 +450,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     Sampler sampler(params.sampler, model_.config.n_vocab);
     Output out(model_, params, prompt, cache_.n_committed() - static_cast<int>(prompt.size()), emit, stats, t_start);
     const Clock::time_point t_decode = Clock::now();
-    const bool speculative = (draft_.model != nullptr || params.speculative.lookup) && !params.constraint;
+    const bool speculative = draft_.model != nullptr || params.speculative.lookup;
     if (speculative)
         decode_speculative(out, sampler, params, prompt, held);
     else
@@ -486,10 +513,17 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     // The proposals' distributions (rejection sampling reads them; greedy and coupled verification compare tokens).
     std::vector<SparseDistribution> q_dists(static_cast<size_t>(std::max(1, k_cap)));
 
+    // Under a grammar its state follows what is emitted (the rounds' copies are dropped: a rejected draft leaves it).
+    grammar::TokenConstraint* grammar = params.constraint;
+    const auto emit = [&](int tok) {
+        if (grammar) grammar->accept(tok);
+        return out.push(tok);
+    };
     // The first token comes from the prefill's logits; it is shown before the draft catches up on the prompt, so
     // drafting does not delay the time to first token.
+    if (grammar) grammar->mask(logits_.data(), model_.config.n_vocab);
     int cur = sampler.sample(logits_.data(), out.history, out.next_position());
-    if (!out.push(cur)) return;
+    if (!emit(cur)) return;
     // Cache positions are absolute: out.history[i] sits at base + i, after what the caches hold of earlier turns.
     std::optional<DraftRunner> draft;
     if (draft_.model) draft.emplace(draft_, params, cache_.n_committed() - static_cast<int>(prompt.size()), held);
@@ -512,11 +546,11 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         round.start = Clock::now();
 
         // ---- propose: up to k tokens from the draft model or prompt lookup (none in a plain round) ----
-        propose(round, draft, out.history, q_dists, rejection, out.stats().spec);
+        propose(round, draft, out.history, q_dists, rejection, grammar, out.stats().spec);
 
         // ---- verify: one target forward over cur + the proposal, the draft drafting ahead meanwhile ----
         verify(round, cur, backend_, cache_, verification, draft, out.history, out.remaining(), out.stats().spec);
-        round.verdict = verification.judge(round.drafted, q_dists, out.history, out.next_position(), sampler);
+        round.verdict = verification.judge(round.drafted, q_dists, out.history, out.next_position(), sampler, grammar);
         ledger.verified(round);
 
         // ---- commit: both caches keep cur and the accepted drafts; emit those, then the target's next token ----
@@ -525,9 +559,9 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         if (draft) draft->settle(keep, round.verdict.n_accepted == round.n_drafted(), round.verdict.next_token);
         ledger.committed(round, draft ? &*draft : nullptr);
         for (int i = 0; i < round.verdict.n_accepted; ++i)
-            if (!out.push(round.drafted[static_cast<size_t>(i)])) return;
+            if (!emit(round.drafted[static_cast<size_t>(i)])) return;
         cur = round.verdict.next_token;
-        if (!out.push(cur)) return;
+        if (!emit(cur)) return;
     }
 }
 

@@ -31,8 +31,10 @@ struct GenerationParams {
     // (forward_argmax_confidence). The same tokens, slower on a GPU: for measuring what those save.
     bool whole_rows = false;
     // A grammar the output must follow (--grammar, --json-schema): every row of logits is masked before sampling
-    // and the constraint advanced by each token (not owned; its end ids should be EOS and stop_tokens). With one,
-    // generation decodes plainly: drafting under a grammar is not there yet.
+    // and the constraint advanced by each token (not owned; its end ids should be EOS and stop_tokens). Speculative
+    // decoding keeps to it too: the draft proposes under it, lookup proposals are cut where it rejects them, and
+    // verification masks each position with the state after the drafts before it, so the output is what plain
+    // constrained decoding gives (greedy: bitwise; sampled: in distribution, or token for token when coupled).
     grammar::TokenConstraint* constraint = nullptr;
 };
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end checks of --grammar, --grammar-file and --json-schema on the tiny stories260K: the output follows the
 # grammar, a bad grammar or schema is an error on stderr (with line and column, or naming the keyword) and an exit
-# status of 1 with nothing on stdout, the three flags exclude one another, --chat refuses them for now, and drafting
-# is turned off with a note. The engine itself is unit-tested (test_grammar.cpp, test_json_schema.cpp,
-# test_constrained_generation.cpp).
+# status of 1 with nothing on stdout, the three flags exclude one another, --chat refuses them for now, and a draft
+# with lookup under a grammar drafts and gives plain decoding's output. The engine itself is unit-tested
+# (test_grammar.cpp, test_json_schema.cpp, test_constrained_generation.cpp; drafting under a grammar:
+# test_speculative.cpp).
 # Usage: grammar.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -52,8 +53,10 @@ run --grammar 'root ::= "a"' --json-schema '{}' >/dev/null 2>"$tmp/err"
 check "--grammar and --json-schema exclude each other" [ $? -ne 0 ]
 "$tandem" -m "$model" --chat --grammar 'root ::= "a"' </dev/null >/dev/null 2>"$tmp/err"
 check "--chat refuses a grammar for now" grep -q 'one-shot runs for now' "$tmp/err"
-run --draft "$model" --grammar 'root ::= [a-z ]+ "."' >/dev/null 2>"$tmp/err"
-check "a draft under a grammar: a note says drafting is off" grep -q 'drafting is off under a grammar' "$tmp/err"
+plain=$(run --temp 0 --grammar 'root ::= [a-z ]+ "."' 2>/dev/null)
+drafted=$(run --temp 0 --draft "$model" --draft-min 1 --lookup --grammar 'root ::= [a-z ]+ "."' --stats 2>"$tmp/err")
+check "a draft and lookup under a grammar: plain decoding's output" [ "$drafted" = "$plain" ]
+check "a draft under a grammar: it drafted" grep -qE '[1-9][0-9]* drafted' "$tmp/err"
 
 echo "grammar: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

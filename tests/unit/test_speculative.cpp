@@ -1,6 +1,6 @@
 // Speculative decoding on stories260K: greedy output equal to plain decoding (and to llama2.c's goldens) with
 // drafts that agree and that disagree, prompt lookup, KV rollback, the vocabulary check, the draft-length
-// controller, and losslessness at temperature > 0 by an exact chi-square test.
+// controller, and losslessness at temperature > 0 by an exact chi-square test; all of it again under a grammar.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "error.h"
 #include "generate/generator.h"
 #include "gguf/gguf_writer.h"
+#include "grammar/constraint.h"
 #include "convert/llama2c.h"
 #include "model/model.h"
 #include "convert/quantize_model.h"
@@ -732,15 +733,23 @@ namespace {
 // The exact distributions of the first three sampled tokens after `prompt` under `target` alone with sampler `sp`,
 // enumerated over the (few) continuations the sampler keeps: the marginals of tokens 1, 2, 3 and the joints of
 // (1, 2) and (2, 3), keyed id * 512 + id (a sampler whose noise repeats across positions can keep every marginal and
-// still couple neighbouring tokens).
+// still couple neighbouring tokens). Under `grammar` each row is masked with its state after the generated tokens
+// before the sampler's transforms, as constrained generation does.
 std::array<std::map<int, double>, 5> exact_first_tokens(const Model& target, const SamplerParams& sp,
-                                                         const std::vector<int>& prompt) {
+                                                         const std::vector<int>& prompt,
+                                                         const grammar::TokenConstraint* grammar = nullptr) {
     CpuBackend backend(target, 1, 64);
     Sampler exact_sampler(sp, 512);
     std::vector<float> logits(512), probs(512);
     auto dist = [&](const std::vector<int>& ctx) {
         auto cache = backend.new_cache(64);
         backend.forward(ctx, *cache, 1, logits.data());
+        if (grammar) {
+            grammar::TokenConstraint state = *grammar;
+            state.reset();
+            for (size_t i = prompt.size(); i < ctx.size(); ++i) state.accept(ctx[i]);
+            state.mask(logits.data(), 512);
+        }
         exact_sampler.distribution(logits.data(), ctx, probs.data());
         std::map<int, double> d;
         for (int t = 0; t < 512; ++t)
@@ -1223,4 +1232,153 @@ TEST_CASE("speculative: a synthetic draft replaying a recorded pattern agrees wh
     }
     CHECK_THROWS_AS(read_agreement_pattern(dir + "/missing.txt"), Error);
     std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A grammar over stories260K's vocabulary (SentencePiece, byte pieces), EOS ending it.
+grammar::TokenConstraint story_constraint(const Model& model, const std::string& gbnf) {
+    return grammar::TokenConstraint(grammar::parse_gbnf(gbnf), model.tokenizer->token_bytes_table(model.config.n_vocab),
+                                    {model.tokenizer->eos()});
+}
+
+// generate() under a fresh copy of `grammar`.
+Run generate_constrained(const Model& target, const std::string& draft, const std::vector<int>& prompt,
+                         GenerationParams p, const grammar::TokenConstraint& grammar) {
+    grammar::TokenConstraint state = grammar;
+    state.reset();
+    p.constraint = &state;
+    return generate(target, draft, prompt, p);
+}
+
+// Grammars that cut into what the story model says: no letter e anywhere; sentences of lower-case words, each
+// ending in ". " (the model's capitals and commas are out).
+const char* const kStoryGrammars[] = {
+    "root ::= [^e]*",
+    "root ::= sentence+\nsentence ::= [a-z]+ (\" \" [a-z]+)* \". \"",
+};
+
+}  // namespace
+
+TEST_CASE("speculative: under a grammar, drafted and looked-up output is constrained plain decoding's, greedy and coupled") {
+    // Mutation-checked: verification that does not mask its rows (the target's unmasked pick leaves the grammar),
+    // or masks every row with the state before the drafts, fails this test.
+    auto target = Model::load(kData + "/stories260K.gguf");
+    const std::vector<int> prompt = {1, 403, 407, 261, 378};
+    const int n = 80;
+    int64_t drafted = 0, accepted = 0;
+    for (const char* gbnf : kStoryGrammars) {
+        CAPTURE(std::string(gbnf));
+        const grammar::TokenConstraint grammar = story_constraint(*target, gbnf);
+        for (const float temp : {0.0f, 0.8f}) {
+            CAPTURE(temp);
+            GenerationParams base = greedy_params(n);
+            base.sampler.temperature = temp;
+            base.sampler.seed = 7;
+            const Run plain = generate_constrained(*target, "", prompt, base, grammar);
+            grammar::GrammarMatcher matcher = grammar::GrammarMatcher::from_gbnf(gbnf);
+            CHECK(matcher.advance(plain.text));  // the grammar is followed ...
+            CHECK(plain.tokens != generate(*target, "", prompt, base).tokens);  // ... and changes the answer
+            const auto same = [&](const std::string& draft, GenerationParams p, const char* what) {
+                const Run spec = generate_constrained(*target, draft, prompt, p, grammar);
+                INFO(what << ", draft " << draft);
+                CHECK(spec.tokens == plain.tokens);
+                CHECK(spec.text == plain.text);
+                CHECK(spec.stats.spec.drafted > 0);
+                drafted += spec.stats.spec.drafted;
+                accepted += spec.stats.spec.accepted;
+            };
+            for (const std::string& draft : {drafts().q8_0, drafts().q4_0, drafts().sharp}) {
+                for (bool lookup : {false, true}) {
+                    GenerationParams p = base;
+                    p.speculative.lookup = lookup;
+                    p.speculative.draft_min = 1;  // always draft, so verification really runs
+                    same(draft, p, lookup ? "draft and lookup" : "draft");
+                }
+            }
+            GenerationParams p = base;
+            p.speculative.lookup = true;
+            p.speculative.draft_min = 1;
+            same("", p, "lookup alone");
+            // Drafting ahead (forced on the CPU), its carried tokens proposed under the grammar.
+            p = base;
+            p.speculative.draft_min = 2;
+            p.speculative.draft_ahead = 4;
+            same(drafts().q8_0, p, "drafting ahead");
+            // The target as its own draft, restricted to ids below 200 and the context's: the grammar may leave it
+            // nothing to propose.
+            p = base;
+            p.speculative.draft_min = 5;
+            p.speculative.draft_max = 5;
+            p.speculative.p_min = 0;
+            p.speculative.draft_vocab = 200;
+            same(kData + "/stories260K.gguf", p, "restricted vocabulary");
+        }
+    }
+    INFO(accepted << " of " << drafted << " drafted tokens accepted");
+    CHECK(accepted > drafted / 10);  // acceptance and rejection both exercised
+    CHECK(accepted < drafted);
+}
+
+TEST_CASE("speculative: under a grammar, sampling stays lossless against the masked distributions (exact chi-square)") {
+    // The masked target's exact distributions of tokens 1-3 after BOS, against tokens from drafted and looked-up
+    // generation under the grammar, coupled and by rejection. Rejection is where masking matters beyond greedy:
+    // p and q must both be the masked ones for min(1, p/q) and the residual to give the masked p.
+    auto target = Model::load(kData + "/stories260K.gguf");
+    const std::vector<int> prompt = {1};
+    SamplerParams sp;
+    sp.temperature = 1.2f;
+    sp.top_k = 30;
+    sp.top_p = 0.98f;
+    sp.min_p = 0.0f;
+    sp.repeat_penalty = 1.1f;
+    const int n_runs = 3000;
+    const grammar::TokenConstraint grammar = story_constraint(*target, kStoryGrammars[0]);
+    const auto exact = exact_first_tokens(*target, sp, prompt, &grammar);
+    REQUIRE(exact[0].size() >= 10);
+    REQUIRE(exact[1].size() >= 10);
+    REQUIRE(exact[2].size() >= 10);
+    // The grammar took mass away: the unmasked first token's distribution keeps ids the masked one lacks.
+    const auto unmasked = exact_first_tokens(*target, sp, prompt);
+    CHECK(std::any_of(unmasked[0].begin(), unmasked[0].end(),
+                      [&](const auto& kv) { return kv.second > 0.01 && !exact[0].count(kv.first); }));
+    for (SpecSampling scheme : {SpecSampling::Coupled, SpecSampling::Rejection}) {
+        CAPTURE(std::string(spec_sampling_name(scheme)));
+        for (const bool lookup : {false, true}) {
+            CAPTURE(lookup);
+            FirstTokenCounts counts;
+            int64_t drafted = 0, accepted = 0;
+            for (int seed = 0; seed < n_runs; ++seed) {
+                GenerationParams p;
+                p.n_predict = 3;
+                p.sampler = sp;
+                p.sampler.seed = static_cast<uint64_t>(seed);
+                p.speculative.draft_min = 2;
+                p.speculative.draft_max = 2;
+                p.speculative.p_min = 0;
+                p.speculative.lookup = lookup;
+                p.speculative.sampling = scheme;
+                const Run r = generate_constrained(*target, lookup ? "" : drafts().sharp, prompt, p, grammar);
+                count_first_tokens(r.tokens, counts);
+                drafted += r.stats.spec.drafted;
+                accepted += r.stats.spec.accepted;
+            }
+            CHECK(all_pass(counts, exact, n_runs));
+            if (!lookup) {
+                INFO(accepted << " of " << drafted << " drafted tokens accepted");
+                CHECK(accepted > drafted / 10);
+                CHECK(accepted < drafted);
+            }
+        }
+    }
+    // Negative control: unconstrained tokens fail against the masked distributions.
+    FirstTokenCounts free_counts;
+    for (int seed = 0; seed < n_runs; ++seed) {
+        GenerationParams p;
+        p.n_predict = 3;
+        p.sampler = sp;
+        p.sampler.seed = static_cast<uint64_t>(seed);
+        count_first_tokens(generate(*target, "", prompt, p).tokens, free_counts);
+    }
+    CHECK_FALSE(all_pass(free_counts, exact, n_runs));
 }
