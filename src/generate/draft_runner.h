@@ -10,10 +10,10 @@
 #include <span>
 #include <vector>
 
-#include "grammar/constraint.h"
 #include "generate/decode_rows.h"
 #include "generate/generator.h"
 #include "generate/speculative.h"
+#include "grammar/constraint.h"
 #include "sample/sampler.h"
 
 namespace tandem {

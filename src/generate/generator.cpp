@@ -11,9 +11,9 @@
 
 #include "backend.h"
 #include "error.h"
-#include "grammar/constraint.h"
 #include "generate/decode_rows.h"
 #include "generate/draft_runner.h"
+#include "grammar/constraint.h"
 #include "model/model.h"
 
 namespace tandem {
@@ -178,15 +178,16 @@ public:
     // The verdict on `drafted` (the forward's, its outputs delivered; drafted[i] at context position `position` + i),
     // drawn from with `q` under rejection sampling: greedy and coupled sampling accept while the target's own pick
     // (penalties see the drafts before it) is the draft, rejection sampling runs verify_proposal. No drafts: the
-    // target's token, exactly the plain step. Under `grammar` (its state after `history`; drafts it allows, as
+    // target's token, exactly the plain step. Under `constraint` (its state after `history`; drafts it allows, as
     // proposals under it are) row i is masked with the state after drafted[0..i-1], as plain decoding would mask it:
     // p is the masked distribution, and q, the draft's, was masked alike.
     Verdict judge(std::span<const int> drafted, std::span<const SparseDistribution> q, const std::vector<int>& history,
-                  int64_t position, Sampler& sampler, const grammar::TokenConstraint* grammar) {
+                  int64_t position, Sampler& sampler, const grammar::TokenConstraint* constraint) {
         const int n_drafted = static_cast<int>(drafted.size());
         Verdict verdict;
-        std::optional<grammar::TokenConstraint> state;  // a copy, advanced along the drafts; the loop keeps the original
-        if (grammar) state.emplace(*grammar);
+        // A copy, advanced along the drafts; the loop keeps the original.
+        std::optional<grammar::TokenConstraint> state;
+        if (constraint) state.emplace(*constraint);
         const auto mask = [&](int i) {
             if (state) state->mask(row(i), n_vocab_);
         };
@@ -313,17 +314,17 @@ void wait_for_layouts(Backend& target, std::optional<DraftRunner>& draft, bool t
 }
 
 // Fills r.drafted: the draft model's k tokens (their distributions in q), or the lookup's (q one-hot: a
-// deterministic proposal, for rejection sampling), or none. Under `grammar` (its state after `history`) the draft
+// deterministic proposal, for rejection sampling), or none. Under `constraint` (its state after `history`) the draft
 // proposes under it, and a lookup proposal is cut before the first token it does not allow.
 void propose(Round& r, std::optional<DraftRunner>& draft, const std::vector<int>& history,
-             std::vector<SparseDistribution>& q, bool rejection, const grammar::TokenConstraint* grammar,
+             std::vector<SparseDistribution>& q, bool rejection, const grammar::TokenConstraint* constraint,
              SpeculativeStats& st) {
     if (r.draft_round) {
         r.proposal = draft->propose(r.k, history, r.drafted, q, st);
     } else if (r.from_lookup) {
         r.drafted.assign(r.looked.tokens.begin(), r.looked.tokens.begin() + r.k);
-        if (grammar) {
-            grammar::TokenConstraint state = *grammar;
+        if (constraint) {
+            grammar::TokenConstraint state = *constraint;
             for (size_t i = 0; i < r.drafted.size(); ++i) {
                 if (!state.allows(r.drafted[i])) {
                     r.drafted.resize(i);
@@ -514,14 +515,14 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
     std::vector<SparseDistribution> q_dists(static_cast<size_t>(std::max(1, k_cap)));
 
     // Under a grammar its state follows what is emitted (the rounds' copies are dropped: a rejected draft leaves it).
-    grammar::TokenConstraint* grammar = params.constraint;
+    grammar::TokenConstraint* constraint = params.constraint;
     const auto emit = [&](int tok) {
-        if (grammar) grammar->accept(tok);
+        if (constraint) constraint->accept(tok);
         return out.push(tok);
     };
     // The first token comes from the prefill's logits; it is shown before the draft catches up on the prompt, so
     // drafting does not delay the time to first token.
-    if (grammar) grammar->mask(logits_.data(), model_.config.n_vocab);
+    if (constraint) constraint->mask(logits_.data(), model_.config.n_vocab);
     int cur = sampler.sample(logits_.data(), out.history, out.next_position());
     if (!emit(cur)) return;
     // Cache positions are absolute: out.history[i] sits at base + i, after what the caches hold of earlier turns.
@@ -546,11 +547,12 @@ void Generator::decode_speculative(Output& out, Sampler& sampler, const Generati
         round.start = Clock::now();
 
         // ---- propose: up to k tokens from the draft model or prompt lookup (none in a plain round) ----
-        propose(round, draft, out.history, q_dists, rejection, grammar, out.stats().spec);
+        propose(round, draft, out.history, q_dists, rejection, constraint, out.stats().spec);
 
         // ---- verify: one target forward over cur + the proposal, the draft drafting ahead meanwhile ----
         verify(round, cur, backend_, cache_, verification, draft, out.history, out.remaining(), out.stats().spec);
-        round.verdict = verification.judge(round.drafted, q_dists, out.history, out.next_position(), sampler, grammar);
+        round.verdict =
+            verification.judge(round.drafted, q_dists, out.history, out.next_position(), sampler, constraint);
         ledger.verified(round);
 
         // ---- commit: both caches keep cur and the accepted drafts; emit those, then the target's next token ----

@@ -10,8 +10,7 @@
 
 namespace tandem::grammar {
 
-TokenConstraint::TokenConstraint(const Grammar& grammar, std::vector<std::string> token_bytes,
-                                 std::vector<int> end_ids)
+TokenConstraint::TokenConstraint(const Grammar& grammar, std::vector<std::string> token_bytes, std::vector<int> end_ids)
     : shared_(std::make_shared<Shared>(std::move(token_bytes), std::move(end_ids))), matcher_(grammar) {}
 
 bool TokenConstraint::is_end(int token) const {
@@ -20,8 +19,9 @@ bool TokenConstraint::is_end(int token) const {
 
 void TokenConstraint::mask(float* logits, int n_vocab) {
     if (!try_mask(logits, n_vocab))
-        throw Error("grammar: no token of the vocabulary can continue the output here (the grammar needs a character "
-                    "no token spells, or cannot end)");
+        throw Error(
+            "grammar: no token of the vocabulary can continue the output here (the grammar needs a character "
+            "no token spells, or cannot end)");
 }
 
 bool TokenConstraint::try_mask(float* logits, int n_vocab) {
