@@ -8,6 +8,7 @@
 #include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
+#include "grammar/answer_after.h"
 #include "grammar/constraint.h"
 #include "text/chat_prompt.h"
 #include "text/reasoning_split.h"
@@ -42,11 +43,19 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
     const std::optional<ChatTemplate>& tmpl = session.chat_template();
     GenerationParams params = o.params;
     std::vector<int> tokens;
+    // The template as this turn renders it (smollm3's reasoning mode may come from the system message).
+    std::optional<ChatTemplate> turn;
+    // A grammar on a reasoning model's answer applies after its think block, which the prompt then opens itself
+    // (where the model would): the grammar starts inside the reasoning (grammar/answer_after.h).
+    bool constrain_after_reasoning = false;
     if (tmpl && !tmpl->is_raw()) {
         std::vector<ChatMessage> messages;
         if (!o.system.empty()) messages.push_back({"system", o.system});
         messages.push_back({"user", o.prompt});
-        tokens = tokenize_chat(*model.tokenizer, *tmpl, messages, /*add_generation_prompt=*/true);
+        turn = tmpl->for_messages(messages);
+        constrain_after_reasoning = o.grammar && turn->supports_thinking() && turn->thinking();
+        turn->set_reasoning_opened(constrain_after_reasoning);
+        tokens = tokenize_chat(*model.tokenizer, *turn, messages, /*add_generation_prompt=*/true);
         for (const std::string& marker : tmpl->end_of_turn()) {
             const int id = model.tokenizer->token_id(marker);
             if (id >= 0) params.stop_tokens.push_back(id);
@@ -64,12 +73,10 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
     // The grammar's constraint: the vocabulary as bytes, the ends being EOS and the template's end of turn.
     std::optional<grammar::TokenConstraint> constraint;
     if (o.grammar) {
-        if (tmpl && tmpl->supports_thinking() && tmpl->thinking())
-            throw Error("--grammar and --json-schema with a reasoning model need --think off for now (the constraint "
-                        "would apply to the reasoning too)");
         std::vector<int> ends = params.stop_tokens;
         if (model.tokenizer->eos() >= 0) ends.push_back(model.tokenizer->eos());
-        constraint.emplace(*o.grammar, model.tokenizer->token_bytes_table(model.config.n_vocab), ends);
+        constraint.emplace(constrain_after_reasoning ? grammar::answer_after(*o.grammar, "</think>") : *o.grammar,
+                           model.tokenizer->token_bytes_table(model.config.n_vocab), ends);
         params.constraint = &*constraint;
     }
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded
@@ -83,10 +90,10 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
         answer += text;
         return true;
     };
-    if (tmpl && tmpl->supports_thinking()) {
+    if (turn && turn->supports_thinking()) {
         // The answer goes to stdout, the thinking wherever the printer puts it.
         ReasoningPrinter printer(o.show_thinking && !o.jsonl);
-        ReasoningSplitter splitter(tmpl->generation_opens_reasoning(),
+        ReasoningSplitter splitter(turn->generation_opens_reasoning(),
                                    [&](ReasoningSplitter::Part part, std::string_view text) {
                                        if (part == ReasoningSplitter::Part::Reasoning) {
                                            if (o.jsonl && o.show_thinking) return reasoning += text, true;

@@ -530,8 +530,12 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages, bool 
     const std::vector<ChatMessage> m = normalized(messages);
     if (name_ == "raw") return render_raw(m);
     if (name_ == "chatml") return render_chatml(m, gen, default_system_);
-    if (name_ == "qwen3") return render_qwen3(m, gen, thinking_);
-    if (name_ == "smollm3") return render_smollm3(m, gen, smollm3_thinking(messages, thinking_));
+    if (name_ == "qwen3" || name_ == "smollm3") {
+        const bool thinking = name_ == "qwen3" ? thinking_ : smollm3_thinking(messages, thinking_);
+        std::string out = name_ == "qwen3" ? render_qwen3(m, gen, thinking) : render_smollm3(m, gen, thinking);
+        if (gen && thinking && opens_reasoning_) out += "<think>\n";
+        return out;
+    }
     if (name_ == "phi4") return render_phi4(m, gen);
     if (name_ == "gemma3") return render_gemma3(m, gen);
     if (name_ == "phi4-mini") return render_phi4_mini(m, gen);

@@ -76,9 +76,15 @@ public:
     bool supports_thinking() const { return name_ == "qwen3" || name_ == "deepseek-r1" || name_ == "smollm3"; }
     void set_thinking(bool on) { thinking_ = on; }
     bool thinking() const { return thinking_; }
-    // The generation prompt leaves a think block open (deepseek-r1 with thinking on): the generated text starts
-    // inside the reasoning, and its first "</think>" ends it.
-    bool generation_opens_reasoning() const { return name_ == "deepseek-r1" && thinking_; }
+    // The generation prompt leaves a think block open (deepseek-r1 with thinking on, and qwen3 and smollm3 with
+    // thinking on and set_reasoning_opened): the generated text starts inside the reasoning, and its first
+    // "</think>" ends it.
+    bool generation_opens_reasoning() const {
+        return thinking_ && (name_ == "deepseek-r1" || (opens_reasoning_ && (name_ == "qwen3" || name_ == "smollm3")));
+    }
+    // qwen3 and smollm3 with thinking on: the generation prompt also writes the "<think>\n" the model would begin its
+    // turn with. For a grammar on the answer (grammar/answer_after.h), which must know where the reasoning starts.
+    void set_reasoning_opened(bool on) { opens_reasoning_ = on; }
 
     // The messages with the template's own content transforms applied: contents trimmed where the template trims
     // them (llama3, gemma, gemma3, llama2), reasoning before the last "</think>" dropped from assistant turns
@@ -116,6 +122,7 @@ private:
     std::string name_;
     std::string default_system_;
     bool thinking_ = true;  // --think; the template's default form
+    bool opens_reasoning_ = false;
 };
 
 }  // namespace tandem

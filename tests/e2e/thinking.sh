@@ -4,7 +4,9 @@
 # a terminal, kept out of the chat's answers). No test model thinks, so the tiny stories260K stands in for one under
 # a forced template: with deepseek-r1 (thinking on) the generation prompt opens the think block, so everything the
 # model writes is reasoning that never closes; with qwen3 its text never starts with <think>, so all of it is answer.
-# The splitter itself is unit-tested on synthetic token streams (tests/unit/test_reasoning_split.cpp).
+# A grammar (--grammar) constrains only the answer after the reasoning. The splitter itself is unit-tested on
+# synthetic token streams (tests/unit/test_reasoning_split.cpp), the grammar's free reasoning in test_grammar.cpp
+# and test_constrained_generation.cpp.
 # Usage: thinking.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -71,6 +73,23 @@ check "--show-thinking: stderr has only the note" [ "$(grep -vc '^tandem: ' "$tm
 run --chat-template deepseek-r1 --think off >"$tmp/out" 2>"$tmp/err"
 check "deepseek-r1 --think off: the block is closed in the prompt, so the text is answer on stdout" [ -s "$tmp/out" ]
 check "deepseek-r1 --think off: nothing on stderr" [ ! -s "$tmp/err" ]
+
+# ---- a grammar applies to the answer after the reasoning, never to the reasoning --------------------------------
+# deepseek-r1: the story model's reasoning never closes, so under a grammar it is the reasoning of the run without
+# one (the grammar does not touch it) and there is no answer. qwen3: with a grammar the prompt opens the think block
+# itself (the grammar must know where the reasoning starts), so what was all answer above is now reasoning.
+run --chat-template deepseek-r1 >/dev/null 2>"$tmp/free"
+run --chat-template deepseek-r1 --grammar 'root ::= "yes" | "no"' >"$tmp/out" 2>"$tmp/err"
+check "deepseek-r1 with a grammar: exits 0" [ $? -eq 0 ]
+check "deepseek-r1 with a grammar: the reasoning is the unconstrained one" cmp -s "$tmp/free" "$tmp/err"
+check "deepseek-r1 with a grammar: no answer on stdout" [ ! -s "$tmp/out" ]
+run --chat-template qwen3 --grammar 'root ::= "yes" | "no"' >"$tmp/out" 2>"$tmp/err"
+check "qwen3 with a grammar: exits 0" [ $? -eq 0 ]
+check "qwen3 with a grammar: the think block is opened, so the text is reasoning on stderr" \
+  [ -n "$(grep -v '^tandem: ' "$tmp/err")" ]
+check "qwen3 with a grammar: no answer on stdout" [ ! -s "$tmp/out" ]
+run --chat-template qwen3 --think off --grammar 'root ::= "yes" | "no"' >"$tmp/out" 2>"$tmp/err"
+check "qwen3 --think off with a grammar: the answer follows it" grep -qxE 'yes|no' "$tmp/out"
 
 # ---- the chat over a pipe: reasoning on stderr, empty answers kept as such ----------------------------------
 printf 'one\ntwo\n' | "$tandem" -m "$model" --chat --chat-template deepseek-r1 -n 8 --temp 0 >"$tmp/out" 2>"$tmp/err"

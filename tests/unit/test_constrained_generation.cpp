@@ -14,6 +14,7 @@
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/generator.h"
+#include "grammar/answer_after.h"
 #include "grammar/constraint.h"
 #include "grammar/gbnf.h"
 #include "grammar/json_schema.h"
@@ -28,14 +29,14 @@ namespace {
 
 const std::string kData = TANDEM_TEST_DATA;
 
-// The text stories260K generates after "Once upon a time" under `gbnf`, greedy (temperature 0) or sampled.
-std::string constrained(const Model& model, const std::string& gbnf, float temperature, uint64_t seed,
+// The text stories260K generates after "Once upon a time" under `g`, greedy (temperature 0) or sampled.
+std::string constrained(const Model& model, const grammar::Grammar& g, float temperature, uint64_t seed,
                         int n_predict = 80, GenerationStats* stats_out = nullptr) {
     CpuBackend backend(model, 1, 64);
     auto cache = backend.new_cache(256);
     std::vector<std::string> bytes;
     for (int id = 0; id < model.config.n_vocab; ++id) bytes.push_back(model.tokenizer->token_bytes(id));
-    grammar::TokenConstraint constraint(grammar::parse_gbnf(gbnf), bytes, {model.tokenizer->eos()});
+    grammar::TokenConstraint constraint(g, bytes, {model.tokenizer->eos()});
     GenerationParams params;
     params.n_predict = n_predict;
     params.sampler.temperature = temperature;
@@ -51,6 +52,10 @@ std::string constrained(const Model& model, const std::string& gbnf, float tempe
     CHECK(constraint.mask_calls() == st.n_generated + (st.stop == StopReason::Eos ? 1 : 0));
     if (stats_out) *stats_out = st;
     return text;
+}
+std::string constrained(const Model& model, const std::string& gbnf, float temperature, uint64_t seed,
+                        int n_predict = 80, GenerationStats* stats_out = nullptr) {
+    return constrained(model, grammar::parse_gbnf(gbnf), temperature, seed, n_predict, stats_out);
 }
 
 }  // namespace
@@ -218,5 +223,25 @@ TEST_CASE("real: constrained generation on Qwen2.5-Coder 0.5B (byte-level BPE) g
         CHECK(json.obj.size() == 3);
         MESSAGE("temperature " << temperature << ": " << text << " (" << constraint.mask_calls() << " masks, "
                                << constraint.mask_seconds() * 1e3 / constraint.mask_calls() << " ms each)");
+    }
+}
+
+TEST_CASE("constrained generation: with answer_after, the text up to the marker is free and the answer follows") {
+    // A reasoning model's think block and answer, played by the story model with "." as the end of its reasoning:
+    // its first sentence must be exactly what it writes unconstrained, the rest the answer's grammar.
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    const std::string free_text = constrained(*model, "root ::= [^\\x00]*", 0.0f, 0, 40);
+    const size_t dot = free_text.find('.');
+    REQUIRE(dot != std::string::npos);
+    for (const float temp : {0.0f, 0.9f}) {
+        GenerationStats st;
+        const std::string text = constrained(
+            *model, grammar::answer_after(grammar::parse_gbnf("root ::= \" yes\" | \" no\""), "."), temp, 3, 80, &st);
+        INFO(text);
+        if (temp == 0.0f) CHECK(text.substr(0, dot + 1) == free_text.substr(0, dot + 1));
+        const size_t end = text.find('.');
+        REQUIRE(end != std::string::npos);
+        CHECK(std::regex_match(text.substr(end + 1), std::regex("\n*( yes| no)")));
+        CHECK(st.stop == StopReason::Eos);  // the answer complete, only the end was left
     }
 }

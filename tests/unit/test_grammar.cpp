@@ -10,16 +10,20 @@
 #include <vector>
 
 #include "error.h"
+#include "grammar/answer_after.h"
+#include "grammar/constraint.h"
 #include "grammar/gbnf.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/token_mask.h"
 
+using tandem::grammar::answer_after;
 using tandem::grammar::CodePointRange;
 using tandem::grammar::Grammar;
 using tandem::grammar::GrammarElement;
 using tandem::grammar::GrammarMatcher;
 using tandem::grammar::kMaxCodePoint;
 using tandem::grammar::parse_gbnf;
+using tandem::grammar::TokenConstraint;
 using tandem::grammar::TokenMasker;
 
 namespace {
@@ -580,4 +584,76 @@ TEST_CASE("grammar token masks over a 151936-token vocabulary (timing printout)"
     std::vector<int32_t> got = masker.allowed_ids(in_string);
     got.erase(std::lower_bound(got.begin(), got.end(), 20000), got.end());
     CHECK(got == expected);
+}
+
+TEST_CASE("grammar answer_after: free text up to the marker, newlines, then the answer's grammar") {
+    const Grammar answer = parse_gbnf("root ::= \"{\" [a-z]* \"}\"");
+    const Grammar g = answer_after(answer, "</think>");
+    const auto accepts = [&](std::string_view text) {
+        GrammarMatcher m(g);
+        return m.advance(text) && m.accepts();
+    };
+    const auto alive = [&](std::string_view text) {
+        GrammarMatcher m(g);
+        return m.advance(text);
+    };
+    CHECK(accepts("</think>{}"));
+    CHECK(accepts("Let me think. x < y, {so} </b> and </thin> too.\n</think>\n\n{abc}"));
+    CHECK(accepts("</thin</think>{a}"));   // a partial marker falls back to a shorter match...
+    CHECK(accepts("<</think>{a}"));        // ... or to none
+    CHECK(accepts("<//think></think>{a}"));
+    CHECK(accepts("\xc3\xa9t\xc3\xa9 </think>{a}"));  // multi-byte text in the reasoning
+    CHECK_FALSE(accepts("reasoning"));                 // the reasoning cannot end the output
+    CHECK(alive("reasoning {not an answer} </thin"));
+    CHECK_FALSE(accepts("</think>"));                  // nor can an answer that has not come
+    CHECK_FALSE(alive("</think>x"));                   // the answer follows its grammar at once ...
+    CHECK_FALSE(alive("</think> {}"));                 // ... after newlines only
+    CHECK_FALSE(alive("</think>{a}</think>"));         // a second marker is answer text
+    CHECK_FALSE(accepts("</think>{a} "));
+    // A long reasoning keeps as many parse stacks as a short one (one per alternative of a state's rule, at most 3
+    // here): the states are right-recursive rules.
+    GrammarMatcher m(g);
+    for (int i = 0; i < 20000; ++i) {
+        REQUIRE(m.advance(static_cast<uint8_t>("ab</thin <x\n"[i % 12])));
+        REQUIRE(m.stack_count() <= 3);
+    }
+    CHECK(m.advance("</think>\n{z}"));
+    CHECK(m.accepts());
+    // The answer's rules keep their meaning (a rule referring to another).
+    const Grammar g2 = answer_after(parse_gbnf("root ::= item (\",\" item)*\nitem ::= [0-9]+"), "[/THINK]");
+    GrammarMatcher m2(g2);
+    CHECK(m2.advance("[/THINK[/THINK]1,22,333"));
+    CHECK(m2.accepts());
+    CHECK_THROWS_AS(answer_after(answer, ""), tandem::Error);
+    CHECK_THROWS_AS(answer_after(answer, "\xff"), tandem::Error);
+}
+
+TEST_CASE("grammar answer_after: token masks allow any token but the ends in the reasoning, and the answer's after") {
+    // Tokens: reasoning words, the marker whole and in pieces, a token that closes the marker and opens the answer.
+    const std::vector<std::string> vocab = {"", "hello", " world", "</think>", "</", "think", ">", "{", "}", "ab",
+                                            "\n\n", ">{", ">x", "</think>\n"};
+    const int eos = 0;
+    TokenConstraint c(answer_after(parse_gbnf("root ::= \"{\" [a-z]* \"}\""), "</think>"), vocab, {eos});
+    std::vector<float> logits(vocab.size());
+    const auto allowed = [&]() {
+        std::fill(logits.begin(), logits.end(), 1.0f);
+        c.mask(logits.data(), static_cast<int>(vocab.size()));
+        std::vector<int> ids;
+        for (size_t i = 0; i < logits.size(); ++i)
+            if (logits[i] > 0) ids.push_back(static_cast<int>(i));
+        return ids;
+    };
+    // In the reasoning: everything but EOS (and ">{" / ">x" only once "</think" is there).
+    CHECK(allowed() == std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13});
+    c.accept(1);
+    c.accept(4);
+    c.accept(5);  // "hello</think": ">{" closes the marker and opens the answer, ">x" would put x in it
+    CHECK(allowed() == std::vector<int>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13});
+    c.accept(11);
+    CHECK(allowed() == std::vector<int>{1, 5, 8, 9});  // lower-case letters or the closing brace
+    c.accept(8);
+    CHECK(allowed() == std::vector<int>{eos});
+    c.reset();
+    c.accept(13);  // "</think>\n": then newlines or the answer
+    CHECK(allowed() == std::vector<int>{7, 10});
 }
