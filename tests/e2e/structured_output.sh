@@ -195,7 +195,8 @@ gen() {
   elif grep -q '(stop: length)' "$f.err"; then
     bad "$name, $mode: the answer ran into -n ${npredict[$name]} before the JSON ended: $(head -c 400 "$f.out")"
   elif ! "$py" "$validator" "$tmp/$name.json" <"$f.out" 2>"$f.why"; then
-    bad "$name, $mode: the answer does not validate: $(head -3 "$f.why" | tr '\n' ' ')-- the answer: $(head -c 600 "$f.out")"
+    bad "$name, $mode: the answer does not validate: $(head -3 "$f.why" | tr '\n' ' ')-- the answer:" \
+      "$(head -c 600 "$f.out")"
   else
     ok
   fi
@@ -300,13 +301,15 @@ check "grammar, yes or no: the sensible answer" [ "$out" = "yes" ]
 grammar_run "comma-separated numbers" "List the first eight prime numbers." \
   'root ::= num ("," " "? num){1,11}
 num ::= "-"? [0-9]{1,6}' '-?[0-9]{1,6}(, ?-?[0-9]{1,6}){1,11}'
-grammar_run "an arithmetic expression" "Write an arithmetic expression that equals 24 using the numbers 3, 8, 1 and 2." \
+grammar_run "an arithmetic expression" \
+  "Write an arithmetic expression that equals 24 using the numbers 3, 8, 1 and 2." \
   'root ::= expr
 expr ::= term ([-+] term)*
 term ::= factor ([*/] factor)*
 factor ::= [0-9]{1,4} | "(" expr ")"' '[-+*/()0-9]+'
 # The regex cannot see nesting: Python parses it (only digits, operators and parentheses got this far).
-check "grammar, an arithmetic expression: it parses ($out)" "$py" -c 'import ast, sys; ast.parse(sys.argv[1], mode="eval")' "$out"
+check "grammar, an arithmetic expression: it parses ($out)" \
+  "$py" -c 'import ast, sys; ast.parse(sys.argv[1], mode="eval")' "$out"
 phase "grammars"
 
 finish
