@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of tandem-bench's machine-readable modes, which scripts/compare-llamacpp drives: --json lines,
 # the --serve request loops (pp/tg and speculative), --bandwidth, --unescape'd prompts; and that the comparison script refuses a missing
-# model with the fetch-models hint before it installs or runs anything. (The comparison itself is a benchmark and
-# needs llama-cpp-python; it is not run here.)
+# model with the fetch-models hint before it installs or runs anything (scripts/bench-structured too). (The
+# comparison itself is a benchmark and needs llama-cpp-python; it is not run here.)
 # Usage: bench.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -82,6 +82,12 @@ TANDEM_MODELS_DIR="$tmp/none" python3 "$root/scripts/compare-llamacpp" --spec-on
 rc=$?
 check "compare-llamacpp: an unknown --drafting exits 2" [ $rc -eq 2 ]
 check "compare-llamacpp: the error names the choices" grep -q "choose from 'both', 'draft', 'lookup'" "$tmp/err"
+# scripts/bench-structured: the same refusal of a missing model (before the venv), and a --schema that is not JSON.
+TANDEM_MODELS_DIR="$tmp/none" python3 "$root/scripts/bench-structured" --tandem "$build/tandem" >"$tmp/out" 2>"$tmp/err"
+check_all "bench-structured: missing model exits 1 naming fetch-models" [ $? -eq 1 ] ::: \
+  grep -q "scripts/fetch-models" "$tmp/err" ::: [ ! -s "$tmp/out" ]
+python3 "$root/scripts/bench-structured" --schema '{"type": ' >"$tmp/out" 2>"$tmp/err"
+check_all "bench-structured: a --schema that is not JSON exits 2" [ $? -eq 2 ] ::: grep -q "not JSON" "$tmp/err"
 
 # --cuda-route: a route that does not exist is an error naming it; a retired TANDEM_CUDA_* variable is refused (it
 # would measure the default under the name of the route it meant to force); on the CPU a valid route changes nothing.
