@@ -210,18 +210,15 @@ phase() {  # NAME: the seconds since the last phase, on stderr
   phase_start=$SECONDS
 }
 
-# ---- drafting under a grammar (fails until it lands) ---------------------------------------------------------
-# Today tandem decodes without the draft (and without --lookup) under --grammar/--json-schema, with the note
-# "drafting is off under a grammar" (docs/structured-output.md, Not yet), so --stats has no speculative section.
-# These checks say that a drafted or --lookup run under a schema really drafted: the stats block has the
-# "speculative:" line of SpeculativeStats::summary, and over a mode's runs some tokens were drafted.
+# ---- drafting under a grammar ---------------------------------------------------------------------------------
+# A drafted or --lookup run under a schema really drafts: the stats block has the "speculative:" line of
+# SpeculativeStats::summary, and over a mode's runs some tokens were drafted.
 declare -A drafted_total
 check_drafting_under_grammar() {  # MODE WHAT STDERR_FILE
   local mode=$1 what=$2 err=$3 line drafted
   line=$(grep '^speculative:' "$err")
   if [[ -z $line ]]; then
-    bad "drafting under a grammar: $what: no speculative section in --stats$(grep -q 'drafting is off under a grammar' \
-      "$err" && echo ' (tandem: "drafting is off under a grammar")')"
+    bad "drafting under a grammar: $what: no speculative section in --stats"
     return
   fi
   ok
