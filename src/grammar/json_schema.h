@@ -13,8 +13,9 @@
 //     next to anyOf/oneOf are merged into each alternative, keywords next to $ref are merged as allOf;
 //   $ref to any JSON pointer inside the document (#, #/$defs/..., #/definitions/...): one rule per target, so
 //     recursive schemas work; a cycle of references that consumes no input is an error;
-//   strings: minLength, maxLength, pattern (see below), format date, time, date-time (RFC 3339), uuid, email
-//     (a simplified addr-spec: dot-atoms, no quoted local parts or IP literals);
+//   strings: minLength, maxLength, pattern (see below), format date, time, date-time (RFC 3339 less the leap
+//     second :60 and year 0000, which Python's jsonschema refuses; only days that exist, February 29 in leap years
+//     only), uuid, email (a simplified addr-spec: dot-atoms, no quoted local parts or IP literals);
 //   integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or the draft-04 booleans), as exact
 //     digit-range grammars, bounds within +-(10^18 - 1); numbers: minimum 0 only (no other bounds).
 //   Annotations title, description, $schema, $id, $comment, examples, default, deprecated, readOnly, writeOnly,

@@ -3,6 +3,7 @@
 // engine is separate) parses the converter's text and matches documents against `root`, so every construct is
 // tested with documents it must accept and documents it must reject.
 #include <cstdint>
+#include <cstdio>
 #include <doctest/doctest.h>
 #include <map>
 #include <set>
@@ -475,16 +476,28 @@ TEST_CASE("json schema: string formats") {
     CHECK_FALSE(date.accepts("\"2024-13-01\""));
     CHECK_FALSE(date.accepts("\"2024-1-01\""));
     CHECK_FALSE(date.accepts("\"2024-01-32\""));
+    CHECK_FALSE(date.accepts("\"2023-02-30\""));
+    CHECK_FALSE(date.accepts("\"2023-02-29\""));
+    CHECK_FALSE(date.accepts("\"2023-04-31\""));
+    CHECK_FALSE(date.accepts("\"0000-01-01\""));  // Python's date (and so jsonschema) has no year 0
 
     const Gbnf time = grammar_of(R"({"format": "time"})");
-    CHECK(time.accepts("\"23:59:60Z\""));
+    CHECK(time.accepts("\"23:59:59Z\""));
     CHECK(time.accepts("\"08:30:00.123+02:00\""));
+    CHECK(time.accepts("\"00:00:00z\""));
+    CHECK_FALSE(time.accepts("\"23:59:60Z\""));  // a leap second: RFC 3339 allows it, rfc3339-validator does not
     CHECK_FALSE(time.accepts("\"24:00:00Z\""));
+    CHECK_FALSE(time.accepts("\"12:60:00Z\""));
+    CHECK_FALSE(time.accepts("\"12:00:00+24:00\""));
+    CHECK_FALSE(time.accepts("\"12:00:00+05:60\""));
     CHECK_FALSE(time.accepts("\"08:30:00\""));  // RFC 3339 times carry an offset
 
     const Gbnf dt = grammar_of(R"({"type": "string", "format": "date-time"})");
     CHECK(dt.accepts("\"2024-05-01T12:00:00Z\""));
     CHECK(dt.accepts("\"2024-05-01t12:00:00.5-05:30\""));
+    CHECK(dt.accepts("\"2000-02-29T00:00:00Z\""));
+    CHECK_FALSE(dt.accepts("\"2023-02-30T12:00:00Z\""));
+    CHECK_FALSE(dt.accepts("\"1900-02-29T12:00:00Z\""));
     CHECK_FALSE(dt.accepts("\"2024-05-01 12:00:00Z\""));
     CHECK_FALSE(dt.accepts("\"2024-05-01\""));
 
@@ -501,6 +514,34 @@ TEST_CASE("json schema: string formats") {
     CHECK_FALSE(email.accepts("\"a@-bad.com\""));
 
     CHECK(contains(error_of(R"({"type": "string", "format": "hostname"})"), "'hostname'"));
+}
+
+TEST_CASE("json schema: format date accepts exactly the days of the Gregorian calendar, leap years included") {
+    const auto leap = [](int y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; };
+    const auto days_in = [&](int y, int m) {
+        static const int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+        return m == 2 && leap(y) ? 29 : kDays[m - 1];
+    };
+    const Gbnf date = grammar_of(R"({"type": "string", "format": "date"})");
+    const Gbnf dt = grammar_of(R"({"type": "string", "format": "date-time"})");
+    // Every century rule (0000 is out: year 0 does not exist for Python's date), then every day of 1896-2104.
+    std::vector<int> years = {0,    1,    4,    96,   99,   100,  104,  200,  400,  800,  1200, 1600, 1700,
+                              1800, 1900, 2000, 2100, 2200, 2300, 2400, 2800, 9600, 9900, 9996, 9999};
+    for (int y = 1896; y <= 2104; ++y) years.push_back(y);
+    for (const int y : years)
+        for (int m = 0; m <= 13; ++m)
+            for (int d = 0; d <= 32; ++d) {
+                char text[32];
+                std::snprintf(text, sizeof text, "\"%04d-%02d-%02d\"", y, m, d);
+                CAPTURE(text);
+                const bool valid = y >= 1 && m >= 1 && m <= 12 && d >= 1 && d <= days_in(y, m);
+                CHECK(date.accepts(text) == valid);
+                if (m == 2 && d >= 28) {  // the date part of date-time is the same rule
+                    std::string stamp = text;
+                    stamp.insert(stamp.size() - 1, "T10:00:00Z");
+                    CHECK(dt.accepts(stamp) == valid);
+                }
+            }
 }
 
 // ---- integer ranges ---------------------------------------------------------------------------------------------
