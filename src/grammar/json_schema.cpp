@@ -147,6 +147,34 @@ JsonValue all_of(const JsonValue& a, const JsonValue& b) {
     return out;
 }
 
+JsonValue bool_value(bool b) {
+    JsonValue v;
+    v.kind = JsonValue::Kind::Bool;
+    v.boolean = b;
+    return v;
+}
+
+// Sets s's member `key` to `value`, where it is if s has it, else at the end.
+void set_member(JsonValue& s, const std::string& key, JsonValue value) {
+    if (JsonValue* at = find_mut(s, key))
+        *at = std::move(value);
+    else
+        s.members.emplace_back(key, std::move(value));
+}
+
+bool is_false_schema(const JsonValue& s) { return s.is_bool() && !s.boolean; }
+
+// true, or an object that constrains nothing ({} or annotations only).
+bool is_true_schema(const JsonValue& s) { return s.is_bool() ? s.boolean : s.is_object() && constraints(s).empty(); }
+
+// The schema of the values valid against both a and b: false when either is false, the other when one constrains
+// nothing, else their allOf.
+JsonValue conjunction(const JsonValue& a, const JsonValue& b) {
+    if (is_false_schema(a) || is_true_schema(b) || a == b) return a;
+    if (is_false_schema(b) || is_true_schema(a)) return b;
+    return all_of(a, b);
+}
+
 std::string pointer_escape(const std::string& key) {
     std::string out;
     for (const char c : key) {
@@ -893,11 +921,111 @@ private:
         return out;
     }
 
+    // Draft-04's boolean exclusiveMinimum/exclusiveMaximum make the minimum/maximum of their own schema object
+    // exclusive: rewritten as the numeric forms, they keep that meaning next to another part's bounds.
+    static JsonValue numeric_exclusive_bounds(const JsonValue& s) {
+        JsonValue out = s;
+        for (const auto& [flag, bound] : {std::pair{"exclusiveMinimum", "minimum"}, {"exclusiveMaximum", "maximum"}}) {
+            const JsonValue* f = out.find(flag);
+            const JsonValue* b = out.find(bound);
+            if (!f || !f->is_bool()) continue;
+            if (f->boolean && b && b->is_number()) {
+                const JsonValue value = *b;
+                out = without(out, {flag, bound});
+                out.members.emplace_back(flag, value);
+            } else if (!f->boolean || !b) {
+                out = without(out, {flag});  // no bound of its own to make exclusive
+            }
+        }
+        return out;
+    }
+
+    // allOf of two parts' members. additionalProperties sees only the properties of its own schema object, so a
+    // member's schema is what both parts say of its name: the part's property schema for it, else the part's
+    // additionalProperties (absent: any value). A name that either part forbids gets the property schema false: the
+    // object may not have it (object_body), and if it is required the schema has no valid instance.
+    void merge_members(const JsonValue& a, const JsonValue& b, JsonValue& out, const std::string& path) {
+        auto check = [&](const JsonValue& part) {
+            const JsonValue* props = part.find("properties");
+            if (props && !props->is_object()) fail(path, "properties must be an object");
+            const JsonValue* additional = part.find("additionalProperties");
+            if (additional && !additional->is_bool() && !additional->is_object())
+                fail(path, "additionalProperties must be a boolean or a schema");
+            return props || additional;
+        };
+        check(a);
+        if (!check(b)) return;  // out has a's
+        auto additional = [](const JsonValue& part) {
+            const JsonValue* ap = part.find("additionalProperties");
+            return ap ? *ap : bool_value(true);
+        };
+        auto member = [&](const JsonValue& part, const std::string& key) {
+            const JsonValue* props = part.find("properties");
+            const JsonValue* schema = props ? props->find(key) : nullptr;
+            return schema ? *schema : additional(part);
+        };
+        JsonValue props;
+        props.kind = JsonValue::Kind::Object;
+        for (const JsonValue* part : {&a, &b})
+            if (const JsonValue* p = part->find("properties"))
+                for (const auto& [key, schema] : p->members)
+                    if (!props.find(key)) props.members.emplace_back(key, conjunction(member(a, key), member(b, key)));
+        if (a.find("properties") || b.find("properties")) set_member(out, "properties", props);
+        if (a.find("additionalProperties") || b.find("additionalProperties"))
+            set_member(out, "additionalProperties", conjunction(additional(a), additional(b)));
+    }
+
+    // allOf of two parts' items, the same way: items sees only the prefixItems of its own schema object, so element
+    // i's schema is what both parts say of position i (a part's prefixItems[i], else its items, absent: any). Where
+    // that is false no element may be, so the tuple ends before it (items false).
+    void merge_items(const JsonValue& a, const JsonValue& b, JsonValue& out, const std::string& path) {
+        auto check = [&](const JsonValue& part) {
+            const JsonValue* prefix = part.find("prefixItems");
+            if (prefix && !prefix->is_array()) fail(path, "prefixItems must be an array of schemas");
+            const JsonValue* items = part.find("items");
+            if (items && items->is_array())
+                fail(path, "items as an array (draft-04 tuples) is not supported: use prefixItems");
+            if (items && !items->is_bool() && !items->is_object()) fail(path, "items must be a schema");
+            return prefix || items;
+        };
+        check(a);
+        if (!check(b)) return;  // out has a's
+        auto rest = [](const JsonValue& part) {
+            const JsonValue* items = part.find("items");
+            return items ? *items : bool_value(true);
+        };
+        auto prefix_size = [](const JsonValue& part) {
+            const JsonValue* prefix = part.find("prefixItems");
+            return prefix ? prefix->items.size() : size_t{0};
+        };
+        auto element = [&](const JsonValue& part, size_t i) {
+            return i < prefix_size(part) ? part.find("prefixItems")->items[i] : rest(part);
+        };
+        JsonValue prefix;
+        prefix.kind = JsonValue::Kind::Array;
+        JsonValue items = conjunction(rest(a), rest(b));
+        for (size_t i = 0; i < std::max(prefix_size(a), prefix_size(b)); ++i) {
+            JsonValue schema = conjunction(element(a, i), element(b, i));
+            if (is_false_schema(schema)) {
+                items = schema;
+                break;
+            }
+            prefix.items.push_back(std::move(schema));
+        }
+        if (a.find("prefixItems") || b.find("prefixItems")) set_member(out, "prefixItems", prefix);
+        if (a.find("items") || b.find("items") || !is_true_schema(items)) set_member(out, "items", items);
+    }
+
     // Both parts of an allOf at once (a and b are flattened: no $ref or allOf at their top).
-    JsonValue merge(const JsonValue& a, const JsonValue& b, const std::string& path) {
+    JsonValue merge(const JsonValue& a_part, const JsonValue& b_part, const std::string& path) {
         count_work(path);
+        const JsonValue a = numeric_exclusive_bounds(a_part), b = numeric_exclusive_bounds(b_part);
         JsonValue out = a;
+        merge_members(a, b, out, path);
+        merge_items(a, b, out, path);
         for (const auto& [key, bv] : b.members) {
+            if (key == "properties" || key == "additionalProperties" || key == "prefixItems" || key == "items")
+                continue;  // merged above
             JsonValue* av = find_mut(out, key);
             if (!av) {
                 out.members.emplace_back(key, bv);
@@ -906,15 +1034,7 @@ private:
             if (*av == bv || is_ignored(key)) continue;
             static const std::set<std::string_view> kLower = {"minLength", "minItems", "minimum", "exclusiveMinimum"};
             static const std::set<std::string_view> kUpper = {"maxLength", "maxItems", "maximum", "exclusiveMaximum"};
-            if (key == "properties" && av->is_object() && bv.is_object()) {
-                for (const auto& [name, schema] : bv.members) {
-                    JsonValue* mine = find_mut(*av, name);
-                    if (!mine)
-                        av->members.emplace_back(name, schema);
-                    else if (*mine != schema)
-                        *mine = all_of(*mine, schema);
-                }
-            } else if (key == "required" && av->is_array() && bv.is_array()) {
+            if (key == "required" && av->is_array() && bv.is_array()) {
                 for (const JsonValue& name : bv.items)
                     if (std::find(av->items.begin(), av->items.end(), name) == av->items.end())
                         av->items.push_back(name);
@@ -934,11 +1054,6 @@ private:
                         common.items.push_back(string_value(t));
                 if (common.items.empty()) fail(path, "allOf: the parts have no type in common");
                 *av = common;
-            } else if (key == "items" && (av->is_object() || av->is_bool()) && (bv.is_object() || bv.is_bool())) {
-                if ((av->is_bool() && !av->boolean) || (bv.is_bool() && !bv.boolean))
-                    *av = (av->is_bool() && !av->boolean) ? *av : bv;
-                else
-                    *av = all_of(*av, bv);
             } else if ((kLower.count(key) || kUpper.count(key)) && av->is_number() && bv.is_number()) {
                 if ((kLower.count(key) != 0) == (bv.number > av->number)) *av = bv;
             } else if (key == "enum" && av->is_array() && bv.is_array()) {
@@ -1128,13 +1243,23 @@ private:
         if (props)
             for (const auto& [key, schema] : props->members) {
                 const bool is_required = std::find(required.begin(), required.end(), key) != required.end();
+                if (is_false_schema(schema)) {  // a name the object may not have (it is declared, so not further)
+                    if (is_required)
+                        fail(path, "property '" + key +
+                                       "' is required but not allowed (its schema is false, or additionalProperties "
+                                       "false of a part merged by allOf or $ref leaves it out: additionalProperties "
+                                       "sees only the properties beside it): the schema has no valid instance");
+                    continue;
+                }
                 add_member(key, visit(schema, name + "-" + key, path + "/properties/" + pointer_escape(key)),
                            is_required);
             }
         for (const std::string& key : required) {
             if (props && props->find(key)) continue;
             if (closed)
-                fail(path, "required property '" + key + "' is not in properties and additionalProperties is false");
+                fail(path, "required property '" + key +
+                               "' is not in properties and additionalProperties is false: the schema has no valid "
+                               "instance");
             add_member(key, additional_value(), true);
         }
         std::string additional_kv;

@@ -316,11 +316,12 @@ TEST_CASE("json schema: anyOf and oneOf accept any alternative, with sibling key
 TEST_CASE("json schema: allOf merges object schemas and refuses parts that disagree") {
     const Gbnf g = grammar_of(R"({"allOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-        {"properties": {"b": {"type": "string"}}, "required": ["b"], "additionalProperties": false}]})");
+        {"properties": {"b": {"type": "string"}}, "required": ["b"]}]})");
     CHECK(g.accepts(R"({"a": 1, "b": "x"})"));
+    CHECK(g.accepts(R"({"a": 1, "b": "x", "c": 0})"));
     CHECK_FALSE(g.accepts(R"({"a": 1})"));
     CHECK_FALSE(g.accepts(R"({"b": "x"})"));
-    CHECK_FALSE(g.accepts(R"({"a": 1, "b": "x", "c": 0})"));
+    CHECK_FALSE(g.accepts(R"({"a": "1", "b": "x"})"));
 
     const Gbnf bounds = grammar_of(R"({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}, {"minimum": 2}]})");
     CHECK(bounds.accepts("2"));
@@ -334,6 +335,103 @@ TEST_CASE("json schema: allOf merges object schemas and refuses parts that disag
 
     CHECK(contains(error_of(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"), "no type in common"));
     CHECK(contains(error_of(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})"), "'pattern'"));
+}
+
+TEST_CASE("json schema: additionalProperties in allOf sees only the properties of its own part") {
+    // The closed part allows only a, the other requires b: nothing is valid, so it is an error, not a grammar that
+    // lets the model write {"a": 1, "b": "..."} (which a validator rejects: 'b' was unexpected).
+    const std::string none = "the schema has no valid instance";
+    CHECK(
+        contains(error_of(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+        "additionalProperties": false}, {"properties": {"b": {"type": "string"}}, "required": ["b"]}]})"),
+                 "'b' is required but not allowed"));
+    // The same with the closed object outside: allOf's name is not among the properties beside additionalProperties.
+    const std::string outer = error_of(R"({"type": "object", "allOf": [{"properties": {"name": {"type": "string",
+        "maxLength": 20}}, "required": ["name"]}], "properties": {"age": {"type": "integer", "minimum": 0,
+        "maximum": 120}}, "required": ["age"], "additionalProperties": false})");
+    CHECK(contains(outer, "'name' is required but not allowed"));
+    CHECK(contains(outer, none));
+    // A name required by one part and in no properties, where another part is closed.
+    CHECK(contains(error_of(R"({"allOf": [{"additionalProperties": false}, {"required": ["x"]}]})"), none));
+
+    // Not required, the other part's members are simply not allowed.
+    const Gbnf optional = grammar_of(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false}, {"properties": {"b": {"type": "string"}}}]})");
+    CHECK(optional.accepts(R"({"a": 1})"));
+    CHECK_FALSE(optional.accepts(R"({"a": 1, "b": "x"})"));
+    CHECK_FALSE(optional.accepts(R"({"a": 1, "c": 0})"));
+
+    // The closed part names every member the other requires: each member's value satisfies both parts.
+    const Gbnf both = grammar_of(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"},
+        "b": {"type": "string"}}, "required": ["a"], "additionalProperties": false},
+        {"properties": {"b": {"maxLength": 3}, "a": {"minimum": 0}}, "required": ["b"]}]})");
+    CHECK(both.accepts(R"({"a": 1, "b": "xyz"})"));
+    CHECK_FALSE(both.accepts(R"({"a": 1, "b": "wxyz"})"));  // b's maxLength from the second part
+    CHECK_FALSE(both.accepts(R"({"a": -1, "b": "x"})"));    // a's minimum from the second part
+    CHECK_FALSE(both.accepts(R"({"a": 1, "b": 2})"));       // b's type from the first part
+    CHECK_FALSE(both.accepts(R"({"a": 1})"));
+    CHECK_FALSE(both.accepts(R"({"a": 1, "b": "x", "c": 0})"));
+
+    // Two closed parts: the members both allow.
+    const Gbnf common = grammar_of(R"({"allOf": [
+        {"properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": false},
+        {"properties": {"b": {}, "c": {}, "d": {}}, "additionalProperties": false}]})");
+    CHECK(common.accepts("{}"));
+    CHECK(common.accepts(R"({"b": 1, "c": 2})"));
+    CHECK_FALSE(common.accepts(R"({"a": 1})"));
+    CHECK_FALSE(common.accepts(R"({"b": 1, "d": 2})"));
+
+    // additionalProperties as a schema constrains the other part's members that it does not name.
+    const Gbnf typed = grammar_of(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+        {"properties": {"b": {}}, "required": ["b"]}]})");
+    CHECK(typed.accepts(R"({"b": 1})"));
+    CHECK(typed.accepts(R"({"a": "x", "b": 1, "c": 2})"));
+    CHECK_FALSE(typed.accepts(R"({"b": "x"})"));
+    CHECK_FALSE(typed.accepts(R"({"b": 1, "c": "x"})"));
+
+    // The outer schema closed, allOf adding constraints on its own members (a common way to reuse parts).
+    const Gbnf reuse = grammar_of(R"({"type": "object", "properties": {"name": {"type": "string"},
+        "age": {"type": "integer"}}, "required": ["age"], "additionalProperties": false,
+        "allOf": [{"properties": {"name": {"maxLength": 3}}, "required": ["name"]}]})");
+    CHECK(reuse.accepts(R"({"name": "Bo", "age": 3})"));
+    CHECK_FALSE(reuse.accepts(R"({"name": "Bobby", "age": 3})"));
+    CHECK_FALSE(reuse.accepts(R"({"age": 3})"));
+
+    // A property whose schema is false may not appear (and may not be required).
+    const Gbnf absent = grammar_of(R"({"properties": {"a": {"type": "integer"}, "secret": false}})");
+    CHECK(absent.accepts(R"({"a": 1, "other": 2})"));
+    CHECK_FALSE(absent.accepts(R"({"secret": 1})"));
+    CHECK(contains(error_of(R"({"properties": {"secret": false}, "required": ["secret"]})"), none));
+}
+
+TEST_CASE("json schema: items in allOf sees only the prefixItems of its own part") {
+    const Gbnf tuple = grammar_of(R"({"allOf": [{"prefixItems": [{"type": "string"}], "items": false},
+        {"type": "array", "items": {"maxLength": 2}}]})");
+    CHECK(tuple.accepts("[]"));
+    CHECK(tuple.accepts(R"(["ab"])"));
+    CHECK_FALSE(tuple.accepts(R"(["abc"])"));  // the second part's items apply to element 0 too
+    CHECK_FALSE(tuple.accepts(R"(["a", "b"])"));
+
+    const Gbnf shorter = grammar_of(R"({"allOf": [{"prefixItems": [{"type": "integer"}], "items": false},
+        {"prefixItems": [{"minimum": 0}, {"type": "string"}]}]})");
+    CHECK(shorter.accepts("[1]"));
+    CHECK_FALSE(shorter.accepts("[-1]"));
+    CHECK_FALSE(shorter.accepts(R"([1, "x"])"));
+    CHECK(contains(error_of(R"({"allOf": [{"prefixItems": [{"type": "integer"}], "items": false},
+        {"prefixItems": [{}, {"type": "string"}], "minItems": 2}]})"),
+                   "minItems"));
+}
+
+TEST_CASE("json schema: draft-04 exclusive bounds stay with their own minimum/maximum when merged") {
+    const Gbnf g = grammar_of(R"({"allOf": [{"type": "integer", "minimum": 5, "exclusiveMinimum": true,
+        "maximum": 9, "exclusiveMaximum": false}, {"minimum": 3, "maximum": 8}]})");
+    CHECK_FALSE(g.accepts("5"));
+    CHECK(g.accepts("6"));
+    CHECK(g.accepts("8"));
+    CHECK_FALSE(g.accepts("9"));
+    const Gbnf flag_alone = grammar_of(R"({"allOf": [{"type": "integer", "exclusiveMinimum": true}, {"minimum": 5}]})");
+    CHECK(flag_alone.accepts("5"));  // the flag has no minimum of its own to make exclusive
+    CHECK_FALSE(flag_alone.accepts("4"));
 }
 
 // ---- $ref -------------------------------------------------------------------------------------------------------
@@ -365,10 +463,35 @@ TEST_CASE("json schema: $ref to $defs and definitions, recursive schemas") {
     CHECK(self.accepts("[1, [2, [3]], []]"));
     CHECK_FALSE(self.accepts("[1, [\"x\"]]"));
 
-    const Gbnf siblings = grammar_of(R"({"$defs": {"base": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+    const Gbnf siblings =
+        grammar_of(R"({"$defs": {"base": {"type": "object", "properties": {"a": {"type": "integer"}}}},
         "$ref": "#/$defs/base", "required": ["a"]})");
     CHECK(siblings.accepts(R"({"a": 1})"));
     CHECK_FALSE(siblings.accepts("{}"));
+}
+
+TEST_CASE("json schema: $ref with sibling keywords is an allOf: additionalProperties sees only its own properties") {
+    const std::string defs = R"("$defs": {"closed": {"type": "object", "properties": {"a": {"type": "integer"}},
+        "additionalProperties": false}, "open": {"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"]}})";
+    // Siblings add a member the closed target does not allow: fine while optional, an error when required.
+    const Gbnf optional = grammar_of("{" + defs + R"(, "$ref": "#/$defs/closed", "properties": {"b": {}}})");
+    CHECK(optional.accepts(R"({"a": 1})"));
+    CHECK_FALSE(optional.accepts(R"({"a": 1, "b": 2})"));
+    CHECK(contains(error_of("{" + defs + R"(, "$ref": "#/$defs/closed", "properties": {"b": {}}, "required": ["b"]})"),
+                   "'b' is required but not allowed"));
+    // Closed siblings do not see the target's properties: its required a is not allowed.
+    CHECK(contains(error_of("{" + defs + R"(, "$ref": "#/$defs/open", "properties": {"b": {}},
+        "additionalProperties": false})"),
+                   "'a' is required but not allowed"));
+    // Siblings that name the target's members may close the object and narrow them.
+    const Gbnf narrowed = grammar_of("{" + defs + R"(, "$ref": "#/$defs/open", "properties": {"a": {"maximum": 9},
+        "b": {"type": "boolean"}}, "additionalProperties": false})");
+    CHECK(narrowed.accepts(R"({"a": 9, "b": true})"));
+    CHECK(narrowed.accepts(R"({"a": 1})"));
+    CHECK_FALSE(narrowed.accepts(R"({"a": 10})"));
+    CHECK_FALSE(narrowed.accepts(R"({"a": 1, "c": 0})"));
+    CHECK_FALSE(narrowed.accepts(R"({"b": true})"));
 }
 
 TEST_CASE("json schema: bad $refs are errors naming them") {
