@@ -1,7 +1,7 @@
 // Unit tests of the JSON Schema -> GBNF converter (grammar/json_schema.h) and its JSON reader (grammar/json_value.h).
-// The grammars are checked by what they accept: a small GBNF reader and recogniser below (test-only; the decoding
-// engine is separate) parses the converter's text and matches documents against `root`, so every construct is
-// tested with documents it must accept and documents it must reject.
+// The grammars are checked by what they accept: gbnf_check.h parses the converter's text with the decoding engine's
+// GBNF parser and matches documents against `root` with its GrammarMatcher, so every construct is tested with
+// documents it must accept and documents it must reject, on the grammar decoding will enforce.
 #include <cstdint>
 #include <cstdio>
 #include <doctest/doctest.h>
