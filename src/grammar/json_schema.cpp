@@ -99,6 +99,11 @@ const std::set<std::string_view> kKeywords = {"type",
                                               "exclusiveMinimum",
                                               "exclusiveMaximum"};
 const std::set<std::string_view> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
+// Without `type`, the keywords present say which types a schema is about (none of them: any JSON value).
+const std::vector<std::string_view> kObjectWords = {"properties", "required", "additionalProperties"};
+const std::vector<std::string_view> kArrayWords = {"items", "prefixItems", "minItems", "maxItems"};
+const std::vector<std::string_view> kStringWords = {"minLength", "maxLength", "pattern", "format"};
+const std::vector<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
 const char* const kQuote = R"("\"")";  // the GBNF literal of a JSON string's quote
 
@@ -1106,14 +1111,20 @@ private:
             if (!list.is_array() || list.items.empty()) fail(path, key + " must be a non-empty array");
             const JsonValue rest = without(s, {key});
             const bool has_rest = !constraints(rest).empty();
-            std::vector<std::string> alts;
+            std::vector<std::string> alts, dropped;
             for (size_t i = 0; i < list.items.size(); ++i) {
                 const std::string sub = path + "/" + key + "/" + std::to_string(i);
                 const std::string hint = name + "-" + std::to_string(i);
-                const std::string alt = has_rest ? visit(merge(rest, flatten(list.items[i], sub, 0), sub), hint, sub)
-                                                 : visit(list.items[i], hint, sub);
+                const JsonValue merged = has_rest ? merge(rest, flatten(list.items[i], sub, 0), sub) : JsonValue{};
+                const JsonValue& alternative = has_rest ? merged : list.items[i];
+                if (const std::string why = no_instance(alternative); !why.empty()) {
+                    dropped.push_back(sub + ": " + why);  // nothing satisfies it: the others may still be chosen
+                    continue;
+                }
+                const std::string alt = visit(alternative, hint, sub);
                 if (std::find(alts.begin(), alts.end(), alt) == alts.end()) alts.push_back(alt);
             }
+            if (alts.empty()) fail(path, key + ": no alternative has a valid instance (" + join(dropped, "; ") + ")");
             return join(alts, " | ");
         }
 
@@ -1123,20 +1134,63 @@ private:
         if (const JsonValue* t = s.find("type")) {
             types = type_list(*t, path);
         } else {
-            auto has_any = [&](std::initializer_list<const char*> words) {
-                return std::any_of(words.begin(), words.end(), [&](const char* w) { return s.find(w) != nullptr; });
-            };
-            if (has_any({"properties", "required", "additionalProperties"})) types.push_back("object");
-            if (has_any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
-            if (has_any({"minLength", "maxLength", "pattern", "format"})) types.push_back("string");
-            if (has_any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) types.push_back("number");
+            if (has_any(s, kObjectWords)) types.push_back("object");
+            if (has_any(s, kArrayWords)) types.push_back("array");
+            if (has_any(s, kStringWords)) types.push_back("string");
+            if (has_any(s, kNumberWords)) types.push_back("number");
             if (types.empty()) return prim("value");
         }
         if (types.size() == 1) return type_body(s, types[0], name, path);
         std::vector<std::string> alts;
-        for (const std::string& t : types)
+        for (const std::string& t : types) {
+            if (t == "object" && !forbidden_required(s).empty()) continue;  // no object is valid; the others may be
             alts.push_back(add_rule(name + "-" + t, type_body(s, t, name + "-" + t, path)));
+        }
         return join(alts, " | ");
+    }
+
+    static bool has_any(const JsonValue& s, const std::vector<std::string_view>& words) {
+        return std::any_of(words.begin(), words.end(), [&](std::string_view w) { return s.find(w) != nullptr; });
+    }
+
+    // The first required member that schema object s forbids (its property schema is false, or it is in no
+    // properties and additionalProperties is false), as the reason no object is valid for s; "" when there is none.
+    // A check of s's own keywords: s may still have no valid instance further down.
+    static std::string forbidden_required(const JsonValue& s) {
+        const JsonValue* required = s.find("required");
+        if (!required || !required->is_array()) return "";
+        const JsonValue* props = s.find("properties");
+        const JsonValue* additional = s.find("additionalProperties");
+        const bool closed = additional && is_false_schema(*additional);
+        for (const JsonValue& key : required->items) {
+            if (!key.is_string()) continue;
+            const JsonValue* schema = props && props->is_object() ? props->find(key.text) : nullptr;
+            if (schema && is_false_schema(*schema))
+                return "property '" + key.text +
+                       "' is required but not allowed (its schema is false, or additionalProperties false of a part "
+                       "merged by allOf or $ref leaves it out: additionalProperties sees only the properties beside "
+                       "it)";
+            if (!schema && closed)
+                return "required property '" + key.text + "' is not in properties and additionalProperties is false";
+        }
+        return "";
+    }
+
+    // Why schema s has no valid instance, where its own keywords show it (s can only be an object, and
+    // forbidden_required rules every object out); "" otherwise. For leaving out alternatives nothing satisfies.
+    static std::string no_instance(const JsonValue& s) {
+        if (!s.is_object()) return "";
+        for (const char* key : {"$ref", "allOf", "anyOf", "oneOf", "enum", "const"})
+            if (s.find(key)) return "";  // other ways to a value than this object's keywords
+        if (const JsonValue* t = s.find("type")) {
+            const bool object_only =
+                (t->is_string() && t->text == "object") ||
+                (t->is_array() && t->items.size() == 1 && t->items[0].is_string() && t->items[0].text == "object");
+            if (!object_only) return "";
+        } else if (has_any(s, kArrayWords) || has_any(s, kStringWords) || has_any(s, kNumberWords)) {
+            return "";
+        }
+        return forbidden_required(s);
     }
 
     std::string visit(const JsonValue& s, const std::string& name, const std::string& path) {
@@ -1227,6 +1281,8 @@ private:
         const JsonValue* additional = s.find("additionalProperties");
         if (additional && !additional->is_bool() && !additional->is_object())
             fail(path, "additionalProperties must be a boolean or a schema");
+        if (const std::string why = forbidden_required(s); !why.empty())
+            fail(path, why + ": the schema has no valid instance");
         const bool closed = additional && additional->is_bool() && !additional->boolean;
         auto additional_value = [&] {
             return !additional || additional->is_bool()
@@ -1243,25 +1299,12 @@ private:
         if (props)
             for (const auto& [key, schema] : props->members) {
                 const bool is_required = std::find(required.begin(), required.end(), key) != required.end();
-                if (is_false_schema(schema)) {  // a name the object may not have (it is declared, so not further)
-                    if (is_required)
-                        fail(path, "property '" + key +
-                                       "' is required but not allowed (its schema is false, or additionalProperties "
-                                       "false of a part merged by allOf or $ref leaves it out: additionalProperties "
-                                       "sees only the properties beside it): the schema has no valid instance");
-                    continue;
-                }
+                if (is_false_schema(schema)) continue;  // a name it may not have (declared, so not a further one)
                 add_member(key, visit(schema, name + "-" + key, path + "/properties/" + pointer_escape(key)),
                            is_required);
             }
-        for (const std::string& key : required) {
-            if (props && props->find(key)) continue;
-            if (closed)
-                fail(path, "required property '" + key +
-                               "' is not in properties and additionalProperties is false: the schema has no valid "
-                               "instance");
-            add_member(key, additional_value(), true);
-        }
+        for (const std::string& key : required)  // not closed: forbidden_required would have said so
+            if (!props || !props->find(key)) add_member(key, additional_value(), true);
         std::string additional_kv;
         if (!closed) {
             std::vector<std::string> declared;

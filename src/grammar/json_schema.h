@@ -14,7 +14,8 @@
 //     items only the prefixItems of its own part, likewise per position; required united, bounds tightened, types
 //     intersected; a required member that a part forbids is an error, the schema having no valid instance; parts
 //     that disagree otherwise are an error); keywords next to anyOf/oneOf are merged into each alternative,
-//     keywords next to $ref are merged as allOf;
+//     keywords next to $ref are merged as allOf; an alternative (or a type of a type list) whose own keywords
+//     require a member they forbid is left out, and an error only when nothing remains;
 //   $ref to any JSON pointer inside the document (#, #/$defs/..., #/definitions/...): one rule per target, so
 //     recursive schemas work; a cycle of references that consumes no input is an error;
 //   strings: minLength, maxLength, pattern (see below), format date, time, date-time (RFC 3339 less the leap

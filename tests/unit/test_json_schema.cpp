@@ -404,6 +404,27 @@ TEST_CASE("json schema: additionalProperties in allOf sees only the properties o
     CHECK(contains(error_of(R"({"properties": {"secret": false}, "required": ["secret"]})"), none));
 }
 
+TEST_CASE("json schema: an alternative or a type that no value satisfies is left out, the others kept") {
+    // The second alternative requires a member the closed object beside the oneOf does not list.
+    const std::string tagged = R"({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}},
+        "required": ["kind"], "additionalProperties": false, "oneOf": [{"properties": {"kind": {"const": "a"}}},
+        {"properties": {"kind": {"const": "b"}, "extra": {"type": "integer"}}, "required": ["extra"]}]})";
+    const Gbnf g = grammar_of(tagged);
+    CHECK(g.accepts(R"({"kind": "a"})"));
+    CHECK_FALSE(g.accepts(R"({"kind": "b"})"));
+    CHECK_FALSE(g.accepts(R"({"kind": "b", "extra": 1})"));
+    const std::string none = error_of(R"({"type": "object", "additionalProperties": false,
+        "anyOf": [{"required": ["x"]}, {"properties": {"y": {}}, "required": ["y"]}]})");
+    CHECK(contains(none, "anyOf: no alternative has a valid instance"));
+    CHECK(contains(none, "#/anyOf/0: required property 'x'"));
+    CHECK(contains(none, "#/anyOf/1: property 'y' is required but not allowed"));
+
+    const Gbnf or_null =
+        grammar_of(R"({"type": ["object", "null"], "required": ["x"], "additionalProperties": false})");
+    CHECK(or_null.accepts("null"));
+    CHECK_FALSE(or_null.accepts("{}"));
+}
+
 TEST_CASE("json schema: items in allOf sees only the prefixItems of its own part") {
     const Gbnf tuple = grammar_of(R"({"allOf": [{"prefixItems": [{"type": "string"}], "items": false},
         {"type": "array", "items": {"maxLength": 2}}]})");
