@@ -52,9 +52,18 @@ const std::vector<Primitive> kPrimitives = {
      R"("{" space ( string ":" space value ( "," space string ":" space value )* )? "}" space)",
      {"space", "string", "value"}},
     {"array", R"("[" space ( value ( "," space value )* )? "]" space)", {"space", "value"}},
-    {"date", R"([0-9]{4} "-" ( "0" [1-9] | "1" [0-2] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ))", {}},
+    // Dates that exist: years 0001-9999 (Python's date and rfc3339-validator refuse year 0), each month's days,
+    // February 29 only in leap years (divisible by 4; centuries only when divisible by 400).
+    {"date-year", R"([1-9] [0-9]{3} | "0" [1-9] [0-9]{2} | "00" [1-9] [0-9] | "000" [1-9])", {}},
+    {"date-leap-year",
+     R"([0-9] [0-9] ( [02468] [48] | [13579] [26] | [2468] "0" ) | ( "0" [48] | [2468] [048] | [13579] [26] ) "00")",
+     {}},
+    {"date",
+     R"(date-year "-" ( ( "0" [13578] | "1" [02] ) "-" ( "0" [1-9] | [12] [0-9] | "3" [01] ) | ( "0" [469] | "11" ) "-" ( "0" [1-9] | [12] [0-9] | "30" ) | "02-" ( "0" [1-9] | "1" [0-9] | "2" [0-8] ) ) | date-leap-year "-02-29")",
+     {"date-year", "date-leap-year"}},
+    // Seconds 00-59: RFC 3339 allows a leap second :60, but validators (Python's rfc3339-validator) refuse it.
     {"time",
-     R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" ( [0-5] [0-9] | "60" ) ( "." [0-9]{1,9} )? ( [zZ] | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))",
+     R"(( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ":" [0-5] [0-9] ( "." [0-9]{1,9} )? ( [zZ] | [+-] ( [01] [0-9] | "2" [0-3] ) ":" [0-5] [0-9] ))",
      {}},
     {"date-time", R"(date [tT] time)", {"date", "time"}},
     {"uuid", R"([0-9a-fA-F]{8} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{4} "-" [0-9a-fA-F]{12})", {}},
@@ -90,6 +99,11 @@ const std::set<std::string_view> kKeywords = {"type",
                                               "exclusiveMinimum",
                                               "exclusiveMaximum"};
 const std::set<std::string_view> kTypes = {"object", "array", "string", "number", "integer", "boolean", "null"};
+// Without `type`, the keywords present say which types a schema is about (none of them: any JSON value).
+const std::vector<std::string_view> kObjectWords = {"properties", "required", "additionalProperties"};
+const std::vector<std::string_view> kArrayWords = {"items", "prefixItems", "minItems", "maxItems"};
+const std::vector<std::string_view> kStringWords = {"minLength", "maxLength", "pattern", "format"};
+const std::vector<std::string_view> kNumberWords = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 
 const char* const kQuote = R"("\"")";  // the GBNF literal of a JSON string's quote
 
@@ -136,6 +150,34 @@ JsonValue all_of(const JsonValue& a, const JsonValue& b) {
     out.kind = JsonValue::Kind::Object;
     out.members.emplace_back("allOf", std::move(list));
     return out;
+}
+
+JsonValue bool_value(bool b) {
+    JsonValue v;
+    v.kind = JsonValue::Kind::Bool;
+    v.boolean = b;
+    return v;
+}
+
+// Sets s's member `key` to `value`, where it is if s has it, else at the end.
+void set_member(JsonValue& s, const std::string& key, JsonValue value) {
+    if (JsonValue* at = find_mut(s, key))
+        *at = std::move(value);
+    else
+        s.members.emplace_back(key, std::move(value));
+}
+
+bool is_false_schema(const JsonValue& s) { return s.is_bool() && !s.boolean; }
+
+// true, or an object that constrains nothing ({} or annotations only).
+bool is_true_schema(const JsonValue& s) { return s.is_bool() ? s.boolean : s.is_object() && constraints(s).empty(); }
+
+// The schema of the values valid against both a and b: false when either is false, the other when one constrains
+// nothing, else their allOf.
+JsonValue conjunction(const JsonValue& a, const JsonValue& b) {
+    if (is_false_schema(a) || is_true_schema(b) || a == b) return a;
+    if (is_false_schema(b) || is_true_schema(a)) return b;
+    return all_of(a, b);
 }
 
 std::string pointer_escape(const std::string& key) {
@@ -884,11 +926,111 @@ private:
         return out;
     }
 
+    // Draft-04's boolean exclusiveMinimum/exclusiveMaximum make the minimum/maximum of their own schema object
+    // exclusive: rewritten as the numeric forms, they keep that meaning next to another part's bounds.
+    static JsonValue numeric_exclusive_bounds(const JsonValue& s) {
+        JsonValue out = s;
+        for (const auto& [flag, bound] : {std::pair{"exclusiveMinimum", "minimum"}, {"exclusiveMaximum", "maximum"}}) {
+            const JsonValue* f = out.find(flag);
+            const JsonValue* b = out.find(bound);
+            if (!f || !f->is_bool()) continue;
+            if (f->boolean && b && b->is_number()) {
+                const JsonValue value = *b;
+                out = without(out, {flag, bound});
+                out.members.emplace_back(flag, value);
+            } else if (!f->boolean || !b) {
+                out = without(out, {flag});  // no bound of its own to make exclusive
+            }
+        }
+        return out;
+    }
+
+    // allOf of two parts' members. additionalProperties sees only the properties of its own schema object, so a
+    // member's schema is what both parts say of its name: the part's property schema for it, else the part's
+    // additionalProperties (absent: any value). A name that either part forbids gets the property schema false: the
+    // object may not have it (object_body), and if it is required the schema has no valid instance.
+    void merge_members(const JsonValue& a, const JsonValue& b, JsonValue& out, const std::string& path) {
+        auto check = [&](const JsonValue& part) {
+            const JsonValue* props = part.find("properties");
+            if (props && !props->is_object()) fail(path, "properties must be an object");
+            const JsonValue* additional = part.find("additionalProperties");
+            if (additional && !additional->is_bool() && !additional->is_object())
+                fail(path, "additionalProperties must be a boolean or a schema");
+            return props || additional;
+        };
+        check(a);
+        if (!check(b)) return;  // out has a's
+        auto additional = [](const JsonValue& part) {
+            const JsonValue* ap = part.find("additionalProperties");
+            return ap ? *ap : bool_value(true);
+        };
+        auto member = [&](const JsonValue& part, const std::string& key) {
+            const JsonValue* props = part.find("properties");
+            const JsonValue* schema = props ? props->find(key) : nullptr;
+            return schema ? *schema : additional(part);
+        };
+        JsonValue props;
+        props.kind = JsonValue::Kind::Object;
+        for (const JsonValue* part : {&a, &b})
+            if (const JsonValue* p = part->find("properties"))
+                for (const auto& [key, schema] : p->members)
+                    if (!props.find(key)) props.members.emplace_back(key, conjunction(member(a, key), member(b, key)));
+        if (a.find("properties") || b.find("properties")) set_member(out, "properties", props);
+        if (a.find("additionalProperties") || b.find("additionalProperties"))
+            set_member(out, "additionalProperties", conjunction(additional(a), additional(b)));
+    }
+
+    // allOf of two parts' items, the same way: items sees only the prefixItems of its own schema object, so element
+    // i's schema is what both parts say of position i (a part's prefixItems[i], else its items, absent: any). Where
+    // that is false no element may be, so the tuple ends before it (items false).
+    void merge_items(const JsonValue& a, const JsonValue& b, JsonValue& out, const std::string& path) {
+        auto check = [&](const JsonValue& part) {
+            const JsonValue* prefix = part.find("prefixItems");
+            if (prefix && !prefix->is_array()) fail(path, "prefixItems must be an array of schemas");
+            const JsonValue* items = part.find("items");
+            if (items && items->is_array())
+                fail(path, "items as an array (draft-04 tuples) is not supported: use prefixItems");
+            if (items && !items->is_bool() && !items->is_object()) fail(path, "items must be a schema");
+            return prefix || items;
+        };
+        check(a);
+        if (!check(b)) return;  // out has a's
+        auto rest = [](const JsonValue& part) {
+            const JsonValue* items = part.find("items");
+            return items ? *items : bool_value(true);
+        };
+        auto prefix_size = [](const JsonValue& part) {
+            const JsonValue* prefix = part.find("prefixItems");
+            return prefix ? prefix->items.size() : size_t{0};
+        };
+        auto element = [&](const JsonValue& part, size_t i) {
+            return i < prefix_size(part) ? part.find("prefixItems")->items[i] : rest(part);
+        };
+        JsonValue prefix;
+        prefix.kind = JsonValue::Kind::Array;
+        JsonValue items = conjunction(rest(a), rest(b));
+        for (size_t i = 0; i < std::max(prefix_size(a), prefix_size(b)); ++i) {
+            JsonValue schema = conjunction(element(a, i), element(b, i));
+            if (is_false_schema(schema)) {
+                items = schema;
+                break;
+            }
+            prefix.items.push_back(std::move(schema));
+        }
+        if (a.find("prefixItems") || b.find("prefixItems")) set_member(out, "prefixItems", prefix);
+        if (a.find("items") || b.find("items") || !is_true_schema(items)) set_member(out, "items", items);
+    }
+
     // Both parts of an allOf at once (a and b are flattened: no $ref or allOf at their top).
-    JsonValue merge(const JsonValue& a, const JsonValue& b, const std::string& path) {
+    JsonValue merge(const JsonValue& a_part, const JsonValue& b_part, const std::string& path) {
         count_work(path);
+        const JsonValue a = numeric_exclusive_bounds(a_part), b = numeric_exclusive_bounds(b_part);
         JsonValue out = a;
+        merge_members(a, b, out, path);
+        merge_items(a, b, out, path);
         for (const auto& [key, bv] : b.members) {
+            if (key == "properties" || key == "additionalProperties" || key == "prefixItems" || key == "items")
+                continue;  // merged above
             JsonValue* av = find_mut(out, key);
             if (!av) {
                 out.members.emplace_back(key, bv);
@@ -897,15 +1039,7 @@ private:
             if (*av == bv || is_ignored(key)) continue;
             static const std::set<std::string_view> kLower = {"minLength", "minItems", "minimum", "exclusiveMinimum"};
             static const std::set<std::string_view> kUpper = {"maxLength", "maxItems", "maximum", "exclusiveMaximum"};
-            if (key == "properties" && av->is_object() && bv.is_object()) {
-                for (const auto& [name, schema] : bv.members) {
-                    JsonValue* mine = find_mut(*av, name);
-                    if (!mine)
-                        av->members.emplace_back(name, schema);
-                    else if (*mine != schema)
-                        *mine = all_of(*mine, schema);
-                }
-            } else if (key == "required" && av->is_array() && bv.is_array()) {
+            if (key == "required" && av->is_array() && bv.is_array()) {
                 for (const JsonValue& name : bv.items)
                     if (std::find(av->items.begin(), av->items.end(), name) == av->items.end())
                         av->items.push_back(name);
@@ -925,11 +1059,6 @@ private:
                         common.items.push_back(string_value(t));
                 if (common.items.empty()) fail(path, "allOf: the parts have no type in common");
                 *av = common;
-            } else if (key == "items" && (av->is_object() || av->is_bool()) && (bv.is_object() || bv.is_bool())) {
-                if ((av->is_bool() && !av->boolean) || (bv.is_bool() && !bv.boolean))
-                    *av = (av->is_bool() && !av->boolean) ? *av : bv;
-                else
-                    *av = all_of(*av, bv);
             } else if ((kLower.count(key) || kUpper.count(key)) && av->is_number() && bv.is_number()) {
                 if ((kLower.count(key) != 0) == (bv.number > av->number)) *av = bv;
             } else if (key == "enum" && av->is_array() && bv.is_array()) {
@@ -982,14 +1111,20 @@ private:
             if (!list.is_array() || list.items.empty()) fail(path, key + " must be a non-empty array");
             const JsonValue rest = without(s, {key});
             const bool has_rest = !constraints(rest).empty();
-            std::vector<std::string> alts;
+            std::vector<std::string> alts, dropped;
             for (size_t i = 0; i < list.items.size(); ++i) {
                 const std::string sub = path + "/" + key + "/" + std::to_string(i);
                 const std::string hint = name + "-" + std::to_string(i);
-                const std::string alt = has_rest ? visit(merge(rest, flatten(list.items[i], sub, 0), sub), hint, sub)
-                                                 : visit(list.items[i], hint, sub);
+                const JsonValue merged = has_rest ? merge(rest, flatten(list.items[i], sub, 0), sub) : JsonValue{};
+                const JsonValue& alternative = has_rest ? merged : list.items[i];
+                if (const std::string why = no_instance(alternative); !why.empty()) {
+                    dropped.push_back(sub + ": " + why);  // nothing satisfies it: the others may still be chosen
+                    continue;
+                }
+                const std::string alt = visit(alternative, hint, sub);
                 if (std::find(alts.begin(), alts.end(), alt) == alts.end()) alts.push_back(alt);
             }
+            if (alts.empty()) fail(path, key + ": no alternative has a valid instance (" + join(dropped, "; ") + ")");
             return join(alts, " | ");
         }
 
@@ -999,20 +1134,63 @@ private:
         if (const JsonValue* t = s.find("type")) {
             types = type_list(*t, path);
         } else {
-            auto has_any = [&](std::initializer_list<const char*> words) {
-                return std::any_of(words.begin(), words.end(), [&](const char* w) { return s.find(w) != nullptr; });
-            };
-            if (has_any({"properties", "required", "additionalProperties"})) types.push_back("object");
-            if (has_any({"items", "prefixItems", "minItems", "maxItems"})) types.push_back("array");
-            if (has_any({"minLength", "maxLength", "pattern", "format"})) types.push_back("string");
-            if (has_any({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) types.push_back("number");
+            if (has_any(s, kObjectWords)) types.push_back("object");
+            if (has_any(s, kArrayWords)) types.push_back("array");
+            if (has_any(s, kStringWords)) types.push_back("string");
+            if (has_any(s, kNumberWords)) types.push_back("number");
             if (types.empty()) return prim("value");
         }
         if (types.size() == 1) return type_body(s, types[0], name, path);
         std::vector<std::string> alts;
-        for (const std::string& t : types)
+        for (const std::string& t : types) {
+            if (t == "object" && !forbidden_required(s).empty()) continue;  // no object is valid; the others may be
             alts.push_back(add_rule(name + "-" + t, type_body(s, t, name + "-" + t, path)));
+        }
         return join(alts, " | ");
+    }
+
+    static bool has_any(const JsonValue& s, const std::vector<std::string_view>& words) {
+        return std::any_of(words.begin(), words.end(), [&](std::string_view w) { return s.find(w) != nullptr; });
+    }
+
+    // The first required member that schema object s forbids (its property schema is false, or it is in no
+    // properties and additionalProperties is false), as the reason no object is valid for s; "" when there is none.
+    // A check of s's own keywords: s may still have no valid instance further down.
+    static std::string forbidden_required(const JsonValue& s) {
+        const JsonValue* required = s.find("required");
+        if (!required || !required->is_array()) return "";
+        const JsonValue* props = s.find("properties");
+        const JsonValue* additional = s.find("additionalProperties");
+        const bool closed = additional && is_false_schema(*additional);
+        for (const JsonValue& key : required->items) {
+            if (!key.is_string()) continue;
+            const JsonValue* schema = props && props->is_object() ? props->find(key.text) : nullptr;
+            if (schema && is_false_schema(*schema))
+                return "property '" + key.text +
+                       "' is required but not allowed (its schema is false, or additionalProperties false of a part "
+                       "merged by allOf or $ref leaves it out: additionalProperties sees only the properties beside "
+                       "it)";
+            if (!schema && closed)
+                return "required property '" + key.text + "' is not in properties and additionalProperties is false";
+        }
+        return "";
+    }
+
+    // Why schema s has no valid instance, where its own keywords show it (s can only be an object, and
+    // forbidden_required rules every object out); "" otherwise. For leaving out alternatives nothing satisfies.
+    static std::string no_instance(const JsonValue& s) {
+        if (!s.is_object()) return "";
+        for (const char* key : {"$ref", "allOf", "anyOf", "oneOf", "enum", "const"})
+            if (s.find(key)) return "";  // other ways to a value than this object's keywords
+        if (const JsonValue* t = s.find("type")) {
+            const bool object_only =
+                (t->is_string() && t->text == "object") ||
+                (t->is_array() && t->items.size() == 1 && t->items[0].is_string() && t->items[0].text == "object");
+            if (!object_only) return "";
+        } else if (has_any(s, kArrayWords) || has_any(s, kStringWords) || has_any(s, kNumberWords)) {
+            return "";
+        }
+        return forbidden_required(s);
     }
 
     std::string visit(const JsonValue& s, const std::string& name, const std::string& path) {
@@ -1103,6 +1281,8 @@ private:
         const JsonValue* additional = s.find("additionalProperties");
         if (additional && !additional->is_bool() && !additional->is_object())
             fail(path, "additionalProperties must be a boolean or a schema");
+        if (const std::string why = forbidden_required(s); !why.empty())
+            fail(path, why + ": the schema has no valid instance");
         const bool closed = additional && additional->is_bool() && !additional->boolean;
         auto additional_value = [&] {
             return !additional || additional->is_bool()
@@ -1119,15 +1299,12 @@ private:
         if (props)
             for (const auto& [key, schema] : props->members) {
                 const bool is_required = std::find(required.begin(), required.end(), key) != required.end();
+                if (is_false_schema(schema)) continue;  // a name it may not have (declared, so not a further one)
                 add_member(key, visit(schema, name + "-" + key, path + "/properties/" + pointer_escape(key)),
                            is_required);
             }
-        for (const std::string& key : required) {
-            if (props && props->find(key)) continue;
-            if (closed)
-                fail(path, "required property '" + key + "' is not in properties and additionalProperties is false");
-            add_member(key, additional_value(), true);
-        }
+        for (const std::string& key : required)  // not closed: forbidden_required would have said so
+            if (!props || !props->find(key)) add_member(key, additional_value(), true);
         std::string additional_kv;
         if (!closed) {
             std::vector<std::string> declared;

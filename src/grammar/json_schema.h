@@ -4,17 +4,23 @@
 // Supported (anything else is a tandem::Error naming the keyword, never silently ignored):
 //   type (one or a list: object array string number integer boolean null; absent: inferred from the keywords
 //     present, none at all = any JSON value), {} and true = any value;
-//   properties (emitted in document order), required, additionalProperties (absent/true: any further members,
-//     false: none, a schema: further members of that schema; further keys are not checked against the declared
-//     ones); items, prefixItems, minItems, maxItems;
+//   properties (emitted in document order; a property schema false: the member may not appear), required,
+//     additionalProperties (absent/true: any further members, false: none, a schema: further members of that
+//     schema; further keys are not checked against the declared ones); items, prefixItems, minItems, maxItems;
 //   enum, const (the value as compact JSON, with optional whitespace between its tokens);
-//   anyOf, oneOf (treated as anyOf: exclusivity cannot be enforced), allOf (merged into one schema: properties and
-//     required united, bounds tightened, types intersected; parts that disagree otherwise are an error); keywords
-//     next to anyOf/oneOf are merged into each alternative, keywords next to $ref are merged as allOf;
+//   anyOf, oneOf (treated as anyOf: exclusivity cannot be enforced), allOf (merged into one schema with JSON
+//     Schema's meaning: additionalProperties sees only the properties of its own part, so a member's schema is
+//     what every part says of its name (its property schema there, else that part's additionalProperties), and
+//     items only the prefixItems of its own part, likewise per position; required united, bounds tightened, types
+//     intersected; a required member that a part forbids is an error, the schema having no valid instance; parts
+//     that disagree otherwise are an error); keywords next to anyOf/oneOf are merged into each alternative,
+//     keywords next to $ref are merged as allOf; an alternative (or a type of a type list) whose own keywords
+//     require a member they forbid is left out, and an error only when nothing remains;
 //   $ref to any JSON pointer inside the document (#, #/$defs/..., #/definitions/...): one rule per target, so
 //     recursive schemas work; a cycle of references that consumes no input is an error;
-//   strings: minLength, maxLength, pattern (see below), format date, time, date-time (RFC 3339), uuid, email
-//     (a simplified addr-spec: dot-atoms, no quoted local parts or IP literals);
+//   strings: minLength, maxLength, pattern (see below), format date, time, date-time (RFC 3339 less the leap
+//     second :60 and year 0000, which Python's jsonschema refuses; only days that exist, February 29 in leap years
+//     only), uuid, email (a simplified addr-spec: dot-atoms, no quoted local parts or IP literals);
 //   integers: minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers, or the draft-04 booleans), as exact
 //     digit-range grammars, bounds within +-(10^18 - 1); numbers: minimum 0 only (no other bounds).
 //   Annotations title, description, $schema, $id, $comment, examples, default, deprecated, readOnly, writeOnly,

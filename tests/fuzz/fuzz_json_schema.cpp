@@ -63,6 +63,9 @@ std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
         {"tuple", R"({"prefixItems": [{"type": "string", "format": "uuid"}, {"exclusiveMaximum": -5,
             "type": "integer"}], "items": {"pattern": "^(?:[a-z]+|\\d{2,4})\\.[^\"]?$"}, "minItems": 1})"},
         {"pattern", R"({"type": "string", "pattern": "^(\\w+\\s?)+[.!?]$|x\\u00e9[\\x20-\\x7e]{0,3}"})"},
+        {"allof-closed", R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}, "b": false},
+            "additionalProperties": {"type": "string"}}, {"properties": {"c": {"maxLength": 2}}, "required": ["c"],
+            "additionalProperties": false}, {"prefixItems": [{}], "items": false}], "exclusiveMinimum": true})"},
         {"ref-cycle", R"({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/b"}]}, "b": {"$ref": "#/$defs/a"}},
             "$ref": "#/$defs/a"})"},
     };

@@ -1,8 +1,9 @@
 // Unit tests of the JSON Schema -> GBNF converter (grammar/json_schema.h) and its JSON reader (grammar/json_value.h).
-// The grammars are checked by what they accept: a small GBNF reader and recogniser below (test-only; the decoding
-// engine is separate) parses the converter's text and matches documents against `root`, so every construct is
-// tested with documents it must accept and documents it must reject.
+// The grammars are checked by what they accept: gbnf_check.h parses the converter's text with the decoding engine's
+// GBNF parser and matches documents against `root` with its GrammarMatcher, so every construct is tested with
+// documents it must accept and documents it must reject, on the grammar decoding will enforce.
 #include <cstdint>
+#include <cstdio>
 #include <doctest/doctest.h>
 #include <map>
 #include <set>
@@ -315,11 +316,12 @@ TEST_CASE("json schema: anyOf and oneOf accept any alternative, with sibling key
 TEST_CASE("json schema: allOf merges object schemas and refuses parts that disagree") {
     const Gbnf g = grammar_of(R"({"allOf": [
         {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-        {"properties": {"b": {"type": "string"}}, "required": ["b"], "additionalProperties": false}]})");
+        {"properties": {"b": {"type": "string"}}, "required": ["b"]}]})");
     CHECK(g.accepts(R"({"a": 1, "b": "x"})"));
+    CHECK(g.accepts(R"({"a": 1, "b": "x", "c": 0})"));
     CHECK_FALSE(g.accepts(R"({"a": 1})"));
     CHECK_FALSE(g.accepts(R"({"b": "x"})"));
-    CHECK_FALSE(g.accepts(R"({"a": 1, "b": "x", "c": 0})"));
+    CHECK_FALSE(g.accepts(R"({"a": "1", "b": "x"})"));
 
     const Gbnf bounds = grammar_of(R"({"allOf": [{"type": "integer", "minimum": 0}, {"maximum": 5}, {"minimum": 2}]})");
     CHECK(bounds.accepts("2"));
@@ -333,6 +335,124 @@ TEST_CASE("json schema: allOf merges object schemas and refuses parts that disag
 
     CHECK(contains(error_of(R"({"allOf": [{"type": "string"}, {"type": "integer"}]})"), "no type in common"));
     CHECK(contains(error_of(R"({"allOf": [{"pattern": "a"}, {"pattern": "b"}]})"), "'pattern'"));
+}
+
+TEST_CASE("json schema: additionalProperties in allOf sees only the properties of its own part") {
+    // The closed part allows only a, the other requires b: nothing is valid, so it is an error, not a grammar that
+    // lets the model write {"a": 1, "b": "..."} (which a validator rejects: 'b' was unexpected).
+    const std::string none = "the schema has no valid instance";
+    CHECK(
+        contains(error_of(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+        "additionalProperties": false}, {"properties": {"b": {"type": "string"}}, "required": ["b"]}]})"),
+                 "'b' is required but not allowed"));
+    // The same with the closed object outside: allOf's name is not among the properties beside additionalProperties.
+    const std::string outer = error_of(R"({"type": "object", "allOf": [{"properties": {"name": {"type": "string",
+        "maxLength": 20}}, "required": ["name"]}], "properties": {"age": {"type": "integer", "minimum": 0,
+        "maximum": 120}}, "required": ["age"], "additionalProperties": false})");
+    CHECK(contains(outer, "'name' is required but not allowed"));
+    CHECK(contains(outer, none));
+    // A name required by one part and in no properties, where another part is closed.
+    CHECK(contains(error_of(R"({"allOf": [{"additionalProperties": false}, {"required": ["x"]}]})"), none));
+
+    // Not required, the other part's members are simply not allowed.
+    const Gbnf optional = grammar_of(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"], "additionalProperties": false}, {"properties": {"b": {"type": "string"}}}]})");
+    CHECK(optional.accepts(R"({"a": 1})"));
+    CHECK_FALSE(optional.accepts(R"({"a": 1, "b": "x"})"));
+    CHECK_FALSE(optional.accepts(R"({"a": 1, "c": 0})"));
+
+    // The closed part names every member the other requires: each member's value satisfies both parts.
+    const Gbnf both = grammar_of(R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"},
+        "b": {"type": "string"}}, "required": ["a"], "additionalProperties": false},
+        {"properties": {"b": {"maxLength": 3}, "a": {"minimum": 0}}, "required": ["b"]}]})");
+    CHECK(both.accepts(R"({"a": 1, "b": "xyz"})"));
+    CHECK_FALSE(both.accepts(R"({"a": 1, "b": "wxyz"})"));  // b's maxLength from the second part
+    CHECK_FALSE(both.accepts(R"({"a": -1, "b": "x"})"));    // a's minimum from the second part
+    CHECK_FALSE(both.accepts(R"({"a": 1, "b": 2})"));       // b's type from the first part
+    CHECK_FALSE(both.accepts(R"({"a": 1})"));
+    CHECK_FALSE(both.accepts(R"({"a": 1, "b": "x", "c": 0})"));
+
+    // Two closed parts: the members both allow.
+    const Gbnf common = grammar_of(R"({"allOf": [
+        {"properties": {"a": {}, "b": {}, "c": {}}, "additionalProperties": false},
+        {"properties": {"b": {}, "c": {}, "d": {}}, "additionalProperties": false}]})");
+    CHECK(common.accepts("{}"));
+    CHECK(common.accepts(R"({"b": 1, "c": 2})"));
+    CHECK_FALSE(common.accepts(R"({"a": 1})"));
+    CHECK_FALSE(common.accepts(R"({"b": 1, "d": 2})"));
+
+    // additionalProperties as a schema constrains the other part's members that it does not name.
+    const Gbnf typed = grammar_of(R"({"allOf": [{"properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+        {"properties": {"b": {}}, "required": ["b"]}]})");
+    CHECK(typed.accepts(R"({"b": 1})"));
+    CHECK(typed.accepts(R"({"a": "x", "b": 1, "c": 2})"));
+    CHECK_FALSE(typed.accepts(R"({"b": "x"})"));
+    CHECK_FALSE(typed.accepts(R"({"b": 1, "c": "x"})"));
+
+    // The outer schema closed, allOf adding constraints on its own members (a common way to reuse parts).
+    const Gbnf reuse = grammar_of(R"({"type": "object", "properties": {"name": {"type": "string"},
+        "age": {"type": "integer"}}, "required": ["age"], "additionalProperties": false,
+        "allOf": [{"properties": {"name": {"maxLength": 3}}, "required": ["name"]}]})");
+    CHECK(reuse.accepts(R"({"name": "Bo", "age": 3})"));
+    CHECK_FALSE(reuse.accepts(R"({"name": "Bobby", "age": 3})"));
+    CHECK_FALSE(reuse.accepts(R"({"age": 3})"));
+
+    // A property whose schema is false may not appear (and may not be required).
+    const Gbnf absent = grammar_of(R"({"properties": {"a": {"type": "integer"}, "secret": false}})");
+    CHECK(absent.accepts(R"({"a": 1, "other": 2})"));
+    CHECK_FALSE(absent.accepts(R"({"secret": 1})"));
+    CHECK(contains(error_of(R"({"properties": {"secret": false}, "required": ["secret"]})"), none));
+}
+
+TEST_CASE("json schema: an alternative or a type that no value satisfies is left out, the others kept") {
+    // The second alternative requires a member the closed object beside the oneOf does not list.
+    const std::string tagged = R"({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}},
+        "required": ["kind"], "additionalProperties": false, "oneOf": [{"properties": {"kind": {"const": "a"}}},
+        {"properties": {"kind": {"const": "b"}, "extra": {"type": "integer"}}, "required": ["extra"]}]})";
+    const Gbnf g = grammar_of(tagged);
+    CHECK(g.accepts(R"({"kind": "a"})"));
+    CHECK_FALSE(g.accepts(R"({"kind": "b"})"));
+    CHECK_FALSE(g.accepts(R"({"kind": "b", "extra": 1})"));
+    const std::string none = error_of(R"({"type": "object", "additionalProperties": false,
+        "anyOf": [{"required": ["x"]}, {"properties": {"y": {}}, "required": ["y"]}]})");
+    CHECK(contains(none, "anyOf: no alternative has a valid instance"));
+    CHECK(contains(none, "#/anyOf/0: required property 'x'"));
+    CHECK(contains(none, "#/anyOf/1: property 'y' is required but not allowed"));
+
+    const Gbnf or_null =
+        grammar_of(R"({"type": ["object", "null"], "required": ["x"], "additionalProperties": false})");
+    CHECK(or_null.accepts("null"));
+    CHECK_FALSE(or_null.accepts("{}"));
+}
+
+TEST_CASE("json schema: items in allOf sees only the prefixItems of its own part") {
+    const Gbnf tuple = grammar_of(R"({"allOf": [{"prefixItems": [{"type": "string"}], "items": false},
+        {"type": "array", "items": {"maxLength": 2}}]})");
+    CHECK(tuple.accepts("[]"));
+    CHECK(tuple.accepts(R"(["ab"])"));
+    CHECK_FALSE(tuple.accepts(R"(["abc"])"));  // the second part's items apply to element 0 too
+    CHECK_FALSE(tuple.accepts(R"(["a", "b"])"));
+
+    const Gbnf shorter = grammar_of(R"({"allOf": [{"prefixItems": [{"type": "integer"}], "items": false},
+        {"prefixItems": [{"minimum": 0}, {"type": "string"}]}]})");
+    CHECK(shorter.accepts("[1]"));
+    CHECK_FALSE(shorter.accepts("[-1]"));
+    CHECK_FALSE(shorter.accepts(R"([1, "x"])"));
+    CHECK(contains(error_of(R"({"allOf": [{"prefixItems": [{"type": "integer"}], "items": false},
+        {"prefixItems": [{}, {"type": "string"}], "minItems": 2}]})"),
+                   "minItems"));
+}
+
+TEST_CASE("json schema: draft-04 exclusive bounds stay with their own minimum/maximum when merged") {
+    const Gbnf g = grammar_of(R"({"allOf": [{"type": "integer", "minimum": 5, "exclusiveMinimum": true,
+        "maximum": 9, "exclusiveMaximum": false}, {"minimum": 3, "maximum": 8}]})");
+    CHECK_FALSE(g.accepts("5"));
+    CHECK(g.accepts("6"));
+    CHECK(g.accepts("8"));
+    CHECK_FALSE(g.accepts("9"));
+    const Gbnf flag_alone = grammar_of(R"({"allOf": [{"type": "integer", "exclusiveMinimum": true}, {"minimum": 5}]})");
+    CHECK(flag_alone.accepts("5"));  // the flag has no minimum of its own to make exclusive
+    CHECK_FALSE(flag_alone.accepts("4"));
 }
 
 // ---- $ref -------------------------------------------------------------------------------------------------------
@@ -364,10 +484,35 @@ TEST_CASE("json schema: $ref to $defs and definitions, recursive schemas") {
     CHECK(self.accepts("[1, [2, [3]], []]"));
     CHECK_FALSE(self.accepts("[1, [\"x\"]]"));
 
-    const Gbnf siblings = grammar_of(R"({"$defs": {"base": {"type": "object", "properties": {"a": {"type": "integer"}}}},
+    const Gbnf siblings =
+        grammar_of(R"({"$defs": {"base": {"type": "object", "properties": {"a": {"type": "integer"}}}},
         "$ref": "#/$defs/base", "required": ["a"]})");
     CHECK(siblings.accepts(R"({"a": 1})"));
     CHECK_FALSE(siblings.accepts("{}"));
+}
+
+TEST_CASE("json schema: $ref with sibling keywords is an allOf: additionalProperties sees only its own properties") {
+    const std::string defs = R"("$defs": {"closed": {"type": "object", "properties": {"a": {"type": "integer"}},
+        "additionalProperties": false}, "open": {"type": "object", "properties": {"a": {"type": "integer"}},
+        "required": ["a"]}})";
+    // Siblings add a member the closed target does not allow: fine while optional, an error when required.
+    const Gbnf optional = grammar_of("{" + defs + R"(, "$ref": "#/$defs/closed", "properties": {"b": {}}})");
+    CHECK(optional.accepts(R"({"a": 1})"));
+    CHECK_FALSE(optional.accepts(R"({"a": 1, "b": 2})"));
+    CHECK(contains(error_of("{" + defs + R"(, "$ref": "#/$defs/closed", "properties": {"b": {}}, "required": ["b"]})"),
+                   "'b' is required but not allowed"));
+    // Closed siblings do not see the target's properties: its required a is not allowed.
+    CHECK(contains(error_of("{" + defs + R"(, "$ref": "#/$defs/open", "properties": {"b": {}},
+        "additionalProperties": false})"),
+                   "'a' is required but not allowed"));
+    // Siblings that name the target's members may close the object and narrow them.
+    const Gbnf narrowed = grammar_of("{" + defs + R"(, "$ref": "#/$defs/open", "properties": {"a": {"maximum": 9},
+        "b": {"type": "boolean"}}, "additionalProperties": false})");
+    CHECK(narrowed.accepts(R"({"a": 9, "b": true})"));
+    CHECK(narrowed.accepts(R"({"a": 1})"));
+    CHECK_FALSE(narrowed.accepts(R"({"a": 10})"));
+    CHECK_FALSE(narrowed.accepts(R"({"a": 1, "c": 0})"));
+    CHECK_FALSE(narrowed.accepts(R"({"b": true})"));
 }
 
 TEST_CASE("json schema: bad $refs are errors naming them") {
@@ -475,16 +620,28 @@ TEST_CASE("json schema: string formats") {
     CHECK_FALSE(date.accepts("\"2024-13-01\""));
     CHECK_FALSE(date.accepts("\"2024-1-01\""));
     CHECK_FALSE(date.accepts("\"2024-01-32\""));
+    CHECK_FALSE(date.accepts("\"2023-02-30\""));
+    CHECK_FALSE(date.accepts("\"2023-02-29\""));
+    CHECK_FALSE(date.accepts("\"2023-04-31\""));
+    CHECK_FALSE(date.accepts("\"0000-01-01\""));  // Python's date (and so jsonschema) has no year 0
 
     const Gbnf time = grammar_of(R"({"format": "time"})");
-    CHECK(time.accepts("\"23:59:60Z\""));
+    CHECK(time.accepts("\"23:59:59Z\""));
     CHECK(time.accepts("\"08:30:00.123+02:00\""));
+    CHECK(time.accepts("\"00:00:00z\""));
+    CHECK_FALSE(time.accepts("\"23:59:60Z\""));  // a leap second: RFC 3339 allows it, rfc3339-validator does not
     CHECK_FALSE(time.accepts("\"24:00:00Z\""));
+    CHECK_FALSE(time.accepts("\"12:60:00Z\""));
+    CHECK_FALSE(time.accepts("\"12:00:00+24:00\""));
+    CHECK_FALSE(time.accepts("\"12:00:00+05:60\""));
     CHECK_FALSE(time.accepts("\"08:30:00\""));  // RFC 3339 times carry an offset
 
     const Gbnf dt = grammar_of(R"({"type": "string", "format": "date-time"})");
     CHECK(dt.accepts("\"2024-05-01T12:00:00Z\""));
     CHECK(dt.accepts("\"2024-05-01t12:00:00.5-05:30\""));
+    CHECK(dt.accepts("\"2000-02-29T00:00:00Z\""));
+    CHECK_FALSE(dt.accepts("\"2023-02-30T12:00:00Z\""));
+    CHECK_FALSE(dt.accepts("\"1900-02-29T12:00:00Z\""));
     CHECK_FALSE(dt.accepts("\"2024-05-01 12:00:00Z\""));
     CHECK_FALSE(dt.accepts("\"2024-05-01\""));
 
@@ -501,6 +658,34 @@ TEST_CASE("json schema: string formats") {
     CHECK_FALSE(email.accepts("\"a@-bad.com\""));
 
     CHECK(contains(error_of(R"({"type": "string", "format": "hostname"})"), "'hostname'"));
+}
+
+TEST_CASE("json schema: format date accepts exactly the days of the Gregorian calendar, leap years included") {
+    const auto leap = [](int y) { return (y % 4 == 0 && y % 100 != 0) || y % 400 == 0; };
+    const auto days_in = [&](int y, int m) {
+        static const int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+        return m == 2 && leap(y) ? 29 : kDays[m - 1];
+    };
+    const Gbnf date = grammar_of(R"({"type": "string", "format": "date"})");
+    const Gbnf dt = grammar_of(R"({"type": "string", "format": "date-time"})");
+    // Every century rule (0000 is out: year 0 does not exist for Python's date), then every day of 1896-2104.
+    std::vector<int> years = {0,    1,    4,    96,   99,   100,  104,  200,  400,  800,  1200, 1600, 1700,
+                              1800, 1900, 2000, 2100, 2200, 2300, 2400, 2800, 9600, 9900, 9996, 9999};
+    for (int y = 1896; y <= 2104; ++y) years.push_back(y);
+    for (const int y : years)
+        for (int m = 0; m <= 13; ++m)
+            for (int d = 0; d <= 32; ++d) {
+                char text[32];
+                std::snprintf(text, sizeof text, "\"%04d-%02d-%02d\"", y, m, d);
+                CAPTURE(text);
+                const bool valid = y >= 1 && m >= 1 && m <= 12 && d >= 1 && d <= days_in(y, m);
+                CHECK(date.accepts(text) == valid);
+                if (m == 2 && d >= 28) {  // the date part of date-time is the same rule
+                    std::string stamp = text;
+                    stamp.insert(stamp.size() - 1, "T10:00:00Z");
+                    CHECK(dt.accepts(stamp) == valid);
+                }
+            }
 }
 
 // ---- integer ranges ---------------------------------------------------------------------------------------------
