@@ -4,11 +4,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "app/answer_grammar.h"
 #include "app/answer_record.h"
 #include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
-#include "grammar/constraint.h"
 #include "text/chat_prompt.h"
 #include "text/reasoning_split.h"
 
@@ -47,10 +47,7 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
         if (!o.system.empty()) messages.push_back({"system", o.system});
         messages.push_back({"user", o.prompt});
         tokens = tokenize_chat(*model.tokenizer, *tmpl, messages, /*add_generation_prompt=*/true);
-        for (const std::string& marker : tmpl->end_of_turn()) {
-            const int id = model.tokenizer->token_id(marker);
-            if (id >= 0) params.stop_tokens.push_back(id);
-        }
+        for (const int id : end_of_turn_ids(*model.tokenizer, *tmpl)) params.stop_tokens.push_back(id);
         if (session.verbose()) std::fprintf(stderr, "tandem: chat template %s\n", tmpl->name().c_str());
     } else {
         tokens = model.tokenizer->encode(o.prompt, model.tokenizer->add_bos());
@@ -61,15 +58,10 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
                     std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                     std::to_string(model.config.context_length) + ")");
 
-    // The grammar's constraint: the vocabulary as bytes, the ends being EOS and the template's end of turn.
+    // The grammar's constraint (its ends: EOS and the template's end of turn), before any backend is made.
     std::optional<grammar::TokenConstraint> constraint;
     if (o.grammar) {
-        if (tmpl && tmpl->supports_thinking() && tmpl->thinking())
-            throw Error("--grammar and --json-schema with a reasoning model need --think off for now (the constraint "
-                        "would apply to the reasoning too)");
-        std::vector<int> ends = params.stop_tokens;
-        if (model.tokenizer->eos() >= 0) ends.push_back(model.tokenizer->eos());
-        constraint.emplace(*o.grammar, model.tokenizer->token_bytes_table(model.config.n_vocab), ends);
+        constraint.emplace(answer_constraint(model, *o.grammar, tmpl));
         params.constraint = &*constraint;
     }
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded
@@ -109,12 +101,12 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
     if (st.stop == StopReason::OutputClosed) return 0;  // the reader went away: end quietly
     if (st.stop == StopReason::ContextFull)
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
-    if (o.jsonl &&
-        !write_stdout(answer_record(answer, o.show_thinking && tmpl && tmpl->supports_thinking()
-                                                ? std::optional<std::string>(reasoning)
-                                                : std::nullopt,
-                                    st) +
-                      "\n"))
+    if (o.jsonl && !write_stdout(answer_record(answer,
+                                               o.show_thinking && tmpl && tmpl->supports_thinking()
+                                                   ? std::optional<std::string>(reasoning)
+                                                   : std::nullopt,
+                                               st) +
+                                 "\n"))
         return 0;
     if (o.stats) print_stats(st, model);
     if (o.stats && constraint)

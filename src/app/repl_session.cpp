@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <span>
 
+#include "app/answer_grammar.h"
 #include "backend.h"
 #include "error.h"
 #include "model/model.h"
@@ -42,11 +43,8 @@ ChatSession::ChatSession(const Model& model, Generator& generator, KvCache& cach
       cache_(cache),
       draft_(draft),
       tmpl_(std::move(tmpl)),
+      stop_tokens_(end_of_turn_ids(*model.tokenizer, tmpl_)),
       system_(std::move(system)) {
-    for (const std::string& marker : tmpl_.end_of_turn()) {
-        const int id = model_.tokenizer->token_id(marker);
-        if (id >= 0) stop_tokens_.push_back(id);
-    }
     // Whatever a caller left in the caches is not ours to trust.
     cache_.truncate(0);
     if (draft_.cache) draft_.cache->truncate(0);
