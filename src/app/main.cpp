@@ -74,11 +74,14 @@ int run(Options& opt) {
     }
     tandem::SessionOptions& so = opt.session;
     if (!opt.think.empty()) so.think = opt.think == "on";
+    // jsonl is for scripts: a one-shot run or --chat over a pipe. Refused before any model is loaded.
+    if (opt.output_format == "jsonl" && chat && isatty(STDIN_FILENO))
+        throw tandem::Error(
+            "--output-format jsonl is for scripts: give a prompt, or pipe the turns into --chat (the interactive chat "
+            "writes text)");
     // The output's grammar, parsed (and a schema converted) before any model is loaded: a bad one fails at once.
     std::optional<tandem::grammar::Grammar> grammar;
     if (!opt.grammar.empty() || !opt.grammar_file.empty() || !opt.json_schema.empty()) {
-        if (chat)
-            throw tandem::Error("--grammar and --json-schema apply to one-shot runs for now (not --chat or the REPL)");
         std::string text = !opt.grammar_file.empty() ? read_file(opt.grammar_file) : opt.grammar;
         if (!opt.json_schema.empty()) {
             const std::string schema =
@@ -101,10 +104,21 @@ int run(Options& opt) {
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
     if (chat) {
-        if (opt.output_format == "jsonl")
-            throw tandem::Error("--output-format jsonl applies to one-shot runs for now (not --chat or the REPL)");
-        session.open_backends();
         tandem::ReplConfig rc;
+        if (grammar) {  // built before the backends: a reasoning model with thinking on is refused first
+            using tandem::GrammarSource;
+            const GrammarSource source = !opt.json_schema.empty()    ? GrammarSource::JsonSchema
+                                         : !opt.grammar_file.empty() ? GrammarSource::GbnfFile
+                                                                     : GrammarSource::Gbnf;
+            const std::string& arg = !opt.json_schema.empty()    ? opt.json_schema
+                                     : !opt.grammar_file.empty() ? opt.grammar_file
+                                                                 : opt.grammar;
+            rc.grammar.emplace(
+                tandem::AnswerGrammar{tandem::describe_grammar(source, arg),
+                                      tandem::answer_constraint(session.model(), *grammar, session.chat_template())});
+        }
+        rc.jsonl = opt.output_format == "jsonl";
+        session.open_backends();
         rc.chat_template = session.chat_template();
         rc.system = opt.system_prompt;
         rc.params = params;

@@ -40,7 +40,9 @@ public:
     // it). The answer, complete or not, joins the conversation. With a template that has a thinking switch the
     // turn's reasoning is split off (ReasoningSplitter): it streams through `on_reasoning` and stays out of the
     // conversation, as the templates drop it from past turns; the answer kept is the text after "</think>"
-    // without its leading newlines. Throws tandem::Error (conversation unchanged)
+    // without its leading newlines. `params.constraint` (a grammar), when set, applies to this answer from its
+    // first token: give each answer its own copy at the grammar's start, with the template's end-of-turn ids among
+    // its ends (answer_grammar.h builds it so). Throws tandem::Error (conversation unchanged)
     // when the template refuses the conversation or the message alone does not fit the context.
     TurnReport send(const std::string& user, const GenerationParams& params, const Emit& emit);
     // Drops the last answer and answers the last user message again. Throws tandem::Error when there is none.

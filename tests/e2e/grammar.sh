@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # End-to-end checks of --grammar, --grammar-file and --json-schema on the tiny stories260K: the output follows the
 # grammar, a bad grammar or schema is an error on stderr (with line and column, or naming the keyword) and an exit
-# status of 1 with nothing on stdout, the three flags exclude one another, --chat refuses them for now, and drafting
-# is turned off with a note. The engine itself is unit-tested (test_grammar.cpp, test_json_schema.cpp,
-# test_constrained_generation.cpp).
+# status of 1 with nothing on stdout, the three flags exclude one another, drafting is turned off with a note; in
+# --chat over a pipe every answer follows the grammar from its own start (with --output-format jsonl: one record per
+# answer), the /grammar commands work in the pipe too, and a reasoning template with thinking on is refused. The
+# interactive chat's commands are checked in repl.sh. The engine itself is unit-tested (test_grammar.cpp,
+# test_json_schema.cpp, test_constrained_generation.cpp).
 # Usage: grammar.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -50,10 +52,51 @@ run --json-schema '{"type": ' >/dev/null 2>"$tmp/err"
 check "a schema that is not JSON: line and column" grep -q 'line 1, column' "$tmp/err"
 run --grammar 'root ::= "a"' --json-schema '{}' >/dev/null 2>"$tmp/err"
 check "--grammar and --json-schema exclude each other" [ $? -ne 0 ]
-"$tandem" -m "$model" --chat --grammar 'root ::= "a"' </dev/null >/dev/null 2>"$tmp/err"
-check "--chat refuses a grammar for now" grep -q 'one-shot runs for now' "$tmp/err"
+run --chat-template deepseek-r1 --json-schema '{}' >"$tmp/out" 2>"$tmp/err"
+check "a reasoning template with thinking on is refused" grep -q 'think off for now' "$tmp/err"
 run --draft "$model" --grammar 'root ::= [a-z ]+ "."' >/dev/null 2>"$tmp/err"
 check "a draft under a grammar: a note says drafting is off" grep -q 'drafting is off under a grammar' "$tmp/err"
+
+# ---- --chat over a pipe ---------------------------------------------------------------------------------------
+# Two turns under a schema: each answer line is the schema's JSON, the second one too (it starts afresh, after the
+# first answer and the second turn in the conversation).
+chat() { "$tandem" -m "$model" --chat --temp 0 "$@"; }
+printf 'one\ntwo\n' | chat -n 80 --json-schema @"$tmp/schema.json" >"$tmp/out" 2>"$tmp/err"
+check "--chat --json-schema exits 0" [ $? -eq 0 ]
+# shellcheck disable=SC2016
+check "--chat --json-schema: two answers, each an object with an integer n" python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert len(lines) == 3 and lines[2] == "", lines
+for line in lines[:2]:
+    v = json.loads(line)
+    assert list(v) == ["n"] and isinstance(v["n"], int), line
+' "$tmp/out"
+check "--chat --json-schema: a summary per answer on stderr" [ "$(grep -c 'tokens' "$tmp/err")" -eq 2 ]
+printf 'one\ntwo\n' | chat -n 80 --json-schema @"$tmp/schema.json" --output-format jsonl >"$tmp/out" 2>/dev/null
+check "--chat jsonl: one record per answer, its text the schema's JSON" python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 2, lines
+for line in lines:
+    r = json.loads(line)
+    v = json.loads(r["text"])
+    assert list(v) == ["n"] and isinstance(v["n"], int), r
+    assert r["stop"] == "eos" and r["generated_tokens"] > 0 and r["prompt_tokens"] > 0, r
+' "$tmp/out"
+# The commands in a pipe: a grammar for one turn, off for the next; a bad one is an error on stderr, the chat goes on.
+printf '%s\n' '/grammar root ::= "yes" | "no"' 'one' '/grammar off' 'two' '/grammar root ::= (' 'three' |
+  chat -n 10 >"$tmp/out" 2>"$tmp/err"
+mapfile -t answers <"$tmp/out"
+check "--chat /grammar: the answer follows it" grep -qxE '(yes|no)' <<<"${answers[0]:-}"
+check "--chat /grammar off: free text again" [ "${#answers[1]}" -gt 3 ]
+check "--chat: a bad /grammar is an error with line and column" grep -q 'error: gbnf: line 1, column' "$tmp/err"
+check "--chat: the turn after a bad /grammar is answered" [ "${#answers[@]}" -eq 3 ]
+printf 'one\n' | chat -n 10 --chat-template deepseek-r1 --grammar 'root ::= "a"' >"$tmp/out" 2>"$tmp/err"
+check_all "--chat: a reasoning template with thinking on is refused" [ $? -eq 1 ] ::: [ ! -s "$tmp/out" ] ::: \
+  grep -q 'think off for now' "$tmp/err"
+printf 'one\n' | chat -n 10 --chat-template deepseek-r1 --think off --grammar 'root ::= "a" "b"?' >"$tmp/out" 2>/dev/null
+check "--chat: with --think off the grammar applies" grep -qxE 'ab?' "$tmp/out"
 
 echo "grammar: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
