@@ -23,7 +23,6 @@
 #include "cpu/repack_cache.h"
 #include "error.h"
 #include "grammar/gbnf.h"
-#include "grammar/json_schema.h"
 
 namespace {
 
@@ -74,19 +73,21 @@ int run(Options& opt) {
     }
     tandem::SessionOptions& so = opt.session;
     if (!opt.think.empty()) so.think = opt.think == "on";
+    // jsonl is for scripts: a one-shot run or --chat over a pipe. Refused before any model is loaded.
+    if (opt.output_format == "jsonl" && chat && isatty(STDIN_FILENO))
+        throw tandem::Error(
+            "--output-format jsonl is for scripts: give a prompt, or pipe the turns into --chat (the interactive chat "
+            "writes text)");
     // The output's grammar, parsed (and a schema converted) before any model is loaded: a bad one fails at once.
+    using tandem::GrammarSource;
+    const GrammarSource grammar_source = !opt.json_schema.empty()    ? GrammarSource::JsonSchema
+                                         : !opt.grammar_file.empty() ? GrammarSource::GbnfFile
+                                                                     : GrammarSource::Gbnf;
+    const std::string& grammar_arg = !opt.json_schema.empty()    ? opt.json_schema
+                                     : !opt.grammar_file.empty() ? opt.grammar_file
+                                                                 : opt.grammar;
     std::optional<tandem::grammar::Grammar> grammar;
-    if (!opt.grammar.empty() || !opt.grammar_file.empty() || !opt.json_schema.empty()) {
-        if (chat)
-            throw tandem::Error("--grammar and --json-schema apply to one-shot runs for now (not --chat or the REPL)");
-        std::string text = !opt.grammar_file.empty() ? read_file(opt.grammar_file) : opt.grammar;
-        if (!opt.json_schema.empty()) {
-            const std::string schema =
-                opt.json_schema[0] == '@' ? read_file(opt.json_schema.substr(1)) : opt.json_schema;
-            text = tandem::json_schema_to_gbnf(schema);
-        }
-        grammar = tandem::grammar::parse_gbnf(text);
-    }
+    if (!grammar_arg.empty()) grammar = tandem::read_grammar(grammar_source, grammar_arg);
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;
     so.backends =
@@ -97,10 +98,13 @@ int run(Options& opt) {
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
     if (chat) {
-        if (opt.output_format == "jsonl")
-            throw tandem::Error("--output-format jsonl applies to one-shot runs for now (not --chat or the REPL)");
-        session.open_backends();
         tandem::ReplConfig rc;
+        if (grammar)
+            rc.grammar.emplace(
+                tandem::AnswerGrammar{tandem::describe_grammar(grammar_source, grammar_arg),
+                                      tandem::answer_constraint(session.model(), *grammar, session.chat_template())});
+        rc.jsonl = opt.output_format == "jsonl";
+        session.open_backends();
         rc.chat_template = session.chat_template();
         rc.system = opt.system_prompt;
         rc.params = params;

@@ -4,12 +4,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "app/answer_grammar.h"
 #include "app/answer_record.h"
 #include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
-#include "grammar/answer_after.h"
-#include "grammar/constraint.h"
 #include "text/chat_prompt.h"
 #include "text/reasoning_split.h"
 
@@ -56,10 +55,7 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
         constrain_after_reasoning = o.grammar && turn->supports_thinking() && turn->thinking();
         turn->set_reasoning_opened(constrain_after_reasoning);
         tokens = tokenize_chat(*model.tokenizer, *turn, messages, /*add_generation_prompt=*/true);
-        for (const std::string& marker : tmpl->end_of_turn()) {
-            const int id = model.tokenizer->token_id(marker);
-            if (id >= 0) params.stop_tokens.push_back(id);
-        }
+        for (const int id : end_of_turn_ids(*model.tokenizer, *tmpl)) params.stop_tokens.push_back(id);
         if (session.verbose()) std::fprintf(stderr, "tandem: chat template %s\n", tmpl->name().c_str());
     } else {
         tokens = model.tokenizer->encode(o.prompt, model.tokenizer->add_bos());
@@ -70,13 +66,12 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
                     std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                     std::to_string(model.config.context_length) + ")");
 
-    // The grammar's constraint: the vocabulary as bytes, the ends being EOS and the template's end of turn.
+    // The grammar's constraint (its ends: EOS and the template's end of turn), before any backend is made.
     std::optional<grammar::TokenConstraint> constraint;
     if (o.grammar) {
-        std::vector<int> ends = params.stop_tokens;
-        if (model.tokenizer->eos() >= 0) ends.push_back(model.tokenizer->eos());
-        constraint.emplace(constrain_after_reasoning ? grammar::answer_after(*o.grammar, "</think>") : *o.grammar,
-                           model.tokenizer->token_bytes_table(model.config.n_vocab), ends);
+        constraint.emplace(constrain_after_reasoning
+                               ? answer_constraint(model, *o.grammar, turn).answer_after("</think>")
+                               : answer_constraint(model, *o.grammar, turn));
         params.constraint = &*constraint;
     }
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded
@@ -116,12 +111,12 @@ int run_one_shot(Session& session, const OneShotOptions& o) {
     if (st.stop == StopReason::OutputClosed) return 0;  // the reader went away: end quietly
     if (st.stop == StopReason::ContextFull)
         std::fprintf(stderr, "\ntandem: stopped: the context of %d tokens is full\n", n_ctx);
-    if (o.jsonl &&
-        !write_stdout(answer_record(answer, o.show_thinking && tmpl && tmpl->supports_thinking()
-                                                ? std::optional<std::string>(reasoning)
-                                                : std::nullopt,
-                                    st) +
-                      "\n"))
+    if (o.jsonl && !write_stdout(answer_record(answer,
+                                               o.show_thinking && tmpl && tmpl->supports_thinking()
+                                                   ? std::optional<std::string>(reasoning)
+                                                   : std::nullopt,
+                                               st) +
+                                 "\n"))
         return 0;
     if (o.stats) print_stats(st, model);
     if (o.stats && constraint)

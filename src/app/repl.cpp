@@ -12,6 +12,7 @@
 #include <memory>
 #include <sstream>
 
+#include "app/answer_record.h"
 #include "app/environment.h"
 #include "app/line_editor.h"
 #include "app/reasoning_output.h"
@@ -48,15 +49,19 @@ private:
 
 const char* kHelp =
     "Commands:\n"
-    "  /help            this list\n"
-    "  /reset           forget the conversation (the system prompt stays)\n"
-    "  /system [TEXT]   set the system prompt (no TEXT: show it)\n"
-    "  /regen           answer the last message again\n"
-    "  /undo            drop the last exchange\n"
-    "  /stats           figures of the last answer\n"
-    "  /save FILE       write the conversation as JSON\n"
-    "  /load FILE       read a conversation written by /save\n"
-    "  /quit            leave (also Ctrl-D on an empty line)\n"
+    "  /help                this list\n"
+    "  /reset               forget the conversation (the system prompt stays)\n"
+    "  /system [TEXT]       set the system prompt (no TEXT: show it)\n"
+    "  /regen               answer the last message again\n"
+    "  /undo                drop the last exchange\n"
+    "  /stats               figures of the last answer\n"
+    "  /save FILE           write the conversation as JSON\n"
+    "  /load FILE           read a conversation written by /save\n"
+    "  /grammar [GBNF]      answers follow this GBNF grammar (no GBNF: show the grammar or schema in force)\n"
+    "  /grammar-file FILE   answers follow the GBNF grammar in FILE\n"
+    "  /json-schema SCHEMA  answers are JSON valid against SCHEMA (inline JSON, or @FILE)\n"
+    "  /grammar off         answers are free text again (also after /json-schema)\n"
+    "  /quit                leave (also Ctrl-D on an empty line)\n"
     "Input: a line ending in \\ continues on the next line; \"\"\" starts and ends a block of lines.\n"
     "Keys: arrows and Ctrl-R search the history; Ctrl-C stops an answer or clears the line.\n";
 
@@ -162,14 +167,28 @@ LineEditor::Result read_input(LineEditor& ed, std::string* input) {
 }
 
 bool is_command(const std::string& word) {
-    static const char* known[] = {"/help",  "/?",    "/reset", "/clear", "/system", "/regen", "/undo",
-                                  "/stats", "/save", "/load",  "/quit",  "/exit",   "/bye"};
+    static const char* known[] = {"/help",        "/?",     "/reset", "/clear", "/system",  "/regen",
+                                  "/undo",        "/stats", "/save",  "/load",  "/grammar", "/grammar-file",
+                                  "/json-schema", "/quit",  "/exit",  "/bye"};
     for (const char* k : known)
         if (word == k) return true;
     return false;
 }
 
 }  // namespace
+
+CommandLine split_command(const std::string& input) {
+    static constexpr const char* kBlank = " \t\r\n";
+    CommandLine c;
+    const size_t b = input.find_first_not_of(kBlank);
+    if (b == std::string::npos || input[b] != '/') return c;
+    const size_t e = input.find_first_of(kBlank, b);
+    c.word = input.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (e == std::string::npos) return c;
+    const size_t ab = input.find_first_not_of(kBlank, e);
+    if (ab != std::string::npos) c.arg = input.substr(ab, input.find_last_not_of(kBlank) - ab + 1);
+    return c;
+}
 
 int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftModel draft, const ReplConfig& config) {
     const ChatTemplate tmpl = config.chat_template ? *config.chat_template : *ChatTemplate::by_name("raw");
@@ -200,10 +219,32 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
     bool have_last = false;
     bool output_closed = false;
 
+    // The grammar in force (the flags', then /grammar's). Each answer gets a fresh copy of its constraint, so every
+    // answer follows it from its own start; the masks' figures of the last answer are kept for /stats.
+    std::optional<AnswerGrammar> in_force = config.grammar;
+    std::optional<grammar::TokenConstraint> turn_constraint;
+    struct Masks {
+        int calls = 0;
+        double seconds = 0;
+    } masks_before, last_masks;  // the figures are shared by a constraint's copies: a turn's are the change
+    auto turn_params = [&] {
+        GenerationParams p = config.params;
+        turn_constraint.reset();
+        if (in_force) {
+            turn_constraint.emplace(in_force->for_answer());
+            p.constraint = &*turn_constraint;
+            masks_before = {turn_constraint->mask_calls(), turn_constraint->mask_seconds()};
+        }
+        return p;
+    };
+
     // A reasoning model's thinking: dimmed on stderr (or stdout with --show-thinking), never in the conversation.
-    ReasoningPrinter printer(config.show_thinking);
+    // With jsonl and --show-thinking it goes into the record instead (TurnReport::reasoning).
+    const bool reasoning_in_record = config.jsonl && config.show_thinking;
+    ReasoningPrinter printer(config.show_thinking && !config.jsonl);
     session.on_reasoning = [&](std::string_view text) {
         if (g_interrupted.load()) return false;
+        if (reasoning_in_record) return true;
         if (!printer.reasoning(text)) {
             output_closed = true;
             return false;
@@ -216,6 +257,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
         g_interrupted.store(false);
         auto emit = [&](std::string_view text) {
             if (g_interrupted.load()) return false;
+            if (config.jsonl) return true;  // the answer is in the record (TurnReport::answer)
             if (!printer.end() || !write_stdout(text)) {
                 output_closed = true;
                 return false;
@@ -230,12 +272,53 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
             notes.error(e.what());
             return true;
         }
+        last_masks = {};
+        if (turn_constraint)
+            last_masks = {turn_constraint->mask_calls() - masks_before.calls,
+                          turn_constraint->mask_seconds() - masks_before.seconds};
         if (!printer.end(!last.reasoning_unfinished)) output_closed = true;
         if (output_closed) return false;
-        // Every answer ends with a newline: one answer per line in --chat, and the prompt starts a fresh line.
-        if (!write_stdout("\n")) return false;
+        // Every answer ends with a newline: one answer per line in --chat, and the prompt starts a fresh line. With
+        // jsonl the line is the answer's record.
+        const std::optional<std::string> reasoning =
+            reasoning_in_record && tmpl.supports_thinking() ? std::optional<std::string>(last.reasoning) : std::nullopt;
+        if (!write_stdout(config.jsonl ? answer_record(last.answer, reasoning, last.stats) + "\n" : "\n")) return false;
         notes.dim(summary(last));
         return true;
+    };
+
+    // /grammar, /grammar-file, /json-schema. A grammar that does not parse, or that cannot apply, is an error and
+    // the one in force stays.
+    auto grammar_command = [&](const std::string& word, const std::string& arg) {
+        if (word == "/grammar" && arg.empty()) {
+            notes.say(in_force ? in_force->description : "no grammar: answers are free text");
+            return;
+        }
+        if (word == "/grammar" && arg == "off") {
+            notes.dim(in_force ? "tandem: grammar off: answers are free text" : "tandem: no grammar was in force");
+            in_force.reset();
+            return;
+        }
+        if (arg.empty()) {
+            notes.error(word == "/grammar-file" ? "usage: /grammar-file FILE"
+                                                : "usage: /json-schema SCHEMA (inline JSON, or @FILE)");
+            return;
+        }
+        const GrammarSource source = word == "/grammar"        ? GrammarSource::Gbnf
+                                     : word == "/grammar-file" ? GrammarSource::GbnfFile
+                                                               : GrammarSource::JsonSchema;
+        const std::string expanded = source == GrammarSource::GbnfFile ? expand_home(arg)
+                                     : source == GrammarSource::JsonSchema && arg[0] == '@'
+                                         ? "@" + expand_home(arg.substr(1))
+                                         : arg;
+        try {
+            grammar::TokenConstraint constraint = answer_constraint(model, read_grammar(source, expanded), tmpl);
+            in_force.emplace(AnswerGrammar{describe_grammar(source, arg), std::move(constraint)});
+            notes.dim(std::string("tandem: answers now follow the ") +
+                      (source == GrammarSource::JsonSchema ? "JSON schema" : "grammar"));
+        } catch (const Error& e) {
+            notes.error(std::string(e.what()) + (in_force ? " (the grammar in force stays)" : ""));
+        }
     };
 
     for (;;) {
@@ -252,9 +335,8 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
 
         // Commands: a known /word. At the terminal an unknown /word is a typo; in a pipe it is just text.
         const std::string t = trim(input);
-        const std::string word = t.substr(0, t.find_first_of(" \t"));
-        const std::string arg = word.size() < t.size() ? trim(t.substr(word.size())) : "";
-        if (!word.empty() && word[0] == '/' && (is_command(word) || editor)) {
+        const auto [word, arg] = split_command(input);
+        if (!word.empty() && (is_command(word) || editor)) {
             if (word == "/quit" || word == "/exit" || word == "/bye") break;
             if (word == "/help" || word == "/?") {
                 write_all(STDERR_FILENO, kHelp);
@@ -269,17 +351,22 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
                     notes.dim("tandem: system prompt set");
                 }
             } else if (word == "/regen") {
-                if (!run_turn([&](auto& emit) { return session.regenerate(config.params, emit); })) break;
+                if (!run_turn([&](auto& emit) { return session.regenerate(turn_params(), emit); })) break;
             } else if (word == "/undo") {
                 if (session.undo())
                     notes.dim("tandem: dropped the last exchange (" + std::to_string(session.messages().size()) +
                               " messages left)");
                 else
                     notes.error("nothing to undo");
+            } else if (word == "/grammar" || word == "/grammar-file" || word == "/json-schema") {
+                grammar_command(word, arg);
             } else if (word == "/stats") {
-                if (have_last)
+                if (have_last) {
                     write_all(STDERR_FILENO, stats_block(last, cache));
-                else
+                    if (last_masks.calls > 0)
+                        notes.say(format("grammar masks:       %.0f, %.3f ms each", last_masks.calls,
+                                         last_masks.seconds * 1e3 / last_masks.calls));
+                } else
                     notes.say("no answer yet");
             } else if (word == "/save") {
                 if (arg.empty()) {
@@ -321,7 +408,7 @@ int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftMode
             continue;
         }
         if (editor && t.empty()) continue;  // an empty line at the terminal asks nothing
-        if (!run_turn([&](auto& emit) { return session.send(input, config.params, emit); })) break;
+        if (!run_turn([&](auto& emit) { return session.send(input, turn_params(), emit); })) break;
     }
 
     if (config.interactive) sigaction(SIGINT, &old_int, nullptr);

@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <optional>
 #include <span>
 
+#include "app/answer_grammar.h"
 #include "backend.h"
 #include "error.h"
 #include "model/model.h"
@@ -42,11 +44,8 @@ ChatSession::ChatSession(const Model& model, Generator& generator, KvCache& cach
       cache_(cache),
       draft_(draft),
       tmpl_(std::move(tmpl)),
+      stop_tokens_(end_of_turn_ids(*model.tokenizer, tmpl_)),
       system_(std::move(system)) {
-    for (const std::string& marker : tmpl_.end_of_turn()) {
-        const int id = model_.tokenizer->token_id(marker);
-        if (id >= 0) stop_tokens_.push_back(id);
-    }
     // Whatever a caller left in the caches is not ours to trust.
     cache_.truncate(0);
     if (draft_.cache) draft_.cache->truncate(0);
@@ -60,10 +59,10 @@ std::vector<ChatMessage> ChatSession::full_messages() const {
     return all;
 }
 
-std::vector<int> ChatSession::render_tokens(bool generation_prompt) const {
+std::vector<int> ChatSession::render_tokens(bool generation_prompt, const ChatTemplate* turn) const {
     const Tokenizer& tok = *model_.tokenizer;
     if (tmpl_.is_raw()) return tok.encode(raw_text(full_messages()), tok.add_bos());
-    return tokenize_chat(tok, tmpl_, full_messages(), generation_prompt);
+    return tokenize_chat(tok, turn ? *turn : tmpl_, full_messages(), generation_prompt);
 }
 
 int ChatSession::fit_context(int reserve) {
@@ -136,7 +135,12 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
         notice("the context of " + std::to_string(cap) + " tokens is full: dropped the " +
                std::to_string(report.n_dropped) + " oldest message" + (report.n_dropped == 1 ? "" : "s") +
                (system_.empty() ? "" : " (the system prompt stays)"));
-    const std::vector<int> target = render_tokens(true);
+    // Under a grammar a reasoning turn's think block is opened by the prompt and the grammar applies after it
+    // (answer_grammar.h): the constraint must know where the reasoning starts.
+    ChatTemplate turn = tmpl_.for_messages(full_messages());
+    const bool constrain_after_reasoning = params.constraint && turn.supports_thinking() && turn.thinking();
+    turn.set_reasoning_opened(constrain_after_reasoning);
+    const std::vector<int> target = render_tokens(true, &turn);
     if (target.empty()) throw Error("nothing to answer: the conversation renders to no tokens");
     if (static_cast<int>(target.size()) >= cap)
         throw Error("the conversation needs " + std::to_string(target.size()) + " tokens but the context holds " +
@@ -146,13 +150,15 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
 
     GenerationParams p = params;
     p.stop_tokens.insert(p.stop_tokens.end(), stop_tokens_.begin(), stop_tokens_.end());
+    std::optional<grammar::TokenConstraint> after_reasoning;
+    if (constrain_after_reasoning) p.constraint = &after_reasoning.emplace(params.constraint->answer_after("</think>"));
     std::string text;
     auto answer_piece = [&](std::string_view piece) {
         if (!emit(piece)) return false;
         text += piece;
         return true;
     };
-    ReasoningSplitter splitter(tmpl_.generation_opens_reasoning(),
+    ReasoningSplitter splitter(turn.generation_opens_reasoning(),
                                [&](ReasoningSplitter::Part part, std::string_view piece) {
                                    if (part == ReasoningSplitter::Part::Answer) return answer_piece(piece);
                                    report.reasoning += piece;

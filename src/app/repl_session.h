@@ -40,7 +40,9 @@ public:
     // it). The answer, complete or not, joins the conversation. With a template that has a thinking switch the
     // turn's reasoning is split off (ReasoningSplitter): it streams through `on_reasoning` and stays out of the
     // conversation, as the templates drop it from past turns; the answer kept is the text after "</think>"
-    // without its leading newlines. Throws tandem::Error (conversation unchanged)
+    // without its leading newlines. `params.constraint` (a grammar), when set, applies to this answer from its
+    // first token: give each answer its own copy at the grammar's start, with the template's end-of-turn ids among
+    // its ends (answer_grammar.h builds it so). Throws tandem::Error (conversation unchanged)
     // when the template refuses the conversation or the message alone does not fit the context.
     TurnReport send(const std::string& user, const GenerationParams& params, const Emit& emit);
     // Drops the last answer and answers the last user message again. Throws tandem::Error when there is none.
@@ -58,8 +60,9 @@ public:
     const ChatTemplate& chat_template() const { return tmpl_; }
     // The token ids the target cache holds (always cache.n_committed() of them).
     const std::vector<int>& cached() const { return cached_; }
-    // The conversation as the model sees it, with the assistant header when `generation_prompt`.
-    std::vector<int> render_tokens(bool generation_prompt) const;
+    // The conversation as the model sees it, with the assistant header when `generation_prompt`, rendered by `turn`
+    // (this turn's form of the template: for_messages, the think block opened) or else the session's template.
+    std::vector<int> render_tokens(bool generation_prompt, const ChatTemplate* turn = nullptr) const;
     // Where notices for the user go (dropped turns); stderr in the REPL.
     std::function<void(const std::string&)> notice;
     // Where a turn's reasoning streams (null: nowhere); returns false to stop the turn, like `emit`.

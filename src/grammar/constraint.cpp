@@ -7,11 +7,20 @@
 #include <utility>
 
 #include "error.h"
+#include "grammar/answer_after.h"
 
 namespace tandem::grammar {
 
 TokenConstraint::TokenConstraint(const Grammar& grammar, std::vector<std::string> token_bytes, std::vector<int> end_ids)
-    : shared_(std::make_shared<Shared>(std::move(token_bytes), std::move(end_ids))), matcher_(grammar) {}
+    : TokenConstraint(std::make_shared<Shared>(std::move(token_bytes), std::move(end_ids)),
+                      std::make_shared<const Grammar>(grammar)) {}
+
+TokenConstraint::TokenConstraint(std::shared_ptr<Shared> shared, std::shared_ptr<const Grammar> grammar)
+    : shared_(std::move(shared)), grammar_(std::move(grammar)), matcher_(*grammar_) {}
+
+TokenConstraint TokenConstraint::answer_after(std::string_view marker) const {
+    return TokenConstraint(shared_, std::make_shared<const Grammar>(grammar::answer_after(*grammar_, marker)));
+}
 
 bool TokenConstraint::is_end(int token) const {
     return std::find(shared_->end_ids.begin(), shared_->end_ids.end(), token) != shared_->end_ids.end();

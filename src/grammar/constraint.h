@@ -11,6 +11,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "grammar/gbnf.h"
@@ -39,6 +40,9 @@ public:
     bool accepts() const { return matcher_.accepts(); }
     // Back to the state before any output (a new answer under the same grammar).
     void reset() { matcher_.reset(); }
+    // A constraint at the start of grammar::answer_after(this grammar, marker) (free text up to `marker`, then this
+    // grammar: a reasoning model's answer after its think block), sharing this one's vocabulary trie and timing.
+    TokenConstraint answer_after(std::string_view marker) const;
 
     // Time spent in mask() and the number of calls, summed over this constraint and its copies, for --stats; the
     // masks computed (not memoised) among them.
@@ -57,8 +61,10 @@ private:
         double mask_seconds = 0;
         int mask_calls = 0;
     };
+    TokenConstraint(std::shared_ptr<Shared> shared, std::shared_ptr<const Grammar> grammar);
     bool is_end(int token) const;
     std::shared_ptr<Shared> shared_;
+    std::shared_ptr<const Grammar> grammar_;  // what matcher_ was built from (for answer_after)
     GrammarMatcher matcher_;
 };
 

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # End-to-end checks of --grammar, --grammar-file and --json-schema on the tiny stories260K: the output follows the
 # grammar, a bad grammar or schema is an error on stderr (with line and column, or naming the keyword) and an exit
-# status of 1 with nothing on stdout, the three flags exclude one another, --chat refuses them for now, and a draft
-# with lookup under a grammar drafts and gives plain decoding's output. The engine itself is unit-tested
-# (test_grammar.cpp, test_json_schema.cpp, test_constrained_generation.cpp; drafting under a grammar:
-# test_speculative.cpp).
+# status of 1 with nothing on stdout, the three flags exclude one another, and a draft with lookup under a grammar
+# drafts and gives plain decoding's output; in --chat over a pipe every answer follows the grammar from its own start
+# (with --output-format jsonl: one record per answer), the /grammar commands work in the pipe too, and a reasoning
+# template with thinking on keeps its reasoning free. The interactive chat's commands are checked in repl.sh. The
+# engine itself is unit-tested (test_grammar.cpp, test_json_schema.cpp, test_constrained_generation.cpp; drafting
+# under a grammar: test_speculative.cpp).
 # Usage: grammar.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -51,12 +53,56 @@ run --json-schema '{"type": ' >/dev/null 2>"$tmp/err"
 check "a schema that is not JSON: line and column" grep -q 'line 1, column' "$tmp/err"
 run --grammar 'root ::= "a"' --json-schema '{}' >/dev/null 2>"$tmp/err"
 check "--grammar and --json-schema exclude each other" [ $? -ne 0 ]
-"$tandem" -m "$model" --chat --grammar 'root ::= "a"' </dev/null >/dev/null 2>"$tmp/err"
-check "--chat refuses a grammar for now" grep -q 'one-shot runs for now' "$tmp/err"
 plain=$(run --temp 0 --grammar 'root ::= [a-z ]+ "."' 2>/dev/null)
 drafted=$(run --temp 0 --draft "$model" --draft-min 1 --lookup --grammar 'root ::= [a-z ]+ "."' --stats 2>"$tmp/err")
 check "a draft and lookup under a grammar: plain decoding's output" [ "$drafted" = "$plain" ]
 check "a draft under a grammar: it drafted" grep -qE '[1-9][0-9]* drafted' "$tmp/err"
+
+# ---- --chat over a pipe ---------------------------------------------------------------------------------------
+# Two turns under a schema: each answer line is the schema's JSON, the second one too (it starts afresh, after the
+# first answer and the second turn in the conversation).
+chat() { "$tandem" -m "$model" --chat --temp 0 "$@"; }
+printf 'one\ntwo\n' | chat -n 80 --json-schema @"$tmp/schema.json" >"$tmp/out" 2>"$tmp/err"
+check "--chat --json-schema exits 0" [ $? -eq 0 ]
+# shellcheck disable=SC2016
+check "--chat --json-schema: two answers, each an object with an integer n" python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().split("\n")
+assert len(lines) == 3 and lines[2] == "", lines
+for line in lines[:2]:
+    v = json.loads(line)
+    assert list(v) == ["n"] and isinstance(v["n"], int), line
+' "$tmp/out"
+check "--chat --json-schema: a summary per answer on stderr" [ "$(grep -c 'tokens' "$tmp/err")" -eq 2 ]
+printf 'one\ntwo\n' | chat -n 80 --json-schema @"$tmp/schema.json" --output-format jsonl >"$tmp/out" 2>/dev/null
+check "--chat jsonl: one record per answer, its text the schema's JSON" python3 -c '
+import json, sys
+lines = open(sys.argv[1]).read().splitlines()
+assert len(lines) == 2, lines
+for line in lines:
+    r = json.loads(line)
+    v = json.loads(r["text"])
+    assert list(v) == ["n"] and isinstance(v["n"], int), r
+    assert r["stop"] == "eos" and r["generated_tokens"] > 0 and r["prompt_tokens"] > 0, r
+' "$tmp/out"
+# The commands in a pipe: a grammar for one turn, off for the next; a bad one is an error on stderr, the chat goes on.
+printf '%s\n' '/grammar root ::= "yes" | "no"' 'one' '/grammar off' 'two' '/grammar root ::= (' 'three' |
+  chat -n 10 >"$tmp/out" 2>"$tmp/err"
+mapfile -t answers <"$tmp/out"
+check "--chat /grammar: the answer follows it" grep -qxE '(yes|no)' <<<"${answers[0]:-}"
+check "--chat /grammar off: free text again" [ "${#answers[1]}" -gt 3 ]
+check "--chat: a bad /grammar is an error with line and column" grep -q 'error: gbnf: line 1, column' "$tmp/err"
+check "--chat: the turn after a bad /grammar is answered" [ "${#answers[@]}" -eq 3 ]
+# A reasoning template with thinking on: the reasoning stays free (the story model never closes it, so it is all
+# reasoning, the same as without a grammar: stderr's lines but the turn summary with its timing) and the answer,
+# which never comes, would follow the grammar.
+printf 'one\n' | chat -n 10 --chat-template deepseek-r1 >/dev/null 2>"$tmp/free"
+printf 'one\n' | chat -n 10 --chat-template deepseek-r1 --grammar 'root ::= "a"' >"$tmp/out" 2>"$tmp/err"
+check_all "--chat: a reasoning template with thinking on keeps its reasoning free under a grammar" [ $? -eq 0 ] ::: \
+  [ "$(grep -v '^\[' "$tmp/free")" = "$(grep -v '^\[' "$tmp/err")" ] ::: [ -n "$(grep -v '^\[' "$tmp/err")" ] ::: \
+  [ -z "$(tr -d '\n' <"$tmp/out")" ]
+printf 'one\n' | chat -n 10 --chat-template deepseek-r1 --think off --grammar 'root ::= "a" "b"?' >"$tmp/out" 2>/dev/null
+check "--chat: with --think off the grammar applies" grep -qxE 'ab?' "$tmp/out"
 
 echo "grammar: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

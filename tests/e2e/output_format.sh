@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of --output-format jsonl on the tiny stories260K: stdout is exactly one JSON object per answer,
 # with the documented fields (docs/usage.md, "Output contract") and the same text as the plain output; drafting adds
-# its fields; under a grammar the text follows it; --chat refuses it for now; a bad value is a usage error.
+# its fields; under a grammar the text follows it; --chat over a pipe writes one record per answer with the answer
+# lines' text; the interactive chat refuses it; a bad value is a usage error.
 # Usage: output_format.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -46,8 +47,25 @@ import json, sys
 r = json.loads(open(sys.argv[1]).read())
 assert r["text"] == "say \"hi\" \\ \t\n\x01.", repr(r["text"])
 ' "$tmp/out"
-"$tandem" -m "$model" --chat --output-format jsonl </dev/null >/dev/null 2>"$tmp/err"
-check "--chat refuses jsonl for now" grep -q 'one-shot runs for now' "$tmp/err"
+printf 'one\ntwo\n' | "$tandem" -m "$model" --chat -n 12 --temp 0 >"$tmp/chat_text" 2>/dev/null
+printf 'one\n/stats\ntwo\n' | "$tandem" -m "$model" --chat -n 12 --temp 0 --output-format jsonl >"$tmp/out" 2>"$tmp/err"
+check "--chat jsonl exits 0" [ $? -eq 0 ]
+check "--chat jsonl: a record per answer, with the text of the answer lines" python3 -c '
+import json, sys
+records = [json.loads(line) for line in open(sys.argv[1]).read().splitlines()]
+texts = open(sys.argv[2]).read().split("\n")[:-1]
+assert len(texts) == 2 and [r["text"] for r in records] == texts, (records, texts)
+assert all(r["generated_tokens"] == 12 and r["stop"] == "length" for r in records), records
+' "$tmp/out" "$tmp/chat_text"
+check "--chat jsonl: a command's output still goes to stderr" grep -q 'prefilled this turn' "$tmp/err"
+# The interactive chat (a terminal on stdin) writes text for a person: jsonl is refused before the model loads.
+check "the interactive chat refuses jsonl" python3 - "$tandem" "$model" <<'EOF'
+import os, pty, subprocess, sys
+_, slave = pty.openpty()
+p = subprocess.run([sys.argv[1], "-m", sys.argv[2], "--output-format", "jsonl"], stdin=slave, capture_output=True,
+                   timeout=60)
+assert p.returncode == 1 and p.stdout == b"" and b"--output-format jsonl is for scripts" in p.stderr, p
+EOF
 run --output-format xml >/dev/null 2>"$tmp/err"
 check "--output-format xml is a usage error" [ $? -ne 0 ]
 

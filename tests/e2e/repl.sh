@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end checks of the interactive chat REPL, driving the real binary in a tmux terminal: turns with KV
 # reuse (via /stats), Ctrl-C during an answer and at the prompt, history (up arrow, kept across runs), multi-line
-# input, /undo /regen /reset, /save + /load, Ctrl-D exit status 0 and the terminal settings restored; and Ctrl-C
-# while writing the answer to a slow reader is blocked.
+# input, /undo /regen /reset, /save + /load, Ctrl-D exit status 0 and the terminal settings restored; Ctrl-C
+# while writing the answer to a slow reader is blocked; and the grammar commands (/json-schema, /grammar, /grammar
+# off, a multi-line grammar, a bad grammar that leaves the one in force).
 # Usage: repl.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
@@ -224,6 +225,54 @@ while True:
 if code != 0: fail("exit status %d" % code)
 if not out.startswith(b", there was") or not out.endswith(b"\n"): fail("the answer was cut: %r" % out[-60:])
 EOF
+
+# ---- session 4: grammars --------------------------------------------------------------------------------------
+# The answer after the line that asked it (tmux joins wrapped lines with -J).
+answer_to() { screen | grep -A1 -xF ">>> $1" | tail -1; }
+start s4 -n 80 --temp 0
+say '/grammar'
+check "/grammar alone: none in force" wait_count 'no grammar: answers are free text' 1
+schema='{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false}'
+say "/json-schema $schema"
+check "/json-schema is taken" wait_count 'answers now follow the JSON schema' 1
+say '/grammar'
+check "/grammar shows the schema in force" wait_count "JSON schema: $schema" 1
+is_n_object() {
+  python3 -c 'import json, sys; v = json.loads(sys.argv[1]); assert list(v) == ["n"] and type(v["n"]) is int' "$1"
+}
+say 'Once upon a time'
+check "an answer under /json-schema is its JSON ($(answer_to 'Once upon a time'))" \
+  is_n_object "$(answer_to 'Once upon a time')"
+say 'The end'
+check "the next answer is the schema's JSON from its start ($(answer_to 'The end'))" is_n_object "$(answer_to 'The end')"
+say '/stats'
+check "/stats counts the grammar's masks" wait_count 'grammar masks:' 1
+say '/grammar off'
+check "/grammar off" wait_count 'grammar off: answers are free text' 1
+say 'She went to the park'
+not_json() { ! python3 -c 'import json, sys; json.loads(sys.argv[1])' "$1" 2>/dev/null; }
+check "after /grammar off the answer is free text" not_json "$(answer_to 'She went to the park')"
+say '/grammar root ::= "a" | ('
+check "a bad /grammar: the error has line and column" wait_count "error: gbnf: line 1, column 16: unclosed '('" 1
+say '/grammar'
+check "a bad /grammar: still none in force" wait_count 'no grammar: answers are free text' 2
+# A grammar over two lines (a trailing backslash continues the input), then a bad schema while it is in force.
+tm send-keys -t repl -l '/grammar root ::= "yes" | "no" | more\'
+tm send-keys -t repl Enter
+say 'more ::= "maybe"'
+check "a two-line grammar is taken" wait_count 'answers now follow the grammar' 1
+say '/json-schema {"type": '
+check "a bad schema while a grammar is in force: the error, and the grammar stays" \
+  wait_count 'error: JSON: line 1, column' 1
+check "the error says the grammar in force stays" wait_count '(the grammar in force stays)' 1
+say 'Is it?'
+check "the grammar in force still applies ($(answer_to 'Is it?'))" grep -qxE 'yes|no|maybe' <<<"$(answer_to 'Is it?')"
+say '/help'
+check "/help lists the grammar commands" wait_count '/json-schema SCHEMA' 1
+tm send-keys -t repl -l "/quit"
+tm send-keys -t repl Enter
+check "/quit after the grammar commands" wait_file "$tmp/s4.exit"
+check "exit status 0 after the grammar commands" grep -q '^EXIT=0$' "$tmp/s4.exit"
 
 echo "repl: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

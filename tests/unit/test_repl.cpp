@@ -1,14 +1,15 @@
 // Unit tests of the chat REPL's bookkeeping (repl_session.h): turn rendering, KV reuse across turns, rollback on
-// /undo and /regen, context-overflow trimming, and the /save JSON round trip. Runs stories260K on the CPU.
+// /undo and /regen, context-overflow trimming, the /save JSON round trip, and how an input line splits into a
+// command and its argument (repl.h). Runs stories260K on the CPU.
+#include <algorithm>
 #include <doctest/doctest.h>
 
-#include <algorithm>
-
+#include "app/repl.h"
+#include "app/repl_session.h"
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/generator.h"
 #include "model/model.h"
-#include "app/repl_session.h"
 #include "test_paths.h"
 
 using namespace tandem;
@@ -274,4 +275,22 @@ TEST_CASE("repl: a reasoning template's thinking streams apart and stays out of 
     Rig rig3;
     ChatSession c(*rig3.model, *rig3.generator, *rig3.cache, {}, *ChatTemplate::by_name("chatml"));
     CHECK(c.send("Once upon a time", greedy(10), kKeep).answer == qa.answer);
+}
+
+TEST_CASE("repl: a command line splits into its word and its argument, which may span lines") {
+    const auto split = [](const std::string& input) {
+        const CommandLine c = split_command(input);
+        return c.word + "|" + c.arg;
+    };
+    CHECK(split("/stats") == "/stats|");
+    CHECK(split("  /system  Answer in French.  ") == "/system|Answer in French.");
+    CHECK(split("/grammar root ::= \"yes\" | \"no\"") == "/grammar|root ::= \"yes\" | \"no\"");
+    // A line ended with a backslash, or a \"\"\" block: the argument keeps its inner newlines.
+    CHECK(split("/grammar root ::= item\nitem ::= \"x\"\n") == "/grammar|root ::= item\nitem ::= \"x\"");
+    CHECK(split("/grammar\nroot ::= \"x\"") == "/grammar|root ::= \"x\"");
+    CHECK(split("/json-schema\t@~/user.json\r") == "/json-schema|@~/user.json");
+    // Not commands: text that does not start with '/', and nothing at all.
+    CHECK(split("Once upon a /time") == "|");
+    CHECK(split("") == "|");
+    CHECK(split(" \n ") == "|");
 }
