@@ -41,7 +41,7 @@
 #include <string>
 #include <string_view>
 
-#include "grammar/json_value.h"
+#include "json/json_value.h"
 
 namespace tandem {
 

@@ -13,7 +13,7 @@
 #include "fuzz_target.h"
 #include "gbnf_check.h"
 #include "grammar/json_schema.h"
-#include "grammar/json_value.h"
+#include "json/json_value.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view text(reinterpret_cast<const char*>(data), size);

@@ -1,4 +1,4 @@
-// Unit tests of the JSON Schema -> GBNF converter (grammar/json_schema.h) and its JSON reader (grammar/json_value.h).
+// Unit tests of the JSON Schema -> GBNF converter (grammar/json_schema.h) and its JSON reader (json/json_value.h).
 // The grammars are checked by what they accept: gbnf_check.h parses the converter's text with the decoding engine's
 // GBNF parser and matches documents against `root` with its GrammarMatcher, so every construct is tested with
 // documents it must accept and documents it must reject, on the grammar decoding will enforce.
@@ -14,7 +14,7 @@
 #include "error.h"
 #include "gbnf_check.h"
 #include "grammar/json_schema.h"
-#include "grammar/json_value.h"
+#include "json/json_value.h"
 
 using namespace tandem;
 using tandem::test::Gbnf;

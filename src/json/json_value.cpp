@@ -1,5 +1,5 @@
 // The strict JSON reader and the compact writer of json_value.h.
-#include "grammar/json_value.h"
+#include "json/json_value.h"
 
 #include <cstdint>
 #include <cstdlib>
