@@ -205,30 +205,11 @@ private:
 
     // One UTF-8 sequence starting at p_, validated (no overlongs, surrogates or values past U+10FFFF).
     void utf8_char(std::string& out) {
-        const auto b0 = static_cast<unsigned char>(s_[p_]);
-        size_t n;
-        uint32_t cp, min;
-        if (b0 < 0x80) {
-            out += s_[p_++];
-            return;
-        } else if ((b0 & 0xE0) == 0xC0) {
-            n = 2, cp = b0 & 0x1F, min = 0x80;
-        } else if ((b0 & 0xF0) == 0xE0) {
-            n = 3, cp = b0 & 0x0F, min = 0x800;
-        } else if ((b0 & 0xF8) == 0xF0) {
-            n = 4, cp = b0 & 0x07, min = 0x10000;
-        } else {
-            fail("invalid UTF-8");
-        }
-        if (p_ + n > s_.size()) fail("truncated UTF-8 sequence");
-        for (size_t i = 1; i < n; ++i) {
-            const auto b = static_cast<unsigned char>(s_[p_ + i]);
-            if ((b & 0xC0) != 0x80) fail("invalid UTF-8");
-            cp = (cp << 6) | (b & 0x3F);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) fail("invalid UTF-8");
-        out.append(s_.substr(p_, n));
-        p_ += n;
+        const int n = utf8::sequence_length(reinterpret_cast<const unsigned char*>(s_.data()) + p_, s_.size() - p_);
+        if (n < 0) fail("truncated UTF-8 sequence");
+        if (n == 0) fail("invalid UTF-8");
+        out.append(s_.substr(p_, static_cast<size_t>(n)));
+        p_ += static_cast<size_t>(n);
     }
 
     std::string string() {

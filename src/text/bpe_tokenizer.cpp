@@ -16,38 +16,6 @@ namespace tandem {
 
 namespace utf8 {
 
-int sequence_length(const unsigned char* s, size_t n) {
-    const unsigned c = s[0];
-    if (c < 0x80) return 1;
-    int len;
-    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte (Table 3-7), later bytes 80..BF
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3;
-        if (c == 0xE0)
-            lo = 0xA0;  // overlong
-        else if (c == 0xED)
-            hi = 0x9F;  // surrogates
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4;
-        if (c == 0xF0)
-            lo = 0x90;  // overlong
-        else if (c == 0xF4)
-            hi = 0x8F;  // past U+10FFFF
-    } else {
-        return 0;
-    }
-    for (int k = 1; k < len; ++k) {
-        if (static_cast<size_t>(k) >= n) return -1;
-        const unsigned b = s[k];
-        if (b < lo || b > hi) return 0;
-        lo = 0x80;
-        hi = 0xBF;
-    }
-    return len;
-}
-
 std::string sanitize(std::string_view text) {
     const auto* s = reinterpret_cast<const unsigned char*>(text.data());
     const size_t n = text.size();

@@ -17,14 +17,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "text/utf8.h"  // utf8::sequence_length, which sanitize and Tokenizer use
+
 namespace tandem {
 
 class GgufFile;
 
 namespace utf8 {
-// Length of the well-formed UTF-8 sequence at s[0..n) (Unicode Table 3-7: no overlongs, surrogates or values past
-// U+10FFFF); 0 when the bytes cannot start one; -1 when they are a proper prefix of one (more bytes needed).
-int sequence_length(const unsigned char* s, size_t n);
 // `text` with every byte that does not belong to a well-formed sequence replaced by U+FFFD.
 std::string sanitize(std::string_view text);
 }  // namespace utf8

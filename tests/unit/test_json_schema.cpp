@@ -74,6 +74,9 @@ TEST_CASE("json schema: the JSON reader keeps order, decodes escapes and refuses
     CHECK(contains(error("01"), "leading zeros"));
     CHECK(contains(error("\"\\q\""), "invalid escape"));
     CHECK(contains(error("\"\xff\""), "invalid UTF-8"));
+    CHECK(contains(error("\"\xc0\xaf\""), "invalid UTF-8"));      // overlong '/'
+    CHECK(contains(error("\"\xed\xa0\x80\""), "invalid UTF-8"));  // a surrogate, raw
+    CHECK(contains(error("\"\xe2\x82"), "truncated UTF-8"));
     CHECK(contains(error("\"\\ud800\""), "surrogate"));
     CHECK(contains(error("\"a\nb\""), "control character"));
     CHECK(contains(error("{} x"), "after the JSON value"));
