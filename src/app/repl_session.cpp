@@ -10,6 +10,7 @@
 #include "app/answer_grammar.h"
 #include "backend.h"
 #include "error.h"
+#include "json/json_value.h"
 #include "model/model.h"
 #include "text/chat_prompt.h"
 #include "text/reasoning_split.h"
@@ -247,34 +248,6 @@ void ChatSession::replace(std::string system, std::vector<ChatMessage> messages)
 std::string ChatSession::to_json() const { return conversation_to_json(system_, messages_); }
 
 // ---- JSON ------------------------------------------------------------------------------------------------
-
-std::string json_quote(std::string_view s) {
-    static const char* hex = "0123456789abcdef";
-    std::string out = "\"";
-    for (const char ch : s) {
-        const unsigned char c = static_cast<unsigned char>(ch);
-        switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            case '\b': out += "\\b"; break;
-            case '\f': out += "\\f"; break;
-            default:
-                // Other control characters must be escaped; bytes >= 0x80 (UTF-8) pass through as they are.
-                if (c < 0x20 || c == 0x7f) {
-                    out += "\\u00";
-                    out += hex[c >> 4];
-                    out += hex[c & 15];
-                } else {
-                    out += ch;
-                }
-        }
-    }
-    out += '"';
-    return out;
-}
 
 std::string conversation_to_json(const std::string& system, const std::vector<ChatMessage>& messages) {
     std::string out = "{\n  \"system\": " + json_quote(system) + ",\n  \"messages\": [";

@@ -93,12 +93,11 @@ private:
     std::vector<int> cached_;
 };
 
-// The JSON of /save: {"system": "...", "messages": [{"role": "...", "content": "..."}, ...]}.
+// The JSON of /save: {"system": "...", "messages": [{"role": "...", "content": "..."}, ...]}, its strings written by
+// json_quote (json/json_value.h).
 std::string conversation_to_json(const std::string& system, const std::vector<ChatMessage>& messages);
 // Parses it back (any JSON value may sit in unknown keys; "system" may be absent or null). Throws tandem::Error
 // naming what is wrong.
 void conversation_from_json(std::string_view json, std::string* system, std::vector<ChatMessage>* messages);
-// A JSON string literal (quotes included) for UTF-8 `s`.
-std::string json_quote(std::string_view s);
 
 }  // namespace tandem

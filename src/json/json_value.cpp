@@ -1,4 +1,4 @@
-// The strict JSON reader and the compact writer of json_value.h.
+// The strict JSON reader, the compact writer and the string escaper of json_value.h.
 #include "json/json_value.h"
 
 #include <cstdint>
@@ -258,38 +258,12 @@ private:
     }
 };
 
-void write_string(std::string& out, const std::string& s) {
-    static const char* hex = "0123456789abcdef";
-    out += '"';
-    for (const char c : s) {
-        const auto u = static_cast<unsigned char>(c);
-        switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\b': out += "\\b"; break;
-            case '\f': out += "\\f"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            default:
-                if (u < 0x20) {
-                    out += "\\u00";
-                    out += hex[u >> 4];
-                    out += hex[u & 15];
-                } else {
-                    out += c;
-                }
-        }
-    }
-    out += '"';
-}
-
 void write(std::string& out, const JsonValue& v) {
     switch (v.kind) {
         case JsonValue::Kind::Null: out += "null"; break;
         case JsonValue::Kind::Bool: out += v.boolean ? "true" : "false"; break;
         case JsonValue::Kind::Number: out += v.text; break;
-        case JsonValue::Kind::String: write_string(out, v.text); break;
+        case JsonValue::Kind::String: out += json_quote(v.text); break;
         case JsonValue::Kind::Array:
             out += '[';
             for (size_t i = 0; i < v.items.size(); ++i) {
@@ -302,7 +276,7 @@ void write(std::string& out, const JsonValue& v) {
             out += '{';
             for (size_t i = 0; i < v.members.size(); ++i) {
                 if (i) out += ',';
-                write_string(out, v.members[i].first);
+                out += json_quote(v.members[i].first);
                 out += ':';
                 write(out, v.members[i].second);
             }
@@ -314,6 +288,53 @@ void write(std::string& out, const JsonValue& v) {
 }  // namespace
 
 JsonValue parse_json(std::string_view text) { return Parser(text).document(); }
+
+void append_json_escaped(std::string& out, std::string_view s) {
+    static const char* hex = "0123456789abcdef";
+    const auto* bytes = reinterpret_cast<const unsigned char*>(s.data());
+    for (size_t i = 0; i < s.size();) {
+        const unsigned char c = bytes[i];
+        if (c >= 0x80) {
+            // Well-formed UTF-8 as it is; a byte outside it as U+FFFD, one for each such byte (as utf8::sanitize).
+            const int n = utf8::sequence_length(bytes + i, s.size() - i);
+            if (n > 0) {
+                out.append(s.substr(i, static_cast<size_t>(n)));
+                i += static_cast<size_t>(n);
+            } else {
+                out += "\xEF\xBF\xBD";
+                ++i;
+            }
+            continue;
+        }
+        switch (c) {
+            case '"': out += "\\\""; break;
+            case '\\': out += "\\\\"; break;
+            case '\b': out += "\\b"; break;
+            case '\f': out += "\\f"; break;
+            case '\n': out += "\\n"; break;
+            case '\r': out += "\\r"; break;
+            case '\t': out += "\\t"; break;
+            default:
+                if (c < 0x20) {
+                    out += "\\u00";
+                    out += hex[c >> 4];
+                    out += hex[c & 15];
+                } else {
+                    out += static_cast<char>(c);
+                }
+        }
+        ++i;
+    }
+}
+
+std::string json_quote(std::string_view s) {
+    std::string out;
+    out.reserve(s.size() + 2);
+    out += '"';
+    append_json_escaped(out, s);
+    out += '"';
+    return out;
+}
 
 std::string to_json(const JsonValue& value) {
     std::string out;

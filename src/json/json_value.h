@@ -1,7 +1,8 @@
-// A strict JSON reader for src/ (RFC 8259, nothing more): objects keep their members in document order and may not
-// repeat a key, strings must be valid UTF-8 with escapes decoded (surrogate pairs joined, lone surrogates refused),
-// numbers keep their source text. Errors are tandem::Error naming the line and column (1-based, in bytes), and
-// nesting is bounded so that hostile input cannot exhaust the stack. Used by the JSON Schema converter.
+// JSON for src/ and tools/: a strict reader (RFC 8259, nothing more), a compact writer and the one string escaper.
+// The reader: objects keep their members in document order and may not repeat a key, strings must be valid UTF-8
+// with escapes decoded (surrogate pairs joined, lone surrogates refused), numbers keep their source text. Errors are
+// tandem::Error naming the line and column (1-based, in bytes), and nesting is bounded so that hostile input cannot
+// exhaust the stack. Used by the JSON Schema converter.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -37,8 +38,18 @@ inline constexpr size_t kJsonMaxDepth = 256;
 // "JSON: line L, column C: what" on anything that is not strict JSON.
 JsonValue parse_json(std::string_view text);
 
-// Compact serialization: no whitespace, strings escaped minimally (", \, control characters), numbers as written.
+// Compact serialization: no whitespace, strings as json_quote writes them, numbers as written.
 std::string to_json(const JsonValue& value);
+
+// The JSON string literal of the UTF-8 text `s`, quotes included: the one string escaper of src/ and tools/. The
+// quote and the backslash are escaped, and so are the control characters U+0000-U+001F that JSON requires escaped:
+// \b \f \n \r \t as such, the others as \u00XX (lowercase hex). Everything else passes through as its UTF-8 bytes, DEL (U+007F) included.
+// A byte that is not part of well-formed UTF-8 becomes U+FFFD, as in decoded text (utf8::sanitize), so that what
+// tandem writes is always JSON that parse_json reads back.
+std::string json_quote(std::string_view s);
+
+// json_quote's escaping without the quotes, appended to `out`.
+void append_json_escaped(std::string& out, std::string_view s);
 
 // Structural equality; numbers compare by value, object members by key regardless of order.
 bool operator==(const JsonValue& a, const JsonValue& b);

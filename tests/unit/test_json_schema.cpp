@@ -85,6 +85,30 @@ TEST_CASE("json schema: the JSON reader keeps order, decodes escapes and refuses
     CHECK(error("") == "JSON: line 1, column 1: unexpected end of input (expected a value)");
 }
 
+TEST_CASE("json schema: json_quote escapes what JSON requires, the same way everywhere") {
+    CHECK(json_quote("") == R"("")");
+    CHECK(json_quote("say \"hi\" \\ /") == R"("say \"hi\" \\ /")");
+    CHECK(json_quote("\b\f\n\r\t") == R"("\b\f\n\r\t")");
+    CHECK(json_quote(std::string("\0\x01\x1f", 3)) == R"("\u0000\u0001\u001f")");
+    // DEL and UTF-8 pass through; a byte outside well-formed UTF-8 becomes U+FFFD, each one.
+    CHECK(json_quote("\x7f h\xc3\xa9 \xf0\x9f\x98\x80") == "\"\x7f h\xc3\xa9 \xf0\x9f\x98\x80\"");
+    CHECK(json_quote("a\xff\xc3") == "\"a\xef\xbf\xbd\xef\xbf\xbd\"");
+    CHECK(json_quote("\xed\xa0\x80") == "\"\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\"");  // a raw surrogate
+    // Every byte string quotes to JSON that reads back as one string: itself, where it was valid UTF-8.
+    std::string all;
+    for (int c = 0; c < 0x80; ++c) all += static_cast<char>(c);
+    const JsonValue back = parse_json(json_quote(all));
+    REQUIRE(back.is_string());
+    CHECK(back.text == all);
+    JsonValue object;
+    object.kind = JsonValue::Kind::Object;
+    object.members.emplace_back("k\n", parse_json(json_quote("v\x01")));
+    CHECK(to_json(object) == R"({"k\n":"v\u0001"})");
+    std::string out = "x";
+    append_json_escaped(out, "\"\t");
+    CHECK(out == R"(x\"\t)");
+}
+
 // ---- primitives -------------------------------------------------------------------------------------------------
 
 TEST_CASE("json schema: primitive types accept their values only") {
