@@ -37,6 +37,7 @@
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/generator.h"
+#include "json/json_value.h"
 #include "model/model.h"
 #include "text/chat_prompt.h"
 
@@ -48,6 +49,7 @@ constexpr const char* kSyntheticPresets = "tiny, 1b, 7b, qwen1.5b, qwen0.5b";
 using Clock = std::chrono::steady_clock;
 
 using tandem::bench::median;
+using tandem::json_quote;  // the prompts and names may hold quotes, backslashes and control characters
 
 // Deterministic "random" prompt tokens, avoiding the first 3 (unk/bos/eos) ids.
 std::vector<int> bench_tokens(int n, int n_vocab) {
@@ -58,25 +60,6 @@ std::vector<int> bench_tokens(int n, int n_vocab) {
         x = 3 + static_cast<int>((s >> 33) % static_cast<uint64_t>(n_vocab - 3));
     }
     return t;
-}
-
-// A JSON string literal (the prompts may hold quotes, backslashes and control characters).
-std::string json_string(std::string_view text) {
-    std::string out = "\"";
-    for (const char ch : text) {
-        const unsigned char c = static_cast<unsigned char>(ch);
-        if (c == '"' || c == '\\') {
-            out += '\\';
-            out += ch;
-        } else if (c < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            out += buf;
-        } else {
-            out += ch;
-        }
-    }
-    return out + "\"";
 }
 
 // A --prompts line with --unescape: \n is a newline, \t a tab, \\ a backslash; any other backslash stays.
@@ -334,7 +317,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
             if (fields < 2 || index < 0 || index >= static_cast<int>(encoded.size()) ||
                 (std::strcmp(mode, "plain") != 0 && std::strcmp(mode, "spec") != 0)) {
                 std::printf("{\"error\":%s}\n",
-                            json_string("bad request '" + line + "' (plain I [SEED] | spec I [SEED])").c_str());
+                            json_quote("bad request '" + line + "' (plain I [SEED] | spec I [SEED])").c_str());
                 std::fflush(stdout);
                 continue;
             }
@@ -392,7 +375,7 @@ int speculative_bench(const tandem::Model& model, const std::string& draft_path,
                         "\"n_generated_speculative\":%d,\"plain_tokens_per_s\":%.4f,\"speculative_tokens_per_s\":%.4f,"
                         "\"acceptance\":%.4f,\"mean_accepted\":%.4f,\"drafted_ahead\":%.4f,\"reps\":%d,\"draft\":%s,"
                         "\"lookup\":%s,\"temperature\":%g,\"spec_sampling\":\"%s\",\"seed\":%llu}\n",
-                        json_string(text).c_str(), prompt.size(), n_plain, n_spec, p, s, acceptance, mean_accepted,
+                        json_quote(text).c_str(), prompt.size(), n_plain, n_spec, p, s, acceptance, mean_accepted,
                         from_ahead, reps, draft_model ? "true" : "false", lookup ? "true" : "false",
                         sampling.temperature, tandem::spec_sampling_name(sampling.scheme),
                         static_cast<unsigned long long>(sampling.seed));
@@ -675,7 +658,7 @@ int main(int argc, char** argv) {
             if (n_gen > 0) run_tg();
             std::printf("{\"ready\":true,\"model\":%s,\"threads\":%d,\"n_prompt\":%d,\"n_gen\":%d,\"chunk\":%d,"
                         "\"depth\":%d,\"bytes_per_token\":%.0f,\"file_size\":%llu,\"n_vocab\":%d}\n",
-                        json_string(c.name).c_str(), threads, n_prompt, n_gen, chunk, depth, bytes_per_token,
+                        json_quote(c.name).c_str(), threads, n_prompt, n_gen, chunk, depth, bytes_per_token,
                         static_cast<unsigned long long>(model->file->file_size()), c.n_vocab);
             std::fflush(stdout);
             for (std::string line; std::getline(std::cin, line);) {
@@ -683,7 +666,7 @@ int main(int argc, char** argv) {
                 if (line == "quit") break;
                 const bool pp = line == "pp";
                 if ((!pp && line != "tg") || (pp ? n_prompt : n_gen) <= 0) {
-                    std::printf("{\"error\":%s}\n", json_string("unknown or disabled test '" + line + "'").c_str());
+                    std::printf("{\"error\":%s}\n", json_quote("unknown or disabled test '" + line + "'").c_str());
                 } else {
                     const double tps = pp ? run_pp() : run_tg();
                     const int n = pp ? n_prompt : n_gen;

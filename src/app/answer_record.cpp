@@ -3,6 +3,8 @@
 
 #include <cstdio>
 
+#include "json/json_value.h"
+
 namespace tandem {
 
 namespace {
@@ -26,33 +28,10 @@ const char* stop_name(StopReason reason) {
 
 }  // namespace
 
-std::string json_string(const std::string& text) {
-    std::string out = "\"";
-    for (const char ch : text) {
-        const auto c = static_cast<unsigned char>(ch);
-        switch (c) {
-            case '"': out += "\\\""; break;
-            case '\\': out += "\\\\"; break;
-            case '\n': out += "\\n"; break;
-            case '\r': out += "\\r"; break;
-            case '\t': out += "\\t"; break;
-            default:
-                if (c < 0x20 || c == 0x7f) {
-                    char buf[8];
-                    std::snprintf(buf, sizeof buf, "\\u%04x", c);
-                    out += buf;
-                } else {
-                    out += ch;
-                }
-        }
-    }
-    return out + "\"";
-}
-
 std::string answer_record(const std::string& text, const std::optional<std::string>& reasoning,
                           const GenerationStats& st) {
-    std::string out = "{\"text\": " + json_string(text);
-    if (reasoning) out += ", \"reasoning\": " + json_string(*reasoning);
+    std::string out = "{\"text\": " + json_quote(text);
+    if (reasoning) out += ", \"reasoning\": " + json_quote(*reasoning);
     out += ", \"prompt_tokens\": " + std::to_string(st.n_prompt);
     out += ", \"generated_tokens\": " + std::to_string(st.n_generated);
     out += ", \"stop\": \"" + std::string(stop_name(st.stop)) + "\"";

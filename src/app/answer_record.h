@@ -11,11 +11,8 @@ namespace tandem {
 // {"text": ..., ["reasoning": ...,] "prompt_tokens": N, "generated_tokens": N, "stop": "eos" | "length" |
 //  "stop_string" | "context_full", "time_to_first_token_s": x, "prefill_tokens_per_s": x, "decode_tokens_per_s": x
 //  [, "drafted": N, "accepted": N, "acceptance": x]} (the drafting fields when the speculative loop ran), without a
-// trailing newline. Strings are escaped for JSON (control characters as \uXXXX; the text is UTF-8 already).
+// trailing newline. Strings are written by json_quote (json/json_value.h).
 std::string answer_record(const std::string& text, const std::optional<std::string>& reasoning,
                           const GenerationStats& stats);
-
-// The JSON string literal of `text` (quotes included).
-std::string json_string(const std::string& text);
 
 }  // namespace tandem

@@ -38,8 +38,9 @@ printf 'Once upon a time\\nthere was\nSam said \\"hi\\" and\\tleft\n' >"$tmp/pro
 "$bench" -m "$model" --lookup --prompts "$tmp/prompts" --unescape -n 16 -r 1 -t 1 --json >"$tmp/spec" 2>/dev/null
 check "--lookup --json: exit 0" [ $? -eq 0 ]
 check "--lookup --json: valid JSON lines" json_ok "$tmp/spec"
-check "--unescape: the newline reaches the prompt" grep -q 'Once upon a time\\u000athere was' "$tmp/spec"
-check "--unescape: other escapes stay, tabs become tabs" grep -q 'Sam said \\\\\\"hi\\\\\\" and\\u0009left' "$tmp/spec"
+# (The prompt is written by json_quote: a newline as \n, a tab as \t, a backslash as \\.)
+check "--unescape: the newline reaches the prompt" grep -q 'Once upon a time\\nthere was' "$tmp/spec"
+check "--unescape: other escapes stay, tabs become tabs" grep -q 'Sam said \\\\\\"hi\\\\\\" and\\tleft' "$tmp/spec"
 # Sampled (--temp), through the sampler's candidates; and with every row whole (--whole-rows).
 "$bench" -m "$model" --lookup --temp 0.8 --prompts "$tmp/prompts" --unescape -n 16 -r 1 -t 1 --json >"$tmp/spec_t" 2>/dev/null
 check "--lookup --temp 0.8: exit 0" [ $? -eq 0 ]
