@@ -2,8 +2,6 @@
 #include "app/repl_session.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cstdint>
 #include <optional>
 #include <span>
 
@@ -15,7 +13,6 @@
 #include "text/chat_prompt.h"
 #include "text/reasoning_split.h"
 #include "text/tokenizer.h"
-#include "text/utf8.h"
 
 namespace tandem {
 namespace {
@@ -261,201 +258,53 @@ std::string conversation_to_json(const std::string& system, const std::vector<Ch
 
 namespace {
 
-// Just enough JSON for the conversation file: strings kept, other values validated and skipped.
-class JsonReader {
-public:
-    static constexpr int kMaxDepth = 256;  // nesting of skipped values (what /save writes has 3 levels)
+[[noreturn]] void conversation_error(const std::string& what) { throw Error("conversation JSON: " + what); }
 
-    explicit JsonReader(std::string_view s) : s_(s) {}
-
-    [[noreturn]] void fail(const std::string& what) const {
-        throw Error("conversation JSON: " + what + " at byte " + std::to_string(pos_));
-    }
-    void ws() {
-        while (pos_ < s_.size() && is_space(s_[pos_])) ++pos_;
-    }
-    bool eat(char c) {
-        ws();
-        if (pos_ < s_.size() && s_[pos_] == c) {
-            ++pos_;
-            return true;
-        }
-        return false;
-    }
-    void expect(char c) {
-        if (!eat(c)) fail(std::string("expected '") + c + "'");
-    }
-    char peek() {
-        ws();
-        return pos_ < s_.size() ? s_[pos_] : '\0';
-    }
-    bool at_end() {
-        ws();
-        return pos_ == s_.size();
-    }
-
-    std::string string() {
-        ws();
-        if (pos_ >= s_.size() || s_[pos_] != '"') fail("expected a string");
-        ++pos_;
-        std::string out;
-        for (;;) {
-            if (pos_ >= s_.size()) fail("unterminated string");
-            const char c = s_[pos_++];
-            if (c == '"') return out;
-            if (static_cast<unsigned char>(c) < 0x20) fail("raw control character in a string");
-            if (c != '\\') {
-                out += c;
-                continue;
-            }
-            if (pos_ >= s_.size()) fail("unterminated escape");
-            const char e = s_[pos_++];
-            switch (e) {
-                case '"': out += '"'; break;
-                case '\\': out += '\\'; break;
-                case '/': out += '/'; break;
-                case 'b': out += '\b'; break;
-                case 'f': out += '\f'; break;
-                case 'n': out += '\n'; break;
-                case 'r': out += '\r'; break;
-                case 't': out += '\t'; break;
-                case 'u': {
-                    uint32_t cp = hex4();
-                    if (cp >= 0xD800 && cp < 0xDC00) {
-                        // A high surrogate must be followed by a low one: together they are one code point.
-                        if (s_.substr(pos_, 2) != "\\u") fail("lone surrogate");
-                        pos_ += 2;
-                        const uint32_t lo = hex4();
-                        if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
-                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                    } else if (cp >= 0xDC00 && cp < 0xE000) {
-                        fail("lone surrogate");
-                    }
-                    utf8::append(out, cp);
-                    break;
-                }
-                default: fail(std::string("bad escape \\") + e);
-            }
-        }
-    }
-
-    // Skips a value of a key the reader does not know. Nesting is bounded: each level is a stack frame here, so
-    // a file of a million '[' would otherwise end the REPL with a stack overflow instead of an error.
-    void skip_value(int depth = 0) {
-        if (depth > kMaxDepth) fail("values nested more than " + std::to_string(kMaxDepth) + " deep");
-        const char c = peek();
-        if (c == '"') {
-            string();
-        } else if (c == '{') {
-            expect('{');
-            if (eat('}')) return;
-            do {
-                string();
-                expect(':');
-                skip_value(depth + 1);
-            } while (eat(','));
-            expect('}');
-        } else if (c == '[') {
-            expect('[');
-            if (eat(']')) return;
-            do skip_value(depth + 1);
-            while (eat(','));
-            expect(']');
-        } else if (literal("true") || literal("false") || literal("null")) {
-        } else {
-            const size_t start = pos_;
-            while (pos_ < s_.size() && (std::isdigit(static_cast<unsigned char>(s_[pos_])) ||
-                                        std::string_view("+-.eE").find(s_[pos_]) != std::string_view::npos))
-                ++pos_;
-            if (pos_ == start) fail("unexpected character");
-        }
-    }
-    bool literal(std::string_view word) {
-        ws();
-        if (s_.substr(pos_, word.size()) != word) return false;
-        pos_ += word.size();
-        return true;
-    }
-
-private:
-    uint32_t hex4() {
-        if (pos_ + 4 > s_.size()) fail("short \\u escape");
-        uint32_t v = 0;
-        for (int i = 0; i < 4; ++i) {
-            const char h = s_[pos_++];
-            v <<= 4;
-            if (h >= '0' && h <= '9')
-                v |= static_cast<uint32_t>(h - '0');
-            else if (h >= 'a' && h <= 'f')
-                v |= static_cast<uint32_t>(h - 'a' + 10);
-            else if (h >= 'A' && h <= 'F')
-                v |= static_cast<uint32_t>(h - 'A' + 10);
-            else
-                fail("bad \\u escape");
-        }
-        return v;
-    }
-    std::string_view s_;
-    size_t pos_ = 0;
-};
+// The string member `key` of a message, which must be there.
+std::string message_string(const JsonValue& message, const char* key, const std::string& where) {
+    const JsonValue* v = message.find(key);
+    if (!v) conversation_error(where + " needs \"role\" and \"content\"");
+    if (!v->is_string()) conversation_error(where + "." + key + " is not a string");
+    return v->text;
+}
 
 }  // namespace
 
 void conversation_from_json(std::string_view json, std::string* system, std::vector<ChatMessage>* messages) {
-    JsonReader r(json);
-    std::string sys;
-    std::vector<ChatMessage> msgs;
-    bool have_messages = false;
-    r.expect('{');
-    if (!r.eat('}')) {
-        do {
-            const std::string key = r.string();
-            r.expect(':');
-            if (key == "system") {
-                if (!r.literal("null")) sys = r.string();
-            } else if (key == "messages") {
-                have_messages = true;
-                r.expect('[');
-                if (!r.eat(']')) {
-                    do {
-                        ChatMessage m;
-                        bool role = false, content = false;
-                        r.expect('{');
-                        if (!r.eat('}')) {
-                            do {
-                                const std::string k = r.string();
-                                r.expect(':');
-                                if (k == "role")
-                                    m.role = r.string(), role = true;
-                                else if (k == "content")
-                                    m.content = r.string(), content = true;
-                                else
-                                    r.skip_value();
-                            } while (r.eat(','));
-                            r.expect('}');
-                        }
-                        if (!role || !content) r.fail("a message needs \"role\" and \"content\"");
-                        if (m.role != "user" && m.role != "assistant" && m.role != "system")
-                            r.fail("unknown role \"" + m.role + "\"");
-                        msgs.push_back(std::move(m));
-                    } while (r.eat(','));
-                    r.expect(']');
-                }
-            } else {
-                r.skip_value();
-            }
-        } while (r.eat(','));
-        r.expect('}');
+    JsonValue doc;
+    try {
+        doc = parse_json(json);  // strict JSON; nesting bounded, so a deep unknown value cannot overflow the stack
+    } catch (const Error& e) {
+        throw Error(std::string("conversation ") + e.what());  // "conversation JSON: line L, column C: ..."
     }
-    if (!r.at_end()) r.fail("text after the object");
-    if (!have_messages) r.fail("no \"messages\" array");
-    // A system message inside the list (as other tools write it) becomes the system prompt.
+    if (!doc.is_object()) conversation_error("not an object");
+    std::string sys;
+    if (const JsonValue* v = doc.find("system"); v && !v->is_null()) {
+        if (!v->is_string()) conversation_error("\"system\" is not a string or null");
+        sys = v->text;
+    }
+    const JsonValue* list = doc.find("messages");
+    if (!list) conversation_error("no \"messages\" array");
+    if (!list->is_array()) conversation_error("\"messages\" is not an array");
+    std::vector<ChatMessage> msgs;
+    for (size_t i = 0; i < list->items.size(); ++i) {
+        const JsonValue& item = list->items[i];
+        const std::string where = "messages[" + std::to_string(i) + "]";
+        if (!item.is_object()) conversation_error(where + " is not an object");
+        // Other members of a message are ignored, as unknown keys of the file are.
+        ChatMessage m;
+        m.role = message_string(item, "role", where);
+        m.content = message_string(item, "content", where);
+        if (m.role != "user" && m.role != "assistant" && m.role != "system")
+            conversation_error(where + ": unknown role \"" + m.role + "\"");
+        if (m.role == "system" && i != 0) conversation_error(where + ": a system message is allowed only first");
+        msgs.push_back(std::move(m));
+    }
+    // A system message first in the list (as other tools write it) becomes the system prompt.
     if (!msgs.empty() && msgs.front().role == "system") {
         if (sys.empty()) sys = msgs.front().content;
         msgs.erase(msgs.begin());
     }
-    for (const ChatMessage& m : msgs)
-        if (m.role == "system") throw Error("conversation JSON: a system message is allowed only first");
     *system = std::move(sys);
     *messages = std::move(msgs);
 }

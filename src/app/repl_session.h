@@ -96,8 +96,11 @@ private:
 // The JSON of /save: {"system": "...", "messages": [{"role": "...", "content": "..."}, ...]}, its strings written by
 // json_quote (json/json_value.h).
 std::string conversation_to_json(const std::string& system, const std::vector<ChatMessage>& messages);
-// Parses it back (any JSON value may sit in unknown keys; "system" may be absent or null). Throws tandem::Error
-// naming what is wrong.
+// Parses it back with parse_json (strict JSON): any JSON value may sit in unknown keys, of the file or of a message;
+// "system" may be absent or null; a system message first in "messages" becomes the system prompt (when "system"
+// gives none) and one anywhere else is an error. Throws tandem::Error "conversation JSON: ..." naming what is wrong
+// (the line and column of a syntax error, the path of a wrong value: "messages[2].role is not a string"), leaving
+// *system and *messages as they were.
 void conversation_from_json(std::string_view json, std::string* system, std::vector<ChatMessage>* messages);
 
 }  // namespace tandem

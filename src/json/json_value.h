@@ -2,7 +2,7 @@
 // The reader: objects keep their members in document order and may not repeat a key, strings must be valid UTF-8
 // with escapes decoded (surrogate pairs joined, lone surrogates refused), numbers keep their source text. Errors are
 // tandem::Error naming the line and column (1-based, in bytes), and nesting is bounded so that hostile input cannot
-// exhaust the stack. Used by the JSON Schema converter.
+// exhaust the stack. Used by the JSON Schema converter and the chat's /load; the escaper by every JSON writer.
 #pragma once
 #include <cstddef>
 #include <string>

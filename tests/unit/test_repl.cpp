@@ -9,6 +9,7 @@
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/generator.h"
+#include "json/json_value.h"
 #include "model/model.h"
 #include "test_paths.h"
 
@@ -188,26 +189,66 @@ TEST_CASE("repl: conversation JSON round trip with tricky strings") {
     REQUIRE(msgs2.size() == 1);
     CHECK(msgs2[0].content == "é😀/");
 
-    for (const char* bad : {"", "{", "[]", R"({"messages": [{"role": "user"}]})", R"({"messages": [1]})",
-                            R"({"messages": [{"role": "robot", "content": ""}]})", R"({"messages": []} x)",
-                            R"({"messages": [{"role": "user", "content": "\ud800"}]})",
-                            "{\"messages\": [{\"role\": \"user\", \"content\": \"a\nb\"}]}"}) {
+    // Each error names what is wrong (a syntax error by line and column), and the outputs stay as they were.
+    const std::string kept_system = sys2;
+    const std::vector<ChatMessage> kept = msgs2;
+    for (const auto& [bad, says] : std::vector<std::pair<std::string, std::string>>{
+             {"", "conversation JSON: line 1, column 1: unexpected end of input"},
+             {"{", "conversation JSON: line 1, column 2: expected a string key"},
+             {"[]", "conversation JSON: not an object"},
+             {R"({"system": "s"})", R"(conversation JSON: no "messages" array)"},
+             {R"({"messages": {}})", R"(conversation JSON: "messages" is not an array)"},
+             {R"({"system": 1, "messages": []})", R"(conversation JSON: "system" is not a string or null)"},
+             {R"({"messages": [{"role": "user"}]})", R"(conversation JSON: messages[0] needs "role" and "content")"},
+             {R"({"messages": [{"content": "x"}]})", R"(conversation JSON: messages[0] needs "role" and "content")"},
+             {R"({"messages": [1]})", "conversation JSON: messages[0] is not an object"},
+             {R"({"messages": [{"role": "user", "content": null}]})",
+              "conversation JSON: messages[0].content is not a string"},
+             {R"({"messages": [{"role": "user", "content": ""}, {"role": "robot", "content": ""}]})",
+              R"(conversation JSON: messages[1]: unknown role "robot")"},
+             {R"({"messages": [{"role": "user", "content": ""}, {"role": "system", "content": ""}]})",
+              "conversation JSON: messages[1]: a system message is allowed only first"},
+             {R"({"messages": []} x)", "conversation JSON: line 1, column 18: unexpected text after the JSON value"},
+             {R"({"messages": [{"role": "user", "content": "\ud800"}]})", "surrogate"},
+             {"{\"messages\": [{\"role\": \"user\", \"content\": \"a\nb\"}]}",
+              "conversation JSON: line 1, column 45: control character in a string"},
+             {"{\"messages\": [{\"role\": \"user\", \"content\": \"\xff\"}]}", "invalid UTF-8"},  // strict JSON
+             {R"({"messages": [], "messages": []})", R"(duplicate key "messages")"},
+             {R"({"messages": [], "x": [1, 2,]})", "conversation JSON: line 1, column 29: unexpected character ']'"},
+         }) {
         CAPTURE(bad);
-        CHECK_THROWS_AS(conversation_from_json(bad, &sys2, &msgs2), Error);
+        CHECK_THROWS_WITH_AS(conversation_from_json(bad, &sys2, &msgs2), doctest::Contains(says.c_str()), Error);
+        CHECK(sys2 == kept_system);
+        REQUIRE(msgs2.size() == kept.size());
+        CHECK(msgs2[0].content == kept[0].content);
     }
 
-    // Deep nesting in an unknown key is an error, not a stack overflow (a million levels overflowed the stack).
+    // A conversation with bytes outside UTF-8 (typed at a terminal that is not UTF-8) saves as JSON that loads, each
+    // such byte as U+FFFD.
+    conversation_from_json(conversation_to_json("a\xff", {{"user", "\xc3("}}), &sys2, &msgs2);
+    CHECK(sys2 == "a\xef\xbf\xbd");
+    REQUIRE(msgs2.size() == 1);
+    CHECK(msgs2[0].content == "\xef\xbf\xbd(");
+
+    // Deep nesting in an unknown key is an error, not a stack overflow (a million levels overflowed the stack);
+    // nesting up to the reader's bound, the file's object included, is read.
     for (const char* open : {"[", "{\"k\": "}) {
         std::string deep = "{\"messages\": [], \"x\": ";
         for (int i = 0; i < 1000000; ++i) deep += open;
         CHECK_THROWS_WITH_AS(conversation_from_json(deep, &sys2, &msgs2),
-                             doctest::Contains("nested more than 256 deep"), Error);
+                             doctest::Contains(("nesting deeper than " + std::to_string(kJsonMaxDepth)).c_str()),
+                             Error);
     }
-    std::string nested_256 = "{\"messages\": [], \"x\": ";
-    for (int i = 0; i < 256; ++i) nested_256 += "[";
-    for (int i = 0; i < 256; ++i) nested_256 += "]";
-    conversation_from_json(nested_256 + "}", &sys2, &msgs2);
+    const auto nested = [](size_t levels) {
+        std::string text = "{\"messages\": [], \"x\": ";
+        for (size_t i = 0; i < levels; ++i) text += "[";
+        for (size_t i = 0; i < levels; ++i) text += "]";
+        return text + "}";
+    };
+    conversation_from_json(nested(kJsonMaxDepth - 1), &sys2, &msgs2);
     CHECK(msgs2.empty());
+    CHECK_THROWS_WITH_AS(conversation_from_json(nested(kJsonMaxDepth), &sys2, &msgs2),
+                         doctest::Contains("nesting deeper than"), Error);
 }
 
 TEST_CASE("repl: /load replaces the conversation and keeps the matching cache prefix") {
