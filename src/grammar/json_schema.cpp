@@ -353,21 +353,12 @@ std::string utf8_of(uint32_t cp) {
     return s;
 }
 
-// How a JSON string writes the character cp (" and \ escaped, control characters as \n etc. or \u00XX).
+// How a JSON string writes the character cp, as json_quote escapes it (" and \ escaped, control characters as \n
+// and the like or \u00XX, anything else as its UTF-8): the form to_json gives a const or an enum string too.
 std::string json_encoding(uint32_t cp) {
-    static const char* hex = "0123456789abcdef";
-    switch (cp) {
-        case '"': return "\\\"";
-        case '\\': return "\\\\";
-        case '\b': return "\\b";
-        case '\f': return "\\f";
-        case '\n': return "\\n";
-        case '\r': return "\\r";
-        case '\t': return "\\t";
-        default:
-            if (cp < 0x20) return std::string("\\u00") + hex[cp >> 4] + hex[cp & 15];
-            return utf8_of(cp);
-    }
+    std::string out;
+    append_json_escaped(out, utf8_of(cp));
+    return out;
 }
 
 struct Piece {
