@@ -1,6 +1,7 @@
 // A one-shot run: the prompt (as one user turn where the model has a chat template) answered once, streamed to
 // stdout, with --stats on stderr. A reasoning model's thinking (templates with a thinking switch) is split off the
-// answer and goes to stderr, or to stdout with --show-thinking.
+// answer and goes to stderr, or to stdout with --show-thinking. The answering itself is prompt_answer.h's, which
+// --batch shares.
 #pragma once
 #include <optional>
 #include <string>
