@@ -29,8 +29,13 @@ const char* stop_name(StopReason reason) {
 }  // namespace
 
 std::string answer_record(const std::string& text, const std::optional<std::string>& reasoning,
-                          const GenerationStats& st) {
-    std::string out = "{\"text\": " + json_quote(text);
+                          const GenerationStats& stats) {
+    return "{" + answer_record_fields(text, reasoning, stats) + "}";
+}
+
+std::string answer_record_fields(const std::string& text, const std::optional<std::string>& reasoning,
+                                 const GenerationStats& st) {
+    std::string out = "\"text\": " + json_quote(text);
     if (reasoning) out += ", \"reasoning\": " + json_quote(*reasoning);
     out += ", \"prompt_tokens\": " + std::to_string(st.n_prompt);
     out += ", \"generated_tokens\": " + std::to_string(st.n_generated);
@@ -44,7 +49,7 @@ std::string answer_record(const std::string& text, const std::optional<std::stri
         out += ", \"acceptance\": " +
                number(st.spec.drafted > 0 ? static_cast<double>(st.spec.accepted) / st.spec.drafted : 0.0);
     }
-    return out + "}";
+    return out;
 }
 
 }  // namespace tandem

@@ -1,5 +1,5 @@
 // The machine-readable record of one answer (--output-format jsonl): one JSON object on one line, with stable field
-// names (docs/usage.md, "Output contract"), for scripts; the batch mode will write the same record per input line.
+// names (docs/usage.md, "Output contract"), for scripts; --batch writes the same fields after each line's "id".
 #pragma once
 #include <optional>
 #include <string>
@@ -14,5 +14,9 @@ namespace tandem {
 // trailing newline. Strings are written by json_quote (json/json_value.h).
 std::string answer_record(const std::string& text, const std::optional<std::string>& reasoning,
                           const GenerationStats& stats);
+
+// The same members without the braces ("\"text\": ..., ..."), for a record that puts its own fields first.
+std::string answer_record_fields(const std::string& text, const std::optional<std::string>& reasoning,
+                                 const GenerationStats& stats);
 
 }  // namespace tandem
