@@ -1,5 +1,5 @@
-// tandem's command line: flags → options, then a Session (model, draft, backends) and either the chat REPL or a
-// one-shot answer streamed to stdout. No logic of its own beyond that wiring.
+// tandem's command line: flags → options, then a Session (model, draft, backends) and either the chat REPL, a
+// one-shot answer streamed to stdout, or --batch's records. No logic of its own beyond that wiring.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 
+#include "app/batch.h"
 #include "app/environment.h"
 #include "app/model_registry.h"
 #include "app/one_shot.h"
@@ -29,6 +30,7 @@ namespace {
 struct Options {
     std::string prompt;
     std::string prompt_file;
+    std::string batch;  // --batch FILE, "-" for stdin
     std::string system_prompt;
     std::string draft_requant = "q4_0";
     std::string kv_type = "f16";
@@ -44,6 +46,7 @@ struct Options {
     bool show_thinking = false;
     std::string grammar, grammar_file, json_schema;  // --grammar, --grammar-file, --json-schema
     std::string output_format = "text";              // --output-format text | jsonl
+    bool seed_given = false;                         // --seed (else a random one)
     tandem::SessionOptions session;
     tandem::GenerationParams gen;
 };
@@ -63,12 +66,16 @@ std::string read_stdin() {
 }
 
 int run(Options& opt) {
-    // No prompt and a terminal on stdin opens the chat REPL; --chat runs the same loop over a pipe.
-    const bool chat = opt.chat || (opt.prompt.empty() && opt.prompt_file.empty() && isatty(STDIN_FILENO));
+    // --batch reads its own input (a file now, so that a missing one fails before the model loads; stdin line by
+    // line). Otherwise no prompt and a terminal on stdin opens the chat REPL; --chat runs the same loop over a pipe.
+    const bool batch = !opt.batch.empty();
+    std::optional<tandem::BatchInput> batch_input;
+    if (batch) batch_input.emplace(opt.batch);
+    const bool chat = !batch && (opt.chat || (opt.prompt.empty() && opt.prompt_file.empty() && isatty(STDIN_FILENO)));
     std::string prompt = opt.prompt;
     if (prompt.empty() && !opt.prompt_file.empty()) {
         prompt = read_file(opt.prompt_file);
-    } else if (prompt.empty() && !chat) {
+    } else if (prompt.empty() && !chat && !batch) {
         prompt = read_stdin();
     }
     tandem::SessionOptions& so = opt.session;
@@ -97,6 +104,14 @@ int run(Options& opt) {
     tandem::GenerationParams params = opt.gen;
     params.n_predict = opt.n_predict;
     params.chunk = opt.chunk;
+    if (batch)
+        return tandem::run_batch(session, *batch_input,
+                                 {.system = opt.system_prompt,
+                                  .params = params,
+                                  .seed_given = opt.seed_given,
+                                  .grammar = grammar,
+                                  .show_thinking = opt.show_thinking,
+                                  .stats = opt.stats});
     if (chat) {
         tandem::ReplConfig rc;
         if (grammar)
@@ -164,6 +179,9 @@ int main(int argc, char** argv) {
                  "chat: one user turn per line of stdin, one answer per line on stdout (a terminal on stdin with "
                  "no prompt opens the interactive chat)");
     app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
+    app.add_option("--batch", opt.batch,
+                   "answer one JSON request per line of FILE (- for stdin), one JSONL record per line on stdout; the "
+                   "lines run one after another (docs/usage.md, Batch mode)");
     app.add_option("-n,--n-predict", opt.n_predict,
                    "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
         ->check(CLI::Range(-1, 1 << 30));
@@ -187,11 +205,12 @@ int main(int argc, char** argv) {
         ->check(CLI::NonNegativeNumber);
     auto* seed_opt = app.add_option("--seed", opt.gen.sampler.seed, "random seed (default: random)");
     app.add_option("--stop", opt.gen.stops, "stop before this string (repeatable)")->take_all();
-    app.add_option("--output-format", opt.output_format,
-                   "text: the answer as it streams; jsonl: one JSON record per answer (text, token counts, stop "
-                   "reason, timings, drafting; docs/usage.md)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"text", "jsonl"}));
+    auto* output_format_opt =
+        app.add_option("--output-format", opt.output_format,
+                       "text: the answer as it streams; jsonl: one JSON record per answer (text, token counts, stop "
+                       "reason, timings, drafting; docs/usage.md)")
+            ->capture_default_str()
+            ->check(CLI::IsMember({"text", "jsonl"}));
     auto* grammar_opt = app.add_option("--grammar", opt.grammar,
                                        "the output follows this grammar (llama.cpp's GBNF; root is the start)");
     auto* grammar_file_opt =
@@ -272,7 +291,8 @@ int main(int argc, char** argv) {
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
     }
-    if (seed_opt->count() == 0) opt.gen.sampler.seed = std::random_device{}();
+    opt.seed_given = seed_opt->count() > 0;
+    if (!opt.seed_given) opt.gen.sampler.seed = std::random_device{}();
     if (!opt.list_models && opt.gen.speculative.draft_min > opt.gen.speculative.draft_max) {
         std::fprintf(stderr, "tandem: --draft-min must not exceed --draft-max\n");
         return 2;
@@ -284,6 +304,20 @@ int main(int argc, char** argv) {
     if (!opt.list_models && !opt.prompt.empty() && !opt.prompt_file.empty()) {
         std::fprintf(stderr, "tandem: give either -p or -f, not both\n");
         return 2;
+    }
+    if (!opt.list_models && !opt.batch.empty()) {
+        const char* clash = !opt.prompt.empty()                                             ? "-p/--prompt"
+                            : !opt.prompt_file.empty()                                      ? "-f/--file"
+                            : opt.chat                                                      ? "--chat"
+                            : output_format_opt->count() > 0 && opt.output_format == "text" ? "--output-format text"
+                                                                                            : nullptr;
+        if (clash) {
+            std::fprintf(stderr,
+                         "tandem: --batch takes its prompts from the batch file and writes JSONL records: give no "
+                         "%s\n",
+                         clash);
+            return 2;
+        }
     }
     try {
         for (const std::string& note : tandem::environment().retired)  // read once, before anything runs
