@@ -2,7 +2,6 @@
 #include "app/batch_request.h"
 
 #include <charconv>
-#include <cmath>
 #include <limits>
 
 #include "error.h"
@@ -42,11 +41,14 @@ T integer(const std::string& key, const JsonValue& v, T lo, T hi, const std::str
     return out;
 }
 
-// A finite number within [lo, hi] (`lo_open`: above lo), as a float.
-float real(const std::string& key, const JsonValue& v, double lo, double hi, bool lo_open, const std::string& what) {
-    if (!v.is_number() || !std::isfinite(v.number) || v.number > hi || v.number < lo || (lo_open && v.number <= lo))
-        refuse(key, what, v);
-    return static_cast<float>(v.number);
+// A number within [lo, hi] (`lo_open`: above lo), as the float the sampler takes. The bounds apply to that float, so
+// that a value which rounds onto a refused one (a top_p of 1e-50 is 0 as a float) is refused too.
+float real(const std::string& key, const JsonValue& v, float lo, float hi, bool lo_open, const std::string& what) {
+    // Checked as a double first: converting one beyond float's range (or NaN) would be undefined behaviour.
+    if (!v.is_number() || !(v.number >= lo - 1.0 && v.number <= hi + 1.0)) refuse(key, what, v);
+    const float f = static_cast<float>(v.number);
+    if (f > hi || f < lo || (lo_open && f <= lo)) refuse(key, what, v);
+    return f;
 }
 
 std::string string_value(const std::string& key, const JsonValue& v) {

@@ -113,6 +113,7 @@ TEST_CASE("batch line: numbers of the wrong form or out of range are refused, na
     CHECK(!error_of(R"({"prompt": "", "top_k": 2147483648})").empty());
     CHECK(!error_of(R"({"prompt": "", "top_p": 0})").empty());  // (0, 1], as the sampler requires
     CHECK(!error_of(R"({"prompt": "", "top_p": 1.01})").empty());
+    CHECK(!error_of(R"({"prompt": "", "top_p": 1e-50})").empty());  // 0 as the float the sampler takes
     CHECK(!error_of(R"({"prompt": "", "min_p": 2})").empty());
     CHECK(!error_of(R"({"prompt": "", "seed": -1})").empty());
     CHECK(!error_of(R"({"prompt": "", "seed": 18446744073709551616})").empty());
