@@ -181,7 +181,11 @@ int main(int argc, char** argv) {
     app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
     app.add_option("--batch", opt.batch,
                    "answer one JSON request per line of FILE (- for stdin), one JSONL record per line on stdout; the "
-                   "lines run one after another (docs/usage.md, Batch mode)");
+                   "lines run one after another (docs/usage.md, Batch mode)")
+        ->type_name("FILE")
+        ->check(CLI::Validator(
+            [](const std::string& v) { return v.empty() ? std::string("needs a file name, or - for stdin") : ""; },
+            ""));
     app.add_option("-n,--n-predict", opt.n_predict,
                    "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
         ->check(CLI::Range(-1, 1 << 30));

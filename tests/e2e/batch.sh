@@ -181,6 +181,7 @@ expect_usage_error "--batch with -p" batch --batch "$tmp/good.jsonl" -p hi
 expect_usage_error "--batch with -f" batch --batch "$tmp/good.jsonl" -f "$tmp/prompt.txt"
 expect_usage_error "--batch with --chat" batch --batch "$tmp/good.jsonl" --chat
 expect_usage_error "--batch with --output-format text" batch --batch "$tmp/good.jsonl" --output-format text
+expect_usage_error "--batch with an empty name" batch --batch ""
 batch --batch "$tmp/good.jsonl" --output-format jsonl >"$tmp/out" 2>/dev/null
 check "--batch with --output-format jsonl: accepted (batch output is jsonl)" [ $? -eq 0 ]
 "$tandem" -m "$tmp/no-model.gguf" --batch "$tmp/missing.jsonl" >"$tmp/out" 2>"$tmp/err"
