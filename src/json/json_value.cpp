@@ -10,6 +10,13 @@
 
 namespace tandem {
 
+JsonValue::JsonValue() = default;
+JsonValue::JsonValue(const JsonValue&) = default;
+JsonValue::JsonValue(JsonValue&&) noexcept = default;
+JsonValue& JsonValue::operator=(const JsonValue&) = default;
+JsonValue& JsonValue::operator=(JsonValue&&) noexcept = default;
+JsonValue::~JsonValue() = default;
+
 const JsonValue* JsonValue::find(std::string_view key) const {
     if (kind != Kind::Object) return nullptr;
     for (const auto& [name, value] : members)

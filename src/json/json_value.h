@@ -21,6 +21,15 @@ struct JsonValue {
     std::vector<JsonValue> items;                            // Array
     std::vector<std::pair<std::string, JsonValue>> members;  // Object, in document order
 
+    // Declared here and defaulted in json_value.cpp, where JsonValue is complete: defaulted in the class, clang with
+    // libstdc++ instantiates std::pair<std::string, JsonValue> while JsonValue is still incomplete, and refuses it.
+    JsonValue();
+    JsonValue(const JsonValue&);
+    JsonValue(JsonValue&&) noexcept;
+    JsonValue& operator=(const JsonValue&);
+    JsonValue& operator=(JsonValue&&) noexcept;
+    ~JsonValue();
+
     bool is_null() const { return kind == Kind::Null; }
     bool is_bool() const { return kind == Kind::Bool; }
     bool is_number() const { return kind == Kind::Number; }
