@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "error.h"
+#include "grammar/gbnf.h"
 #include "text/utf8.h"
 
 namespace tandem {
@@ -22,8 +23,11 @@ namespace {
 constexpr size_t kMaxDepth = 64;    // nested schemas (and pattern groups)
 constexpr size_t kMaxWork = 20000;  // schema nodes converted, copies made by merging included
 constexpr size_t kMaxGrammarBytes = 4 << 20;
-constexpr size_t kMaxPrefixItems = 1000;    // each nests the rest of the tuple one group deeper
-constexpr uint64_t kMaxCount = 1000000000;  // minItems, maxLength, {m,n}, ...
+constexpr size_t kMaxPrefixItems = 1000;  // each nests the rest of the tuple one group deeper
+// minItems, maxLength, {m,n}, ...: the grammar's own bound on a repetition (gbnf.h), so that a schema the converter
+// takes always gives a grammar the parser takes (a larger count used to surface as a GBNF error about a grammar the
+// user never wrote).
+constexpr uint64_t kMaxCount = grammar::kMaxRepetition;
 constexpr uint64_t kUnbounded = std::numeric_limits<uint64_t>::max();
 constexpr int64_t kMaxIntegerMagnitude = 999999999999999999;  // 18 digits, the integer rule's limit
 

@@ -779,6 +779,19 @@ TEST_CASE("json schema: unsupported keywords, bad schemas and bad JSON are error
           "(no error)");
 }
 
+TEST_CASE("json schema: counts past the grammar's repetition bound are the schema's error, up to it they convert") {
+    // A count over gbnf's kMaxRepetition used to reach the GBNF parser, whose error named a line and column of a
+    // grammar the user never wrote (found by fuzz_json_schema; its input is in the corpus).
+    CHECK(error_of(R"({"type": "string", "maxLength": 20000})") ==
+          "JSON Schema at #: maxLength larger than 10000 is not supported");
+    CHECK(contains(error_of(R"({"type": "array", "minItems": 10001})"), "minItems larger than 10000"));
+    CHECK(contains(error_of(R"({"type": "string", "pattern": "^a{2,20000}$"})"), "repetition count larger than 10000"));
+    for (const char* schema :
+         {R"({"type": "string", "minLength": 10000})", R"({"type": "array", "minItems": 10000})",
+          R"({"type": "array", "maxItems": 10000})", R"({"type": "string", "pattern": "^a{10000}$"})"})
+        CHECK_NOTHROW(grammar_of(schema));
+}
+
 TEST_CASE("json schema: rule names are GBNF identifiers, whatever the property names") {
     const std::string text = json_schema_to_gbnf(
         R"({"properties": {"a b/c": {"type": "string"}, "": {"type": "integer"}, "ü": {"type": "boolean"},
