@@ -45,6 +45,15 @@ private:
     int capacity_ = 0;
 };
 
+// One sequence's part of a batched forward (Backend::forward_batch): what forward(tokens, *cache, n_logits, logits)
+// takes for it alone.
+struct SequenceSlice {
+    std::span<const int> tokens;
+    KvCache* cache = nullptr;
+    int n_logits = 0;         // logits of the last n_logits tokens (0 <= n_logits <= tokens.size())
+    float* logits = nullptr;  // n_logits × n_vocab, row after row
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -60,6 +69,16 @@ public:
     // agree with the short-call path within floating-point tolerance only. Nothing may rely on more: greedy
     // speculative decoding compares verification calls with decode calls, both short.
     virtual void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) = 0;
+
+    // Several sequences in one step (continuous batching): each slice's tokens run after what its cache holds, as
+    // forward(slice.tokens, *slice.cache, slice.n_logits, slice.logits) would run them, with the same logits bit for
+    // bit where the backend's forward is batch-invariant (the CPU's always; see forward). A backend that batches
+    // reads every weight once for all the slices' tokens, which is what makes decoding N sequences at once cheaper
+    // than N decodes: decode is bound by reading the weights. Each slice has its own cache (no two share one); the
+    // caller checks that every slice fits its cache. This default runs the slices one after another.
+    virtual void forward_batch(std::span<const SequenceSlice> slices) {
+        for (const SequenceSlice& s : slices) forward(s.tokens, *s.cache, s.n_logits, s.logits);
+    }
 
     // Greedy picks instead of logits: runs `tokens` as forward does and writes, for each of the last n_rows tokens,
     // the id of its largest logit to ids[0..n_rows) (Sampler's greedy rule: NaN counts as -inf, the lower id wins a

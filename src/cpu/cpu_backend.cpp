@@ -40,8 +40,7 @@ CpuKvCache::CpuKvCache(int n_layers, int capacity, int kv_dim, CpuKvType type, i
     : KvCache(capacity),
       kv_dim_(check_kv_width(kv_dim, type)),
       type_(type),
-      slabs_(n_kv_heads > 1 && kv_dim % n_kv_heads == 0 &&
-                     (type != CpuKvType::Q8_0 || (kv_dim / n_kv_heads) % 32 == 0)
+      slabs_(n_kv_heads > 1 && kv_dim % n_kv_heads == 0 && (type != CpuKvType::Q8_0 || (kv_dim / n_kv_heads) % 32 == 0)
                  ? n_kv_heads
                  : 1) {
     std::vector<int> all_windows(windows);
@@ -174,8 +173,11 @@ void CpuBackend::repack_weights(std::optional<GgmlType> requantize_to, bool huge
     cpu::RepackCacheSpec cache;
     if (file && !cache_dir.empty()) cache = {cache_dir, file->path(), file->mapping()};
     repacked_ = std::make_unique<cpu::RepackedWeights>(
-        views, [file](const WeightView& v) { if (file) file->release_pages(v.data, v.n_bytes()); }, requantize_to,
-        huge_pages, cache);
+        views,
+        [file](const WeightView& v) {
+            if (file) file->release_pages(v.data, v.n_bytes());
+        },
+        requantize_to, huge_pages, cache);
 }
 
 size_t CpuBackend::repacked_bytes() const { return repacked_ ? repacked_->bytes() : 0; }
@@ -218,36 +220,67 @@ constexpr int kRepackWaitTokens = 256;
 constexpr int kCachedRepackWaitTokens = 2;
 }  // namespace
 
-void CpuBackend::forward(std::span<const int> tokens, KvCache& cache_base, int n_logits, float* logits) {
+void CpuBackend::forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) {
+    const SequenceSlice slice{tokens, &cache, n_logits, logits};
+    forward_batch(std::span<const SequenceSlice>(&slice, 1));
+}
+
+void CpuBackend::forward_batch(std::span<const SequenceSlice> slices) {
+    size_t n_total = 0;
+    bool prefill = !slices.empty();
+    for (const SequenceSlice& s : slices) {
+        assert(s.cache && s.n_logits >= 0 && static_cast<size_t>(s.n_logits) <= s.tokens.size());
+        assert(s.cache->n_committed() + static_cast<int>(s.tokens.size()) <= s.cache->capacity());
+        assert(s.cache->capacity() <= scores_stride_);
+        n_total += s.tokens.size();
+        // A prompt's prefill (several tokens, logits for at most the last) pauses the repacking; decode and
+        // verification (logits for every token) do not, nor a step that decodes any sequence.
+        prefill = prefill && s.tokens.size() > 1 && s.n_logits <= 1;
+    }
     // Matrices not repacked yet are read in the file's layout (the same bits); only a call long enough for the
     // copies to pay for waiting waits for them (see kRepackWaitTokens).
-    if (repacked_ && static_cast<int>(tokens.size()) >=
-                         (repacked_->from_cache() ? kCachedRepackWaitTokens : kRepackWaitTokens))
+    if (repacked_ &&
+        n_total >= static_cast<size_t>(repacked_->from_cache() ? kCachedRepackWaitTokens : kRepackWaitTokens))
         repacked_->wait();
-    // A prompt's prefill (several tokens, logits for at most the last) pauses the repacking; decode and
-    // verification (logits for every token) do not.
-    const bool prefill = tokens.size() > 1 && n_logits <= 1;
     struct ForwardBracket {
         cpu::RepackedWeights* r;
         bool prefill;
-        ForwardBracket(cpu::RepackedWeights* w, bool p) : r(w), prefill(p) { if (r) r->begin_forward(prefill); }
-        ~ForwardBracket() { if (r) r->end_forward(prefill); }
+        ForwardBracket(cpu::RepackedWeights* w, bool p) : r(w), prefill(p) {
+            if (r) r->begin_forward(prefill);
+        }
+        ~ForwardBracket() {
+            if (r) r->end_forward(prefill);
+        }
     } bracket(repacked_.get(), prefill);
-    auto& cache = static_cast<CpuKvCache&>(cache_base);
-    assert(n_logits >= 0 && static_cast<size_t>(n_logits) <= tokens.size());
-    assert(cache.n_committed() + static_cast<int>(tokens.size()) <= cache.capacity());
-    assert(cache.capacity() <= scores_stride_);
-    const int n_vocab = model_.config.n_vocab;
-    const int n_total = static_cast<int>(tokens.size());
-    // Split into steps of at most max_batch tokens; logits rows are produced by the steps that hold them.
-    for (int begin = 0; begin < n_total; begin += max_batch_) {
-        const int n = std::min(max_batch_, n_total - begin);
-        const int first_logit_token = n_total - n_logits;  // tokens from here on need logits
-        const int step_logits = std::max(0, begin + n - std::max(begin, first_logit_token));
-        float* out = logits ? logits + static_cast<size_t>(std::max(0, begin - first_logit_token)) * n_vocab
-                            : nullptr;
-        forward_step(tokens.subspan(begin, n), cache, step_logits, out);
+    const size_t n_vocab = static_cast<size_t>(model_.config.n_vocab);
+    // Steps of at most max_batch tokens; a slice that does not fit in what is left of a step continues in the next,
+    // and its logits rows are produced by the steps that hold its last n_logits tokens.
+    step_tokens_.clear();
+    std::vector<StepSegment> segments;
+    for (const SequenceSlice& s : slices) {
+        const int size = static_cast<int>(s.tokens.size());
+        const int first_logit_token = size - s.n_logits;  // tokens from here on need logits
+        for (int offset = 0; offset < size;) {
+            const int take = std::min(max_batch_ - static_cast<int>(step_tokens_.size()), size - offset);
+            StepSegment seg;
+            seg.first = static_cast<int>(step_tokens_.size());
+            seg.n = take;
+            seg.cache = static_cast<CpuKvCache*>(s.cache);
+            seg.n_logits = std::max(0, offset + take - std::max(offset, first_logit_token));
+            seg.logits = s.logits && seg.n_logits > 0
+                             ? s.logits + static_cast<size_t>(std::max(0, offset - first_logit_token)) * n_vocab
+                             : nullptr;
+            step_tokens_.insert(step_tokens_.end(), s.tokens.begin() + offset, s.tokens.begin() + offset + take);
+            segments.push_back(seg);
+            offset += take;
+            if (static_cast<int>(step_tokens_.size()) == max_batch_) {
+                forward_step(step_tokens_, segments);
+                step_tokens_.clear();
+                segments.clear();
+            }
+        }
     }
+    if (!step_tokens_.empty()) forward_step(step_tokens_, segments);
 }
 
 namespace {
@@ -458,8 +491,7 @@ inline void weighted_value_lanes(const float* const* weights, const Rows& values
 // heads that are not whole 8-lane groups. Either way a position's output does not depend on how many tokens or
 // heads share the call.
 template <int Q, typename Rows>
-void weighted_values(const float* const* weights, const Rows& values, int off, int hd, int n_keys,
-                     float* const* out) {
+void weighted_values(const float* const* weights, const Rows& values, int off, int hd, int n_keys, float* const* out) {
 #ifdef TANDEM_ATTENTION_SIMD
     if (hd % 8 == 0 && off % 8 == 0) {
         constexpr int NJ = Q == 1 ? 8 : Q <= 3 ? 4 : 2;
@@ -541,13 +573,19 @@ void CpuBackend::gated_activation(int64_t count) {
     });
 }
 
-void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits) {
+void CpuBackend::forward_step(std::span<const int> tokens, std::span<StepSegment> segments) {
     const ModelConfig& c = model_.config;
     const Weights& w = model_.weights;
     const int n = static_cast<int>(tokens.size());
-    const int start_pos = cache.n_committed();
     const int dim = c.dim, kv_dim = c.kv_dim(), q_dim = c.q_dim(), hidden = c.hidden_dim;
-    cache.rings().check_reach(start_pos);
+    token_segment_.resize(static_cast<size_t>(n));
+    for (size_t s = 0; s < segments.size(); ++s) {
+        StepSegment& seg = segments[s];
+        seg.start_pos = seg.cache->n_committed();
+        seg.cache->rings().check_reach(seg.start_pos);
+        for (int i = seg.first; i < seg.first + seg.n; ++i)
+            token_segment_[static_cast<size_t>(i)] = static_cast<int>(s);
+    }
 
     for (int i = 0; i < n; ++i) {
         const int tok = tokens[i];
@@ -574,9 +612,10 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             add_bias(k_.data(), static_cast<const float*>(L.bk.data), n, kv_dim);
             add_bias(v_.data(), static_cast<const float*>(L.bv.data), n, kv_dim);
         }
-        const int rope_table = c.rope_table(l, cache.capacity());
         for_tokens(n, [&](int i, int thread) {  // each thread its own angles; each token its own cache position
-            const int pos = start_pos + i;
+            const StepSegment& seg = segments[static_cast<size_t>(token_segment_[static_cast<size_t>(i)])];
+            const int pos = seg.start_pos + (i - seg.first);
+            const int rope_table = c.rope_table(l, seg.cache->capacity());
             float* q = &q_[static_cast<size_t>(i) * q_dim];
             float* k = &k_[static_cast<size_t>(i) * kv_dim];
             if (c.qk_norm) {  // every head normed on its own, before RoPE
@@ -591,14 +630,14 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
                 const int n_pairs = c.rope_dim / 2;
                 float* cos_a = rope_cs_.data() + static_cast<size_t>(thread) * c.rope_dim;
                 float* sin_a = cos_a + n_pairs;
-                rope_angles(pos, c.rope_inv_freq[static_cast<size_t>(rope_table)].data(), n_pairs,
-                            c.rope_amplitude, cos_a, sin_a);
+                rope_angles(pos, c.rope_inv_freq[static_cast<size_t>(rope_table)].data(), n_pairs, c.rope_amplitude,
+                            cos_a, sin_a);
                 rope(q, c.n_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
                 rope(k, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_style, cos_a, sin_a);
             }
-            cache.store(l, pos, k, &v_[static_cast<size_t>(i) * kv_dim]);
+            seg.cache->store(l, pos, k, &v_[static_cast<size_t>(i) * kv_dim]);
         });
-        attention(l, n, start_pos, cache);
+        attention(l, n, segments);
         mm(L.wo, att_out_.data(), proj_.data());
 
         const float* ffn_norm = static_cast<const float*>(L.ffn_norm.data);
@@ -620,21 +659,47 @@ void CpuBackend::forward_step(std::span<const int> tokens, CpuKvCache& cache, in
             });
         for (size_t j = 0; j < static_cast<size_t>(n) * dim; ++j) x_[j] += proj_[j];
     }
-    cache.commit_appended(n);
-    cache.rings().note_written(start_pos + n);
+    for (const StepSegment& seg : segments) {
+        seg.cache->commit_appended(seg.n);
+        seg.cache->rings().note_written(seg.start_pos + seg.n);
+    }
 
-    if (n_logits > 0) {
-        const float* out_norm = static_cast<const float*>(w.output_norm.data);
-        const int first = n - n_logits;
-        for (int i = first; i < n; ++i)
-            rms_norm(&xb_[static_cast<size_t>(i - first) * dim], &x_[static_cast<size_t>(i) * dim], out_norm, dim,
-                     c.rms_eps);
-        if (logit_first_ >= c.n_vocab)
-            matmul(w.output, xb_.data(), n_logits, logits);
-        else
-            restricted_logits(xb_.data(), n_logits, logits);
-        if (c.logit_softcap > 0.0f)  // (the -inf of ids a restriction leaves out stay -inf)
-            cpu::soft_cap(logits, static_cast<int64_t>(n_logits) * c.n_vocab, c.logit_softcap);
+    // Logits: each segment's last n_logits rows, normed and gathered, in one matmul; written in place when a single
+    // segment asks for them (forward's case), else through step_logits_.
+    int n_logits = 0, with_logits = 0;
+    const StepSegment* only = nullptr;
+    for (const StepSegment& seg : segments)
+        if (seg.n_logits > 0) {
+            n_logits += seg.n_logits;
+            ++with_logits;
+            only = &seg;
+        }
+    if (n_logits == 0) return;
+    const float* out_norm = static_cast<const float*>(w.output_norm.data);
+    int row = 0;
+    for (const StepSegment& seg : segments)
+        for (int i = seg.first + seg.n - seg.n_logits; i < seg.first + seg.n; ++i, ++row)
+            rms_norm(&xb_[static_cast<size_t>(row) * dim], &x_[static_cast<size_t>(i) * dim], out_norm, dim, c.rms_eps);
+    const size_t n_vocab = static_cast<size_t>(c.n_vocab);
+    float* logits = only->logits;
+    if (with_logits > 1) {
+        step_logits_.resize(static_cast<size_t>(n_logits) * n_vocab);
+        logits = step_logits_.data();
+    }
+    if (logit_first_ >= c.n_vocab)
+        matmul(w.output, xb_.data(), n_logits, logits);
+    else
+        restricted_logits(xb_.data(), n_logits, logits);
+    if (c.logit_softcap > 0.0f)  // (the -inf of ids a restriction leaves out stay -inf)
+        cpu::soft_cap(logits, static_cast<int64_t>(n_logits) * c.n_vocab, c.logit_softcap);
+    if (with_logits > 1) {
+        row = 0;
+        for (const StepSegment& seg : segments) {
+            if (seg.n_logits == 0) continue;
+            std::memcpy(seg.logits, logits + static_cast<size_t>(row) * n_vocab,
+                        static_cast<size_t>(seg.n_logits) * n_vocab * sizeof(float));
+            row += seg.n_logits;
+        }
     }
 }
 
@@ -680,42 +745,49 @@ void CpuBackend::restricted_logits(const float* x, int n, float* logits) {
                 activations_);
     for (int t = 0; t < n; ++t)
         for (int64_t j = 0; j < n_extra; ++j)
-            logits[t * V + logit_extra_ids_[static_cast<size_t>(j)]] = logit_extra_out_[static_cast<size_t>(t * n_extra + j)];
+            logits[t * V + logit_extra_ids_[static_cast<size_t>(j)]] =
+                logit_extra_out_[static_cast<size_t>(t * n_extra + j)];
 }
 
-// Causal grouped-query attention of the step's n tokens over the cache (which already holds their own keys and
-// values). Parallel over (token, tile of a KV group's query heads); each (token, head) is computed the same way
-// whatever n is and whatever heads share its tile.
-void CpuBackend::attention(int layer, int n, int start_pos, const CpuKvCache& cache) {
+// Causal grouped-query attention of the step's n tokens, each over its own sequence's cache (which already holds
+// their keys and values). Parallel over (token, tile of a KV group's query heads), every sequence's tokens in one
+// pass; each (token, head) is computed the same way whatever n is, whatever heads share its tile and whatever other
+// sequences share the step.
+void CpuBackend::attention(int layer, int n, std::span<const StepSegment> segments) {
     // Each KV head's rows: its slab of the cache (head-major), or its part of the one slab that holds whole rows.
-    const int n_kv_heads = model_.config.n_kv_heads, heads_per_slab = n_kv_heads / cache.slabs();
-    const size_t width = static_cast<size_t>(cache.slab_width());
+    // The caches of one backend share the type and layout (new_cache).
+    const CpuKvCache& first = *segments.front().cache;
+    const int n_kv_heads = model_.config.n_kv_heads, heads_per_slab = n_kv_heads / first.slabs();
+    const size_t width = static_cast<size_t>(first.slab_width());
     std::vector<int> offsets(static_cast<size_t>(n_kv_heads));
-    for (int h = 0; h < n_kv_heads; ++h) offsets[static_cast<size_t>(h)] = (h % heads_per_slab) * model_.config.head_dim;
+    for (int h = 0; h < n_kv_heads; ++h)
+        offsets[static_cast<size_t>(h)] = (h % heads_per_slab) * model_.config.head_dim;
     auto heads = [&](auto make_rows) {
-        using Rows = decltype(make_rows(cache.key_slab(layer, 0)));
+        using Rows = decltype(make_rows(first.key_slab(layer, 0)));
         std::vector<Rows> keys, values;
-        for (int h = 0; h < n_kv_heads; ++h) {
-            keys.push_back(make_rows(cache.key_slab(layer, h / heads_per_slab)));
-            values.push_back(make_rows(cache.value_slab(layer, h / heads_per_slab)));
+        for (const StepSegment& seg : segments) {
+            assert(seg.cache->type() == first.type() && seg.cache->slabs() == first.slabs());
+            for (int h = 0; h < n_kv_heads; ++h) {
+                keys.push_back(make_rows(seg.cache->key_slab(layer, h / heads_per_slab)));
+                values.push_back(make_rows(seg.cache->value_slab(layer, h / heads_per_slab)));
+            }
         }
         // A window's keys are one run of slots from its first position's (CpuKvCache's mirrored ring).
-        attention_over(keys.data(), values.data(), offsets.data(), n, start_pos, model_.config.layers[layer].window,
-                       [&](int pos) { return cache.slot(layer, pos); });
+        attention_over(keys.data(), values.data(), offsets.data(), n, segments, model_.config.layers[layer].window,
+                       [&](int s, int pos) { return segments[static_cast<size_t>(s)].cache->slot(layer, pos); });
     };
-    switch (cache.type()) {
+    switch (first.type()) {
         case CpuKvType::F32:
             return heads([&](const uint8_t* p) { return F32Rows{reinterpret_cast<const float*>(p), width}; });
         case CpuKvType::F16:
             return heads([&](const uint8_t* p) { return F16Rows{reinterpret_cast<const uint16_t*>(p), width}; });
-        case CpuKvType::Q8_0:
-            return heads([&](const uint8_t* p) { return Q8_0Rows{p, cache.slab_row_bytes()}; });
+        case CpuKvType::Q8_0: return heads([&](const uint8_t* p) { return Q8_0Rows{p, first.slab_row_bytes()}; });
     }
 }
 
 template <typename Rows, typename FirstSlot>
-void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos,
-                                int window, FirstSlot first_slot) {
+void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int* offsets, int n,
+                                std::span<const StepSegment> segments, int window, FirstSlot first_slot) {
     const ModelConfig& c = model_.config;
     const int hd = c.head_dim, group = c.n_heads / c.n_kv_heads;
     const float scale = c.attention_scale, softcap = c.attention_softcap;
@@ -729,6 +801,8 @@ void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int*
             // that each range mixes early positions, with few keys, and late ones, with many.
             const int j = static_cast<int>(item / items_per_token), r = static_cast<int>(item % items_per_token);
             const int i = j % 2 == 0 ? j / 2 : n - 1 - j / 2;
+            const int s = token_segment_[static_cast<size_t>(i)];
+            const StepSegment& seg = segments[static_cast<size_t>(s)];
             const int kv_head = r / tiles_per_group, first = kv_head * group + (r % tiles_per_group) * tile;
             const int count = std::min(tile, (kv_head + 1) * group - first);
             const float* q[kMaxQueryTile];
@@ -740,11 +814,13 @@ void CpuBackend::attention_over(const Rows* keys, const Rows* values, const int*
                 out[h] = &att_out_[static_cast<size_t>(i) * c.q_dim() + static_cast<size_t>(first + h) * hd];
             }
             // The keys the query sees: all up to its own position, or the last `window` of them. Only those are read.
-            const int pos = start_pos + i;
+            const int pos = seg.start_pos + (i - seg.first);
             const int first_key = window > 0 ? std::max(0, pos - window + 1) : 0;
             const int n_keys = pos + 1 - first_key, off = offsets[kv_head];
-            const Rows k = keys[kv_head].from(first_slot(first_key));
-            const Rows v = values[kv_head].from(first_slot(first_key));
+            const size_t head =
+                static_cast<size_t>(s) * static_cast<size_t>(c.n_kv_heads) + static_cast<size_t>(kv_head);
+            const Rows k = keys[head].from(first_slot(s, first_key));
+            const Rows v = values[head].from(first_slot(s, first_key));
             switch (count) {
                 case 1: attend<1>(q, k, v, off, hd, n_keys, scale, softcap, att, out); break;
                 case 2: attend<2>(q, k, v, off, hd, n_keys, scale, softcap, att, out); break;

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "backend.h"
-#include "kv_rings.h"
 #include "cpu/matmul.h"
 #include "cpu/repack.h"
 #include "cpu/thread_pool.h"
+#include "kv_rings.h"
 
 namespace tandem {
 
@@ -101,9 +101,9 @@ private:
     CpuKvType type_;
     int slabs_;
     KvRings rings_;
-    std::vector<size_t> layer_slots_; // [layer]: slots per slab (capacity, or R + window)
-    std::vector<size_t> layer_first_; // [layer]: rows (of one slab) before the layer's first
-    size_t total_slots_ = 0;          // rows of one slab over all layers and slabs, / slabs
+    std::vector<size_t> layer_slots_;  // [layer]: slots per slab (capacity, or R + window)
+    std::vector<size_t> layer_first_;  // [layer]: rows (of one slab) before the layer's first
+    size_t total_slots_ = 0;           // rows of one slab over all layers and slabs, / slabs
     int resumable(int n) override { return rings_.resumable(n); }
     // [layer][slab][pos] rows of slab_row_bytes(), left uninitialized: a position is written before it is read, and
     // untouched pages of a large context cost no memory (the resident size grows with the tokens actually held).
@@ -154,6 +154,10 @@ public:
     std::string name() const override { return "cpu"; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
+    // The slices' tokens in steps of at most max_batch tokens (a slice may be cut between two steps): every
+    // projection is one matmul over all of a step's tokens, while norms, RoPE, cache writes and attention are per
+    // token against its own sequence's cache. The logits are forward's bits, whatever else shares the step.
+    void forward_batch(std::span<const SequenceSlice> slices) override;
     bool restrict_logits(int n_first, std::span<const int> extra) override;
     int n_threads() const { return pool_.size(); }
     // Bytes of weights repacked, or being repacked in the background (0 when nothing is: another type, a CPU
@@ -167,21 +171,33 @@ public:
     void wait_for_repacking() const override;
 
 private:
-    void forward_step(std::span<const int> tokens, CpuKvCache& cache, int n_logits, float* logits);
+    // A sequence's run of tokens within one step: step tokens first..first+n-1, at positions start_pos.. of `cache`;
+    // the logits of its last n_logits go to `logits`.
+    struct StepSegment {
+        int first = 0, n = 0;
+        CpuKvCache* cache = nullptr;
+        int start_pos = 0;
+        int n_logits = 0;
+        float* logits = nullptr;
+    };
+    // One step: `tokens` (at most max_batch) made of `segments`, in order, covering them all; sets each segment's
+    // start_pos (what its cache holds).
+    void forward_step(std::span<const int> tokens, std::span<StepSegment> segments);
     void repack_weights(std::optional<GgmlType> requantize_to, bool huge_pages, int64_t head_rows,
                         const std::string& cache_dir);
     // y = W x for the n tokens of a step: through W's repacked copy when it has one.
     void matmul(const tandem::WeightView& W, const float* x, int n, float* y);
     template <class Fn>
-    void for_tokens(int n, Fn&& fn);  // fn(token, thread) for each of a step's n tokens
+    void for_tokens(int n, Fn&& fn);       // fn(token, thread) for each of a step's n tokens
     void gated_activation(int64_t count);  // gate_ = act(gate_) * up_, the first count elements
-    void attention(int layer, int n, int start_pos, const CpuKvCache& cache);
-    // Rows: a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows). keys[h] / values[h]: KV
-    // head h's rows from slot 0, its elements from offsets[h] on; window: the layer's sliding window (0: none);
-    // first_slot(p): the slot of position p, from which the window's keys run contiguously.
+    void attention(int layer, int n, std::span<const StepSegment> segments);
+    // Rows: a reader of the cache's storage (cpu_backend.cpp: F32Rows, F16Rows, Q8_0Rows). keys[s * n_kv_heads + h]
+    // / values[...]: segment s's KV head h, its rows from slot 0, its elements from offsets[h] on; window: the
+    // layer's sliding window (0: none); first_slot(s, p): the slot of position p in segment s's cache, from which the
+    // window's keys run contiguously.
     template <typename Rows, typename FirstSlot>
-    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n, int start_pos, int window,
-                        FirstSlot first_slot);
+    void attention_over(const Rows* keys, const Rows* values, const int* offsets, int n,
+                        std::span<const StepSegment> segments, int window, FirstSlot first_slot);
     // The logits of n normed rows x under restrict_logits.
     void restricted_logits(const float* x, int n, float* logits);
 
@@ -191,18 +207,21 @@ private:
     cpu::Activations activations_;
     CpuKvType kv_type_;
     // Scratch, sized once (nothing is allocated per token). Row i belongs to the i-th token of the step.
-    std::vector<float> x_;       // [max_batch][dim] residual stream
-    std::vector<float> xb_;      // [max_batch][dim] normed input of a sublayer
-    std::vector<float> q_;       // [max_batch][q_dim]
-    std::vector<float> k_;       // [max_batch][kv_dim]
-    std::vector<float> v_;       // [max_batch][kv_dim]
-    std::vector<float> att_out_; // [max_batch][q_dim]
-    std::vector<float> proj_;    // [max_batch][dim] output of attn_output / ffn_down
-    std::vector<float> gate_;    // [max_batch][hidden_dim]
-    std::vector<float> up_;      // [max_batch][hidden_dim]
-    std::vector<float> scores_;  // [n_threads][kMaxQueryTile][max context]: scores of one tile's heads
+    std::vector<float> x_;        // [max_batch][dim] residual stream
+    std::vector<float> xb_;       // [max_batch][dim] normed input of a sublayer
+    std::vector<float> q_;        // [max_batch][q_dim]
+    std::vector<float> k_;        // [max_batch][kv_dim]
+    std::vector<float> v_;        // [max_batch][kv_dim]
+    std::vector<float> att_out_;  // [max_batch][q_dim]
+    std::vector<float> proj_;     // [max_batch][dim] output of attn_output / ffn_down
+    std::vector<float> gate_;     // [max_batch][hidden_dim]
+    std::vector<float> up_;       // [max_batch][hidden_dim]
+    std::vector<float> scores_;   // [n_threads][kMaxQueryTile][max context]: scores of one tile's heads
     int scores_stride_ = 0;
-    std::vector<float> rope_cs_;        // [threads][rope_dim]: cos then sin of one token's angles
+    std::vector<float> rope_cs_;      // [threads][rope_dim]: cos then sin of one token's angles
+    std::vector<int> step_tokens_;    // [max_batch]: the tokens of one step of forward_batch
+    std::vector<int> token_segment_;  // [max_batch]: the step segment of each token of a step
+    std::vector<float> step_logits_;  // [max_batch][n_vocab]: a step's logits rows of several segments, gathered
     // The part of the output matrix that is copied (all of it unless head_rows): declared before repacked_, which
     // holds a pointer to it until its background thread has stopped.
     WeightView output_copied_;
