@@ -1,9 +1,14 @@
 // The sequential --batch runner (batch.h).
 #include "app/batch.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <list>
+#include <memory>
 #include <random>
+#include <unordered_map>
 #include <utility>
 
 #include "app/answer_grammar.h"
@@ -11,7 +16,9 @@
 #include "app/batch_output.h"
 #include "app/batch_request.h"
 #include "app/prompt_answer.h"
+#include "cpu/cpu_backend.h"
 #include "error.h"
+#include "generate/continuous_batcher.h"
 
 namespace tandem {
 
@@ -45,55 +52,142 @@ private:
 
 }  // namespace
 
+namespace {
+
+// A line made ready: its record id, and the prompt prepared, or the error its record gets.
+struct ReadyLine {
+    std::string id;
+    std::optional<PreparedPrompt> prepared;
+    std::string error;
+};
+
+// Reads lines until one that is not blank; nullopt at the end of the input. What is wrong with the line itself
+// becomes its error (the engine's failures are the run's: they propagate).
+std::optional<ReadyLine> read_line(Session& session, BatchInput& input, const BatchOptions& options,
+                                   const grammar::TokenConstraint* flag_grammar, SchemaConstraints& schemas) {
+    for (;;) {
+        const std::optional<std::string> text = input.next_line();
+        if (!text) return std::nullopt;
+        if (is_blank_line(*text)) continue;
+        const BatchLine line = parse_batch_line(*text, input.line_number());
+        ReadyLine ready{line.id, std::nullopt, line.error};
+        if (!ready.error.empty()) return ready;
+        const BatchRequest& r = line.request;
+        try {
+            const grammar::TokenConstraint* grammar = flag_grammar;
+            if (r.json_schema) {
+                try {
+                    grammar = &schemas.get(session.model(), session.chat_template(), *r.json_schema);
+                } catch (const Error& e) {
+                    throw Error(std::string("\"json_schema\": ") + e.what());
+                }
+            }
+            GenerationParams defaults = options.params;
+            if (!options.seed_given) defaults.sampler.seed = std::random_device{}();
+            ready.prepared = prepare_prompt(session, {.prompt = r.prompt,
+                                                      .system = r.system.value_or(options.system),
+                                                      .params = request_params(r, defaults),
+                                                      .grammar = grammar});
+        } catch (const Error& e) {
+            ready.error = e.what();
+        }
+        return ready;
+    }
+}
+
+// --parallel's default: 8 sequences in flight (on the 2-core CPU this project measures on, aggregate decode speed
+// grows little beyond: docs/batch.md), fewer where 8 KV caches of the session's context, each filled, would take
+// more than half of physical memory (each slot reserves its whole context).
+int default_parallel(const Session& session) {
+    const ModelConfig& c = session.model().config;
+    const size_t phys = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t per_slot =
+        CpuKvCache::bytes_needed(c.n_layers, session.n_ctx(), c.kv_dim(),
+                                 parse_cpu_kv_type(session.options().backends.kv_type).value_or(CpuKvType::F16));
+    return static_cast<int>(std::clamp<size_t>(phys / 2 / std::max<size_t>(1, per_slot), 1, 8));
+}
+
+}  // namespace
+
 int run_batch(Session& session, BatchInput& input, const BatchOptions& options) {
-    const Model& model = session.model();
     const std::optional<ChatTemplate>& tmpl = session.chat_template();
     if (tmpl && !tmpl->is_raw() && session.verbose())
         std::fprintf(stderr, "tandem: chat template %s\n", tmpl->name().c_str());
     // The command line's grammar: built once, every line without a schema of its own takes a copy.
     std::optional<grammar::TokenConstraint> flag_grammar;
-    if (options.grammar) flag_grammar.emplace(answer_constraint(model, *options.grammar, tmpl));
+    if (options.grammar) flag_grammar.emplace(answer_constraint(session.model(), *options.grammar, tmpl));
     SchemaConstraints schemas;
     BatchWriter writer;
     BatchProgress progress(input.requests());
-    while (const std::optional<std::string> text = input.next_line()) {
-        if (is_blank_line(*text)) continue;
-        const BatchLine line = parse_batch_line(*text, input.line_number());
-        // What is wrong with the line itself is its record's error; the engine's failures are the run's.
-        std::optional<PreparedPrompt> prepared;
-        std::string error = line.error;
-        if (error.empty()) {
-            const BatchRequest& r = line.request;
-            try {
-                const grammar::TokenConstraint* grammar = flag_grammar ? &*flag_grammar : nullptr;
-                if (r.json_schema) {
-                    try {
-                        grammar = &schemas.get(model, tmpl, *r.json_schema);
-                    } catch (const Error& e) {
-                        throw Error(std::string("\"json_schema\": ") + e.what());
-                    }
-                }
-                GenerationParams defaults = options.params;
-                if (!options.seed_given) defaults.sampler.seed = std::random_device{}();
-                prepared = prepare_prompt(session, {.prompt = r.prompt,
-                                                    .system = r.system.value_or(options.system),
-                                                    .params = request_params(r, defaults),
-                                                    .grammar = grammar});
-            } catch (const Error& e) {
-                error = e.what();
-            }
-        }
-        if (!error.empty()) {
+    const int parallel = options.parallel > 0 ? options.parallel : default_parallel(session);
+    if (session.verbose())
+        std::fprintf(stderr, "tandem: batch: %d sequences in flight at most%s\n", parallel,
+                     parallel > 1 ? " (continuous batching, plain decoding)" : " (one after another)");
+    bool closed = false;  // stdout went away: the run ends quietly
+    const auto next_line = [&]() -> std::optional<ReadyLine> {
+        while (!closed) {
+            std::optional<ReadyLine> line =
+                read_line(session, input, options, flag_grammar ? &*flag_grammar : nullptr, schemas);
+            if (!line || line->prepared) return line;
             progress.line_done(/*failed=*/true, 0);
-            if (!writer.error(line.id, error)) return 0;
-            continue;
+            if (!writer.error(line->id, line->error)) closed = true;
         }
-        const PromptAnswer a =
-            answer_prompt(session, *prepared, {.stream = false, .show_thinking = options.show_thinking});
-        progress.line_done(/*failed=*/false, a.stats.n_generated);
-        if (!writer.answer(line.id, answer_record_fields(a.text, a.reasoning, a.stats))) return 0;
+        return std::nullopt;
+    };
+
+    if (parallel == 1) {
+        // One line after another through the one-shot core, with the session's draft or prompt lookup.
+        while (std::optional<ReadyLine> line = next_line()) {
+            const PromptAnswer a =
+                answer_prompt(session, *line->prepared, {.stream = false, .show_thinking = options.show_thinking});
+            progress.line_done(/*failed=*/false, a.stats.n_generated);
+            if (!writer.answer(line->id, answer_record_fields(a.text, a.reasoning, a.stats))) closed = true;
+        }
+    } else {
+        // Continuous batching: each line in flight keeps its prepared prompt, its own grammar state and its sink.
+        struct InFlight {
+            std::string id;
+            PreparedPrompt prepared;
+            std::optional<grammar::TokenConstraint> constraint;
+            std::unique_ptr<AnswerSink> sink;
+        };
+        std::unordered_map<size_t, std::unique_ptr<InFlight>> in_flight;
+        size_t tags = 0;
+        session.open_backends();
+        ContinuousBatcher batcher(
+            session.model(), session.backend(),
+            {.n_parallel = parallel, .n_ctx = session.n_ctx(), .step_tokens = options.params.chunk});
+        const AnswerOutput collected{.stream = false, .show_thinking = options.show_thinking};
+        batcher.run(
+            [&]() -> std::optional<BatchJob> {
+                std::optional<ReadyLine> line = next_line();
+                if (!line) return std::nullopt;
+                auto f = std::make_unique<InFlight>();
+                f->id = std::move(line->id);
+                f->prepared = std::move(*line->prepared);
+                f->constraint = f->prepared.constraint;
+                f->sink = std::make_unique<AnswerSink>(f->prepared, collected);
+                BatchJob job;
+                job.tag = tags++;
+                job.prompt = f->prepared.tokens;
+                job.params = f->prepared.params;
+                job.params.constraint = f->constraint ? &*f->constraint : nullptr;
+                AnswerSink* sink = f->sink.get();
+                job.emit = [sink, &closed](std::string_view text) { return !closed && sink->push(text); };
+                in_flight.emplace(job.tag, std::move(f));
+                return job;
+            },
+            [&](BatchJob& job, GenerationStats& stats) {
+                const auto it = in_flight.find(job.tag);
+                InFlight& f = *it->second;
+                const PromptAnswer a = f.sink->finish(std::move(stats), f.constraint ? &*f.constraint : nullptr);
+                progress.line_done(/*failed=*/false, a.stats.n_generated);
+                if (!closed && !writer.answer(f.id, answer_record_fields(a.text, a.reasoning, a.stats))) closed = true;
+                in_flight.erase(it);
+            });
     }
     progress.finish();
+    if (closed) return 0;
     if (options.stats) {
         const double s = progress.elapsed_s();
         const auto lines = [](size_t n) { return std::to_string(n) + (n == 1 ? " line" : " lines"); };

@@ -1,9 +1,9 @@
 // tandem --batch FILE (or - for stdin): one request per line (batch_request.h), read from a file or stdin
 // (batch_input.h), one JSONL record per line on stdout (batch_output.h). Each line is answered as a one-shot run of
 // its prompt would be (prompt_answer.h: the chat template's system and user turn, the session's draft or prompt
-// lookup, an empty KV cache), so a line with a seed gives the text of `tandem -p PROMPT --seed SEED`. For now the
-// lines run one after another, in input order; continuous batching (several sequences in flight, issue 59) will
-// replace this runner, not its input or output.
+// lookup, an empty KV cache), so a line with a seed gives the text of `tandem -p PROMPT --seed SEED`. Several lines
+// are in flight at once (--parallel, continuous batching: generate/continuous_batcher.h), their records written as
+// they finish, in any order; with --parallel 1 the lines run one after another, in input order.
 #pragma once
 #include <optional>
 #include <string>
@@ -25,7 +25,11 @@ struct BatchOptions {
     // --grammar, --grammar-file or --json-schema: the grammar of every line without a "json_schema".
     std::optional<grammar::Grammar> grammar;
     bool show_thinking = false;  // a reasoning model's thinking in the record's "reasoning" (else on stderr)
-    bool stats = false;          // a summary on stderr at the end
+    // --parallel: sequences in flight at most (0: the default, batch.cpp's default_parallel). 1 runs the lines one
+    // after another with the session's draft or prompt lookup; more runs them by continuous batching
+    // (generate/continuous_batcher.h), plain decoding, each slot with the session's context.
+    bool stats = false;  // a summary on stderr at the end
+    int parallel = 0;
 };
 
 // Answers every line of `input`. Returns the exit status: 0 when every line succeeded (or stdout went away: the run

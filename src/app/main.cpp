@@ -31,6 +31,7 @@ struct Options {
     std::string prompt;
     std::string prompt_file;
     std::string batch;  // --batch FILE, "-" for stdin
+    int parallel = 0;   // --parallel (0: the default)
     std::string system_prompt;
     std::string draft_requant = "q4_0";
     std::string kv_type = "f16";
@@ -111,7 +112,8 @@ int run(Options& opt) {
                                   .seed_given = opt.seed_given,
                                   .grammar = grammar,
                                   .show_thinking = opt.show_thinking,
-                                  .stats = opt.stats});
+                                  .stats = opt.stats,
+                                  .parallel = opt.parallel});
     if (chat) {
         tandem::ReplConfig rc;
         if (grammar)
@@ -181,11 +183,16 @@ int main(int argc, char** argv) {
     app.add_option("-f,--file", opt.prompt_file, "read the prompt from a file")->check(CLI::ExistingFile);
     app.add_option("--batch", opt.batch,
                    "answer one JSON request per line of FILE (- for stdin), one JSONL record per line on stdout; the "
-                   "lines run one after another (docs/usage.md, Batch mode)")
+                   "lines run together by continuous batching, see --parallel (docs/batch.md)")
         ->type_name("FILE")
         ->check(CLI::Validator(
             [](const std::string& v) { return v.empty() ? std::string("needs a file name, or - for stdin") : ""; },
             ""));
+    app.add_option("--parallel", opt.parallel,
+                   "--batch: sequences in flight at most (default 8, fewer where 8 full KV caches of the context would "
+                   "take over half the memory; 1 runs the lines one after another with the draft)")
+        ->type_name("N")
+        ->check(CLI::Range(1, 256));
     app.add_option("-n,--n-predict", opt.n_predict,
                    "new tokens to generate, per answer in a chat (-1: until EOS or a full context)")
         ->check(CLI::Range(-1, 1 << 30));

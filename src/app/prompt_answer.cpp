@@ -4,12 +4,10 @@
 #include <cstdio>
 
 #include "app/answer_grammar.h"
-#include "app/reasoning_output.h"
 #include "app/stream_write.h"
 #include "error.h"
 #include "sample/sampler.h"
 #include "text/chat_prompt.h"
-#include "text/reasoning_split.h"
 
 namespace tandem {
 
@@ -53,13 +51,57 @@ PreparedPrompt prepare_prompt(const Session& session, const PromptRequest& reque
     return p;
 }
 
+AnswerSink::AnswerSink(const PreparedPrompt& prepared, const AnswerOutput& output) : output_(output) {
+    const std::optional<ChatTemplate>& turn = prepared.turn;
+    if (!turn || !turn->supports_thinking()) return;
+    // The answer goes to stdout (or the record), the thinking wherever the printer puts it.
+    printer_.emplace(output_.show_thinking && output_.stream);
+    splitter_.emplace(turn->generation_opens_reasoning(), [this](ReasoningSplitter::Part part, std::string_view text) {
+        if (part == ReasoningSplitter::Part::Reasoning) {
+            if (!output_.stream && output_.show_thinking) return reasoning_ += text, true;
+            return printer_->reasoning(text);
+        }
+        return printer_->end() && answer(text);
+    });
+}
+
+bool AnswerSink::answer(std::string_view text) {
+    if (output_.stream) return write_stdout(text);
+    answer_.text += text;
+    return true;
+}
+
+bool AnswerSink::push(std::string_view text) { return splitter_ ? splitter_->push(text) : answer(text); }
+
+PromptAnswer AnswerSink::finish(GenerationStats stats, const grammar::TokenConstraint* constraint) {
+    answer_.stats = std::move(stats);
+    if (splitter_) {
+        if (answer_.stats.stop != StopReason::OutputClosed) {
+            const bool flushed = splitter_->finish();
+            const bool unfinished = splitter_->in_reasoning();
+            if (!flushed || !printer_->end(!unfinished)) {
+                answer_.stats.stop = StopReason::OutputClosed;
+            } else if (unfinished) {
+                std::fprintf(stderr, "tandem: note: the model stopped while thinking, before any answer%s\n",
+                             answer_.stats.stop == StopReason::Length ? " (raise -n)" : "");
+            }
+        }
+        if (!output_.stream && output_.show_thinking) answer_.reasoning = std::move(reasoning_);
+    }
+    if (constraint) {
+        answer_.mask_calls = constraint->mask_calls();
+        answer_.mask_seconds = constraint->mask_seconds();
+    }
+    return std::move(answer_);
+}
+
 PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, const AnswerOutput& output) {
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded (once)
     // Every answer starts from an empty context, as a one-shot run does.
     session.cache().truncate(0);
     if (KvCache* draft_cache = session.draft().cache) draft_cache->truncate(0);
-    PromptAnswer a;
     if (output.stream && !output.echo.empty() && !write_stdout(output.echo)) {
+        PromptAnswer a;
         a.stats.stop = StopReason::OutputClosed;
         return a;
     }
@@ -67,46 +109,10 @@ PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, con
     std::optional<grammar::TokenConstraint> constraint = prepared.constraint;  // a copy: `prepared` stays as it is
     if (constraint) params.constraint = &*constraint;
     Generator generator(session.model(), session.backend(), session.cache(), session.draft());
-    // Collected output: the answer (and, with show_thinking, the reasoning) go into the record instead.
-    std::string reasoning;
-    const auto answer_out = [&](std::string_view text) {
-        if (output.stream) return write_stdout(text);
-        a.text += text;
-        return true;
-    };
-    const std::optional<ChatTemplate>& turn = prepared.turn;
-    if (turn && turn->supports_thinking()) {
-        // The answer goes to stdout, the thinking wherever the printer puts it.
-        ReasoningPrinter printer(output.show_thinking && output.stream);
-        ReasoningSplitter splitter(turn->generation_opens_reasoning(),
-                                   [&](ReasoningSplitter::Part part, std::string_view text) {
-                                       if (part == ReasoningSplitter::Part::Reasoning) {
-                                           if (!output.stream && output.show_thinking) return reasoning += text, true;
-                                           return printer.reasoning(text);
-                                       }
-                                       return printer.end() && answer_out(text);
-                                   });
-        a.stats =
-            generator.generate(prepared.tokens, params, [&](std::string_view text) { return splitter.push(text); });
-        if (a.stats.stop != StopReason::OutputClosed) {
-            const bool flushed = splitter.finish();
-            const bool unfinished = splitter.in_reasoning();
-            if (!flushed || !printer.end(!unfinished)) {
-                a.stats.stop = StopReason::OutputClosed;
-            } else if (unfinished) {
-                std::fprintf(stderr, "tandem: note: the model stopped while thinking, before any answer%s\n",
-                             a.stats.stop == StopReason::Length ? " (raise -n)" : "");
-            }
-        }
-        if (!output.stream && output.show_thinking) a.reasoning = std::move(reasoning);
-    } else {
-        a.stats = generator.generate(prepared.tokens, params, answer_out);
-    }
-    if (constraint) {
-        a.mask_calls = constraint->mask_calls();
-        a.mask_seconds = constraint->mask_seconds();
-    }
-    return a;
+    AnswerSink sink(prepared, output);
+    GenerationStats stats =
+        generator.generate(prepared.tokens, params, [&](std::string_view text) { return sink.push(text); });
+    return sink.finish(std::move(stats), constraint ? &*constraint : nullptr);
 }
 
 }  // namespace tandem

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "app/reasoning_output.h"
 #include "app/session.h"
 #include "generate/generator.h"
 #include "grammar/constraint.h"
 #include "text/chat_template.h"
+#include "text/reasoning_split.h"
 
 namespace tandem {
 
@@ -58,6 +60,30 @@ struct PromptAnswer {
     int mask_calls = 0;                    // under a grammar: masks computed or looked up, for --stats
     double mask_seconds = 0;               // and their time
     bool output_closed() const { return stats.stop == StopReason::OutputClosed; }
+};
+
+// Where one answer's text goes while it is generated: a reasoning model's thinking split off the answer (to stderr,
+// to stdout with show_thinking, or into the record), the answer streamed to stdout or collected. The generator's
+// emit is push(); finish() flushes what is held back and gives the answer. Not movable: the splitter's sink refers
+// to it.
+class AnswerSink {
+public:
+    AnswerSink(const PreparedPrompt& prepared, const AnswerOutput& output);
+    AnswerSink(const AnswerSink&) = delete;
+    AnswerSink& operator=(const AnswerSink&) = delete;
+    // Generated text; false when stdout is gone.
+    bool push(std::string_view text);
+    // After generation (`stats`: what it did; `constraint`: the answer's, for its mask counts, or null): flushes
+    // what the splitter holds, notes on stderr a model that stopped while thinking, and returns the answer.
+    PromptAnswer finish(GenerationStats stats, const grammar::TokenConstraint* constraint);
+
+private:
+    bool answer(std::string_view text);
+    AnswerOutput output_;
+    PromptAnswer answer_;
+    std::string reasoning_;
+    std::optional<ReasoningPrinter> printer_;    // a reasoning template's turn only
+    std::optional<ReasoningSplitter> splitter_;  // likewise
 };
 
 // Opens the session's backends (once), cuts both KV caches back to empty, and generates the answer to `prepared`.

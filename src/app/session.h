@@ -97,6 +97,7 @@ public:
     // The chat template for the prompt: nullopt for --raw or a model without one.
     const std::optional<ChatTemplate>& chat_template() const { return template_; }
     int n_ctx() const { return n_ctx_; }
+    const SessionOptions& options() const { return options_; }
     bool verbose() const { return options_.backends.verbose; }
 
     // After open_backends():

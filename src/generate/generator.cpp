@@ -13,6 +13,7 @@
 #include "error.h"
 #include "generate/decode_rows.h"
 #include "generate/draft_runner.h"
+#include "generate/token_output.h"
 #include "grammar/constraint.h"
 #include "model/model.h"
 
@@ -63,82 +64,6 @@ std::string StopStringFilter::flush() {
     pending_.clear();
     return out;
 }
-
-// Where sampled tokens go: the history (for the penalty and lookup), the stop conditions, the streaming decoder,
-// the stop-string filter and the consumer. Shared by the plain and the speculative loop so they stop alike.
-class Generator::Output {
-public:
-    using Clock = std::chrono::steady_clock;
-    Output(const Model& model, const GenerationParams& params, const std::vector<int>& prompt, int base,
-           const std::function<bool(std::string_view)>& emit, GenerationStats& stats, Clock::time_point t_start)
-        : base_(base),
-          eos_(model.tokenizer->eos()),
-          stop_tokens_(params.stop_tokens),
-          n_predict_(params.n_predict),
-          emit_(emit),
-          stats_(stats),
-          t_start_(t_start),
-          detok_(*model.tokenizer, /*at_start=*/false),
-          stop_filter_(params.stops),
-          history(prompt) {
-        history.reserve(prompt.size() + static_cast<size_t>(std::max(0, params.n_predict)) + 64);
-    }
-
-    GenerationStats& stats() { return stats_; }
-    // Takes one sampled token; false when generation must end (the reason is in stats.stop).
-    bool push(int tok) {
-        if (tok == eos_ || std::find(stop_tokens_.begin(), stop_tokens_.end(), tok) != stop_tokens_.end())
-            return end(StopReason::Eos);
-        ++stats_.n_generated;
-        history.push_back(tok);
-        if (!deliver(stop_filter_.push(detok_.push(tok)))) return end(StopReason::OutputClosed);
-        if (stop_filter_.stopped()) return end(StopReason::StopString);
-        if (n_predict_ >= 0 && stats_.n_generated >= n_predict_) return end(StopReason::Length);
-        return true;
-    }
-    int remaining() const { return n_predict_ < 0 ? 1 << 30 : n_predict_ - stats_.n_generated; }
-    // The context position of the next token: where it will sit in the cache, after what earlier turns left there.
-    // Sampling noise is keyed by it (Sampler::sample).
-    int64_t next_position() const { return base_ + static_cast<int64_t>(history.size()); }
-    bool stop_context_full() { return end(StopReason::ContextFull); }
-
-    // Hands out what the decoder and the filter still hold (not after a closed pipe or a stop string).
-    void finish() {
-        if (stats_.stop != StopReason::OutputClosed && stats_.stop != StopReason::StopString) {
-            std::string rest = stop_filter_.push(detok_.flush());
-            rest += stop_filter_.flush();
-            if (!deliver(rest)) stats_.stop = StopReason::OutputClosed;
-        }
-        if (first_) stats_.ttft_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
-    }
-
-private:
-    bool end(StopReason reason) {
-        stats_.stop = reason;
-        return false;
-    }
-    bool deliver(const std::string& text) {
-        if (first_) {
-            stats_.ttft_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
-            first_ = false;
-        }
-        return text.empty() || emit_(text);
-    }
-
-    const int base_;  // the context position of history[0]
-    const int eos_;
-    const std::vector<int> stop_tokens_;
-    const int n_predict_;
-    const std::function<bool(std::string_view)>& emit_;
-    GenerationStats& stats_;
-    const Clock::time_point t_start_;
-    TokenStreamDecoder detok_;
-    StopStringFilter stop_filter_;
-    bool first_ = true;
-
-public:
-    std::vector<int> history;  // prompt + generated tokens
-};
 
 namespace {
 
@@ -449,7 +374,8 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     stats.prefill_s = std::chrono::duration<double>(Clock::now() - t_start).count();
 
     Sampler sampler(params.sampler, model_.config.n_vocab);
-    Output out(model_, params, prompt, cache_.n_committed() - static_cast<int>(prompt.size()), emit, stats, t_start);
+    TokenOutput out(model_, params, prompt, cache_.n_committed() - static_cast<int>(prompt.size()), emit, stats,
+                    t_start);
     const Clock::time_point t_decode = Clock::now();
     const bool speculative = draft_.model != nullptr || params.speculative.lookup;
     if (speculative)
@@ -463,7 +389,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     return stats;
 }
 
-void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationParams& params) {
+void Generator::decode_plain(TokenOutput& out, Sampler& sampler, const GenerationParams& params) {
     grammar::TokenConstraint* constraint = params.constraint;
     // A grammar masks whole rows: no device argmax, no candidate rows.
     const bool ids_only = !constraint && argmax_is_enough(params.sampler);
@@ -500,7 +426,7 @@ void Generator::decode_plain(Output& out, Sampler& sampler, const GenerationPara
 // forward, the accepted prefix and the target's next token are emitted, and both caches are cut back to what was
 // accepted. `cur` (the last emitted token) is never in the target's cache at the start of a round: it is the
 // first token of the verification batch.
-void Generator::decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params,
+void Generator::decode_speculative(TokenOutput& out, Sampler& sampler, const GenerationParams& params,
                                    const std::vector<int>& prompt, std::span<const int> held) {
     const SpeculativeParams& sp = params.speculative;
     const bool rejection = params.sampler.temperature > 0.0f && sp.sampling == SpecSampling::Rejection;

@@ -19,6 +19,7 @@ class TokenConstraint;
 struct Model;
 class Backend;
 class KvCache;
+class TokenOutput;
 
 struct GenerationParams {
     int n_predict = -1;              // new tokens at most; -1 = until EOS or the context is full
@@ -93,10 +94,9 @@ public:
                              const std::function<bool(std::string_view)>& emit, std::span<const int> held = {});
 
 private:
-    class Output;
     void prefill(const std::vector<int>& prompt, int chunk);
-    void decode_plain(Output& out, Sampler& sampler, const GenerationParams& params);
-    void decode_speculative(Output& out, Sampler& sampler, const GenerationParams& params,
+    void decode_plain(TokenOutput& out, Sampler& sampler, const GenerationParams& params);
+    void decode_speculative(TokenOutput& out, Sampler& sampler, const GenerationParams& params,
                             const std::vector<int>& prompt, std::span<const int> held);
 
     const Model& model_;

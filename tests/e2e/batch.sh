@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# End-to-end checks of tandem --batch on the tiny stories260K: one record per non-blank line, in order, with the
-# line's id (or its number); the command line's flags as defaults and the line's fields over them; a greedy answer
-# byte-identical to `tandem -p`'s, a seeded one identical to `-p --seed`'s (also with a draft, and with --seed as the
-# default); a json_schema line's text valid against it; a stop string; bad lines as error records while the others
+# End-to-end checks of tandem --batch on the tiny stories260K: one record per non-blank line, with the line's id (or
+# its number), in finishing order (lines run together by continuous batching; in input order with --parallel 1);
+# every record the same with 2, 3 or 16 lines in flight as one after another; the command line's flags as defaults
+# and the line's fields over them; a greedy answer byte-identical to `tandem -p`'s, a seeded one identical to
+# `-p --seed`'s (also with a draft, and with --seed as the default); a json_schema line's text valid against it; a stop string; bad lines as error records while the others
 # run, and exit 1; stdin with -; a closed pipe; progress on a terminal only; the flags --batch refuses.
 # Usage: batch.sh BUILD_DIR DATA_DIR
 set -uo pipefail
@@ -13,13 +14,20 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export HOME="$tmp/home" XDG_STATE_HOME="$tmp/state"
 source "$(dirname "$0")/lib/checks.bash"
-batch() { "$tandem" -m "$model" -n 12 --temp 0 "$@"; }
+# batch ARGS: the tandem run, which notes its --batch input for records.py (lines run by continuous batching finish
+# in any order: the checks read the records put back in input order).
+batch() {
+  local prev=""
+  for a in "$@"; do [ "$prev" = "--batch" ] && echo "$a" >"$tmp/last_input"; prev=$a; done
+  "$tandem" -m "$model" -n 12 --temp 0 "$@"
+}
 one_shot() { "$tandem" -m "$model" "$@"; }
 
 # records.py RECORDS CHECKS: runs the Python CHECKS with `r` the list of records (each parsed, its line kept as
-# r[i]["_line"]), and the helper text(path) that reads a one-shot run's stdout exactly.
+# r[i]["_line"]) in the order of the last batch's input lines (each id once), the order they came in as
+# `finished`, and the helper text(path) that reads a one-shot run's stdout exactly.
 cat >"$tmp/records.py" <<'EOF'
-import json, sys
+import json, os, sys
 def text(path):
     return open(path, encoding="utf-8").read()
 r = []
@@ -28,6 +36,21 @@ for line in open(sys.argv[1], encoding="utf-8").read().splitlines():
     assert next(iter(rec)) == "id", line  # the id comes first
     rec["_line"] = line
     r.append(rec)
+finished = [x["id"] for x in r]
+last = os.path.join(os.path.dirname(sys.argv[0]), "last_input")
+source = open(last).read().strip() if os.path.exists(last) else "-"
+if source != "-":
+    ids = []
+    for number, line in enumerate(open(source, encoding="utf-8").read().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            v = json.loads(line)
+        except ValueError:
+            v = None
+        ids.append(v["id"] if isinstance(v, dict) and "id" in v else number)
+    assert sorted(map(repr, finished)) == sorted(map(repr, ids[: len(r)])) or len(r) < len(ids), (finished, ids)
+    r.sort(key=lambda x: ids.index(x["id"]))
 exec(sys.argv[2])
 EOF
 records() { python3 "$tmp/records.py" "$@"; }
@@ -88,10 +111,35 @@ printf '%s\n%s\n' "$(cat "$tmp/noseed.jsonl")" "$(cat "$tmp/noseed.jsonl")" >"$t
 batch --batch "$tmp/twice.jsonl" >"$tmp/out" 2>/dev/null
 check "without --seed, each line its own seed" records "$tmp/out" 'assert r[0]["text"] != r[1]["text"], r'
 batch --batch "$tmp/good.jsonl" --draft "$model" >"$tmp/out" 2>/dev/null
-check "with a draft: the same greedy and seeded texts, and drafting fields" records "$tmp/out" '
+check "with a draft, lines in flight together (plain decoding): the same greedy and seeded texts" records "$tmp/out" '
+assert r[0]["text"] == text(sys.argv[3]) and r[1]["text"] == text(sys.argv[4]), (r[0], r[1])
+' "$tmp/greedy" "$tmp/seeded"
+batch --batch "$tmp/good.jsonl" --draft "$model" --parallel 1 >"$tmp/out" 2>/dev/null
+check "with a draft and --parallel 1: the same greedy and seeded texts, and drafting fields" records "$tmp/out" '
 assert r[0]["text"] == text(sys.argv[3]) and r[1]["text"] == text(sys.argv[4]), (r[0], r[1])
 assert r[0]["drafted"] >= r[0]["accepted"] > 0, r[0]
 ' "$tmp/greedy" "$tmp/seeded"
+
+# ---- continuous batching: several lines in flight, the same records as one after another ------------------------
+batch --batch "$tmp/good.jsonl" --parallel 1 >"$tmp/serial" 2>/dev/null
+check "--parallel 1: the records in input order" records "$tmp/serial" 'assert finished == [1, "lily", 17, 1.5, 6, 7], finished'
+for n in 2 3 16; do
+  batch --batch "$tmp/good.jsonl" --parallel $n >"$tmp/out" 2>/dev/null
+  check "--parallel $n: every record's text, tokens and stop as one after another" records "$tmp/out" '
+s = [json.loads(l) for l in open(sys.argv[3]).read().splitlines()]
+for a, b in zip(r, s):
+    assert (a["id"], a["text"], a["generated_tokens"], a["stop"]) == (b["id"], b["text"], b["generated_tokens"], b["stop"]), (a, b)
+' "$tmp/serial"
+done
+# Records are written as lines finish: a short line after a long one comes first.
+printf '%s\n' '{"id": "long", "prompt": "Once upon a time", "n_predict": 120}' \
+  '{"id": "short", "prompt": "Once upon a time", "n_predict": 3}' >"$tmp/order.jsonl"
+batch --batch "$tmp/order.jsonl" >"$tmp/out" 2>/dev/null
+check "by default lines run together: a short line after a long one finishes first" records "$tmp/out" '
+assert finished == ["short", "long"], finished
+assert r[1]["generated_tokens"] == 3 and r[0]["generated_tokens"] > 3, r'
+"$tandem" -m "$model" --batch "$tmp/order.jsonl" --parallel 0 >"$tmp/out" 2>"$tmp/err"
+check_all "--parallel 0 is refused" [ $? -ne 0 ] ::: grep -q -- "--parallel" "$tmp/err"
 
 # The command line's grammar applies to the lines without a schema of their own.
 printf '%s\n' '{"prompt": "Once upon a time", "n_predict": 40}' \
@@ -135,17 +183,19 @@ assert all(list(x) == ["id", "error", "_line"] for x in r if "error" in x), r
 
 # ---- stdin, a closed pipe ---------------------------------------------------------------------------------------
 batch --batch "$tmp/good.jsonl" >"$tmp/file_out" 2>/dev/null
-batch --batch - <"$tmp/good.jsonl" >"$tmp/out" 2>"$tmp/err"
+echo - >"$tmp/last_input"
+"$tandem" -m "$model" -n 12 --temp 0 --batch - <"$tmp/good.jsonl" >"$tmp/out" 2>"$tmp/err"
 check_all "stdin (-): exit 0 and nothing on stderr" [ $? -eq 0 ] ::: [ ! -s "$tmp/err" ]
 check "stdin (-): the file's records (ids and texts)" records "$tmp/out" '
 f = [json.loads(l) for l in open(sys.argv[3]).read().splitlines()]
-assert [(x["id"], x["text"]) for x in r] == [(x["id"], x["text"]) for x in f], (r, f)
+key = lambda x: repr(x["id"])
+assert sorted([(key(x), x["text"]) for x in r]) == sorted([(key(x), x["text"]) for x in f]), (r, f)
 ' "$tmp/file_out"
 yes '{"prompt": "Once upon a time", "n_predict": 100}' | head -n 200 >"$tmp/many.jsonl"
 batch --batch "$tmp/many.jsonl" 2>"$tmp/err" | head -n 1 >"$tmp/out"
 check "a closed pipe ends the run quietly with exit 0" [ "${PIPESTATUS[0]}" -eq 0 ]
 check "a closed pipe: nothing on stderr" [ ! -s "$tmp/err" ]
-check "a closed pipe: the record before it was whole" records "$tmp/out" 'assert len(r) == 1 and r[0]["id"] == 1'
+check "a closed pipe: the record before it was whole" records "$tmp/out" 'assert len(r) == 1 and "text" in r[0]'
 
 # ---- progress on stderr, on a terminal only ---------------------------------------------------------------------
 check "progress: done/total, tokens/s and ETA on a terminal's stderr, stdout the records alone" python3 - "$tandem" \
