@@ -33,6 +33,16 @@ public:
         assert(n_committed_ + n <= capacity_);
         n_committed_ += n;
     }
+    // Makes this cache hold positions 0..n-1 of `from` (0 < n <= from.n_committed(), n <= capacity()), bit for bit,
+    // in place of what it held: a prompt that starts with tokens another sequence has run starts from their keys and
+    // values instead of computing them again (the keys and values of a position depend only on the tokens up to it).
+    // Returns false, leaving this cache as it was, where the caches cannot copy (another backend or layout, or
+    // sliding-window rings); the caller then prefills.
+    virtual bool copy_prefix(const KvCache& from, int n) {
+        (void)from;
+        (void)n;
+        return false;
+    }
 
 protected:
     explicit KvCache(int capacity) : capacity_(capacity) {}

@@ -124,6 +124,7 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
         std::fprintf(stderr, "tandem: batch: %d sequences in flight at most%s\n", parallel,
                      parallel > 1 ? " (continuous batching, plain decoding)" : " (one after another)");
     bool closed = false;  // stdout went away: the run ends quietly
+    std::optional<BatcherStats> batcher_stats;
     const auto next_line = [&]() -> std::optional<ReadyLine> {
         while (!closed) {
             std::optional<ReadyLine> line =
@@ -158,7 +159,7 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
             session.model(), session.backend(),
             {.n_parallel = parallel, .n_ctx = session.n_ctx(), .step_tokens = options.params.chunk});
         const AnswerOutput collected{.stream = false, .show_thinking = options.show_thinking};
-        batcher.run(
+        batcher_stats = batcher.run(
             [&]() -> std::optional<BatchJob> {
                 std::optional<ReadyLine> line = next_line();
                 if (!line) return std::nullopt;
@@ -194,6 +195,13 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
         std::fprintf(stderr, "batch: %s answered, %zu failed; %llu tokens generated in %.2f s (%.1f tokens/s)\n",
                      lines(writer.answered()).c_str(), writer.failed(),
                      static_cast<unsigned long long>(progress.tokens()), s, s > 0 ? progress.tokens() / s : 0.0);
+        if (batcher_stats && batcher_stats->decode_seconds > 0)
+            std::fprintf(stderr,
+                         "batch: %d steps, at most %d lines in flight; %d decode-only steps: %ld tokens in %.2f s "
+                         "(%.1f tokens/s)\n",
+                         batcher_stats->steps, batcher_stats->peak_in_flight, batcher_stats->decode_steps,
+                         batcher_stats->decode_tokens, batcher_stats->decode_seconds,
+                         batcher_stats->decode_tokens / batcher_stats->decode_seconds);
     }
     return writer.failed() > 0 ? 1 : 0;
 }

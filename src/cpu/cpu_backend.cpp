@@ -100,6 +100,26 @@ std::vector<uint8_t> CpuKvCache::position_bytes(int layer, int pos, bool key) co
     return row;
 }
 
+bool CpuKvCache::copy_prefix(const KvCache& from_base, int n) {
+    const auto* from = dynamic_cast<const CpuKvCache*>(&from_base);
+    if (!from || from == this || n <= 0 || n > from->n_committed() || n > capacity()) return false;
+    if (from->kv_dim_ != kv_dim_ || from->type_ != type_ || from->slabs_ != slabs_ ||
+        from->layer_slots_.size() != layer_slots_.size())
+        return false;
+    for (size_t l = 0; l < layer_slots_.size(); ++l)
+        if (rings_.ring(static_cast<int>(l)) > 0 || from->rings_.ring(static_cast<int>(l)) > 0) return false;
+    const size_t bytes = static_cast<size_t>(n) * slab_row_bytes();
+    for (size_t l = 0; l < layer_slots_.size(); ++l)
+        for (int s = 0; s < slabs_; ++s) {
+            const int layer = static_cast<int>(l);
+            std::memcpy(k_.get() + offset(layer, s, 0), from->k_.get() + from->offset(layer, s, 0), bytes);
+            std::memcpy(v_.get() + offset(layer, s, 0), from->v_.get() + from->offset(layer, s, 0), bytes);
+        }
+    truncate(0);
+    commit_appended(n);
+    return true;
+}
+
 bool CpuKvCache::same_position(const CpuKvCache& other, int layer, int pos) const {
     if (other.kv_dim_ != kv_dim_ || other.type_ != type_ || other.slabs_ != slabs_) return false;
     const int at = slot(layer, pos), other_at = other.slot(layer, pos);

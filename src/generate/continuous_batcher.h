@@ -4,6 +4,12 @@
 // chunked prefill), so that a long prompt never holds the decoding sequences up for more than one step. A finished
 // sequence's slot takes the next job at once.
 //
+// Shared prompt starts are run once: a job goes to the free slot whose cache holds the longest start of its prompt
+// (the cache is cut back to it), or copies it from another slot's cache (KvCache::copy_prefix), waiting for that
+// slot's prefill where it is still running. So lines that share a system prompt or a few-shot block prefill it once
+// per batch, not once per line. (Each slot keeps its own copy: the paged cache, which would store it once, is still
+// to come.)
+//
 // What a sequence generates does not depend on what shares its steps: the backend's logits are those of the sequence
 // alone (bitwise on the CPU: Backend::forward_batch), sampling is keyed by the sequence's own seed and context
 // positions (Sampler), and the stop conditions are the Generator's (TokenOutput). So a greedy answer here is the
@@ -45,7 +51,13 @@ struct BatcherStats {
     int steps = 0;
     long tokens_forwarded = 0;  // prompt and decode tokens through the backend
     int peak_in_flight = 0;
+    long prefix_tokens_reused = 0;  // prompt tokens not run: kept in a slot's cache, or copied from another's
     double seconds = 0;
+    // Steps in which every sequence in flight decoded (no prompt chunk): the aggregate decode speed is
+    // decode_tokens / decode_seconds.
+    int decode_steps = 0;
+    long decode_tokens = 0;
+    double decode_seconds = 0;
 };
 
 class ContinuousBatcher {

@@ -202,3 +202,70 @@ TEST_CASE("continuous batcher: a prompt longer than a slot's context is an error
                         [](BatchJob&, GenerationStats&) {}),
                     Error);
 }
+
+TEST_CASE("continuous batcher: prompts that share a start run it once, and generate what they generate alone") {
+    // A long shared start (a few-shot block) and different endings; one prompt repeats another whole. Budgets small
+    // enough that later prompts wait for the first one's prefill and then copy it.
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    const std::string shared =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine. One day, "
+        "she saw a big, red ball in the park.";
+    std::vector<Case> cases;
+    const char* endings[] = {" She", " Her mom said", " The ball", " Lily", " She", " Then a dog came and"};
+    for (int i = 0; i < 6; ++i) {
+        Case c;
+        c.prompt = shared + endings[i];
+        c.params.n_predict = 12 + 3 * i;
+        c.params.sampler.temperature = i % 2 ? 0.8f : 0.0f;
+        c.params.sampler.seed = 7 + static_cast<uint64_t>(i);
+        cases.push_back(c);
+    }
+    std::vector<Result> expected;
+    long prompt_tokens = 0;
+    for (const Case& c : cases) {
+        expected.push_back(alone(*model, c));
+        prompt_tokens += expected.back().stats.n_prompt;
+    }
+    const long shared_tokens = static_cast<long>(model->tokenizer->encode(shared, true).size());
+    REQUIRE(shared_tokens > 40);
+    for (const BatcherOptions options : {BatcherOptions{.n_parallel = 3, .n_ctx = 256, .step_tokens = 8},
+                                         BatcherOptions{.n_parallel = 6, .n_ctx = 256, .step_tokens = 256},
+                                         BatcherOptions{.n_parallel = 2, .n_ctx = 256, .step_tokens = 64}}) {
+        CAPTURE(options.n_parallel);
+        CAPTURE(options.step_tokens);
+        BatcherStats st;
+        const auto got = batched(*model, cases, options, nullptr, &st);
+        long decode_forwards = 0;
+        for (size_t i = 0; i < cases.size(); ++i) {
+            CAPTURE(i);
+            CHECK(got.at(i).text == expected[i].text);
+            CHECK(got.at(i).stats.generated == expected[i].stats.generated);
+            decode_forwards += got.at(i).stats.n_decode_forwards;
+        }
+        // Every prompt after the first starts from the shared part (most of it: tokenization at the seam may differ).
+        MESSAGE("reused " << st.prefix_tokens_reused << " of " << prompt_tokens << " prompt tokens");
+        CHECK(st.prefix_tokens_reused >= 5 * (shared_tokens - 2));
+        CHECK(st.tokens_forwarded == prompt_tokens - st.prefix_tokens_reused + decode_forwards);
+    }
+}
+
+TEST_CASE("continuous batcher: CPU caches copy a prefix bit for bit, and refuse what they cannot copy") {
+    const auto model = Model::load(kData + "/stories260K.gguf");
+    CpuBackend backend(*model, 1, 64, {.kv_type = CpuKvType::F16});
+    auto a = backend.new_cache(64), b = backend.new_cache(64);
+    const std::vector<int> tokens = model->tokenizer->encode("Once upon a time there was a dog", true);
+    backend.forward(tokens, *a, 0, nullptr);
+    backend.forward(std::span<const int>(tokens).first(2), *b, 0, nullptr);
+    CHECK_FALSE(b->copy_prefix(*a, a->n_committed() + 1));  // more than it holds
+    CHECK(b->n_committed() == 2);
+    REQUIRE(b->copy_prefix(*a, 5));
+    CHECK(b->n_committed() == 5);
+    const auto& ca = static_cast<const CpuKvCache&>(*a);
+    const auto& cb = static_cast<const CpuKvCache&>(*b);
+    for (int l = 0; l < model->config.n_layers; ++l)
+        for (int p = 0; p < 5; ++p) CHECK(cb.same_position(ca, l, p));
+    CpuBackend other(*model, 1, 64, {.kv_type = CpuKvType::F32});
+    auto c = other.new_cache(64);
+    CHECK_FALSE(c->copy_prefix(*a, 3));  // another storage type
+    CHECK(c->n_committed() == 0);
+}
