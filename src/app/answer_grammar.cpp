@@ -85,6 +85,20 @@ std::string describe_grammar(GrammarSource source, const std::string& arg) {
     return "";
 }
 
+bool open_reasoning_for_grammar(ChatTemplate& turn, bool constrained) {
+    const bool after_reasoning = constrained && turn.supports_thinking() && turn.thinking();
+    turn.set_reasoning_opened(after_reasoning);
+    return after_reasoning;
+}
+
+grammar::TokenConstraint constraint_for_turn(const grammar::TokenConstraint& grammar, bool after_reasoning) {
+    // The end of the think block of every reasoning template tandem renders (text/chat_template.h).
+    if (after_reasoning) return grammar.answer_after("</think>");
+    grammar::TokenConstraint copy = grammar;
+    copy.reset();
+    return copy;
+}
+
 grammar::TokenConstraint AnswerGrammar::for_answer() const {
     grammar::TokenConstraint copy = constraint;
     copy.reset();

@@ -24,11 +24,20 @@ std::vector<int> end_of_turn_ids(const Tokenizer& tokenizer, const ChatTemplate&
 // and as end ids EOS and the template's end-of-turn tokens, so an answer can end only where the grammar accepts.
 // Building one builds a trie over the whole vocabulary: build it once per grammar and give each answer a copy
 // (AnswerGrammar::for_answer). It constrains from the answer's first token: a turn whose reasoning comes first
-// takes its TokenConstraint::answer_after("</think>") (ChatSession and the one-shot run do, for a reasoning template
-// with thinking on, and open the think block in the prompt). Throws tandem::Error for a grammar the matcher refuses
+// takes constraint_for_turn's (below). Throws tandem::Error for a grammar the matcher refuses
 // (left recursion).
 grammar::TokenConstraint answer_constraint(const Model& model, const grammar::Grammar& grammar,
                                            const std::optional<ChatTemplate>& tmpl);
+
+// A grammar on a reasoning turn's answer (a template with a thinking switch, thinking on) applies after the think
+// block, which the prompt then opens itself, where the model would (qwen3, smollm3; deepseek-r1's prompt opens it
+// anyway). Call before rendering `turn` (the template as this turn renders it), with whether the answer follows a
+// grammar; returns whether the answer's constraint starts after the reasoning (constraint_for_turn).
+bool open_reasoning_for_grammar(ChatTemplate& turn, bool constrained);
+
+// One answer's constraint, from `grammar` (at its start, shared, never advanced): a reset copy, or, after_reasoning,
+// free text up to the end of the think block, then the grammar (TokenConstraint::answer_after).
+grammar::TokenConstraint constraint_for_turn(const grammar::TokenConstraint& grammar, bool after_reasoning);
 
 // Where a grammar comes from.
 enum class GrammarSource {

@@ -18,8 +18,7 @@ PreparedPrompt prepare_prompt(const Session& session, const PromptRequest& reque
     p.params = request.params;
     p.params.constraint = nullptr;  // answer_prompt() points it at the answer's own copy
     Sampler::validate(p.params.sampler);
-    // A grammar on a reasoning model's answer applies after its think block, which the prompt then opens itself
-    // (where the model would): the grammar starts inside the reasoning (grammar/answer_after.h).
+    // A grammar on a reasoning model's answer applies after its think block (open_reasoning_for_grammar).
     bool constrain_after_reasoning = false;
     if (tmpl && !tmpl->is_raw()) {
         std::vector<ChatMessage> messages;
@@ -27,8 +26,7 @@ PreparedPrompt prepare_prompt(const Session& session, const PromptRequest& reque
         messages.push_back({"user", request.prompt});
         // The template as this turn renders it (smollm3's reasoning mode may come from the system message).
         p.turn = tmpl->for_messages(messages);
-        constrain_after_reasoning = request.grammar && p.turn->supports_thinking() && p.turn->thinking();
-        p.turn->set_reasoning_opened(constrain_after_reasoning);
+        constrain_after_reasoning = open_reasoning_for_grammar(*p.turn, request.grammar != nullptr);
         p.tokens = tokenize_chat(*model.tokenizer, *p.turn, messages, /*add_generation_prompt=*/true);
         for (const int id : end_of_turn_ids(*model.tokenizer, *tmpl)) p.params.stop_tokens.push_back(id);
     } else {
@@ -40,14 +38,7 @@ PreparedPrompt prepare_prompt(const Session& session, const PromptRequest& reque
         throw Error("the prompt has " + std::to_string(p.tokens.size()) + " tokens but the context holds " +
                     std::to_string(n_ctx) + " (raise --ctx, at most the model's " +
                     std::to_string(model.config.context_length) + ")");
-    if (request.grammar) {
-        if (constrain_after_reasoning) {
-            p.constraint.emplace(request.grammar->answer_after("</think>"));
-        } else {
-            p.constraint.emplace(*request.grammar);
-            p.constraint->reset();
-        }
-    }
+    if (request.grammar) p.constraint.emplace(constraint_for_turn(*request.grammar, constrain_after_reasoning));
     return p;
 }
 

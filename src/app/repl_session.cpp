@@ -136,8 +136,7 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
     // Under a grammar a reasoning turn's think block is opened by the prompt and the grammar applies after it
     // (answer_grammar.h): the constraint must know where the reasoning starts.
     ChatTemplate turn = tmpl_.for_messages(full_messages());
-    const bool constrain_after_reasoning = params.constraint && turn.supports_thinking() && turn.thinking();
-    turn.set_reasoning_opened(constrain_after_reasoning);
+    const bool constrain_after_reasoning = open_reasoning_for_grammar(turn, params.constraint != nullptr);
     const std::vector<int> target = render_tokens(true, &turn);
     if (target.empty()) throw Error("nothing to answer: the conversation renders to no tokens");
     if (static_cast<int>(target.size()) >= cap)
@@ -149,7 +148,8 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
     GenerationParams p = params;
     p.stop_tokens.insert(p.stop_tokens.end(), stop_tokens_.begin(), stop_tokens_.end());
     std::optional<grammar::TokenConstraint> after_reasoning;
-    if (constrain_after_reasoning) p.constraint = &after_reasoning.emplace(params.constraint->answer_after("</think>"));
+    if (constrain_after_reasoning)
+        p.constraint = &after_reasoning.emplace(constraint_for_turn(*params.constraint, /*after_reasoning=*/true));
     std::string text;
     auto answer_piece = [&](std::string_view piece) {
         if (!emit(piece)) return false;
