@@ -1,31 +1,31 @@
 // Speculative decoding on stories260K: greedy output equal to plain decoding (and to llama2.c's goldens) with
 // drafts that agree and that disagree, prompt lookup, KV rollback, the vocabulary check, the draft-length
 // controller, and losslessness at temperature > 0 by an exact chi-square test; all of it again under a grammar.
-#include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <doctest/doctest.h>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <random>
-#include <unistd.h>
 
+#include "common/synthetic_model.h"
+#include "convert/llama2c.h"
+#include "convert/quantize_model.h"
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/generator.h"
+#include "generate/speculative.h"
 #include "gguf/gguf_writer.h"
 #include "grammar/constraint.h"
-#include "convert/llama2c.h"
 #include "model/model.h"
-#include "convert/quantize_model.h"
 #include "reference_files.h"
 #include "spec_test_models.h"
-#include "generate/speculative.h"
-#include "common/synthetic_model.h"
 #include "test_paths.h"
 #include "text/vocab_check.h"
 
@@ -36,7 +36,6 @@ using test::drafts;
 namespace {
 
 const std::string kData = TANDEM_TEST_DATA;
-
 
 struct Run {
     std::vector<int> tokens;  // generated ids
@@ -129,7 +128,8 @@ TEST_CASE("speculative: a draft requantized at load keeps the output, and really
     // the unrestricted requantized model gives it.
     const std::vector<int> prompt = {1, 403, 407, 261, 378};
     const int V = target->config.n_vocab;
-    std::vector<float> full(static_cast<size_t>(V)), restricted(static_cast<size_t>(V)), file_logits(static_cast<size_t>(V));
+    std::vector<float> full(static_cast<size_t>(V)), restricted(static_cast<size_t>(V)),
+        file_logits(static_cast<size_t>(V));
     {
         auto c1 = requantized.new_cache(64), c2 = requantized.new_cache(64), c3 = as_file.new_cache(64);
         requantized.forward(prompt, *c1, 1, full.data());
@@ -140,8 +140,10 @@ TEST_CASE("speculative: a draft requantized at load keeps the output, and really
         as_file.forward(prompt, *c3, 1, file_logits.data());
         for (int id = 0; id < V; ++id) {
             const bool allowed = id < 200 || std::find(extra.begin(), extra.end(), id) != extra.end();
-            if (allowed) CHECK(restricted[static_cast<size_t>(id)] == full[static_cast<size_t>(id)]);
-            else CHECK(std::isinf(restricted[static_cast<size_t>(id)]));
+            if (allowed)
+                CHECK(restricted[static_cast<size_t>(id)] == full[static_cast<size_t>(id)]);
+            else
+                CHECK(std::isinf(restricted[static_cast<size_t>(id)]));
         }
         CHECK(full != file_logits);  // the requantized weights are not the file's
     }
@@ -235,7 +237,9 @@ public:
         log_.push_back(std::to_string(tokens.size()));
         inner_.forward(tokens, cache, n_logits, logits);
     }
-    bool restrict_logits(int n_first, std::span<const int> extra) override { return inner_.restrict_logits(n_first, extra); }
+    bool restrict_logits(int n_first, std::span<const int> extra) override {
+        return inner_.restrict_logits(n_first, extra);
+    }
     void wait_for_repacking() const override {
         log_.push_back("w");
         inner_.wait_for_repacking();
@@ -389,8 +393,8 @@ TEST_CASE("speculative: prompt lookup's length follows the length of its match")
     // were, costs 7 ms; at 0.93 per token the best round is 8 tokens, ~6.9 tokens for 86 ms).
     const int k16 = c.choose_lookup(16, 16, 16);
     CHECK(k16 >= 8);
-    CHECK(c.choose_lookup(16, 5, 16) == 5);   // no more than the source holds
-    CHECK(c.choose_lookup(16, 16, 3) == 3);   // nor than the limit
+    CHECK(c.choose_lookup(16, 5, 16) == 5);  // no more than the source holds
+    CHECK(c.choose_lookup(16, 16, 3) == 3);  // nor than the limit
     // A short match is often chance: a few tokens only; a single token (acceptance 0.23) is not worth 7 ms.
     const int k2 = c.choose_lookup(2, 16, 16);
     CHECK(k2 >= 1);
@@ -425,7 +429,7 @@ TEST_CASE("speculative: verification costs never extrapolate below the prefill's
     };
     const int k = traced(0.0085);  // the prompt's prefill: 8.5 ms per token, so 17 tokens cost at least 145 ms
     CHECK(k >= 1);
-    CHECK(k <= 6);  // up to 6 tokens the flat line (48 ms) is above the floor; 17 tokens: 145 ms for ~5 more
+    CHECK(k <= 6);             // up to 6 tokens the flat line (48 ms) is above the floor; 17 tokens: 145 ms for ~5 more
     CHECK(traced(0.0) == 16);  // the case the floor is for: without it the flat line prices 17 tokens as one
 }
 
@@ -660,7 +664,7 @@ TEST_CASE("speculative: probes of a losing draft become rarer") {
     for (int round = 0; round < 400; ++round)
         if (c.choose(8) > 0) probe_rounds.push_back(round);
     REQUIRE(probe_rounds.size() >= 3);
-    CHECK(probe_rounds[1] - probe_rounds[0] > 32);                      // 64 after the first probe
+    CHECK(probe_rounds[1] - probe_rounds[0] > 32);  // 64 after the first probe
     CHECK(probe_rounds[2] - probe_rounds[1] > probe_rounds[1] - probe_rounds[0]);
 }
 
@@ -705,7 +709,10 @@ TEST_CASE("speculative: vocabulary check") {
         std::vector<int32_t> types;
         for (int64_t t : stories->get_int_array("tokenizer.ggml.token_type")) types.push_back(static_cast<int32_t>(t));
         for (int i = 0; i < 8; ++i) {
-            tokens.push_back("\xe2\x96\x81" "extra" + std::to_string(i));
+            tokens.push_back(
+                "\xe2\x96\x81"
+                "extra" +
+                std::to_string(i));
             scores.push_back(-1000.0f - i);
             types.push_back(1);
         }
@@ -727,7 +734,6 @@ TEST_CASE("speculative: vocabulary check") {
     }
 }
 
-
 namespace {
 
 // The exact distributions of the first three sampled tokens after `prompt` under `target` alone with sampler `sp`,
@@ -736,8 +742,8 @@ namespace {
 // still couple neighbouring tokens). Under `grammar` each row is masked with its state after the generated tokens
 // before the sampler's transforms, as constrained generation does.
 std::array<std::map<int, double>, 5> exact_first_tokens(const Model& target, const SamplerParams& sp,
-                                                         const std::vector<int>& prompt,
-                                                         const grammar::TokenConstraint* grammar = nullptr) {
+                                                        const std::vector<int>& prompt,
+                                                        const grammar::TokenConstraint* grammar = nullptr) {
     CpuBackend backend(target, 1, 64);
     Sampler exact_sampler(sp, 512);
     std::vector<float> logits(512), probs(512);
@@ -785,6 +791,42 @@ void count_first_tokens(const std::vector<int>& tokens, FirstTokenCounts& counts
     }
 }
 
+// The chi-square tests' samples: n_runs generations of 3 tokens after `prompt`, seeds 0..n_runs-1, speculative with
+// two drafts a round from `draft` (a path; "" with lookup), sampled by `scheme`, under a fresh copy of `grammar`
+// where given; the first tokens counted, and the drafted and accepted totals.
+struct SampledRuns {
+    FirstTokenCounts counts;
+    int64_t drafted = 0, accepted = 0;
+};
+SampledRuns sample_first_tokens(const Model& target, const std::string& draft, const std::vector<int>& prompt,
+                                const SamplerParams& sp, int n_runs, SpecSampling scheme, bool lookup,
+                                int draft_vocab = 0, const grammar::TokenConstraint* grammar = nullptr) {
+    SampledRuns runs;
+    for (int seed = 0; seed < n_runs; ++seed) {
+        GenerationParams p;
+        p.n_predict = 3;
+        p.sampler = sp;
+        p.sampler.seed = static_cast<uint64_t>(seed);
+        p.speculative.draft_min = 2;
+        p.speculative.draft_max = 2;
+        p.speculative.p_min = 0;
+        p.speculative.lookup = lookup;
+        p.speculative.draft_vocab = draft_vocab;
+        p.speculative.sampling = scheme;
+        std::optional<grammar::TokenConstraint> state;
+        if (grammar) {
+            state.emplace(*grammar);
+            state->reset();
+            p.constraint = &*state;
+        }
+        const Run r = generate(target, draft, prompt, p);
+        count_first_tokens(r.tokens, runs.counts);
+        runs.drafted += r.stats.spec.drafted;
+        runs.accepted += r.stats.spec.accepted;
+    }
+    return runs;
+}
+
 // Whether every one of the five passes the chi-square test against the exact distributions (INFO says which not).
 bool all_pass(const FirstTokenCounts& counts, const std::array<std::map<int, double>, 5>& exact, int n_runs) {
     static const char* kNames[] = {"token 1", "token 2", "token 3", "tokens (1, 2)", "tokens (2, 3)"};
@@ -801,7 +843,8 @@ bool all_pass(const FirstTokenCounts& counts, const std::array<std::map<int, dou
 
 }  // namespace
 
-TEST_CASE("speculative: sampling at temperature > 0 is lossless, coupled and by rejection (exact chi-square on tokens 1-3)") {
+TEST_CASE(
+    "speculative: sampling at temperature > 0 is lossless, coupled and by rejection (exact chi-square on tokens 1-3)") {
     // Mutation-checked: noise keyed without the position (one Gumbel vector for every token), or a uniform squared
     // (biased noise), fails this test.
     const std::vector<int> prompt = {1};  // after BOS alone the story can start many ways: broad distributions
@@ -828,38 +871,19 @@ TEST_CASE("speculative: sampling at temperature > 0 is lossless, coupled and by 
         REQUIRE(exact[0].size() >= 10);
         REQUIRE(exact[1].size() >= 10);
         REQUIRE(exact[2].size() >= 10);
-        int64_t drafted = 0, accepted = 0;
-        auto sample_runs = [&](SpecSampling scheme, const std::string& draft, bool lookup, int draft_vocab = 0) {
-            FirstTokenCounts counts;
-            for (int seed = 0; seed < n_runs; ++seed) {
-                GenerationParams p;
-                p.n_predict = 3;
-                p.sampler = sp;
-                p.sampler.seed = static_cast<uint64_t>(seed);
-                p.speculative.draft_min = 2;
-                p.speculative.draft_max = 2;
-                p.speculative.p_min = 0;
-                p.speculative.lookup = lookup;
-                p.speculative.draft_vocab = draft_vocab;
-                p.speculative.sampling = scheme;
-                const Run r = generate(*target, draft, prompt, p);
-                count_first_tokens(r.tokens, counts);
-                drafted += r.stats.spec.drafted;
-                accepted += r.stats.spec.accepted;
-            }
-            return counts;
-        };
         for (SpecSampling scheme : {SpecSampling::Coupled, SpecSampling::Rejection}) {
             CAPTURE(std::string(spec_sampling_name(scheme)));
-            drafted = accepted = 0;
-            CHECK(all_pass(sample_runs(scheme, pair.draft, false), exact, n_runs));
-            INFO("overconfident draft: " << accepted << " of " << drafted << " drafted tokens accepted");
-            CHECK(accepted > drafted / 10);  // the rule was exercised both ways
-            CHECK(accepted < drafted);
+            const SampledRuns drafted = sample_first_tokens(*target, pair.draft, prompt, sp, n_runs, scheme, false);
+            CHECK(all_pass(drafted.counts, exact, n_runs));
+            INFO("overconfident draft: " << drafted.accepted << " of " << drafted.drafted
+                                         << " drafted tokens accepted");
+            CHECK(drafted.accepted > drafted.drafted / 10);  // the rule was exercised both ways
+            CHECK(drafted.accepted < drafted.drafted);
             // A draft restricted to part of the vocabulary (q is then its distribution over the kept ids).
-            CHECK(all_pass(sample_runs(scheme, pair.draft, false, 256), exact, n_runs));
+            CHECK(all_pass(sample_first_tokens(*target, pair.draft, prompt, sp, n_runs, scheme, false, 256).counts,
+                           exact, n_runs));
             // Prompt lookup (one-hot proposals).
-            CHECK(all_pass(sample_runs(scheme, "", true), exact, n_runs));
+            CHECK(all_pass(sample_first_tokens(*target, "", prompt, sp, n_runs, scheme, true).counts, exact, n_runs));
         }
 
         // Negative controls: the test rejects tokens drawn from another distribution (the draft's, at a higher
@@ -987,8 +1011,8 @@ Verdict dense_rejection(std::span<const int> drafted, const std::vector<std::vec
         v.next_token = dense_gumbel_max(any ? r : p, noise, at, NoiseUse::Residual);
         return v;
     }
-    v.next_token = dense_gumbel_max(p_rows[drafted.size()], noise, pos + static_cast<int64_t>(drafted.size()),
-                                    NoiseUse::Token);
+    v.next_token =
+        dense_gumbel_max(p_rows[drafted.size()], noise, pos + static_cast<int64_t>(drafted.size()), NoiseUse::Token);
     return v;
 }
 
@@ -1047,8 +1071,7 @@ TEST_CASE("speculative: verify_proposal over sparse distributions gives the dens
 
         // Coupled: the accepted drafts and the next token are exactly the tokens plain decoding samples at those
         // positions (the dense rows' Gumbel-max), up to and including the first the draft got wrong.
-        const Verdict c =
-            verify_proposal(coupled_drafts, p_sparse, q_sparse, false, SpecSampling::Coupled, noise, pos);
+        const Verdict c = verify_proposal(coupled_drafts, p_sparse, q_sparse, false, SpecSampling::Coupled, noise, pos);
         int plain_accepted = 0;
         int plain_next = -1;
         for (int i = 0; i <= k; ++i) {
@@ -1081,7 +1104,8 @@ TEST_CASE("speculative: verify_proposal over sparse distributions gives the dens
     CHECK(g.next_token == 9);
 }
 
-TEST_CASE("speculative: a synthetic next-token pair picks the rule's successors and its draft is accepted where they agree") {
+TEST_CASE(
+    "speculative: a synthetic next-token pair picks the rule's successors and its draft is accepted where they agree") {
     // tandem-bench --make-synthetic NAME --next-token A (synthetic_model.h): the pair a lent GPU runs to measure
     // speculative decoding at the real pair's shapes with a known acceptance rate. Target: the tiny shape in Q8_0
     // and, for the k-quants' per-sub-block offsets, Q4_K, following the cycle; draft: a smaller shape in Q4_0 that
@@ -1161,7 +1185,8 @@ TEST_CASE("speculative: a synthetic next-token pair picks the rule's successors 
     std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("speculative: a synthetic draft replaying a recorded pattern agrees where it says, about as sure as it says") {
+TEST_CASE(
+    "speculative: a synthetic draft replaying a recorded pattern agrees where it says, about as sure as it says") {
     // tandem-bench --make-synthetic NAME --next-token-pattern FILE: the j-th id of the target's cycle takes step j mod
     // size of the recording (tandem-bench --record-agreement: a real pair's greedy agreement and the draft's top
     // probability along the target's output). Checked along the cycle: the rule's successors, then the written
@@ -1202,7 +1227,8 @@ TEST_CASE("speculative: a synthetic draft replaying a recorded pattern agrees wh
         const int pick = static_cast<int>(std::max_element(row, row + V) - row);
         double sum = 0;
         for (int i = 0; i < V; ++i) sum += std::exp(static_cast<double>(row[i]) - row[pick]);
-        const float p = static_cast<float>(1.0 / sum), want = replayed_confidence(rule.pattern[static_cast<size_t>(j) % L]);
+        const float p = static_cast<float>(1.0 / sum),
+                    want = replayed_confidence(rule.pattern[static_cast<size_t>(j) % L]);
         CAPTURE(j);
         CAPTURE(p);
         CAPTURE(want);
@@ -1260,7 +1286,8 @@ const char* const kStoryGrammars[] = {
 
 }  // namespace
 
-TEST_CASE("speculative: under a grammar, drafted and looked-up output is constrained plain decoding's, greedy and coupled") {
+TEST_CASE(
+    "speculative: under a grammar, drafted and looked-up output is constrained plain decoding's, greedy and coupled") {
     // Mutation-checked: verification that does not mask its rows (the target's unmasked pick leaves the grammar),
     // or masks every row with the state before the drafts, fails this test.
     auto target = Model::load(kData + "/stories260K.gguf");
@@ -1277,7 +1304,7 @@ TEST_CASE("speculative: under a grammar, drafted and looked-up output is constra
             base.sampler.seed = 7;
             const Run plain = generate_constrained(*target, "", prompt, base, grammar);
             grammar::GrammarMatcher matcher = grammar::GrammarMatcher::from_gbnf(gbnf);
-            CHECK(matcher.advance(plain.text));  // the grammar is followed ...
+            CHECK(matcher.advance(plain.text));                                 // the grammar is followed ...
             CHECK(plain.tokens != generate(*target, "", prompt, base).tokens);  // ... and changes the answer
             const auto same = [&](const std::string& draft, GenerationParams p, const char* what) {
                 const Run spec = generate_constrained(*target, draft, prompt, p, grammar);
@@ -1346,28 +1373,13 @@ TEST_CASE("speculative: under a grammar, sampling stays lossless against the mas
         CAPTURE(std::string(spec_sampling_name(scheme)));
         for (const bool lookup : {false, true}) {
             CAPTURE(lookup);
-            FirstTokenCounts counts;
-            int64_t drafted = 0, accepted = 0;
-            for (int seed = 0; seed < n_runs; ++seed) {
-                GenerationParams p;
-                p.n_predict = 3;
-                p.sampler = sp;
-                p.sampler.seed = static_cast<uint64_t>(seed);
-                p.speculative.draft_min = 2;
-                p.speculative.draft_max = 2;
-                p.speculative.p_min = 0;
-                p.speculative.lookup = lookup;
-                p.speculative.sampling = scheme;
-                const Run r = generate_constrained(*target, lookup ? "" : drafts().sharp, prompt, p, grammar);
-                count_first_tokens(r.tokens, counts);
-                drafted += r.stats.spec.drafted;
-                accepted += r.stats.spec.accepted;
-            }
-            CHECK(all_pass(counts, exact, n_runs));
+            const SampledRuns runs = sample_first_tokens(*target, lookup ? "" : drafts().sharp, prompt, sp, n_runs,
+                                                         scheme, lookup, 0, &grammar);
+            CHECK(all_pass(runs.counts, exact, n_runs));
             if (!lookup) {
-                INFO(accepted << " of " << drafted << " drafted tokens accepted");
-                CHECK(accepted > drafted / 10);
-                CHECK(accepted < drafted);
+                INFO(runs.accepted << " of " << runs.drafted << " drafted tokens accepted");
+                CHECK(runs.accepted > runs.drafted / 10);
+                CHECK(runs.accepted < runs.drafted);
             }
         }
     }
