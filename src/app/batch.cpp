@@ -197,10 +197,10 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
                      static_cast<unsigned long long>(progress.tokens()), s, s > 0 ? progress.tokens() / s : 0.0);
         if (batcher_stats && batcher_stats->decode_seconds > 0)
             std::fprintf(stderr,
-                         "batch: %d steps, at most %d lines in flight; %d decode-only steps: %ld tokens in %.2f s "
-                         "(%.1f tokens/s)\n",
-                         batcher_stats->steps, batcher_stats->peak_in_flight, batcher_stats->decode_steps,
-                         batcher_stats->decode_tokens, batcher_stats->decode_seconds,
+                         "batch: %d steps, at most %d lines in flight, %ld prompt tokens reused from shared starts; "
+                         "%d decode-only steps: %ld tokens in %.2f s (%.1f tokens/s)\n",
+                         batcher_stats->steps, batcher_stats->peak_in_flight, batcher_stats->prefix_tokens_reused,
+                         batcher_stats->decode_steps, batcher_stats->decode_tokens, batcher_stats->decode_seconds,
                          batcher_stats->decode_tokens / batcher_stats->decode_seconds);
     }
     return writer.failed() > 0 ? 1 : 0;
