@@ -47,6 +47,7 @@ struct Options {
     std::string grammar, grammar_file, json_schema;  // --grammar, --grammar-file, --json-schema
     std::string output_format = "text";              // --output-format text | jsonl
     bool seed_given = false;                         // --seed (else a random one)
+    std::optional<std::string> prompt_cache;         // --prompt-cache DIR|off (else the environment's)
     tandem::SessionOptions session;
     tandem::GenerationParams gen;
 };
@@ -97,6 +98,9 @@ int run(Options& opt) {
     if (!grammar_arg.empty()) grammar = tandem::read_grammar(grammar_source, grammar_arg);
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;
+    // The prompt cache: --prompt-cache, else TANDEM_PROMPT_CACHE, else under the cache root; "off" turns it off.
+    so.prompt_cache.dir = opt.prompt_cache ? (*opt.prompt_cache == "off" ? "" : *opt.prompt_cache)
+                                           : tandem::environment().prompt_cache_dir;
     so.backends =
         tandem::backend_settings("tandem", opt.threads, opt.chunk, opt.kv_type, /*long_lived=*/chat, opt.verbose);
     tandem::Session session(so);
@@ -225,6 +229,16 @@ int main(int argc, char** argv) {
                                       "JSON value)");
     grammar_opt->excludes(grammar_file_opt)->excludes(schema_opt);
     grammar_file_opt->excludes(schema_opt);
+    app.add_option("--prompt-cache", opt.prompt_cache,
+                   "keep the keys and values of prompts of " + std::to_string(tandem::prompt_cache::kDefaultMinTokens) +
+                       " tokens or more in DIR, and load a later prompt's longest saved prefix instead of prefilling "
+                       "it (the same output); off: neither. Default: $TANDEM_PROMPT_CACHE, else "
+                       "${XDG_CACHE_HOME:-~/.cache}/tandem/prompts, at most " +
+                       std::to_string(tandem::prompt_cache::kDefaultMaxBytes >> 30) +
+                       " GiB, least recently used entries evicted (docs/prompt-cache.md)")
+        ->type_name("DIR|off")
+        ->check(CLI::Validator(
+            [](const std::string& v) { return v.empty() ? std::string("needs a directory, or off") : ""; }, ""));
     app.add_flag("--echo", opt.echo, "print the prompt before the generated text");
     app.add_flag("--stats", opt.stats, "print timing and throughput statistics to stderr");
     app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));

@@ -55,7 +55,8 @@ PreparedPrompt prepare_prompt(const Session& session, const PromptRequest& reque
 
 PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, const AnswerOutput& output) {
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded (once)
-    // Every answer starts from an empty context, as a one-shot run does.
+    // Every answer starts from an empty context, as a one-shot run does, or from what the prompt cache holds of
+    // its prompt: the same bits (prompt_cache.h).
     session.cache().truncate(0);
     if (KvCache* draft_cache = session.draft().cache) draft_cache->truncate(0);
     PromptAnswer a;
@@ -63,6 +64,8 @@ PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, con
         a.stats.stop = StopReason::OutputClosed;
         return a;
     }
+    a.prompt_reuse = session.prompts().load(prepared.tokens);
+    const int cached = a.prompt_reuse.n_loaded;
     GenerationParams params = prepared.params;
     std::optional<grammar::TokenConstraint> constraint = prepared.constraint;  // a copy: `prepared` stays as it is
     if (constraint) params.constraint = &*constraint;
@@ -86,8 +89,8 @@ PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, con
                                        }
                                        return printer.end() && answer_out(text);
                                    });
-        a.stats =
-            generator.generate(prepared.tokens, params, [&](std::string_view text) { return splitter.push(text); });
+        a.stats = generator.generate(
+            prepared.tokens, params, [&](std::string_view text) { return splitter.push(text); }, {}, cached);
         if (a.stats.stop != StopReason::OutputClosed) {
             const bool flushed = splitter.finish();
             const bool unfinished = splitter.in_reasoning();
@@ -100,8 +103,12 @@ PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, con
         }
         if (!output.stream && output.show_thinking) a.reasoning = std::move(reasoning);
     } else {
-        a.stats = generator.generate(prepared.tokens, params, answer_out);
+        a.stats = generator.generate(prepared.tokens, params, answer_out, {}, cached);
     }
+    // The time to the first token counts the lookup and the load; then the prompt is saved (after the answer, so
+    // that saving never delays it).
+    a.stats.ttft_s += a.prompt_reuse.seconds;
+    session.prompts().save(prepared.tokens, a.prompt_reuse);
     if (constraint) {
         a.mask_calls = constraint->mask_calls();
         a.mask_seconds = constraint->mask_seconds();
