@@ -131,6 +131,7 @@ int run(Options& opt) {
         rc.show_thinking = opt.show_thinking;
         const std::string& name = session.model().config.name;
         rc.model_name = name.empty() ? session.model_path() : name;
+        rc.prompts = &session.prompts();
         tandem::Generator generator(session.model(), session.backend(), session.cache(), session.draft());
         return tandem::run_repl(session.model(), generator, session.cache(), session.draft(), rc);
     }
