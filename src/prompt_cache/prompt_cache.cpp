@@ -77,10 +77,6 @@ bool ends_with(std::string_view s, std::string_view suffix) {
 
 std::string name_prefix(const std::string& key_text) { return hex16(checksum(key_text.data(), key_text.size())) + "-"; }
 
-std::string file_name(const std::string& key_text, std::span<const int> tokens) {
-    return name_prefix(key_text) + hex16(checksum(tokens.data(), tokens.size_bytes())) + ".kv";
-}
-
 size_t header_bytes_for(uint64_t key_bytes, uint64_t n_tokens, uint64_t n_layers, uint64_t n_blocks) {
     return kFixed + key_bytes + 4 * n_tokens + 4 * n_layers + 8 * n_blocks + 8;
 }
@@ -196,6 +192,10 @@ std::string key_text(const Key& key, const std::string& kv_type, int n_layers, u
     return "tandem prompt cache " + std::to_string(kVersion) + "\n" + key.model +
            (key.model.empty() || key.model.back() != '\n' ? "\n" : "") + "backend " + key.backend + "\nkv " + kv_type +
            " layers " + std::to_string(n_layers) + " row " + std::to_string(row_bytes) + "\n";
+}
+
+std::string entry_file_name(const std::string& key_text, std::span<const int> tokens) {
+    return name_prefix(key_text) + hex16(checksum(tokens.data(), tokens.size_bytes())) + ".kv";
 }
 
 EntryHeader read_entry_header(int fd, uint64_t file_bytes) {
@@ -434,7 +434,7 @@ bool PromptCache::store(const Key& key, std::span<const int> tokens, const KvCac
         }
     evict_for(header_bytes + payload);
 
-    const std::string name = file_name(text, tokens);
+    const std::string name = entry_file_name(text, tokens);
     const std::string path = options_.dir + "/" + name;
     const std::string temp = options_.dir + "/." + name + "." + std::to_string(::getpid()) + ".tmp";
     Fd fd(::open(temp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));

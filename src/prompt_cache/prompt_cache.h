@@ -76,6 +76,9 @@ EntryHeader read_entry_header(int fd, uint64_t file_bytes);
 
 // The key text an entry stores (and its file name hashes): the key, the row format, the format version.
 std::string key_text(const Key& key, const std::string& kv_type, int n_layers, uint64_t row_bytes);
+// The file name of the entry for `key_text` and `tokens`: "<hash of the key text>-<hash of the tokens>.kv". A lookup
+// reads the entries whose names start as its key's do.
+std::string entry_file_name(const std::string& key_text, std::span<const int> tokens);
 
 class PromptCache {
 public:
