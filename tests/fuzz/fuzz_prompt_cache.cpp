@@ -2,6 +2,7 @@
 // under the name its key looks for. The input is the file's bytes, arbitrary. Loaded into a small in-memory KvCache
 // (3 layers of 4-byte rows, the last a sliding-window "ring" of window 6 that needs only its window's positions).
 // Properties:
+// (Inputs with byte 12 odd get their checksums made right first: fixed_up.)
 //   - read_entry_header either throws tandem::Error or gives a header whose sizes add up to the file's;
 //   - load_longest_prefix never throws, and either loads m positions, m within [1, the prompt's length - 1], of an
 //     entry whose tokens are the prompt's first m and whose rows (every layer, from the positions the cache needs)
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/repack_cache.h"
 #include "error.h"
 #include "fuzz_target.h"
 #include "prompt_cache/prompt_cache.h"
@@ -93,9 +95,55 @@ std::string entry_path() {
     return cache_dir() + "/" + pc::entry_file_name(text, std::vector<int>{1});
 }
 
+// Checksums stop almost every mutation at the header's. An input whose reserved byte 12 is odd gets its header
+// checksum made right (and with bit 1 set, its blocks' checksums too), so that the fields behind them are fuzzed:
+// the layout, the tokens, the first positions and the payload's way into the cache.
+std::string fixed_up(const uint8_t* data, size_t size) {
+    std::string b(reinterpret_cast<const char*>(data), size);
+    if (size < 72 || (data[12] & 1) == 0) return b;
+    auto* p = reinterpret_cast<uint8_t*>(b.data());
+    const auto u64 = [&](size_t at) {
+        uint64_t v;
+        std::memcpy(&v, p + at, 8);
+        return v;
+    };
+    const auto seal = [&] {
+        const uint64_t hb = u64(16);
+        if (hb < 8 || hb > size) return;
+        const uint64_t sum = tandem::cpu::repack_checksum(p, hb - 8);
+        std::memcpy(p + hb - 8, &sum, 8);
+    };
+    seal();
+    if ((data[12] & 2) == 0) return b;
+    tandem::fuzz::MemoryFile file(p, size);
+    const int fd = ::open(file.path().c_str(), O_RDONLY);
+    try {
+        const pc::EntryHeader h = pc::read_entry_header(fd, size);
+        size_t sums_at = 72 + h.key.size() + 4 * h.tokens.size() + 4 * h.firsts.size(), at = h.header_bytes;
+        for (size_t blk = 0; blk < h.block_sums.size(); ++blk, sums_at += 8) {
+            uint64_t bytes = 0;
+            for (const int first : h.firsts) {
+                const int lo = std::max(first, static_cast<int>(blk) * pc::kBlockPositions);
+                const int hi =
+                    std::min(static_cast<int>(h.tokens.size()), static_cast<int>(blk + 1) * pc::kBlockPositions);
+                if (hi > lo) bytes += 2 * h.row_bytes * static_cast<uint64_t>(hi - lo);
+            }
+            const uint64_t sum = tandem::cpu::repack_checksum(p + at, bytes);
+            std::memcpy(p + sums_at, &sum, 8);
+            at += bytes;
+        }
+        seal();
+    } catch (const tandem::Error&) {
+    }
+    ::close(fd);
+    return b;
+}
+
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* input, size_t size) {
+    const std::string bytes = fixed_up(input, size);
+    const uint8_t* data = reinterpret_cast<const uint8_t*>(bytes.data());
     const std::string path = entry_path();
     {
         const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -174,6 +222,13 @@ std::vector<std::pair<std::string, std::string>> fuzz_seeds() {
     std::vector<int> other(p.begin(), p.begin() + 40);
     other[0] = 999;
     seed_of("other-prompt", other, 0);
+    // The same entries with the fix-up bits set (their checksums stay right; mutations of them get fixed).
+    const size_t n = seeds.size();
+    for (size_t i = 0; i < n; ++i) {
+        std::string b = seeds[i].second;
+        b[12] = 3;
+        seeds.push_back({seeds[i].first + "-fixed-up", b});
+    }
     return seeds;
 }
 
