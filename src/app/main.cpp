@@ -24,6 +24,7 @@
 #include "cpu/repack_cache.h"
 #include "error.h"
 #include "grammar/gbnf.h"
+#include "prompt_cache/prompt_cache.h"
 
 namespace {
 
@@ -145,8 +146,8 @@ int run(Options& opt) {
                                           .jsonl = opt.output_format == "jsonl"});
 }
 
-// --list-models: the installed models, and where the disk space of the runs' repacked copies goes
-// (cpu/repack_cache.h).
+// --list-models: the installed models, and where the disk space of the runs' repacked copies (cpu/repack_cache.h) and
+// saved prompts (prompt_cache/prompt_cache.h) goes.
 int list_models() {
     std::fputs(tandem::list_installed_table().c_str(), stdout);
     const std::string& cache_dir = tandem::environment().repack_cache_dir;
@@ -155,6 +156,10 @@ int list_models() {
             "repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
             "safe to delete)\n",
             u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());
+    const std::string& prompts_dir = tandem::environment().prompt_cache_dir;
+    if (const auto u = tandem::prompt_cache::PromptCache({.dir = prompts_dir}).usage(); u.entries > 0)
+        std::printf("prompt cache: %zu entr%s, %.2f GB in %s (TANDEM_PROMPT_CACHE=off turns it off; safe to delete)\n",
+                    u.entries, u.entries == 1 ? "y" : "ies", u.bytes / 1e9, prompts_dir.c_str());
     return 0;
 }
 

@@ -6,8 +6,9 @@
 # saves and loads the draft's entry too); --chat's first
 # turn likewise (/stats says what was loaded) and its second turn after it; gemma-3-270m's sliding-window rings
 # likewise; a damaged entry gives one warning and the same output; an unwritable directory a warning; off (the flag
-# or TANDEM_PROMPT_CACHE=off) writes nothing, and the default is under the cache root. Needs the default models
-# and gemma-3-270m in the cache (scripts/fetch-models). Usage: prompt_cache.sh BUILD_DIR DATA_DIR
+# or TANDEM_PROMPT_CACHE=off) writes nothing, and the default is under the cache root (--list-models says how much
+# is there). Needs the default models and gemma-3-270m in the cache (scripts/fetch-models).
+# Usage: prompt_cache.sh BUILD_DIR DATA_DIR
 set -uo pipefail
 build=$1 data=$2
 tandem="$build/tandem"
@@ -110,6 +111,8 @@ TANDEM_PROMPT_CACHE=off run -p "$q1" >/dev/null 2>&1
 check "TANDEM_PROMPT_CACHE=off: nothing written" [ ! -e "$XDG_CACHE_HOME/tandem/prompts" ]
 run -p "$q1" >"$tmp/q1.default" 2>/dev/null
 check "the default: entries under \$XDG_CACHE_HOME/tandem/prompts" [ "$(ls "$XDG_CACHE_HOME"/tandem/prompts/*.kv 2>/dev/null | wc -l)" -ge 1 ]
+check "--list-models: the prompt cache's size and place" \
+  bash -c "'$tandem' --list-models | grep -q 'prompt cache: [0-9]* entr.* in $XDG_CACHE_HOME/tandem/prompts'"
 run -p "hello" --prompt-cache "$tmp/short" >/dev/null 2>&1
 check "a short prompt is not saved" [ ! -e "$tmp/short" ]
 
