@@ -5,6 +5,8 @@
 // tokens is a truncate.
 #pragma once
 #include <cassert>
+#include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <memory>
 #include <span>
@@ -44,11 +46,60 @@ public:
         return false;
     }
 
+    // ---- Stored rows: the bytes of positions, to save a prompt's keys and values and load them in a later run ----
+    // (the on-disk prompt cache, prompt_cache/). A position's key (and its value) of one layer is handed out as one
+    // row of row_format().row_bytes: the whole key/value width, KV heads in order, in the cache's storage type, as
+    // cuda::kv_row_bytes describes it (f32: floats; f16: IEEE binary16; q8_0: ggml Q8_0 blocks along the row), so a
+    // CPU and a CUDA cache of one type agree on the format (not on the values: the backends' sums differ in the
+    // last bits). The caller makes sure no forward on the cache is in flight (Backend::collect_outputs).
+    struct RowFormat {
+        std::string type;  // "f32", "f16", "q8_0"; "": this cache cannot hand out its rows
+        int n_layers = 0;
+        size_t row_bytes = 0;  // of one position's key (or value) in one layer
+    };
+    virtual RowFormat row_format() const { return {}; }
+    // The first position `layer` still holds: it holds positions [held_from(layer), n_committed()). 0 but for a
+    // sliding-window ring, which holds the last positions only.
+    virtual int held_from(int layer) const {
+        (void)layer;
+        return 0;
+    }
+    // The first position `layer` must hold for the cache to go on at position n (a step there reads only these): 0
+    // for a layer that reads every position before n, n - window + 1 (at least 0) for a sliding-window ring's.
+    virtual int needed_from(int layer, int n) const {
+        (void)layer;
+        (void)n;
+        return 0;
+    }
+    // Copies `layer`'s keys and values at positions [first, first + n), which it holds, to `keys` and `values`: n
+    // rows each, position after position.
+    virtual void read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const {
+        (void)layer, (void)first, (void)n, (void)keys, (void)values;
+        assert(false && "read_rows on a cache without row_format()");
+    }
+    // Loading into an empty cache: write_rows() each layer's positions [first, first + n) (first >= needed_from(layer,
+    // m), first + n <= m, no more than a step reads), then finish_load(m, firsts) with each layer's first position
+    // written. The cache then holds m positions, as if a forward had computed them, and resumes at m.
+    virtual void write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) {
+        (void)layer, (void)first, (void)n, (void)keys, (void)values;
+        assert(false && "write_rows on a cache without row_format()");
+    }
+    void finish_load(int m, std::span<const int> firsts) {
+        assert(n_committed_ == 0 && m >= 0 && m <= capacity_);
+        n_committed_ = m;
+        loaded(m, firsts);
+    }
+
 protected:
     explicit KvCache(int capacity) : capacity_(capacity) {}
     // The position a cut back to n < n_committed() resumes at (n, or less where n cannot be kept); the cache may
     // update what it tracks of its contents.
     virtual int resumable(int n) { return n; }
+    // finish_load's part for what the cache tracks of its contents (a ring: which positions it holds intact).
+    virtual void loaded(int m, std::span<const int> firsts) {
+        (void)m;
+        (void)firsts;
+    }
 
 private:
     int n_committed_ = 0;
@@ -154,6 +205,19 @@ public:
     // Blocks until work the backend does in the background after loading (the CPU backend's repacked weights) is
     // done, so that later calls run at their steady-state speed. The results are the same bits either way.
     virtual void wait_for_repacking() const {}
+
+    // ---- For the on-disk prompt cache (prompt_cache/): when saved keys and values are the ones it would compute ----
+    // What decides the bits of the keys and values this backend computes, besides the model file and the tokens: a
+    // saved prompt is loaded only by a backend of the same signature, so that a run with a hit gives the output a run
+    // without one gives. "cpu" (its kernels give the same bits whatever the instruction set, threads and chunking),
+    // with what changes them (fp32 activations, a draft's requantized copies); "cuda" with its device and prefill
+    // routes.
+    virtual std::string kv_signature() const { return name(); }
+    // Positions from which a run resumed on loaded keys and values computes the same bits as a run from position 0:
+    // multiples of this. 1 for a batch-invariant backend (the CPU's); the CUDA backend's prefill chunk, as its longer
+    // calls agree with shorter ones only within floating-point tolerance, so a resumed prefill must cut the prompt
+    // into the calls a run from 0 makes.
+    virtual int resume_multiple() const { return 1; }
 
     // Sampler's greedy pick of one row (see forward_argmax): a NaN never compares greater, a tie keeps the first.
     static int argmax_row(const float* row, size_t n) {

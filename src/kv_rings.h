@@ -6,6 +6,7 @@
 // is refused.
 #pragma once
 #include <algorithm>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,16 @@ public:
     int ring(int layer) const { return layer < static_cast<int>(ring_.size()) ? ring_[static_cast<size_t>(layer)] : 0; }
     int window(int layer) const {
         return layer < static_cast<int>(window_.size()) ? window_[static_cast<size_t>(layer)] : 0;
+    }
+    // The first position `layer`'s ring holds intact (0 for a layer without one).
+    int intact_from(int layer) const {
+        return layer < static_cast<int>(intact_from_.size()) ? intact_from_[static_cast<size_t>(layer)] : 0;
+    }
+    // Keys and values were loaded (KvCache::finish_load): each ring holds positions firsts[layer] on, and no earlier
+    // ones (what its slots held before is not the context's).
+    void note_loaded(std::span<const int> firsts) {
+        for (size_t l = 0; l < ring_.size() && l < firsts.size(); ++l)
+            if (ring_[l] > 0) intact_from_[l] = firsts[l];
     }
     // Positions up to end - 1 were written: each overwrote the slot of the position R before it.
     void note_written(int end) {

@@ -41,7 +41,7 @@ std::string answer_record_fields(const std::string& text, const std::optional<st
     out += ", \"generated_tokens\": " + std::to_string(st.n_generated);
     out += ", \"stop\": \"" + std::string(stop_name(st.stop)) + "\"";
     out += ", \"time_to_first_token_s\": " + number(st.ttft_s);
-    out += ", \"prefill_tokens_per_s\": " + number(st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0);
+    out += ", \"prefill_tokens_per_s\": " + number(st.prefill_s > 0 ? (st.n_prompt - st.n_cached) / st.prefill_s : 0.0);
     out += ", \"decode_tokens_per_s\": " + number(st.decode_s > 0 ? st.n_generated / st.decode_s : 0.0);
     if (st.speculative) {
         out += ", \"drafted\": " + std::to_string(st.spec.drafted);

@@ -45,6 +45,13 @@ Environment Environment::read(const EnvLookup& lookup) {
     } else {
         e.repack_cache_dir = e.cache_root + "/repacked";
     }
+    // TANDEM_PROMPT_CACHE: the same rule, for the on-disk prompt cache (--prompt-cache overrides it).
+    if (const char* v = lookup("TANDEM_PROMPT_CACHE")) {
+        const std::string_view s(v);
+        e.prompt_cache_dir = s.empty() || s == "0" || s == "off" ? std::string() : std::string(s);
+    } else {
+        e.prompt_cache_dir = e.cache_root + "/prompts";
+    }
     const std::string state = value_of(lookup, "XDG_STATE_HOME");
     e.history_path = (state.empty() ? e.home + "/.local/state" : state) + "/tandem/history";
     e.repack = value_of(lookup, "TANDEM_NO_REPACK") != "1";

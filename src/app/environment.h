@@ -16,6 +16,7 @@ struct Environment {
     std::string cache_root;        // ${XDG_CACHE_HOME:-$HOME/.cache}/tandem
     std::string models_dir;        // TANDEM_MODELS_DIR, else cache_root/models
     std::string repack_cache_dir;  // TANDEM_REPACK_CACHE (empty, 0 or off: "" = no cache), else cache_root/repacked
+    std::string prompt_cache_dir;  // TANDEM_PROMPT_CACHE (empty, 0 or off: "" = no cache), else cache_root/prompts
     std::string history_path;      // ${XDG_STATE_HOME:-$HOME/.local/state}/tandem/history (the REPL's)
     bool repack = true;            // TANDEM_NO_REPACK=1: false, the CPU reads every matrix in the file's layout
     bool avx512 = true;            // TANDEM_NO_AVX512=1: false, the AVX2 kernels even where AVX-512 is there

@@ -24,6 +24,7 @@
 #include "cpu/repack_cache.h"
 #include "error.h"
 #include "grammar/gbnf.h"
+#include "prompt_cache/prompt_cache.h"
 
 namespace {
 
@@ -48,6 +49,7 @@ struct Options {
     std::string grammar, grammar_file, json_schema;  // --grammar, --grammar-file, --json-schema
     std::string output_format = "text";              // --output-format text | jsonl
     bool seed_given = false;                         // --seed (else a random one)
+    std::optional<std::string> prompt_cache;         // --prompt-cache DIR|off (else the environment's)
     tandem::SessionOptions session;
     tandem::GenerationParams gen;
 };
@@ -98,6 +100,9 @@ int run(Options& opt) {
     if (!grammar_arg.empty()) grammar = tandem::read_grammar(grammar_source, grammar_arg);
     so.draft_requant = tandem::parse_requant(opt.draft_requant);
     so.draft_vocab = opt.gen.speculative.draft_vocab;
+    // The prompt cache: --prompt-cache, else TANDEM_PROMPT_CACHE, else under the cache root; "off" turns it off.
+    so.prompt_cache.dir = opt.prompt_cache ? (*opt.prompt_cache == "off" ? "" : *opt.prompt_cache)
+                                           : tandem::environment().prompt_cache_dir;
     so.backends =
         tandem::backend_settings("tandem", opt.threads, opt.chunk, opt.kv_type, /*long_lived=*/chat, opt.verbose);
     tandem::Session session(so);
@@ -129,6 +134,7 @@ int run(Options& opt) {
         rc.show_thinking = opt.show_thinking;
         const std::string& name = session.model().config.name;
         rc.model_name = name.empty() ? session.model_path() : name;
+        rc.prompts = &session.prompts();
         tandem::Generator generator(session.model(), session.backend(), session.cache(), session.draft());
         return tandem::run_repl(session.model(), generator, session.cache(), session.draft(), rc);
     }
@@ -142,8 +148,8 @@ int run(Options& opt) {
                                           .jsonl = opt.output_format == "jsonl"});
 }
 
-// --list-models: the installed models, and where the disk space of the runs' repacked copies goes
-// (cpu/repack_cache.h).
+// --list-models: the installed models, and where the disk space of the runs' repacked copies (cpu/repack_cache.h) and
+// saved prompts (prompt_cache/prompt_cache.h) goes.
 int list_models() {
     std::fputs(tandem::list_installed_table().c_str(), stdout);
     const std::string& cache_dir = tandem::environment().repack_cache_dir;
@@ -152,6 +158,10 @@ int list_models() {
             "repacked-weights cache: %zu file%s, %.1f GB in %s (TANDEM_REPACK_CACHE=0 turns it off; "
             "safe to delete)\n",
             u.files, u.files == 1 ? "" : "s", u.bytes / 1e9, cache_dir.c_str());
+    const std::string& prompts_dir = tandem::environment().prompt_cache_dir;
+    if (const auto u = tandem::prompt_cache::PromptCache({.dir = prompts_dir}).usage(); u.entries > 0)
+        std::printf("prompt cache: %zu entr%s, %.2f GB in %s (TANDEM_PROMPT_CACHE=off turns it off; safe to delete)\n",
+                    u.entries, u.entries == 1 ? "y" : "ies", u.bytes / 1e9, prompts_dir.c_str());
     return 0;
 }
 
@@ -232,6 +242,16 @@ int main(int argc, char** argv) {
                                       "JSON value)");
     grammar_opt->excludes(grammar_file_opt)->excludes(schema_opt);
     grammar_file_opt->excludes(schema_opt);
+    app.add_option("--prompt-cache", opt.prompt_cache,
+                   "keep the keys and values of prompts of " + std::to_string(tandem::prompt_cache::kDefaultMinTokens) +
+                       " tokens or more in DIR, and load a later prompt's longest saved prefix instead of prefilling "
+                       "it (the same output); off: neither. Default: $TANDEM_PROMPT_CACHE, else "
+                       "${XDG_CACHE_HOME:-~/.cache}/tandem/prompts, at most " +
+                       std::to_string(tandem::prompt_cache::kDefaultMaxBytes >> 30) +
+                       " GiB, least recently used entries evicted (docs/prompt-cache.md)")
+        ->type_name("DIR|off")
+        ->check(CLI::Validator(
+            [](const std::string& v) { return v.empty() ? std::string("needs a directory, or off") : ""; }, ""));
     app.add_flag("--echo", opt.echo, "print the prompt before the generated text");
     app.add_flag("--stats", opt.stats, "print timing and throughput statistics to stderr");
     app.add_option("-t,--threads", opt.threads, "CPU threads (default: all cores)")->check(CLI::Range(1, 1024));

@@ -88,7 +88,8 @@ PromptAnswer AnswerSink::finish(GenerationStats stats, const grammar::TokenConst
 
 PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, const AnswerOutput& output) {
     session.open_backends();  // the prompt fits: only now are weights copied or uploaded (once)
-    // Every answer starts from an empty context, as a one-shot run does.
+    // Every answer starts from an empty context, as a one-shot run does, or from what the prompt cache holds of
+    // its prompt: the same bits (prompt_cache.h).
     session.cache().truncate(0);
     if (KvCache* draft_cache = session.draft().cache) draft_cache->truncate(0);
     if (output.stream && !output.echo.empty() && !write_stdout(output.echo)) {
@@ -96,14 +97,21 @@ PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, con
         a.stats.stop = StopReason::OutputClosed;
         return a;
     }
+    const PromptReuse reuse = session.prompts().load(prepared.tokens);
     GenerationParams params = prepared.params;
     std::optional<grammar::TokenConstraint> constraint = prepared.constraint;  // a copy: `prepared` stays as it is
     if (constraint) params.constraint = &*constraint;
     Generator generator(session.model(), session.backend(), session.cache(), session.draft());
     AnswerSink sink(prepared, output);
-    GenerationStats stats =
-        generator.generate(prepared.tokens, params, [&](std::string_view text) { return sink.push(text); });
-    return sink.finish(std::move(stats), constraint ? &*constraint : nullptr);
+    GenerationStats stats = generator.generate(
+        prepared.tokens, params, [&](std::string_view text) { return sink.push(text); }, {}, reuse.n_loaded);
+    // The time to the first token counts the lookup and the load; then the prompt is saved (after the answer, so
+    // that saving never delays it).
+    stats.ttft_s += reuse.seconds;
+    PromptAnswer a = sink.finish(std::move(stats), constraint ? &*constraint : nullptr);
+    a.prompt_reuse = reuse;
+    session.prompts().save(prepared.tokens, a.prompt_reuse);
+    return a;
 }
 
 }  // namespace tandem

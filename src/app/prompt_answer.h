@@ -57,6 +57,7 @@ struct PromptAnswer {
     std::string text;                      // collected output only: the answer
     std::optional<std::string> reasoning;  // collected output with show_thinking, for a reasoning template
     GenerationStats stats;                 // stats.stop == OutputClosed: stdout went away (end quietly)
+    PromptReuse prompt_reuse;              // what the prompt cache loaded (stats.n_cached) and saved
     int mask_calls = 0;                    // under a grammar: masks computed or looked up, for --stats
     double mask_seconds = 0;               // and their time
     bool output_closed() const { return stats.stop == StopReason::OutputClosed; }
@@ -86,7 +87,8 @@ private:
     std::optional<ReasoningSplitter> splitter_;  // likewise
 };
 
-// Opens the session's backends (once), cuts both KV caches back to empty, and generates the answer to `prepared`.
+// Opens the session's backends (once), cuts both KV caches back to empty, loads what the prompt cache holds of the
+// prompt (Session::prompts), generates the answer to `prepared`, and saves the prompt's keys and values.
 // Notes on stderr: a model that stopped while thinking. Throws tandem::Error only for what goes wrong in the engine
 // (the prompt's own errors were prepare_prompt's).
 PromptAnswer answer_prompt(Session& session, const PreparedPrompt& prepared, const AnswerOutput& output);

@@ -92,10 +92,13 @@ std::string summary(const TurnReport& r) {
 std::string stats_block(const TurnReport& r, const KvCache& cache) {
     const GenerationStats& st = r.stats;
     std::string s;
-    s += "prompt tokens:       " + std::to_string(st.n_prompt) + " prefilled this turn, " + std::to_string(r.n_reused) +
-         " reused from the cache (conversation: " + std::to_string(r.n_conversation) + " tokens)\n";
+    const int prefilled = st.n_prompt - st.n_cached;
+    s += "prompt tokens:       " + std::to_string(prefilled) + " prefilled this turn, " + std::to_string(r.n_reused) +
+         " reused from the cache" +
+         (st.n_cached > 0 ? ", " + std::to_string(st.n_cached) + " loaded from the prompt cache" : std::string()) +
+         " (conversation: " + std::to_string(r.n_conversation) + " tokens)\n";
     s += format("prefill:             %.3f s, %.1f tokens/s\n", st.prefill_s,
-                st.prefill_s > 0 ? st.n_prompt / st.prefill_s : 0.0);
+                st.prefill_s > 0 ? prefilled / st.prefill_s : 0.0);
     s += format("time to first token: %.3f s\n", st.ttft_s);
     s += "generated tokens:    " + std::to_string(st.n_generated) +
          " (stop: " + (r.interrupted ? "interrupted" : stop_reason_name(st.stop)) + ")\n";
@@ -193,6 +196,7 @@ CommandLine split_command(const std::string& input) {
 int run_repl(const Model& model, Generator& generator, KvCache& cache, DraftModel draft, const ReplConfig& config) {
     const ChatTemplate tmpl = config.chat_template ? *config.chat_template : *ChatTemplate::by_name("raw");
     ChatSession session(model, generator, cache, draft, tmpl, config.system);
+    session.prompts = config.prompts;
     const Notes notes;
     session.notice = [&](const std::string& s) { notes.dim("tandem: " + s); };
 

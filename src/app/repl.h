@@ -13,6 +13,7 @@ namespace tandem {
 
 struct Model;
 class KvCache;
+class PromptReuser;
 
 struct ReplConfig {
     std::optional<ChatTemplate> chat_template;  // nullopt or raw: each user turn is plain continuation
@@ -28,6 +29,8 @@ struct ReplConfig {
     // --output-format jsonl: stdout gets one answer_record (answer_record.h) per answer instead of the answer's
     // line. Meant for --chat over a pipe; the CLI refuses it for a terminal.
     bool jsonl = false;
+    // The on-disk prompt cache for the first turn (and any after /reset); not owned, null: none.
+    PromptReuser* prompts = nullptr;
 };
 
 // A line of input split into a command and its argument: `word` is the first word when the input starts with '/'

@@ -142,7 +142,12 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
     if (static_cast<int>(target.size()) >= cap)
         throw Error("the conversation needs " + std::to_string(target.size()) + " tokens but the context holds " +
                     std::to_string(cap) + " (raise --ctx)");
-    const std::vector<int> prompt = sync_caches(target, &report.n_reused);
+    // From empty caches the prompt cache may hold a prefix of the prompt: loaded, the whole prompt is the turn's
+    // (its history for the penalty, as without a hit), and only the rest is prefilled.
+    const bool fresh = cached_.empty() && cache_.n_committed() == 0;
+    if (fresh && prompts) report.prompt_reuse = prompts->load(target);
+    const int cached = report.prompt_reuse.n_loaded;
+    const std::vector<int> prompt = cached > 0 ? target : sync_caches(target, &report.n_reused);
     report.n_conversation = static_cast<int>(target.size());
 
     GenerationParams p = params;
@@ -164,7 +169,10 @@ TurnReport ChatSession::answer(const GenerationParams& params, const Emit& emit)
                                });
     const bool split = tmpl_.supports_thinking();
     report.stats = generator_.generate(
-        prompt, p, [&](std::string_view piece) { return split ? splitter.push(piece) : answer_piece(piece); }, cached_);
+        prompt, p, [&](std::string_view piece) { return split ? splitter.push(piece) : answer_piece(piece); }, cached_,
+        cached);
+    report.stats.ttft_s += report.prompt_reuse.seconds;  // the lookup and load come before the first token too
+    if (fresh && prompts) prompts->save(target, report.prompt_reuse);
     if (split) {
         if (report.stats.stop != StopReason::OutputClosed && !splitter.finish())
             report.stats.stop = StopReason::OutputClosed;

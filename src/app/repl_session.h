@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "app/prompt_reuse.h"
 #include "generate/generator.h"
 #include "text/chat_template.h"
 
@@ -24,6 +25,7 @@ struct TurnReport {
     int n_reused = 0;                   // tokens of the rendered conversation already in the cache
     int n_conversation = 0;             // tokens of the rendered conversation, generation prompt included
     int n_dropped = 0;                  // oldest messages dropped to fit the context
+    PromptReuse prompt_reuse;           // a turn from empty caches: what the prompt cache loaded (stats.n_cached)
     bool interrupted = false;           // the consumer stopped it (Ctrl-C); the partial answer is kept
 };
 
@@ -67,6 +69,9 @@ public:
     std::function<void(const std::string&)> notice;
     // Where a turn's reasoning streams (null: nowhere); returns false to stop the turn, like `emit`.
     Emit on_reasoning;
+    // The on-disk prompt cache (not owned; null: none). A turn that starts from empty caches (the first, or one after
+    // /reset) loads the longest saved prefix of its prompt into them, and saves its prompt after the answer.
+    PromptReuser* prompts = nullptr;
 
     std::string to_json() const;
 

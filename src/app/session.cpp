@@ -252,17 +252,19 @@ void Session::open_backends() {
     const BackendSettings& settings = o.backends;
     backend_ = make_backend(kind_, *model_, n_ctx_, settings, BackendRole::Target);
     cache_ = backend_->new_cache(n_ctx_);
-    if (!draft_model_) return;
-    if (settings.verbose && o.draft_requant && draft_kind_ == "cuda")
-        std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
-    // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied (the
-    // backend copies every row when the value is 0 or covers the whole vocabulary).
-    draft_backend_ =
-        make_backend(draft_kind_, *draft_model_, n_ctx_, settings, BackendRole::Draft, o.draft_requant, o.draft_vocab);
-    draft_cache_ = draft_backend_->new_cache(n_ctx_);
-    if (settings.verbose)
-        std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", draft_path_.c_str(),
-                     draft_model_->config.n_layers, draft_model_->config.dim);
+    if (draft_model_) {
+        if (settings.verbose && o.draft_requant && draft_kind_ == "cuda")
+            std::fprintf(stderr, "tandem: note: --draft-requant applies to a draft on the CPU backend\n");
+        // The draft scores ids below --draft-vocab (and the context's): the rest of its output is never copied (the
+        // backend copies every row when the value is 0 or covers the whole vocabulary).
+        draft_backend_ = make_backend(draft_kind_, *draft_model_, n_ctx_, settings, BackendRole::Draft, o.draft_requant,
+                                      o.draft_vocab);
+        draft_cache_ = draft_backend_->new_cache(n_ctx_);
+        if (settings.verbose)
+            std::fprintf(stderr, "tandem: draft %s: %d layers, dim %d\n", draft_path_.c_str(),
+                         draft_model_->config.n_layers, draft_model_->config.dim);
+    }
+    prompts_ = std::make_unique<PromptReuser>(o.prompt_cache, model_path_, *backend_, *cache_, draft_path_, draft());
 }
 
 }  // namespace tandem

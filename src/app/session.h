@@ -10,6 +10,7 @@
 
 #include "app/cuda_routes.h"
 #include "app/environment.h"
+#include "app/prompt_reuse.h"
 #include "backend.h"
 #include "generate/generator.h"
 #include "gguf/ggml_types.h"
@@ -80,6 +81,8 @@ struct SessionOptions {
     // default (on). A template without a switch ignores it, with a note on stderr.
     std::optional<bool> think;
     BackendSettings backends;
+    // The on-disk prompt cache (--prompt-cache; prompt_reuse.h): dir "" (the default here, for the tools) is off.
+    prompt_cache::Options prompt_cache;
 };
 
 // A loaded model (and draft) with their backends and KV caches, ready for a Generator. Built in two steps so that
@@ -105,6 +108,8 @@ public:
     KvCache& cache() { return *cache_; }
     // The draft's model, backend and cache (all null without a draft).
     DraftModel draft() { return {draft_model_.get(), draft_backend_.get(), draft_cache_.get()}; }
+    // The prompt cache over both caches (off unless SessionOptions::prompt_cache.dir is set).
+    PromptReuser& prompts() { return *prompts_; }
 
 private:
     SessionOptions options_;
@@ -118,6 +123,7 @@ private:
     std::unique_ptr<KvCache> cache_;
     std::unique_ptr<Backend> draft_backend_;
     std::unique_ptr<KvCache> draft_cache_;
+    std::unique_ptr<PromptReuser> prompts_;
 };
 
 }  // namespace tandem

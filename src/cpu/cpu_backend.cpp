@@ -7,6 +7,7 @@
 #include "cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -132,6 +133,44 @@ bool CpuKvCache::same_position(const CpuKvCache& other, int layer, int pos) cons
     return true;
 }
 
+KvCache::RowFormat CpuKvCache::row_format() const {
+    const char* name = type_ == CpuKvType::F32 ? "f32" : type_ == CpuKvType::F16 ? "f16" : "q8_0";
+    return {name, static_cast<int>(layer_slots_.size()), row_bytes()};
+}
+
+void CpuKvCache::read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const {
+    assert(first >= held_from(layer) && first + n <= n_committed());
+    const size_t slab_bytes = slab_row_bytes(), row = row_bytes();
+    for (int i = 0; i < n; ++i) {
+        const int at = slot(layer, first + i);
+        for (int s = 0; s < slabs_; ++s) {
+            const size_t o = offset(layer, s, at),
+                         d = static_cast<size_t>(i) * row + static_cast<size_t>(s) * slab_bytes;
+            std::memcpy(keys + d, k_.get() + o, slab_bytes);
+            std::memcpy(values + d, v_.get() + o, slab_bytes);
+        }
+    }
+}
+
+void CpuKvCache::write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) {
+    const int ring = rings_.ring(layer);
+    assert(n_committed() == 0 && first >= 0 && first + n <= capacity() && (ring == 0 || n <= ring));
+    const size_t slab_bytes = slab_row_bytes(), row = row_bytes();
+    for (int i = 0; i < n; ++i) {
+        const int at = slot(layer, first + i);
+        // A ring's first `window` slots are mirrored after it, as store() keeps them.
+        const int mirror = ring > 0 && at < rings_.window(layer) ? at + ring : -1;
+        for (int s = 0; s < slabs_; ++s) {
+            const size_t d = static_cast<size_t>(i) * row + static_cast<size_t>(s) * slab_bytes;
+            for (const int to : {at, mirror}) {
+                if (to < 0) continue;
+                std::memcpy(k_.get() + offset(layer, s, to), keys + d, slab_bytes);
+                std::memcpy(v_.get() + offset(layer, s, to), values + d, slab_bytes);
+            }
+        }
+    }
+}
+
 std::optional<CpuKvType> parse_cpu_kv_type(const std::string& name) {
     if (name == "f32") return CpuKvType::F32;
     if (name == "f16") return CpuKvType::F16;
@@ -173,6 +212,12 @@ CpuBackend::CpuBackend(const Model& model, int n_threads, int max_batch, const C
     rope_cs_.resize(static_cast<size_t>(pool_.size()) * c.rope_dim);
     if (options.repack && activations_ == cpu::Activations::Int8)
         repack_weights(options.requantize_to, options.huge_pages, options.head_rows, options.repack_cache_dir);
+    // What changes the bits of the keys and values (Backend::kv_signature): the instruction set, the repacking
+    // (but for requantized copies), threads and chunking do not.
+    kv_signature_ = "cpu";
+    if (activations_ == cpu::Activations::Float) kv_signature_ += " float-activations";
+    if (options.requantize_to && repacked_bytes() > 0)
+        kv_signature_ += std::string(" requantized-") + ggml_type_name(*options.requantize_to);
 }
 
 // Every projection and the output matrix, where the CPU has a row-lane kernel for the type (cpu/repack.h), repacked

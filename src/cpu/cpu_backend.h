@@ -4,6 +4,7 @@
 // Q6_K, Q4_0, Q5_0, Q8_0 with AVX-512 VNNI) are repacked on a background thread at idle priority (cpu/repack.h) and their file pages
 // released; until a matrix's copy is ready, forward passes read the file's layout.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -81,6 +82,15 @@ public:
     // Whether `layer`'s key and value at `pos` hold the same bytes here and in `other` (a cache of the same shape).
     bool same_position(const CpuKvCache& other, int layer, int pos) const;
 
+    // Stored rows (KvCache): rows as position_bytes() gives them; a ring's positions from what it holds intact.
+    RowFormat row_format() const override;
+    int held_from(int layer) const override { return rings_.ring(layer) > 0 ? rings_.intact_from(layer) : 0; }
+    int needed_from(int layer, int n) const override {
+        return rings_.ring(layer) > 0 ? std::max(0, n - rings_.window(layer) + 1) : 0;
+    }
+    void read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const override;
+    void write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) override;
+
     static size_t bytes_needed(int n_layers, int capacity, int kv_dim, CpuKvType type = CpuKvType::F32) {
         return 2 * row_bytes(kv_dim, type) * static_cast<size_t>(n_layers) * capacity;
     }
@@ -108,6 +118,10 @@ private:
     std::vector<size_t> layer_first_;  // [layer]: rows (of one slab) before the layer's first
     size_t total_slots_ = 0;           // rows of one slab over all layers and slabs, / slabs
     int resumable(int n) override { return rings_.resumable(n); }
+    void loaded(int m, std::span<const int> firsts) override {
+        (void)m;
+        rings_.note_loaded(firsts);
+    }
     // [layer][slab][pos] rows of slab_row_bytes(), left uninitialized: a position is written before it is read, and
     // untouched pages of a large context cost no memory (the resident size grows with the tokens actually held).
     std::unique_ptr<uint8_t[]> k_, v_;
@@ -155,6 +169,7 @@ public:
     // `max_batch`: the most tokens one internal step processes (longer calls are split); sizes the scratch.
     CpuBackend(const Model& model, int n_threads, int max_batch, const CpuBackendOptions& options = {});
     std::string name() const override { return "cpu"; }
+    std::string kv_signature() const override { return kv_signature_; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
     // The slices' tokens in steps of at most max_batch tokens (a slice may be cut between two steps): every
@@ -205,6 +220,7 @@ private:
     void restricted_logits(const float* x, int n, float* logits);
 
     const Model& model_;
+    std::string kv_signature_;
     cpu::ThreadPool pool_;
     int max_batch_;
     cpu::Activations activations_;

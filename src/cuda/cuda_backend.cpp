@@ -15,6 +15,7 @@
 #include "cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -287,6 +288,50 @@ CudaKvCache::CudaKvCache(int n_layers, int capacity, int kv_dim, cuda::KvType ty
         layer_offset_.push_back(offset);
         offset += static_cast<size_t>(rings_.ring(l) > 0 ? rings_.ring(l) : capacity) * row_bytes_;
     }
+}
+
+KvCache::RowFormat CudaKvCache::row_format() const {
+    return {type_ == cuda::KvType::Q8_0 ? "q8_0" : "f16", static_cast<int>(layer_offset_.size()), row_bytes_};
+}
+
+void CudaKvCache::copy_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values, bool to_host) const {
+    const int ring = rings_.ring(layer);
+    for (int done = 0; done < n;) {
+        const int pos = first + done, row = ring > 0 ? pos % ring : pos;
+        const int run = ring > 0 ? std::min(n - done, ring - row) : n - done;
+        const size_t at = static_cast<size_t>(row) * row_bytes_, bytes = static_cast<size_t>(run) * row_bytes_;
+        uint8_t* k = static_cast<uint8_t*>(key(layer)) + at;
+        uint8_t* v = static_cast<uint8_t*>(value(layer)) + at;
+        uint8_t* hk = keys + static_cast<size_t>(done) * row_bytes_;
+        uint8_t* hv = values + static_cast<size_t>(done) * row_bytes_;
+        if (to_host) {
+            cuda::copy_to_host(hk, k, bytes, nullptr);
+            cuda::copy_to_host(hv, v, bytes, nullptr);
+        } else {
+            cuda::copy_to_device(k, hk, bytes, nullptr);
+            cuda::copy_to_device(v, hv, bytes, nullptr);
+        }
+        done += run;
+    }
+    cuda::stream_synchronize(nullptr);
+}
+
+void CudaKvCache::read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const {
+    assert(first >= held_from(layer) && first + n <= n_committed());
+    copy_rows(layer, first, n, keys, values, true);
+}
+
+void CudaKvCache::write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) {
+    assert(n_committed() == 0 && first >= 0 && first + n <= capacity() && (ring(layer) == 0 || n <= ring(layer)));
+    copy_rows(layer, first, n, const_cast<uint8_t*>(keys), const_cast<uint8_t*>(values), false);
+}
+
+std::string CudaBackend::kv_signature() const {
+    // The routes that are "the same bits" as their alternatives (graphs, fusions, loads) are left out.
+    return "cuda " + cuda::device_name() + "; prefill chunk " + std::to_string(prefill_.chunk_tokens) +
+           ", calls over " + std::to_string(prefill_.matvec_max_call) + (options_.int8_gemm ? " int8 GEMM," : "") +
+           (blas_ ? " cuBLAS" : " SIMT GEMM") + "; matvecs " + describe_matvec_routes(options_) +
+           (options_.persistent_step ? "; persistent step" : "");
 }
 
 CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptions prefill, CudaOptions options) {

@@ -25,6 +25,7 @@
 // every token. Here that happens log2(ctx / 64) times per context (~9 at 32k), and at most half the split blocks
 // are empty ones that return at once. --cuda-route graphs=0 launches kernel by kernel instead.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -69,12 +70,28 @@ public:
     int ring(int layer) const { return rings_.ring(layer); }
     KvRings& rings() { return rings_; }
     cuda::KvType type() const { return type_; }
+    // Stored rows (KvCache): the device rows as they are (cuda::kv_row_bytes), copied synchronously on the default
+    // stream; a ring's positions from what it holds intact.
+    RowFormat row_format() const override;
+    int held_from(int layer) const override { return rings_.ring(layer) > 0 ? rings_.intact_from(layer) : 0; }
+    int needed_from(int layer, int n) const override {
+        return rings_.ring(layer) > 0 ? std::max(0, n - rings_.window(layer) + 1) : 0;
+    }
+    void read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const override;
+    void write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) override;
     // Bytes of keys and values for these layers' windows (rings where they are smaller than the capacity).
     static size_t bytes_needed(int n_layers, int capacity, int kv_dim, cuda::KvType type = cuda::KvType::F16,
                                const CudaKvWindows& windows = {});
 
 private:
     int resumable(int n) override { return rings_.resumable(n); }
+    void loaded(int m, std::span<const int> firsts) override {
+        (void)m;
+        rings_.note_loaded(firsts);
+    }
+    // Copies positions [first, first + n) of `layer` between the device rows and the host (to_host) or back, in at
+    // most two runs (a ring wraps once).
+    void copy_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values, bool to_host) const;
     cuda::KvType type_;
     size_t row_bytes_;
     KvRings rings_;
@@ -141,6 +158,10 @@ public:
     static bool use_blas(const CudaOptions& options);
 
     std::string name() const override { return cuda::device_is_emulated() ? "cuda-emu" : "cuda"; }
+    // The device, the prefill chunk and its GEMM route: what decides the bits of a prefill's keys and values.
+    std::string kv_signature() const override;
+    // Prefill chunks are cut from position 0 (longer calls are not bitwise the shorter ones'): see Backend.
+    int resume_multiple() const override { return prefill_.chunk_tokens; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
     // The greedy picks on the device (kernels/sampling.cu's argmax, after the output projection, inside the step's

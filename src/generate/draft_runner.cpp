@@ -20,7 +20,8 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 }  // namespace
 
-DraftRunner::DraftRunner(const DraftModel& draft, const GenerationParams& params, int base, std::span<const int> held)
+DraftRunner::DraftRunner(const DraftModel& draft, const GenerationParams& params, int base, std::span<const int> held,
+                         int cached)
     : draft_(draft),
       sp_(params.speculative),
       sampler_params_(params.sampler),
@@ -41,7 +42,7 @@ DraftRunner::DraftRunner(const DraftModel& draft, const GenerationParams& params
       extra_seen_(restrict_ ? static_cast<size_t>(vocab_ - sp_.draft_vocab) : 0),
       ahead_q_(static_cast<size_t>(k_cap_) + 1),
       carried_q_(static_cast<size_t>(k_cap_) + 1) {
-    fed_ = std::min(draft_.cache->n_committed(), base_);
+    fed_ = std::min(draft_.cache->n_committed(), base_ + std::max(0, cached));
     if (fed_ < base_ && static_cast<int>(held_.size()) < base_)
         throw Error("internal: the draft's cache holds fewer tokens than the target's, and they were not given");
     draft_.cache->truncate(fed_);

@@ -21,10 +21,12 @@ namespace tandem {
 class DraftRunner {
 public:
     // Cache positions are absolute: history[i] (the prompt and what was generated) sits at `base + i`, held[p] at
-    // p < base (a chat's earlier turns). The draft's cache may hold a prefix of them; what it holds beyond `base` is
+    // p < base (a chat's earlier turns). The draft's cache may hold a prefix of them; what it holds beyond `base`
+    // (beyond `base + cached`: the first `cached` tokens of the prompt, which the prompt cache loaded into it) is
     // stale and dropped here. It reads what it lacks in its first proposal: a draft that never drafts never reads
     // the prompt or earlier turns.
-    DraftRunner(const DraftModel& draft, const GenerationParams& params, int base, std::span<const int> held);
+    DraftRunner(const DraftModel& draft, const GenerationParams& params, int base, std::span<const int> held,
+                int cached = 0);
     DraftRunner(const DraftRunner&) = delete;
     DraftRunner& operator=(const DraftRunner&) = delete;
 

@@ -176,17 +176,24 @@ private:
 // for the per-token part to dominate: what each further verified token adds to a target forward), the draft's own
 // prefill of the prompt (the same work at the weight-bytes ratio) and the tokens still wanted.
 DraftLengthController make_controller(const SpeculativeParams& sp, const Model& target, const Model* draft,
-                                      bool ahead_auto, const GenerationStats& stats, int tokens_wanted) {
+                                      bool ahead_auto, const GenerationStats& stats, int tokens_wanted,
+                                      int draft_lacks) {
     DraftLengthController controller(sp.draft_min, sp.draft_max);
     controller.set_free_drafts(draft == nullptr);
     // It counts on drafting ahead where that runs by itself (auto, a target that computes in the background); forced
     // steps (tests, benchmarks) leave its model as without.
     controller.set_draft_ahead(ahead_auto);
-    const double prefill_token_s = stats.n_prompt >= 32 ? stats.prefill_s / stats.n_prompt : 0.0;
+    // Only the tokens prefilled were timed (not those the prompt cache loaded); the draft reads `draft_lacks` of the
+    // prompt's tokens (all of them, less what the prompt cache loaded into its own cache).
+    const int prefilled = stats.n_prompt - stats.n_cached;
+    const double prefill_token_s = prefilled >= 32 ? stats.prefill_s / prefilled : 0.0;
     const double ratio = draft ? DraftRunner::bytes_per_step(*draft, sp) /
                                      static_cast<double>(std::max<uint64_t>(1, target.weights.bytes_per_token()))
                                : 0.0;
-    controller.set_cost_prior(ratio, prefill_token_s, ratio * stats.prefill_s, static_cast<double>(tokens_wanted));
+    const double draft_prefill_s =
+        stats.n_cached == 0 ? ratio * stats.prefill_s
+                            : ratio * stats.prefill_s / std::max(1, prefilled) * static_cast<double>(draft_lacks);
+    controller.set_cost_prior(ratio, prefill_token_s, draft_prefill_s, static_cast<double>(tokens_wanted));
     return controller;
 }
 
@@ -350,7 +357,7 @@ Generator::Generator(const Model& model, Backend& backend, KvCache& cache, Draft
       draft_(draft),
       logits_(static_cast<size_t>(model.config.n_vocab)) {}
 
-void Generator::prefill(const std::vector<int>& prompt, int chunk) {
+void Generator::prefill(std::span<const int> prompt, int chunk) {
     chunk = std::max(1, chunk);
     for (size_t begin = 0; begin < prompt.size(); begin += static_cast<size_t>(chunk)) {
         const size_t n = std::min(prompt.size() - begin, static_cast<size_t>(chunk));
@@ -360,17 +367,24 @@ void Generator::prefill(const std::vector<int>& prompt, int chunk) {
 }
 
 GenerationStats Generator::generate(const std::vector<int>& prompt, const GenerationParams& params,
-                                    const std::function<bool(std::string_view)>& emit, std::span<const int> held) {
+                                    const std::function<bool(std::string_view)>& emit, std::span<const int> held,
+                                    int cached) {
     using Clock = std::chrono::steady_clock;
     GenerationStats stats;
     if (prompt.empty()) throw Error("the prompt is empty (no tokens to start from)");
-    if (cache_.n_committed() + static_cast<int>(prompt.size()) > cache_.capacity())
+    // At least the last token is prefilled: its forward gives the first token's logits.
+    if (cached < 0 || cached >= static_cast<int>(prompt.size()) || cached > cache_.n_committed())
+        throw Error("internal: " + std::to_string(cached) + " cached tokens of a prompt of " +
+                    std::to_string(prompt.size()) + " with " + std::to_string(cache_.n_committed()) + " in the cache");
+    const int to_prefill = static_cast<int>(prompt.size()) - cached;
+    if (cache_.n_committed() + to_prefill > cache_.capacity())
         throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds only " +
-                    std::to_string(cache_.capacity() - cache_.n_committed()) + " (use --ctx to enlarge it)");
+                    std::to_string(cache_.capacity() - cache_.n_committed() + cached) + " (use --ctx to enlarge it)");
 
     const Clock::time_point t_start = Clock::now();
-    prefill(prompt, params.chunk);
+    prefill(std::span<const int>(prompt).subspan(static_cast<size_t>(cached)), params.chunk);
     stats.n_prompt = static_cast<int>(prompt.size());
+    stats.n_cached = cached;
     stats.prefill_s = std::chrono::duration<double>(Clock::now() - t_start).count();
 
     Sampler sampler(params.sampler, model_.config.n_vocab);
@@ -379,7 +393,7 @@ GenerationStats Generator::generate(const std::vector<int>& prompt, const Genera
     const Clock::time_point t_decode = Clock::now();
     const bool speculative = draft_.model != nullptr || params.speculative.lookup;
     if (speculative)
-        decode_speculative(out, sampler, params, prompt, held);
+        decode_speculative(out, sampler, params, prompt, held, cached);
     else
         decode_plain(out, sampler, params);
     out.finish();
@@ -427,13 +441,16 @@ void Generator::decode_plain(TokenOutput& out, Sampler& sampler, const Generatio
 // accepted. `cur` (the last emitted token) is never in the target's cache at the start of a round: it is the
 // first token of the verification batch.
 void Generator::decode_speculative(TokenOutput& out, Sampler& sampler, const GenerationParams& params,
-                                   const std::vector<int>& prompt, std::span<const int> held) {
+                                   const std::vector<int>& prompt, std::span<const int> held, int cached) {
     const SpeculativeParams& sp = params.speculative;
     const bool rejection = params.sampler.temperature > 0.0f && sp.sampling == SpecSampling::Rejection;
     const int k_cap = std::max(0, sp.draft_max);
     const bool ahead_auto = draft_.model && sp.draft_ahead < 0 && backend_.computes_in_background();
-    DraftLengthController controller =
-        make_controller(sp, model_, draft_.model, ahead_auto, out.stats(), out.remaining());
+    // The prompt's tokens the draft lacks: all but what the prompt cache loaded into its cache (at most `cached`).
+    const int base = cache_.n_committed() - static_cast<int>(prompt.size());
+    const int draft_loaded = draft_.cache ? std::clamp(draft_.cache->n_committed() - base, 0, cached) : 0;
+    DraftLengthController controller = make_controller(sp, model_, draft_.model, ahead_auto, out.stats(),
+                                                       out.remaining(), static_cast<int>(prompt.size()) - draft_loaded);
     LookupProposer lookup(sp);
     RoundLedger ledger(controller, lookup, out.stats(), sp.trace);
     Verification verification(params, model_.config.n_vocab, k_cap);
@@ -453,7 +470,8 @@ void Generator::decode_speculative(TokenOutput& out, Sampler& sampler, const Gen
     if (!emit(cur)) return;
     // Cache positions are absolute: out.history[i] sits at base + i, after what the caches hold of earlier turns.
     std::optional<DraftRunner> draft;
-    if (draft_.model) draft.emplace(draft_, params, cache_.n_committed() - static_cast<int>(prompt.size()), held);
+    if (draft_.model)
+        draft.emplace(draft_, params, cache_.n_committed() - static_cast<int>(prompt.size()), held, cached);
     bool layouts_settled = false;
 
     for (;;) {

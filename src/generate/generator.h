@@ -43,9 +43,11 @@ enum class StopReason { Eos, Length, StopString, ContextFull, OutputClosed };
 const char* stop_reason_name(StopReason reason);
 
 struct GenerationStats {
-    int n_prompt = 0;           // tokens prefilled
+    int n_prompt = 0;           // tokens of the prompt (prefilled, or loaded: n_cached)
+    int n_cached = 0;           // of those, loaded into the cache before generate() (the prompt cache): not prefilled
     double prefill_s = 0;       // wall time of the prefill forwards
-    double ttft_s = 0;          // from the start of prefill to the first token's text being handed out
+    double ttft_s = 0;          // from the start of prefill to the first token's text being handed out (a caller
+                                // that loaded n_cached positions adds the load's time)
     int n_generated = 0;        // tokens sampled (EOS excluded)
     double decode_s = 0;        // wall time from the first sampled token to the end
     int n_decode_forwards = 0;  // forwards of one token after the prompt
@@ -90,14 +92,18 @@ public:
     // `held` is what the target's cache already holds (positions 0..n_committed-1, a chat's earlier turns): the
     // draft's cache may hold any prefix of it, and the draft reads the rest only if and when it first drafts (a
     // draft that never pays never reads it). Without `held`, the draft's cache must hold all of it.
+    // `cached`: the caches already hold prompt[0, cached) after `held` (the prompt cache loaded them): the target's
+    // all of it, the draft's any prefix; only the rest is prefilled, while the prompt's tokens all count as context
+    // (the penalty window, prompt lookup, positions).
     GenerationStats generate(const std::vector<int>& prompt, const GenerationParams& params,
-                             const std::function<bool(std::string_view)>& emit, std::span<const int> held = {});
+                             const std::function<bool(std::string_view)>& emit, std::span<const int> held = {},
+                             int cached = 0);
 
 private:
-    void prefill(const std::vector<int>& prompt, int chunk);
+    void prefill(std::span<const int> prompt, int chunk);
     void decode_plain(TokenOutput& out, Sampler& sampler, const GenerationParams& params);
     void decode_speculative(TokenOutput& out, Sampler& sampler, const GenerationParams& params,
-                            const std::vector<int>& prompt, std::span<const int> held);
+                            const std::vector<int>& prompt, std::span<const int> held, int cached);
 
     const Model& model_;
     Backend& backend_;

@@ -43,6 +43,16 @@ TEST_CASE("environment: the repacked-weights cache is under the cache root unles
     }
 }
 
+TEST_CASE("environment: the prompt cache is under the cache root unless TANDEM_PROMPT_CACHE moves it or turns it off") {
+    CHECK(read({{"XDG_CACHE_HOME", "/c"}}).prompt_cache_dir == "/c/tandem/prompts");
+    CHECK(read({{"HOME", "/h"}}).prompt_cache_dir == "/h/.cache/tandem/prompts");
+    CHECK(read({{"XDG_CACHE_HOME", "/c"}, {"TANDEM_PROMPT_CACHE", "/p"}}).prompt_cache_dir == "/p");
+    for (const char* off : {"", "0", "off"}) {
+        CAPTURE(std::string(off));
+        CHECK(read({{"XDG_CACHE_HOME", "/c"}, {"TANDEM_PROMPT_CACHE", off}}).prompt_cache_dir.empty());
+    }
+}
+
 TEST_CASE("environment: the REPL's history follows XDG_STATE_HOME, then HOME") {
     CHECK(read({{"XDG_STATE_HOME", "/s"}, {"HOME", "/h"}}).history_path == "/s/tandem/history");
     CHECK(read({{"HOME", "/h"}}).history_path == "/h/.local/state/tandem/history");
