@@ -5,9 +5,13 @@
 // Long calls take the prefill path: the same sequence per chunk with the GEMM for the matvecs and tiled flash
 // attention for split-K; the output matvec still runs 16 rows at a time, for the requested logits only.
 //
+// forward_batch runs several sequences' tokens as the steps of one call: each matrix over all the step's rows, RoPE,
+// the cache writes and attention per sequence (one launch each, against its own cache and position), the wanted
+// rows' logits through one output projection.
+//
 // Short calls replay one CUDA graph per step shape (see cuda_backend.h for why the position lives in device memory
-// and attention's grid is bucketed); long calls and --cuda-route graphs=0 launch kernel by kernel. Both run the same
-// enqueue functions, so the graph holds exactly the launches a direct step makes.
+// and attention's grid is bucketed); long calls, batched steps of several sequences and --cuda-route graphs=0 launch
+// kernel by kernel. Both run the same enqueue functions, so the graph holds exactly the launches a direct step makes.
 //
 // Memory: three device allocations made once — weights (one buffer, tensors at 256-byte aligned offsets), chunk
 // scratch (one buffer) and the attention workspace (grows with the largest cache) — plus one per KV cache. The

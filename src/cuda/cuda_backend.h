@@ -4,7 +4,8 @@
 // tandem_cuda (nvcc, a real GPU) into tandem_cuda_backend, and against tandem_cuda_emu (the CPU emulation of CUDA)
 // into tandem_cuda_backend_emu, which the tests run against CpuBackend without a GPU.
 //
-// Two paths through the layers, chosen per forward call by its length:
+// Two paths through the layers, chosen per forward call (or forward_batch call, by all its slices' tokens) by its
+// length:
 //  - calls of up to CudaPrefillOptions::matvec_max_call tokens (decode, speculative verification, short chunks) run
 //    in steps of 16 tokens through matvec and split-K attention: bitwise batch-invariant among themselves (a
 //    position's logits do not depend on how many tokens the call had or where the position fell in it);
