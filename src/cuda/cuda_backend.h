@@ -149,8 +149,9 @@ public:
     // tokens in all; a slice may be cut between two steps): every matrix is read once per step for all its tokens,
     // while RoPE, the cache writes and attention run per sequence against its own cache, and the rows whose
     // logits are wanted go through one output projection. A call of at most matvec_max_call tokens gives each
-    // slice the bits forward gives it in calls of the same sizes (the matvec path is batch-invariant); a longer
-    // one agrees within the GEMM's tolerance. One slice is forward itself (its graphs and persistent step); steps
+    // slice the bits forward gives it in calls of the same sizes (the matvec path is batch-invariant; except with
+    // CudaOptions::persistent_step, whose one-token steps are within rounding of the launches); a longer one agrees
+    // within the GEMM's tolerance. One slice is forward itself (its graphs and persistent step); steps
     // of several sequences launch kernel by kernel (CudaGraphStats::batched_steps), not from graphs.
     void forward_batch(std::span<const SequenceSlice> slices) override;
     // The greedy picks on the device (kernels/sampling.cu's argmax, after the output projection, inside the step's
