@@ -113,6 +113,10 @@ enum class ThreadOrder { Forward, Reverse, Shuffled };
 struct LaunchOptions {
     ThreadOrder order = ThreadOrder::Forward;
     uint64_t seed = 0;  // for Shuffled
+    // When set, the name of every kernel launch that runs (directly, or as a node of a replayed graph; not one
+    // recorded into a capture) is appended: what tests count to see what a call launched, e.g. how many matvec
+    // launches read a model's weights in one step.
+    std::vector<std::string>* launched = nullptr;
 };
 
 // The options every launch on this OS thread uses (kernels are launched through plain C++ functions that know

@@ -227,6 +227,7 @@ void launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
     if (g_runner)
         throw Error(std::string("tandem::emu: launch of ") + name + ": launching from inside a kernel is not supported");
     check_launch(name, kernel, grid, block, dyn, cooperative);
+    if (launch_options().launched) launch_options().launched->push_back(name);
 
     struct Restore {
         ~Restore() {

@@ -5,9 +5,13 @@
 // Long calls take the prefill path: the same sequence per chunk with the GEMM for the matvecs and tiled flash
 // attention for split-K; the output matvec still runs 16 rows at a time, for the requested logits only.
 //
+// forward_batch runs several sequences' tokens as the steps of one call: each matrix over all the step's rows, RoPE,
+// the cache writes and attention per sequence (one launch each, against its own cache and position), the wanted
+// rows' logits through one output projection.
+//
 // Short calls replay one CUDA graph per step shape (see cuda_backend.h for why the position lives in device memory
-// and attention's grid is bucketed); long calls and --cuda-route graphs=0 launch kernel by kernel. Both run the same
-// enqueue functions, so the graph holds exactly the launches a direct step makes.
+// and attention's grid is bucketed); long calls, batched steps of several sequences and --cuda-route graphs=0 launch
+// kernel by kernel. Both run the same enqueue functions, so the graph holds exactly the launches a direct step makes.
 //
 // Memory: three device allocations made once — weights (one buffer, tensors at 256-byte aligned offsets), chunk
 // scratch (one buffer) and the attention workspace (grows with the largest cache) — plus one per KV cache. The
@@ -751,13 +755,15 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     cache.rings().check_reach(start_pos);
 
     if (prefill) {
-        enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, true);
+        const StepSegment all{0, n, &cache, {start_pos, nullptr, start_pos}};
+        enqueue_layers({&all, 1}, n, true);
         ++graph_stats_.direct_steps;
     } else if (options_.graphs) {
         replay_step(cache, n, start_pos, n_logits, picks);
     } else {
-        enqueue_layers(cache, n, {start_pos, nullptr, start_pos}, false);
-        if (n_logits > 0) enqueue_output(n - n_logits, n_logits, picks);
+        const StepSegment all{0, n, &cache, {start_pos, nullptr, start_pos}};
+        enqueue_layers({&all, 1}, n, false);
+        if (n_logits > 0) enqueue_output(xb_ + static_cast<size_t>(n - n_logits) * c.dim, n_logits, picks);
         ++graph_stats_.direct_steps;
     }
     cache.commit_appended(n);
@@ -773,7 +779,7 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     for (int g = 0; g < n_logits; g += kStepTokens) {
         const int rows = std::min(kStepTokens, n_logits - g);
         const CallOutput o = out.advanced(static_cast<size_t>(g), c.n_vocab);
-        if (prefill) enqueue_output(n - n_logits + g, rows, picks);
+        if (prefill) enqueue_output(xb_ + static_cast<size_t>(n - n_logits + g) * c.dim, rows, picks);
         if (picks != Picks::None) {
             copy_output(o.ids, ids_, static_cast<size_t>(rows) * sizeof(int));
             if (picks == Picks::ArgmaxConfidence)
@@ -794,38 +800,170 @@ void CudaBackend::forward_step(std::span<const int> tokens, CudaKvCache& cache, 
     }
 }
 
-void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill) {
+void CudaBackend::forward_batch(std::span<const SequenceSlice> slices) {
+    // One sequence is forward's call, with its graphs and persistent step.
+    if (slices.size() == 1) {
+        forward(slices[0].tokens, *slices[0].cache, slices[0].n_logits, slices[0].logits);
+        return;
+    }
+    size_t n_total = 0;
+    for (const SequenceSlice& s : slices) {
+        assert(s.cache && s.n_logits >= 0 && static_cast<size_t>(s.n_logits) <= s.tokens.size());
+        assert(s.cache->n_committed() + static_cast<int>(s.tokens.size()) <= s.cache->capacity());
+        assert(s.cache->capacity() <= workspace_ctx_);
+        n_total += s.tokens.size();
+    }
+    // The path is chosen for the whole call, as run_call chooses it for one sequence's: matvec steps while the call
+    // has at most matvec_max_call tokens (each slice then gets its own calls' bits), prefill chunks through the GEMM
+    // beyond (within tolerance). The steps are what the scratch holds; a slice that does not fit in what is left of
+    // one continues in the next, its logits rows produced by the steps that hold its last n_logits tokens.
+    const bool prefill = n_total > static_cast<size_t>(prefill_.matvec_max_call);
+    const int step = prefill ? prefill_.chunk_tokens : kStepTokens;
+    const size_t n_vocab = static_cast<size_t>(model_.config.n_vocab);
+    std::vector<StepSegment> segments;
+    batch_tokens_.clear();
+    const auto run = [&] {
+        if (segments.size() == 1) {  // a step of one sequence: forward's step (its graph on the short path)
+            CallOutput out;
+            out.logits = segments[0].logits;
+            forward_step(batch_tokens_, *segments[0].cache, segments[0].n_logits, out, prefill);
+        } else {
+            batch_step(batch_tokens_, segments, prefill);
+        }
+        batch_tokens_.clear();
+        segments.clear();
+    };
+    for (const SequenceSlice& s : slices) {
+        const int size = static_cast<int>(s.tokens.size());
+        const int first_logit_token = size - s.n_logits;  // tokens from here on need logits
+        for (int offset = 0; offset < size;) {
+            const int take = std::min(step - static_cast<int>(batch_tokens_.size()), size - offset);
+            StepSegment seg;
+            seg.first = static_cast<int>(batch_tokens_.size());
+            seg.n = take;
+            seg.cache = static_cast<CudaKvCache*>(s.cache);
+            seg.n_logits = std::max(0, offset + take - std::max(offset, first_logit_token));
+            seg.logits = seg.n_logits > 0
+                             ? s.logits + static_cast<size_t>(std::max(0, offset - first_logit_token)) * n_vocab
+                             : nullptr;
+            batch_tokens_.insert(batch_tokens_.end(), s.tokens.begin() + offset, s.tokens.begin() + offset + take);
+            segments.push_back(seg);
+            offset += take;
+            if (static_cast<int>(batch_tokens_.size()) == step) run();
+        }
+    }
+    if (!batch_tokens_.empty()) run();
+    if (!deferring_) cuda::stream_synchronize(stream_);
+}
+
+void CudaBackend::batch_step(std::span<const int> tokens, std::span<StepSegment> segments, bool prefill) {
+    const ModelConfig& c = model_.config;
+    const int n = static_cast<int>(tokens.size());
+    for (int tok : tokens)
+        if (tok < 0 || tok >= c.n_vocab) throw Error("token id " + std::to_string(tok) + " is out of range");
+    for (size_t i = 0; i < segments.size(); ++i)
+        for (size_t j = 0; j < i; ++j) assert(segments[i].cache != segments[j].cache);  // one segment per cache
+
+    // The tokens in one copy, as forward_step uploads them; the positions go to the kernels by value (the step is
+    // not captured), so the start position's slot is not read.
+    step_host_[0] = 0;
+    std::copy(tokens.begin(), tokens.end(), step_host_.begin() + 1);
+    cuda::copy_to_device(step_in_, step_host_.data(), static_cast<size_t>(n + 1) * sizeof(int), stream_);
+    for (StepSegment& s : segments) {
+        const int start = s.cache->n_committed();
+        s.pos = {start, nullptr, start};
+        s.cache->rings().check_reach(start);
+    }
+    enqueue_layers(segments, n, prefill);
+    ++graph_stats_.batched_steps;
+    for (const StepSegment& s : segments) {
+        s.cache->commit_appended(s.n);
+        s.cache->rings().note_written(s.pos.start + s.n);
+    }
+
+    // The rows whose logits are wanted (each segment's last n_logits), in one block for the output projection:
+    // the step's own rows where they follow one another (a step of decode tokens: every row), else gathered into
+    // proj_ (free after the last layer's add), one copy per segment.
+    const size_t dim = static_cast<size_t>(c.dim), n_vocab = static_cast<size_t>(c.n_vocab);
+    int n_out = 0, first_row = 0, next_row = -1;
+    bool contiguous = true;
+    for (const StepSegment& s : segments) {
+        if (s.n_logits == 0) continue;
+        const int row = s.first + s.n - s.n_logits;
+        if (n_out == 0) first_row = row;
+        if (next_row >= 0 && row != next_row) contiguous = false;
+        next_row = s.first + s.n;
+        n_out += s.n_logits;
+    }
+    if (n_out == 0) return;
+    const float* rows = xb_ + static_cast<size_t>(first_row) * dim;
+    if (!contiguous) {
+        size_t at = 0;
+        for (const StepSegment& s : segments) {
+            if (s.n_logits == 0) continue;
+            cuda::copy_on_device(proj_ + at * dim, xb_ + static_cast<size_t>(s.first + s.n - s.n_logits) * dim,
+                                 static_cast<size_t>(s.n_logits) * dim * sizeof(float), stream_);
+            at += static_cast<size_t>(s.n_logits);
+        }
+        rows = proj_;
+    }
+    // kStepTokens rows at a time (what logits_ holds), each row's logits copied to its segment's destination.
+    for (int g = 0; g < n_out; g += kStepTokens) {
+        const int group = std::min(kStepTokens, n_out - g);
+        enqueue_output(rows + static_cast<size_t>(g) * dim, group, Picks::None);
+        int at = 0;  // the gathered row of the segment's first wanted one
+        for (const StepSegment& s : segments) {
+            if (s.n_logits == 0) continue;
+            const int lo = std::max(at, g), hi = std::min(at + s.n_logits, g + group);
+            if (lo < hi)
+                copy_output(s.logits + static_cast<size_t>(lo - at) * n_vocab,
+                            logits_ + static_cast<size_t>(lo - g) * n_vocab,
+                            static_cast<size_t>(hi - lo) * n_vocab * sizeof(float));
+            at += s.n_logits;
+        }
+    }
+}
+
+void CudaBackend::enqueue_layers(std::span<const StepSegment> segments, int n, bool prefill) {
     const ModelConfig& c = model_.config;
     const int dim = c.dim;
+    // One sequence: RoPE may go into the Q/K/V launch and a one-token step into the persistent launch, both made for
+    // one cache and one position. Several (forward_batch) take a rope_kv_write and an attention launch each.
+    const bool one = segments.size() == 1;
     cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
                     stream_);
     if (c.embedding_scale != 1.0f) cuda::scale(x_, static_cast<int64_t>(n) * dim, c.embedding_scale, stream_);
-    if (persistent_step(n, prefill)) return enqueue_persistent_step(cache);
+    if (one && persistent_step(n, prefill)) return enqueue_persistent_step(*segments[0].cache);
     const FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
     cuda::rms_norm(x_, layers_[0].attn_norm, xb_, n, dim, c.rms_eps, stream_, nq.type, nq.xq);
 
     const cuda::RopeMode mode =
         c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
-    const auto rope_args = [&](int l) {
-        // The layer's RoPE table (ModelConfig::rope_inv_freq, uploaded one after another), or none: rope_dim 0 leaves
-        // Q and K as they are and only writes the cache.
+    const auto rope_args = [&](int l, const StepSegment& s) {
+        // The layer's RoPE table (ModelConfig::rope_inv_freq, uploaded one after another; chosen by the cache's
+        // capacity), or none: rope_dim 0 leaves Q and K as they are and only writes the cache. The segment's rows of
+        // Q, K and V.
+        const CudaKvCache& cache = *s.cache;
         const int table = c.rope_table(l, cache.capacity());
         const float* inv_freq = inv_freq_ + static_cast<size_t>(std::max(table, 0)) * (c.rope_dim / 2);
-        cuda::RopeKvArgs rope{q_, k_, v_, cache.key(l), cache.value(l), inv_freq, n, pos.start, c.n_heads,
-                              c.n_kv_heads, c.head_dim, table >= 0 ? c.rope_dim : 0, mode, cache.type()};
+        const size_t row = static_cast<size_t>(s.first);
+        cuda::RopeKvArgs rope{q_ + row * c.q_dim(), k_ + row * c.kv_dim(), v_ + row * c.kv_dim(), cache.key(l),
+                              cache.value(l), inv_freq, s.n, s.pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
+                              table >= 0 ? c.rope_dim : 0, mode, cache.type()};
         rope.ring = cache.ring(l);
-        rope.device_start_pos = pos.device;
+        rope.device_start_pos = s.pos.device;
         rope.trig = rope_trig_;  // read only by the Q/K/V launches that apply RoPE, after rope_trig_table below
         return rope;
     };
     // The step's RoPE angles, once, for the Q/K/V launches that apply RoPE themselves.
     bool tabled = false;
-    for (int l = 0; l < c.n_layers && !tabled; ++l) tabled = fuses_rope(layers_[l], rope_args(l), n, prefill);
-    if (tabled) cuda::rope_trig_table(rope_args(0), rope_trig_, stream_);
+    for (int l = 0; one && l < c.n_layers && !tabled; ++l)
+        tabled = fuses_rope(layers_[l], rope_args(l, segments[0]), n, prefill);
+    if (tabled) cuda::rope_trig_table(rope_args(0, segments[0]), rope_trig_, stream_);
     for (int l = 0; l < c.n_layers; ++l) {
         const DeviceLayer& L = layers_[l];
-        const cuda::RopeKvArgs rope = rope_args(l);
-        const bool rope_in_qkv = fuses_rope(L, rope, n, prefill);
+        const cuda::RopeKvArgs rope = rope_args(l, segments[0]);  // the Q/K/V launch's RoPE: one segment only
+        const bool rope_in_qkv = one && fuses_rope(L, rope, n, prefill);
         if (prefill) gemm_input(xb_, n, dim, {L.wq.type, L.wk.type, L.wv.type});
         const bool b = c.qkv_bias;
         const cuda::MatvecTarget qkv[] = {target(L.wq, q_, b ? L.bq : nullptr), target(L.wk, k_, b ? L.bk : nullptr),
@@ -868,29 +1006,39 @@ void CudaBackend::enqueue_layers(CudaKvCache& cache, int n, const StepPosition& 
             cuda::scale_leading(q_, n * c.n_heads, c.head_dim, c.rope_dim, c.rope_amplitude, stream_);
             cuda::scale_leading(k_, n * c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_amplitude, stream_);
         }
-        if (!rope_in_qkv) cuda::rope_kv_write(rope, stream_);
-        cuda::AttentionArgs att{q_, cache.key(l), cache.value(l), att_, workspace_buf_.as<float>(), n,
-                                pos.device ? pos.grid_bound : pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
-                                options_.attention_split, cache.type()};
-        att.scale = c.attention_scale;
-        att.window = c.layers[static_cast<size_t>(l)].window;
-        if (c.attention_softcap > 0.0f) {
-            att.softcap = c.attention_softcap;
-            att.inv_softcap = 1.0f / c.attention_softcap;
+        if (!rope_in_qkv)
+            for (const StepSegment& s : segments) cuda::rope_kv_write(rope_args(l, s), stream_);
+        // The combine also quantizes the output for attn_output's 8-bit route (no quantize launch), each segment's
+        // rows where a launch over all the step's rows would put them.
+        FusedQuant aq;
+        if (cuda::attention_quantizes_for(L.wo.type, c.head_dim))
+            aq = fused_quant(att_, c.q_dim(), L.wo.type, n, prefill);
+        // Attention per segment, against its own cache: the launches of one step share the workspace and the split
+        // counters, each launch leaving the counters zero for the next (stream order).
+        for (const StepSegment& s : segments) {
+            const CudaKvCache& cache = *s.cache;
+            const size_t row = static_cast<size_t>(s.first);
+            cuda::AttentionArgs att{q_ + row * c.q_dim(), cache.key(l), cache.value(l), att_ + row * c.q_dim(),
+                                    workspace_buf_.as<float>(), s.n, s.pos.device ? s.pos.grid_bound : s.pos.start,
+                                    c.n_heads, c.n_kv_heads, c.head_dim, options_.attention_split, cache.type()};
+            att.scale = c.attention_scale;
+            att.window = c.layers[static_cast<size_t>(l)].window;
+            if (c.attention_softcap > 0.0f) {
+                att.softcap = c.attention_softcap;
+                att.inv_softcap = 1.0f / c.attention_softcap;
+            }
+            att.ring = cache.ring(l);
+            att.device_start_pos = s.pos.device;
+            att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
+            if (aq.xq) {
+                att.q8_for = aq.type;
+                att.q8_out = static_cast<uint8_t*>(aq.xq) + row * cuda::q8_activation_row_bytes(aq.type, c.q_dim());
+            }
+            if (prefill)
+                cuda::attention_prefill(att, stream_);
+            else
+                cuda::attention(att, stream_);
         }
-        att.ring = cache.ring(l);
-        att.device_start_pos = pos.device;
-        att.split_counters = split_counters_;  // the split kernel combines: one launch, not two
-        if (cuda::attention_quantizes_for(L.wo.type, c.head_dim)) {
-            // The combine also quantizes the output for attn_output's 8-bit route (no quantize launch).
-            const FusedQuant aq = fused_quant(att_, c.q_dim(), L.wo.type, n, prefill);
-            att.q8_for = aq.type;
-            att.q8_out = aq.xq;
-        }
-        if (prefill)
-            cuda::attention_prefill(att, stream_);
-        else
-            cuda::attention(att, stream_);
         if (prefill) gemm_input(att_, n, c.q_dim(), {L.wo.type});
         project_add_norm(L.wo, att_, n, L.post_attn_norm, L.ffn_norm, L.w_gate.type, prefill);
         if (prefill) gemm_input(xb_, n, dim, {L.w_gate.type, L.w_up.type});
@@ -997,9 +1145,8 @@ bool CudaBackend::restrict_logits(int n_first, std::span<const int> extra) {
     return true;
 }
 
-void CudaBackend::enqueue_output(int row0, int rows, Picks picks) {
+void CudaBackend::enqueue_output(const float* x, int rows, Picks picks) {
     const int n_vocab = model_.config.n_vocab;
-    const float* x = xb_ + static_cast<size_t>(row0) * model_.config.dim;
     const DeviceMatrix& W = output_;
     const void* xq = quantized(W.type, x, rows, W.cols);  // one quantization for every matvec below
     if (logit_first_ >= n_vocab) {
@@ -1044,8 +1191,10 @@ void CudaBackend::replay_step(CudaKvCache& cache, int n, int start_pos, int n_lo
         assert(bound >= start_pos);
         cuda::begin_capture(stream_);
         try {
-            enqueue_layers(cache, n, {start_pos, step_in_, bound}, false);
-            if (n_logits > 0) enqueue_output(n - n_logits, n_logits, picks);
+            const StepSegment all{0, n, &cache, {start_pos, step_in_, bound}};
+            enqueue_layers({&all, 1}, n, false);
+            if (n_logits > 0)
+                enqueue_output(xb_ + static_cast<size_t>(n - n_logits) * model_.config.dim, n_logits, picks);
         } catch (...) {
             try {
                 (void)cuda::end_capture(stream_);  // leaves the stream usable; the launch's error is the one to report

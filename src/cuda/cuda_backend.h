@@ -4,7 +4,8 @@
 // tandem_cuda (nvcc, a real GPU) into tandem_cuda_backend, and against tandem_cuda_emu (the CPU emulation of CUDA)
 // into tandem_cuda_backend_emu, which the tests run against CpuBackend without a GPU.
 //
-// Two paths through the layers, chosen per forward call by its length:
+// Two paths through the layers, chosen per forward call (or forward_batch call, by all its slices' tokens) by its
+// length:
 //  - calls of up to CudaPrefillOptions::matvec_max_call tokens (decode, speculative verification, short chunks) run
 //    in steps of 16 tokens through matvec and split-K attention: bitwise batch-invariant among themselves (a
 //    position's logits do not depend on how many tokens the call had or where the position fell in it);
@@ -118,6 +119,7 @@ struct CudaGraphStats {
                              // another cache or workspace)
     int replays = 0;         // graph launches, one per short step
     int direct_steps = 0;    // steps launched kernel by kernel (graphs off, or the prefill path)
+    int batched_steps = 0;   // steps of several sequences (forward_batch), launched kernel by kernel
     int persistent_steps = 0;  // one-token steps queued as the persistent launch (directly, or into a graph)
     size_t nodes = 0;        // kernels in the graph replayed last
 };
@@ -164,6 +166,15 @@ public:
     int resume_multiple() const override { return prefill_.chunk_tokens; }
     std::unique_ptr<KvCache> new_cache(int n_ctx) override;
     void forward(std::span<const int> tokens, KvCache& cache, int n_logits, float* logits) override;
+    // The slices' tokens in steps (of kStepTokens, or prefill chunks where the call has more than matvec_max_call
+    // tokens in all; a slice may be cut between two steps): every matrix is read once per step for all its tokens,
+    // while RoPE, the cache writes and attention run per sequence against its own cache, and the rows whose
+    // logits are wanted go through one output projection. A call of at most matvec_max_call tokens gives each
+    // slice the bits forward gives it in calls of the same sizes (the matvec path is batch-invariant; except with
+    // CudaOptions::persistent_step, whose one-token steps are within rounding of the launches); a longer one agrees
+    // within the GEMM's tolerance. One slice is forward itself (its graphs and persistent step); steps
+    // of several sequences launch kernel by kernel (CudaGraphStats::batched_steps), not from graphs.
+    void forward_batch(std::span<const SequenceSlice> slices) override;
     // The greedy picks on the device (kernels/sampling.cu's argmax, after the output projection, inside the step's
     // graph): only n_rows ints are copied back; `scratch` is not touched.
     void forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
@@ -225,6 +236,16 @@ private:
         const int* device = nullptr;
         int grid_bound = 0;
     };
+    // A sequence's run of tokens within one step: the step's rows first..first + n - 1, at positions pos.start on of
+    // `cache`; the logits of its last n_logits rows go to `logits` (forward_batch). A single-sequence step is one
+    // segment covering the step.
+    struct StepSegment {
+        int first = 0, n = 0;
+        CudaKvCache* cache = nullptr;
+        StepPosition pos;
+        int n_logits = 0;
+        float* logits = nullptr;
+    };
     // A short step captured into a graph, and what its by-value arguments were captured for.
     struct StepGraph {
         cuda::Graph graph;
@@ -255,8 +276,12 @@ private:
     // One step (prefill = false: up to kStepTokens tokens) or one prefill chunk, with the output of its last n_out
     // tokens.
     void forward_step(std::span<const int> tokens, CudaKvCache& cache, int n_out, const CallOutput& out, bool prefill);
-    // Queues the embedding and every layer of a step of n tokens (their keys and values go into the cache).
-    void enqueue_layers(CudaKvCache& cache, int n, const StepPosition& pos, bool prefill);
+    // A step of forward_batch: `tokens` (at most kStepTokens, or a prefill chunk) made of `segments` of several
+    // sequences, in order, covering them all; sets each segment's position (what its cache holds), and commits.
+    void batch_step(std::span<const int> tokens, std::span<StepSegment> segments, bool prefill);
+    // Queues the embedding and every layer of a step of n tokens made of `segments` (each segment's keys and values
+    // go into its cache): the matrices over all n rows, RoPE, the cache writes and attention per segment.
+    void enqueue_layers(std::span<const StepSegment> segments, int n, bool prefill);
     // Whether a step of n tokens runs its layers as the persistent launch (CudaOptions::persistent_step: one-token
     // steps, where the model allows it), which enqueue_persistent_step queues after the embedding, reading the layer
     // table that upload_step_layers keeps naming the step's cache.
@@ -268,9 +293,10 @@ private:
     static Picks picks_of(const CallOutput& out) {
         return out.ids ? (out.top_probs ? Picks::ArgmaxConfidence : Picks::Argmax) : Picks::None;
     }
-    // Queues the output projection of rows row0..row0 + rows - 1 (<= kStepTokens) of the step into logits_, and
-    // with `picks` their greedy ids into ids_ (and confidences into top_probs_).
-    void enqueue_output(int row0, int rows, Picks picks);
+    // Queues the output projection of the normed rows x (rows <= kStepTokens of them, dim apart: the step's xb_
+    // rows, or those forward_batch gathered) into logits_, and with `picks` their greedy ids into ids_ (and
+    // confidences into top_probs_).
+    void enqueue_output(const float* x, int rows, Picks picks);
     // Replays (capturing first when needed) the graph of a short step of n tokens at start_pos.
     void replay_step(CudaKvCache& cache, int n, int start_pos, int n_out, Picks picks);
     // Split-K blocks per (token, head) a graph launches for steps whose keys end at `n_keys`.
@@ -336,6 +362,7 @@ private:
     // their host copy, uploaded in one copy before the step's kernels.
     int *step_in_ = nullptr, *tokens_ = nullptr;
     std::vector<int> step_host_;
+    std::vector<int> batch_tokens_;  // forward_batch: the tokens of the step being gathered
     int* ids_ = nullptr;                 // kStepTokens argmax ids
     float* top_probs_ = nullptr;         // and their confidences
     // forward_candidates: kStepTokens rows of kTopKMax best logits / ids / extra logits, and the extra ids.
