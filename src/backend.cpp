@@ -1,11 +1,38 @@
 // Backend's default implementations that need more than the interface header should carry.
 #include "backend.h"
 
+#include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "cpu/vec_math.h"
 
 namespace tandem {
+
+bool KvCache::copy_prefix(const KvCache& from, int n) {
+    const RowFormat format = row_format(), source = from.row_format();
+    if (&from == this || format.type.empty() || format.type != source.type || format.n_layers != source.n_layers ||
+        format.row_bytes != source.row_bytes || n <= 0 || n > from.n_committed() || n > capacity())
+        return false;
+    // Each layer's positions a step at n reads; the source must still hold them (a ring holds its last ones only).
+    std::vector<int> firsts(static_cast<size_t>(format.n_layers));
+    for (int l = 0; l < format.n_layers; ++l) {
+        firsts[static_cast<size_t>(l)] = needed_from(l, n);
+        if (from.held_from(l) > firsts[static_cast<size_t>(l)]) return false;
+    }
+    truncate(0);
+    if (n_committed() != 0) return false;
+    std::vector<uint8_t> keys, values;
+    for (int l = 0; l < format.n_layers; ++l) {
+        const int first = firsts[static_cast<size_t>(l)], count = n - first;
+        keys.resize(static_cast<size_t>(count) * format.row_bytes);
+        values.resize(keys.size());
+        from.read_rows(l, first, count, keys.data(), values.data());
+        write_rows(l, first, count, keys.data(), values.data());
+    }
+    finish_load(n, firsts);
+    return true;
+}
 
 void Backend::forward_argmax_confidence(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
                                         float* top_probs, std::span<float> scratch) {

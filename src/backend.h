@@ -38,13 +38,10 @@ public:
     // Makes this cache hold positions 0..n-1 of `from` (0 < n <= from.n_committed(), n <= capacity()), bit for bit,
     // in place of what it held: a prompt that starts with tokens another sequence has run starts from their keys and
     // values instead of computing them again (the keys and values of a position depend only on the tokens up to it).
-    // Returns false, leaving this cache as it was, where the caches cannot copy (another backend or layout, or
-    // sliding-window rings); the caller then prefills.
-    virtual bool copy_prefix(const KvCache& from, int n) {
-        (void)from;
-        (void)n;
-        return false;
-    }
+    // Returns false, leaving this cache as it was, where the caches cannot copy (caches of other row formats, a
+    // source whose sliding-window rings no longer hold what position n needs); the caller then prefills. This default
+    // goes through read_rows / write_rows (a CUDA cache: through the host); the CPU's copies its storage directly.
+    virtual bool copy_prefix(const KvCache& from, int n);
 
     // ---- Stored rows: the bytes of positions, to save a prompt's keys and values and load them in a later run ----
     // (the on-disk prompt cache, prompt_cache/). A position's key (and its value) of one layer is handed out as one

@@ -107,8 +107,9 @@ bool CpuKvCache::copy_prefix(const KvCache& from_base, int n) {
     if (from->kv_dim_ != kv_dim_ || from->type_ != type_ || from->slabs_ != slabs_ ||
         from->layer_slots_.size() != layer_slots_.size())
         return false;
-    for (size_t l = 0; l < layer_slots_.size(); ++l)
-        if (rings_.ring(static_cast<int>(l)) > 0 || from->rings_.ring(static_cast<int>(l)) > 0) return false;
+    for (size_t l = 0; l < layer_slots_.size(); ++l)  // rings: the rows a step needs, through the default
+        if (rings_.ring(static_cast<int>(l)) > 0 || from->rings_.ring(static_cast<int>(l)) > 0)
+            return KvCache::copy_prefix(from_base, n);
     const size_t bytes = static_cast<size_t>(n) * slab_row_bytes();
     for (size_t l = 0; l < layer_slots_.size(); ++l)
         for (int s = 0; s < slabs_; ++s) {

@@ -76,8 +76,8 @@ public:
     // whole width would hold them.
     std::vector<uint8_t> position_bytes(int layer, int pos, bool key) const;
     size_t row_bytes() const { return row_bytes(kv_dim_, type_); }
-    // KvCache::copy_prefix between CPU caches of the same type and layout without sliding-window rings: one copy of
-    // each layer's and slab's first n rows.
+    // KvCache::copy_prefix: between CPU caches of the same type and layout without sliding-window rings, one copy of
+    // each layer's and slab's first n rows; with rings, the default's rows.
     bool copy_prefix(const KvCache& from, int n) override;
     // Whether `layer`'s key and value at `pos` hold the same bytes here and in `other` (a cache of the same shape).
     bool same_position(const CpuKvCache& other, int layer, int pos) const;

@@ -376,3 +376,51 @@ TEST_CASE("batched forward: the CUDA backend reads each matrix once per step, fo
         CHECK(std::memcmp(alone.data(), batched.data() + static_cast<size_t>(s) * V, V * sizeof(float)) == 0);
     }
 }
+
+namespace {
+
+// A cache that copied the first n positions of another continues as the other does after a cut back to n: the
+// same logits, bit for bit. `make` builds the backend; `long_run` tokens are run in the source first.
+void check_copy_prefix(Backend& backend, const Model& model, int long_run, int n, bool expect_copy) {
+    const size_t V = static_cast<size_t>(model.config.n_vocab);
+    std::vector<int> tokens;
+    for (int i = 0; i < long_run + 8; ++i) tokens.push_back(3 + (i * 7919) % (model.config.n_vocab - 3));
+    auto source = backend.new_cache(512), copy = backend.new_cache(512);
+    for (int at = 0; at < long_run; at += 8)
+        backend.forward(std::span<const int>(tokens).subspan(static_cast<size_t>(at), 8), *source, 0, nullptr);
+    REQUIRE(copy->copy_prefix(*source, n) == expect_copy);
+    if (!expect_copy) {
+        CHECK(copy->n_committed() == 0);
+        return;
+    }
+    CHECK(copy->n_committed() == n);
+    auto fresh = backend.new_cache(512);  // the same positions computed from scratch
+    for (int at = 0; at < n; at += 8) {
+        const int step = std::min(8, n - at);
+        backend.forward(std::span<const int>(tokens).subspan(static_cast<size_t>(at), static_cast<size_t>(step)),
+                        *fresh, 0, nullptr);
+    }
+    std::vector<float> a(8 * V), b(8 * V);
+    const auto next = std::span<const int>(tokens).subspan(static_cast<size_t>(n), 8);
+    backend.forward(next, *copy, 8, a.data());
+    backend.forward(next, *fresh, 8, b.data());
+    CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("batched forward: a KV cache copies another's prefix, sliding-window rings included, CPU and CUDA") {
+    // gemma3's fixture has a window of 5: its rings hold window + margin positions, so a source that ran far past
+    // the copy point no longer holds what a step there reads, and the copy is refused.
+    for (const std::string name : {"qwen3", "gemma3"}) {
+        CAPTURE(name);
+        const auto model = Model::load(kArch + "/" + name + ".gguf");
+        for (const CpuKvType kv : {CpuKvType::F16, CpuKvType::Q8_0}) {
+            CpuBackend cpu(*model, 2, 16, {.kv_type = kv});
+            check_copy_prefix(cpu, *model, 48, 37, true);
+            if (name == "gemma3") check_copy_prefix(cpu, *model, 400, 37, false);
+        }
+        CudaBackend cuda(*model, 512);
+        check_copy_prefix(cuda, *model, 48, 37, true);
+    }
+}
