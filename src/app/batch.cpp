@@ -16,6 +16,7 @@
 #include "app/batch_output.h"
 #include "app/batch_request.h"
 #include "app/prompt_answer.h"
+#include "app/prompt_reuse.h"
 #include "cpu/cpu_backend.h"
 #include "error.h"
 #include "generate/continuous_batcher.h"
@@ -155,9 +156,17 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
         std::unordered_map<size_t, std::unique_ptr<InFlight>> in_flight;
         size_t tags = 0;
         session.open_backends();
-        ContinuousBatcher batcher(
-            session.model(), session.backend(),
-            {.n_parallel = parallel, .n_ctx = session.n_ctx(), .step_tokens = options.params.chunk});
+        BatcherOptions batching{.n_parallel = parallel, .n_ctx = session.n_ctx(), .step_tokens = options.params.chunk};
+        if (session.prompts().enabled()) {  // the on-disk prompt cache, as one-shot runs use it
+            PromptReuser& prompts = session.prompts();
+            batching.load_prefix = [&prompts](std::span<const int> prompt, KvCache& cache) {
+                return prompts.load_into(prompt, cache);
+            };
+            batching.save_prefix = [&prompts](std::span<const int> prompt, const KvCache& cache, int computed) {
+                prompts.save_from(prompt, cache, computed);
+            };
+        }
+        ContinuousBatcher batcher(session.model(), session.backend(), batching);
         const AnswerOutput collected{.stream = false, .show_thinking = options.show_thinking};
         batcher_stats = batcher.run(
             [&]() -> std::optional<BatchJob> {
@@ -197,11 +206,12 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
                      static_cast<unsigned long long>(progress.tokens()), s, s > 0 ? progress.tokens() / s : 0.0);
         if (batcher_stats && batcher_stats->decode_seconds > 0)
             std::fprintf(stderr,
-                         "batch: %d steps, at most %d lines in flight, %ld prompt tokens reused from shared starts; "
-                         "%d decode-only steps: %ld tokens in %.2f s (%.1f tokens/s)\n",
+                         "batch: %d steps, at most %d lines in flight, %ld prompt tokens reused from shared starts "
+                         "(%ld of them from the prompt cache); %d decode-only steps: %ld tokens in %.2f s "
+                         "(%.1f tokens/s)\n",
                          batcher_stats->steps, batcher_stats->peak_in_flight, batcher_stats->prefix_tokens_reused,
-                         batcher_stats->decode_steps, batcher_stats->decode_tokens, batcher_stats->decode_seconds,
-                         batcher_stats->decode_tokens / batcher_stats->decode_seconds);
+                         batcher_stats->prefix_tokens_loaded, batcher_stats->decode_steps, batcher_stats->decode_tokens,
+                         batcher_stats->decode_seconds, batcher_stats->decode_tokens / batcher_stats->decode_seconds);
     }
     return writer.failed() > 0 ? 1 : 0;
 }

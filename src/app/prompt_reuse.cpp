@@ -44,6 +44,18 @@ PromptReuse PromptReuser::load(std::span<const int> tokens) {
     return r;
 }
 
+int PromptReuser::load_into(std::span<const int> tokens, KvCache& cache) {
+    if (!cache_.worth_it(tokens.size())) return cache.n_committed();
+    cache_.load_longest_prefix(target_key_, tokens, cache, static_cast<int>(tokens.size()) - 1,
+                               backend_.resume_multiple(), cache.n_committed());
+    return cache.n_committed();
+}
+
+void PromptReuser::save_from(std::span<const int> tokens, const KvCache& cache, int computed) {
+    if (!cache_.worth_it(tokens.size()) || computed < cache_.options().min_tokens) return;
+    if (cache.n_committed() >= static_cast<int>(tokens.size())) cache_.store(target_key_, tokens, cache);
+}
+
 void PromptReuser::save(std::span<const int> tokens, PromptReuse& reuse) {
     if (!cache_.worth_it(tokens.size())) return;
     const int min_new = cache_.options().min_tokens;

@@ -45,6 +45,13 @@ public:
     // again). Warnings on stderr where saving fails; never throws.
     void save(std::span<const int> tokens, PromptReuse& reuse);
 
+    // The same for another cache of the target's backend (a --batch slot), without the draft: load_into replaces
+    // the `cache.n_committed()` positions of `tokens` it holds with more where an entry has more, and returns the
+    // positions it holds then; save_from saves the prompt's positions where at least the minimum of them were
+    // computed (`computed`) rather than loaded or copied.
+    int load_into(std::span<const int> tokens, KvCache& cache);
+    void save_from(std::span<const int> tokens, const KvCache& cache, int computed);
+
 private:
     prompt_cache::PromptCache cache_;
     prompt_cache::Key target_key_, draft_key_;

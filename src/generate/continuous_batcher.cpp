@@ -41,6 +41,7 @@ struct ContinuousBatcher::Slot {
     std::optional<Sampler> sampler;
     std::vector<float> logits;  // the row of the sequence's last step
     size_t prefilled = 0;       // prompt tokens in the cache
+    int computed = 0;           // of those, the ones this job's prefill ran (not kept, copied or loaded)
     int cur = -1;               // decoding: the token the next step feeds (-1: still prefilling)
     long admitted = 0;          // admission order: prompts are prefilled first come, first served
     // The tokens whose keys and values the cache holds, in order (kept after the job ends: the next job in this slot,
@@ -126,6 +127,15 @@ BatcherStats ContinuousBatcher::run(const std::function<std::optional<BatchJob>(
             s.prefilled = source_len;
             s.held.assign(s.job->prompt.begin(), s.job->prompt.begin() + static_cast<std::ptrdiff_t>(source_len));
         }
+        // The store outside the batch, where it holds more than this (a later copy would wait for another slot).
+        if (options_.load_prefix && !s.wait_source) {
+            const size_t before = s.prefilled;
+            s.prefilled = static_cast<size_t>(options_.load_prefix(s.job->prompt, *s.cache));
+            s.held.assign(s.job->prompt.begin(), s.job->prompt.begin() + static_cast<std::ptrdiff_t>(s.prefilled));
+            totals.prefix_tokens_reused += static_cast<long>(s.prefilled) - static_cast<long>(before);
+            totals.prefix_tokens_loaded += static_cast<long>(s.prefilled > before ? s.prefilled - before : 0);
+        }
+        s.computed = 0;
         s.stats = std::make_unique<GenerationStats>();
         s.stats->n_prompt = static_cast<int>(s.job->prompt.size());
         s.t_start = Clock::now();
@@ -220,7 +230,9 @@ BatcherStats ContinuousBatcher::run(const std::function<std::optional<BatchJob>(
             s.held.insert(s.held.end(), slices[i].tokens.begin(), slices[i].tokens.end());
             if (planned[i].prefill) {
                 s.prefilled += static_cast<size_t>(planned[i].n_tokens);
+                s.computed += planned[i].n_tokens;
                 if (slices[i].n_logits == 0) continue;
+                if (options_.save_prefix) options_.save_prefix(s.job->prompt, *s.cache, s.computed);
                 s.stats->prefill_s = seconds_since(s.t_start);
                 s.t_decode = Clock::now();
             } else {

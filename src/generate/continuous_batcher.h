@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <functional>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -28,6 +29,7 @@ namespace tandem {
 
 struct Model;
 class Backend;
+class KvCache;
 
 // One sequence to generate.
 struct BatchJob {
@@ -44,6 +46,13 @@ struct BatcherOptions {
     int n_parallel = 8;     // sequences in flight at most
     int n_ctx = 4096;       // each slot's KV cache
     int step_tokens = 256;  // the token budget of one step (decode tokens first, prefill chunks in the rest)
+    // A store of prompts' keys and values outside the batch (the on-disk prompt cache, app/prompt_reuse.h); both
+    // optional. load_prefix(prompt, cache) may replace the cache.n_committed() positions of the prompt that an
+    // admitted job's cache holds with more of them, and returns the positions it holds then (fewer only where a
+    // damaged entry left it empty). save_prefix(prompt, cache, computed) is called when a prompt has been prefilled
+    // (the cache holds it), with how many of its positions the batch computed.
+    std::function<int(std::span<const int>, KvCache&)> load_prefix;
+    std::function<void(std::span<const int>, const KvCache&, int)> save_prefix;
 };
 
 // What the batcher did, for --stats and the benchmarks.
@@ -51,7 +60,8 @@ struct BatcherStats {
     int steps = 0;
     long tokens_forwarded = 0;  // prompt and decode tokens through the backend
     int peak_in_flight = 0;
-    long prefix_tokens_reused = 0;  // prompt tokens not run: kept in a slot's cache, or copied from another's
+    long prefix_tokens_reused = 0;  // prompt tokens not run: kept in a slot's cache, copied from another's, loaded
+    long prefix_tokens_loaded = 0;  // of those, loaded by load_prefix
     double seconds = 0;
     // Steps in which every sequence in flight decoded (no prompt chunk): the aggregate decode speed is
     // decode_tokens / decode_seconds.

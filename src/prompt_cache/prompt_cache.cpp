@@ -266,14 +266,15 @@ PromptCache::Usage PromptCache::usage() const {
 }
 
 LoadResult PromptCache::load_longest_prefix(const Key& key, std::span<const int> tokens, KvCache& cache, int max_tokens,
-                                            int multiple) {
+                                            int multiple, int keep) {
     using Clock = std::chrono::steady_clock;
     const Clock::time_point t0 = Clock::now();
     LoadResult result;
     const KvCache::RowFormat format = cache.row_format();
     max_tokens = std::min(max_tokens, static_cast<int>(tokens.size()));
     multiple = std::max(1, multiple);
-    if (!enabled() || key.model.empty() || format.type.empty() || cache.n_committed() != 0 || max_tokens < 1)
+    if (!enabled() || key.model.empty() || format.type.empty() || keep < 0 || cache.n_committed() != keep ||
+        max_tokens <= keep)
         return result;
     const std::string text = key_text(key, format.type, format.n_layers, format.row_bytes);
 
@@ -303,7 +304,7 @@ LoadResult PromptCache::load_longest_prefix(const Key& key, std::span<const int>
         const int limit = std::min(max_tokens, static_cast<int>(h.tokens.size()));
         while (m < limit && h.tokens[static_cast<size_t>(m)] == tokens[static_cast<size_t>(m)]) ++m;
         m -= m % multiple;
-        if (m <= 0) continue;
+        if (m <= keep) continue;
         // Every layer must resume at m from what the entry stored (a ring's last positions only).
         bool usable = true;
         for (int l = 0; l < h.n_layers; ++l)
@@ -315,6 +316,8 @@ LoadResult PromptCache::load_longest_prefix(const Key& key, std::span<const int>
     });
 
     for (Candidate& c : candidates) {
+        cache.truncate(0);  // (what it kept gives way to more)
+        if (cache.n_committed() != 0) break;
         const EntryHeader& h = c.header;
         const int n_tokens = static_cast<int>(h.tokens.size()), m = c.m;
         std::vector<int> froms(static_cast<size_t>(h.n_layers));

@@ -91,14 +91,15 @@ public:
     // Whether a prompt of n tokens is looked up and saved at all (min_tokens).
     bool worth_it(size_t n) const { return enabled() && n >= static_cast<size_t>(options_.min_tokens); }
 
-    // Loads into `cache`, which must be empty, the most positions of `tokens` that an entry for `key` holds: m is
-    // the longest common prefix with an entry, at most `max_tokens` (leave the prompt's last token to prefill: its
-    // logits are needed) and rounded down to a multiple of `multiple` (Backend::resume_multiple), where every layer
-    // of `cache` can resume at m from what the entry stored. The longest m wins (then the most recently used). An
-    // entry found damaged is removed with a warning and the next best tried. Never throws for the cache's own
-    // troubles; 0 loaded leaves `cache` empty.
+    // Loads into `cache` the most positions of `tokens` that an entry for `key` holds: m is the longest common prefix
+    // with an entry, at most `max_tokens` (leave the prompt's last token to prefill: its logits are needed) and
+    // rounded down to a multiple of `multiple` (Backend::resume_multiple), where every layer of `cache` can resume at
+    // m from what the entry stored. The longest m wins (then the most recently used). An entry found damaged is
+    // removed with a warning and the next best tried. Never throws for the cache's own troubles. `cache` holds `keep`
+    // positions of `tokens` already (0: it is empty): only an m above keep is loaded, in their place; a cache that
+    // held some and whose every candidate turned out damaged is left empty (n_loaded 0: read cache.n_committed()).
     LoadResult load_longest_prefix(const Key& key, std::span<const int> tokens, KvCache& cache, int max_tokens,
-                                   int multiple = 1);
+                                   int multiple = 1, int keep = 0);
 
     // Saves positions [0, tokens.size()) of `cache` (which holds at least those, computed from `tokens`) as an
     // entry for `key`, replacing entries of the same key whose tokens it extends, and evicting the least recently

@@ -141,6 +141,28 @@ assert r[1]["generated_tokens"] == 3 and r[0]["generated_tokens"] > 3, r'
 "$tandem" -m "$model" --batch "$tmp/order.jsonl" --parallel 0 >"$tmp/out" 2>"$tmp/err"
 check_all "--parallel 0 is refused" [ $? -ne 0 ] ::: grep -q -- "--parallel" "$tmp/err"
 
+# Lines in flight and the on-disk prompt cache: a long shared start is saved by the first run's batch and loaded by
+# the second's; the records are those of a run without the cache.
+doc="Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine with her dog."
+long="$doc $doc $doc $doc $doc $doc $doc $doc $doc $doc $doc $doc"
+python3 - "$long" >"$tmp/cached.jsonl" <<'EOF'
+import json, sys
+for i, q in enumerate([" Lily", " The dog", " One day", " She"]):
+    print(json.dumps({"id": i, "prompt": sys.argv[1] + q, "n_predict": 10}))
+EOF
+batch --batch "$tmp/cached.jsonl" --prompt-cache off >"$tmp/nocache" 2>/dev/null
+batch --batch "$tmp/cached.jsonl" --prompt-cache "$tmp/pc" --stats >"$tmp/first" 2>"$tmp/err1"
+batch --batch "$tmp/cached.jsonl" --prompt-cache "$tmp/pc" --stats >"$tmp/second" 2>"$tmp/err2"
+check "prompt cache: the first batch saves, the second loads ($(grep -o '([0-9]* of them from the prompt cache)' "$tmp/err2"))" \
+  grep -qE '\(([1-9][0-9]*) of them from the prompt cache\)' "$tmp/err2"
+check "prompt cache: the first batch loaded nothing" grep -q '(0 of them from the prompt cache)' "$tmp/err1"
+for run in first second; do
+  check "prompt cache: the $run batch's records are those without the cache" records "$tmp/$run" '
+s = {repr(x["id"]): x["text"] for x in map(json.loads, open(sys.argv[3]).read().splitlines())}
+assert {repr(x["id"]): x["text"] for x in r} == s, (r, s)
+' "$tmp/nocache"
+done
+
 # The command line's grammar applies to the lines without a schema of their own.
 printf '%s\n' '{"prompt": "Once upon a time", "n_predict": 40}' \
   '{"prompt": "Tom", "n_predict": 40, "json_schema": {"enum": ["red", "green"]}}' >"$tmp/grammar.jsonl"

@@ -150,6 +150,17 @@ TEST_CASE("prompt cache: CPU caches of every KV type load a saved prompt's prefi
         longer.push_back(5);
         auto more = backend.new_cache(200);
         CHECK(pc.load_longest_prefix(key, longer, *more, 100).n_loaded == 100);
+        // A cache that holds some of the prompt already (a --batch slot): an entry with more replaces it, one with
+        // less leaves it as it was.
+        auto kept = backend.new_cache(200);
+        feed(backend, *kept, std::span<const int>(b).first(20), V);
+        CHECK(pc.load_longest_prefix(key, b, *kept, static_cast<int>(b.size()) - 1, 1, 20).n_loaded == 70);
+        CHECK(kept->n_committed() == 70);
+        CHECK(same_rows(*cache_a, *kept, 0, 70));
+        auto ahead = backend.new_cache(200);
+        feed(backend, *ahead, std::span<const int>(b).first(80), V);
+        CHECK(pc.load_longest_prefix(key, b, *ahead, static_cast<int>(b.size()) - 1, 1, 80).n_loaded == 0);
+        CHECK(ahead->n_committed() == 80);
         // Another model file or backend signature, or a prompt that shares nothing: no entry.
         auto none = backend.new_cache(200);
         CHECK(pc.load_longest_prefix({key.model, key.backend + " other"}, a, *none, 99).n_loaded == 0);
