@@ -4,6 +4,7 @@
 // only the number of tokens changes. The cache is its own object, one per model; rolling back rejected draft
 // tokens is a truncate.
 #pragma once
+#include <algorithm>
 #include <cassert>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "sample/candidates.h"
 
@@ -111,6 +113,50 @@ struct SequenceSlice {
     int n_logits = 0;         // logits of the last n_logits tokens (0 <= n_logits <= tokens.size())
     float* logits = nullptr;  // n_logits × n_vocab, row after row
 };
+
+// A slice's run of tokens within one internal step of forward_batch: step tokens first..first+n-1 are the slice's
+// tokens offset..offset+n-1; the logits of the run's last n_logits tokens go to `logits` (rows of the slice's).
+struct StepPart {
+    const SequenceSlice* slice = nullptr;
+    int first = 0, offset = 0, n = 0;
+    int n_logits = 0;
+    float* logits = nullptr;
+};
+
+// How the backends cut forward_batch's slices into internal steps of at most max_tokens tokens: in order, a slice
+// that does not fit in what is left of a step continuing in the next, its logits rows produced by the steps that
+// hold its last n_logits tokens. Calls step(tokens, parts) for each step (`tokens`: its tokens, reused between
+// steps).
+template <class Step>
+void for_each_step(std::span<const SequenceSlice> slices, int max_tokens, size_t n_vocab, std::vector<int>& tokens,
+                   std::vector<StepPart>& parts, Step&& step) {
+    tokens.clear();
+    parts.clear();
+    for (const SequenceSlice& s : slices) {
+        const int size = static_cast<int>(s.tokens.size());
+        const int first_logit_token = size - s.n_logits;  // tokens from here on need logits
+        for (int offset = 0; offset < size;) {
+            StepPart part;
+            part.slice = &s;
+            part.first = static_cast<int>(tokens.size());
+            part.offset = offset;
+            part.n = std::min(max_tokens - part.first, size - offset);
+            part.n_logits = std::max(0, offset + part.n - std::max(offset, first_logit_token));
+            part.logits = s.logits && part.n_logits > 0
+                              ? s.logits + static_cast<size_t>(std::max(0, offset - first_logit_token)) * n_vocab
+                              : nullptr;
+            tokens.insert(tokens.end(), s.tokens.begin() + offset, s.tokens.begin() + offset + part.n);
+            parts.push_back(part);
+            offset += part.n;
+            if (static_cast<int>(tokens.size()) == max_tokens) {
+                step(std::span<const int>(tokens), std::span<const StepPart>(parts));
+                tokens.clear();
+                parts.clear();
+            }
+        }
+    }
+    if (!tokens.empty()) step(std::span<const int>(tokens), std::span<const StepPart>(parts));
+}
 
 class Backend {
 public:

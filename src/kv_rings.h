@@ -43,6 +43,10 @@ public:
     int intact_from(int layer) const {
         return layer < static_cast<int>(intact_from_.size()) ? intact_from_[static_cast<size_t>(layer)] : 0;
     }
+    // KvCache::held_from and needed_from for a cache that keeps these rings: the first position `layer` holds, and
+    // the first a step at n reads (every position for a layer without a ring).
+    int held_from(int layer) const { return ring(layer) > 0 ? intact_from(layer) : 0; }
+    int needed_from(int layer, int n) const { return ring(layer) > 0 ? std::max(0, n - window(layer) + 1) : 0; }
     // Keys and values were loaded (KvCache::finish_load): each ring holds positions firsts[layer] on, and no earlier
     // ones (what its slots held before is not the context's).
     void note_loaded(std::span<const int> firsts) {

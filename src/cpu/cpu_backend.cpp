@@ -318,35 +318,15 @@ void CpuBackend::forward_batch(std::span<const SequenceSlice> slices) {
             if (r) r->end_forward(prefill);
         }
     } bracket(repacked_.get(), prefill);
-    const size_t n_vocab = static_cast<size_t>(model_.config.n_vocab);
-    // Steps of at most max_batch tokens; a slice that does not fit in what is left of a step continues in the next,
-    // and its logits rows are produced by the steps that hold its last n_logits tokens.
-    step_tokens_.clear();
     std::vector<StepSegment> segments;
-    for (const SequenceSlice& s : slices) {
-        const int size = static_cast<int>(s.tokens.size());
-        const int first_logit_token = size - s.n_logits;  // tokens from here on need logits
-        for (int offset = 0; offset < size;) {
-            const int take = std::min(max_batch_ - static_cast<int>(step_tokens_.size()), size - offset);
-            StepSegment seg;
-            seg.first = static_cast<int>(step_tokens_.size());
-            seg.n = take;
-            seg.cache = static_cast<CpuKvCache*>(s.cache);
-            seg.n_logits = std::max(0, offset + take - std::max(offset, first_logit_token));
-            seg.logits = s.logits && seg.n_logits > 0
-                             ? s.logits + static_cast<size_t>(std::max(0, offset - first_logit_token)) * n_vocab
-                             : nullptr;
-            step_tokens_.insert(step_tokens_.end(), s.tokens.begin() + offset, s.tokens.begin() + offset + take);
-            segments.push_back(seg);
-            offset += take;
-            if (static_cast<int>(step_tokens_.size()) == max_batch_) {
-                forward_step(step_tokens_, segments);
-                step_tokens_.clear();
-                segments.clear();
-            }
-        }
-    }
-    if (!step_tokens_.empty()) forward_step(step_tokens_, segments);
+    for_each_step(
+        slices, max_batch_, static_cast<size_t>(model_.config.n_vocab), step_tokens_, step_parts_,
+        [&](std::span<const int> tokens, std::span<const StepPart> parts) {
+            segments.clear();
+            for (const StepPart& p : parts)
+                segments.push_back({p.first, p.n, static_cast<CpuKvCache*>(p.slice->cache), 0, p.n_logits, p.logits});
+            forward_step(tokens, segments);
+        });
 }
 
 namespace {

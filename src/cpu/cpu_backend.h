@@ -84,10 +84,8 @@ public:
 
     // Stored rows (KvCache): rows as position_bytes() gives them; a ring's positions from what it holds intact.
     RowFormat row_format() const override;
-    int held_from(int layer) const override { return rings_.ring(layer) > 0 ? rings_.intact_from(layer) : 0; }
-    int needed_from(int layer, int n) const override {
-        return rings_.ring(layer) > 0 ? std::max(0, n - rings_.window(layer) + 1) : 0;
-    }
+    int held_from(int layer) const override { return rings_.held_from(layer); }
+    int needed_from(int layer, int n) const override { return rings_.needed_from(layer, n); }
     void read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const override;
     void write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) override;
 
@@ -237,10 +235,11 @@ private:
     std::vector<float> up_;       // [max_batch][hidden_dim]
     std::vector<float> scores_;   // [n_threads][kMaxQueryTile][max context]: scores of one tile's heads
     int scores_stride_ = 0;
-    std::vector<float> rope_cs_;      // [threads][rope_dim]: cos then sin of one token's angles
-    std::vector<int> step_tokens_;    // [max_batch]: the tokens of one step of forward_batch
-    std::vector<int> token_segment_;  // [max_batch]: the step segment of each token of a step
-    std::vector<float> step_logits_;  // [max_batch][n_vocab]: a step's logits rows of several segments, gathered
+    std::vector<float> rope_cs_;        // [threads][rope_dim]: cos then sin of one token's angles
+    std::vector<int> step_tokens_;      // [max_batch]: the tokens of one step of forward_batch
+    std::vector<StepPart> step_parts_;  // and its slices' parts
+    std::vector<int> token_segment_;    // [max_batch]: the step segment of each token of a step
+    std::vector<float> step_logits_;    // [max_batch][n_vocab]: a step's logits rows of several segments, gathered
     // The part of the output matrix that is copied (all of it unless head_rows): declared before repacked_, which
     // holds a pointer to it until its background thread has stopped.
     WeightView output_copied_;

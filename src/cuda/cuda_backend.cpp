@@ -60,9 +60,8 @@ void for_each_tensor(const Weights& w, F&& f) {
     f(w.output_norm);
     f(w.output);
     for (const LayerWeights& L : w.layers)
-        for (const WeightView* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm,
-                                    &L.wo, &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down,
-                                    &L.post_ffn_norm})
+        for (const WeightView* v : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.bq, &L.bk, &L.bv, &L.q_norm, &L.k_norm, &L.wo,
+                                    &L.post_attn_norm, &L.ffn_norm, &L.w_gate, &L.w_up, &L.w_down, &L.post_ffn_norm})
             f(*v);
 }
 
@@ -92,14 +91,42 @@ size_t weight_layout(const Weights& w, std::unordered_map<const void*, size_t>* 
 // finished blocks; pick_counters the one-launch argmax's per row.
 // x16 and w_tile (fp16) exist only on the cuBLAS route.
 struct ScratchLayout {
-    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids, cand_logits,
-        cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, xq_norm, swiglu_counters, split_counters, rope_trig,
-        rope_counters, norm_counter, pick_counters, x16, w_tile;
+    size_t x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
+        cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, xq_norm, swiglu_counters, split_counters,
+        rope_trig, rope_counters, norm_counter, pick_counters, x16, w_tile;
     size_t total() const {
         size_t t = 0;
-        for (size_t words : {x, xb, q, k, v, att, proj, gate, up, logits, inv_freq, step_in, ids, top_probs, sampling, extra_ids,
-                             cand_logits, cand_ids, cand_extra_ids, cand_extra_logits, xq, xq_ffn, xq_norm, swiglu_counters,
-                             split_counters, rope_trig, rope_counters, norm_counter, pick_counters, x16, w_tile})
+        for (size_t words : {x,
+                             xb,
+                             q,
+                             k,
+                             v,
+                             att,
+                             proj,
+                             gate,
+                             up,
+                             logits,
+                             inv_freq,
+                             step_in,
+                             ids,
+                             top_probs,
+                             sampling,
+                             extra_ids,
+                             cand_logits,
+                             cand_ids,
+                             cand_extra_ids,
+                             cand_extra_logits,
+                             xq,
+                             xq_ffn,
+                             xq_norm,
+                             swiglu_counters,
+                             split_counters,
+                             rope_trig,
+                             rope_counters,
+                             norm_counter,
+                             pick_counters,
+                             x16,
+                             w_tile})
             t += align_up(words * 4);
         return t;
     }
@@ -118,29 +145,45 @@ size_t blas_tile_halves(const Weights& w) {
 
 // Bytes of a quantized activation row of `cols` for any type of the 8-bit route: 36 bytes per 32 (Q8_1) or 292 per
 // 256 (Q8_K), whichever is more, over whole blocks.
-size_t q8_row_bytes_bound(size_t cols) {
-    return std::max((cols + 31) / 32 * 36, (cols + 255) / 256 * 292);
-}
+size_t q8_row_bytes_bound(size_t cols) { return std::max((cols + 31) / 32 * 36, (cols + 255) / 256 * 292); }
 
 ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool blas, bool int8_gemm) {
     const ModelConfig& c = m.config;
     const size_t B = static_cast<size_t>(std::max(CudaBackend::kStepTokens, o.chunk_tokens));
     const size_t S = CudaBackend::kStepTokens;
-    const size_t widest = std::max({static_cast<size_t>(c.dim), static_cast<size_t>(c.q_dim()),
-                                    static_cast<size_t>(c.hidden_dim)});
-    return {B * c.dim,        B * c.dim,        B * c.q_dim(),   B * c.kv_dim(),
-            B * c.kv_dim(),   B * c.q_dim(),    B * c.dim,       B * c.hidden_dim,
-            B * c.hidden_dim, S * c.n_vocab,    c.rope_inv_freq.size() * static_cast<size_t>(c.rope_dim / 2), 1 + B,
-            S,                S,                (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
+    const size_t widest =
+        std::max({static_cast<size_t>(c.dim), static_cast<size_t>(c.q_dim()), static_cast<size_t>(c.hidden_dim)});
+    return {B * c.dim,
+            B * c.dim,
+            B * c.q_dim(),
+            B * c.kv_dim(),
+            B * c.kv_dim(),
+            B * c.q_dim(),
+            B * c.dim,
+            B * c.hidden_dim,
+            B * c.hidden_dim,
+            S * c.n_vocab,
+            c.rope_inv_freq.size() * static_cast<size_t>(c.rope_dim / 2),
+            1 + B,
+            S,
+            S,
+            (cuda::sampling_workspace_bytes(static_cast<int>(S), c.n_vocab) + 3) / 4,
             static_cast<size_t>(c.n_vocab),
-            S * cuda::kTopKMax, S * cuda::kTopKMax, static_cast<size_t>(cuda::kTopKMax), S * cuda::kTopKMax,
+            S * cuda::kTopKMax,
+            S * cuda::kTopKMax,
+            static_cast<size_t>(cuda::kTopKMax),
+            S * cuda::kTopKMax,
             ((int8_gemm ? B : S) * q8_row_bytes_bound(widest) + 3) / 4,
             (S * q8_row_bytes_bound(static_cast<size_t>(c.hidden_dim)) + 3) / 4,
             (S * q8_row_bytes_bound(static_cast<size_t>(c.dim)) + 3) / 4,
-            cuda::matvec_swiglu_counters(c.hidden_dim), S * c.n_heads,
-            S * c.rope_dim, static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads),
-            1,                cuda::argmax_counters(static_cast<int>(S)),
-            blas ? (B * widest + 1) / 2 : 0,    blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
+            cuda::matvec_swiglu_counters(c.hidden_dim),
+            S * c.n_heads,
+            S * c.rope_dim,
+            static_cast<size_t>(c.n_heads + 2 * c.n_kv_heads),
+            1,
+            cuda::argmax_counters(static_cast<int>(S)),
+            blas ? (B * widest + 1) / 2 : 0,
+            blas ? (blas_tile_halves(m.weights) + 1) / 2 : 0};
 }
 
 // Every layer's sliding window (0: none) and its ring's shape: the margin is the longest step (a prefill chunk, or a
@@ -149,8 +192,8 @@ ScratchLayout scratch_layout(const Model& m, const CudaPrefillOptions& o, bool b
 CudaKvWindows kv_windows(const ModelConfig& c, const CudaPrefillOptions& prefill, const CudaOptions& options) {
     CudaKvWindows w;
     for (const LayerAttention& l : c.layers) w.windows.push_back(l.window);
-    w.margin = std::max({prefill.chunk_tokens, prefill.matvec_max_call, CudaBackend::kStepTokens}) +
-               KvRings::kRollbackMargin;
+    w.margin =
+        std::max({prefill.chunk_tokens, prefill.matvec_max_call, CudaBackend::kStepTokens}) + KvRings::kRollbackMargin;
     w.align = cuda::attention_ring_multiple(options.attention_split);
     return w;
 }
@@ -176,9 +219,7 @@ cuda::DecodeStepShape step_shape(const ModelConfig& c, cuda::KvType kv_type) {
 }
 
 // The persistent step's counters: attention's per head, then RoPE's per Q, K and V head.
-size_t persistent_step_counters(const ModelConfig& c) {
-    return static_cast<size_t>(2 * c.n_heads + 2 * c.n_kv_heads);
-}
+size_t persistent_step_counters(const ModelConfig& c) { return static_cast<size_t>(2 * c.n_heads + 2 * c.n_kv_heads); }
 
 // Device bytes of the persistent step's layer table, attention workspace and counters.
 size_t persistent_step_bytes(const ModelConfig& c, const cuda::DecodeStepPlan& plan) {
@@ -200,9 +241,11 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
     for (const LayerWeights& L : model.weights.layers) {
         for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.w_gate, &L.w_up})
             if (!cuda::decode_step_supports(v->type, c.dim)) return std::nullopt;
-        if (!cuda::decode_step_supports(L.wo.type, c.q_dim()) || !cuda::decode_step_supports(L.w_down.type, c.hidden_dim))
+        if (!cuda::decode_step_supports(L.wo.type, c.q_dim()) ||
+            !cuda::decode_step_supports(L.w_down.type, c.hidden_dim))
             return std::nullopt;
-        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down}) types.push_back(v->type);
+        for (const WeightView* v : {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down})
+            types.push_back(v->type);
     }
     // With 8-bit activations where every block type's route reads them (--cuda-route int8=1, or a model of Q4_0 rows
     // only, its measured route), as the launches the step replaces would, where an 8-bit kernel takes every type
@@ -211,11 +254,11 @@ std::optional<cuda::DecodeStepPlan> CudaBackend::persistent_step_plan(const Mode
         return ggml_is_float_type(t) || (options.matvec_route(t).int8 && cuda::matvec_q8_supports(t));
     };
     cuda::DecodeStepRows rows = cuda::DecodeStepRows::Direct;
-    if (options.matvec_loads != cuda::MatvecLoads::Direct && !std::all_of(types.begin(), types.end(), ggml_is_float_type)) {
+    if (options.matvec_loads != cuda::MatvecLoads::Direct &&
+        !std::all_of(types.begin(), types.end(), ggml_is_float_type)) {
         const bool int8 = std::all_of(types.begin(), types.end(), block_type_is_int8);
-        for (const cuda::DecodeStepRows staged :
-             {cuda::DecodeStepRows::Int8Q4_0, cuda::DecodeStepRows::Int8Q4K, cuda::DecodeStepRows::StagedQ4K,
-              cuda::DecodeStepRows::StagedQ5K}) {
+        for (const cuda::DecodeStepRows staged : {cuda::DecodeStepRows::Int8Q4_0, cuda::DecodeStepRows::Int8Q4K,
+                                                  cuda::DecodeStepRows::StagedQ4K, cuda::DecodeStepRows::StagedQ5K}) {
             if (cuda::decode_step_int8(staged) && !int8) continue;  // (then an fp32 kernel, as without 8-bit)
             if (std::all_of(types.begin(), types.end(),
                             [&](GgmlType t) { return cuda::decode_step_stages(staged, t); })) {
@@ -245,8 +288,7 @@ const char* kv_type_name(cuda::KvType type) { return type == cuda::KvType::Q8_0 
 
 std::string CudaMemoryPlan::describe() const {
     return gib(total()) + " (weights " + mib(weights) + ", KV cache " + mib(kv_cache) + " " + kv_type_name(kv_type) +
-           ", scratch " + mib(scratch) +
-           " for " + std::to_string(prefill_chunk) + "-token prefill chunks, " +
+           ", scratch " + mib(scratch) + " for " + std::to_string(prefill_chunk) + "-token prefill chunks, " +
            (int8_gemm ? "int8 tensor-core GEMM, else " : "") + (blas ? "cuBLAS fp16 GEMM" : "SIMT GEMM") + ")";
 }
 
@@ -351,8 +393,7 @@ CudaMemoryPlan CudaBackend::plan(const Model& model, int n_ctx, CudaPrefillOptio
                            : 0;
     p.scratch = scratch_layout(model, prefill, p.blas, p.int8_gemm).total() +
                 (n_ctx > 0 ? workspace_bytes(c, n_ctx, options.attention_split) : 0);
-    if (const auto step = persistent_step_plan(model, options))
-        p.scratch += persistent_step_bytes(c, *step);
+    if (const auto step = persistent_step_plan(model, options)) p.scratch += persistent_step_bytes(c, *step);
     return p;
 }
 
@@ -429,9 +470,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         output_norm_ = vec(w.output_norm);
         for (const LayerWeights& L : w.layers)
             layers_.push_back({vec(L.attn_norm), vec(L.ffn_norm), vec(L.bq), vec(L.bk), vec(L.bv), vec(L.q_norm),
-                               vec(L.k_norm), vec(L.post_attn_norm), vec(L.post_ffn_norm), matrix(L.wq),
-                               matrix(L.wk), matrix(L.wv), matrix(L.wo), matrix(L.w_gate), matrix(L.w_up),
-                               matrix(L.w_down)});
+                               vec(L.k_norm), vec(L.post_attn_norm), vec(L.post_ffn_norm), matrix(L.wq), matrix(L.wk),
+                               matrix(L.wv), matrix(L.wo), matrix(L.w_gate), matrix(L.w_up), matrix(L.w_down)});
 
         // Scratch: one buffer cut into the pieces of scratch_layout.
         const ScratchLayout s = scratch_layout(model, prefill, p.blas, p.int8_gemm);
@@ -476,7 +516,8 @@ CudaBackend::CudaBackend(const Model& model, int n_ctx, CudaPrefillOptions prefi
         w_tile_halves_ = 2 * s.w_tile;
         // The model's RoPE tables (ModelConfig::rope_inv_freq, the CPU backend's), one after another.
         std::vector<float> inv_freq;
-        for (const std::vector<float>& table : c.rope_inv_freq) inv_freq.insert(inv_freq.end(), table.begin(), table.end());
+        for (const std::vector<float>& table : c.rope_inv_freq)
+            inv_freq.insert(inv_freq.end(), table.begin(), table.end());
         cuda::copy_to_device(inv_freq_, inv_freq.data(), inv_freq.size() * 4, stream_);
         if (const auto step = persistent_step_plan(model, options)) {
             step_plan_ = *step;
@@ -540,8 +581,7 @@ void CudaBackend::forward(std::span<const int> tokens, KvCache& cache, int n_log
     run_call(tokens, cache, n_logits, out);
 }
 
-void CudaBackend::forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids,
-                                 std::span<float>) {
+void CudaBackend::forward_argmax(std::span<const int> tokens, KvCache& cache, int n_rows, int* ids, std::span<float>) {
     CallOutput out;
     out.ids = ids;
     run_call(tokens, cache, n_rows, out);
@@ -631,9 +671,7 @@ void CudaBackend::collect_outputs() {
     deliver_staged();
 }
 
-bool CudaBackend::uses_int8_gemm(GgmlType type) const {
-    return options_.int8_gemm && cuda::gemm_q8_supports(type);
-}
+bool CudaBackend::uses_int8_gemm(GgmlType type) const { return options_.int8_gemm && cuda::gemm_q8_supports(type); }
 
 void CudaBackend::gemm_input(const float* x, int n, int cols, std::initializer_list<GgmlType> readers) {
     bool to_int8 = false, to_f16 = false;
@@ -684,9 +722,8 @@ bool CudaBackend::fuses_qkv(const DeviceLayer& L, bool prefill) const {
     // One type, or V of the other type of a pair with kernels (a Q4_K_M layer's Q6_K beside Q4_K) on the same route:
     // one launch reads one form of x.
     if (prefill || !options_.fused_matvecs || L.wq.type != L.wk.type) return false;
-    return L.wv.type == L.wq.type ||
-           (options_.qkv_type_pairs && cuda::matvec_types_fuse(L.wq.type, L.wv.type) &&
-            options_.matvec_route(L.wq.type) == options_.matvec_route(L.wv.type));
+    return L.wv.type == L.wq.type || (options_.qkv_type_pairs && cuda::matvec_types_fuse(L.wq.type, L.wv.type) &&
+                                      options_.matvec_route(L.wq.type) == options_.matvec_route(L.wv.type));
 }
 
 bool CudaBackend::fuses_rope(const DeviceLayer& L, const cuda::RopeKvArgs& rope, int n, bool prefill) const {
@@ -819,40 +856,28 @@ void CudaBackend::forward_batch(std::span<const SequenceSlice> slices) {
     // one continues in the next, its logits rows produced by the steps that hold its last n_logits tokens.
     const bool prefill = n_total > static_cast<size_t>(prefill_.matvec_max_call);
     const int step = prefill ? prefill_.chunk_tokens : kStepTokens;
-    const size_t n_vocab = static_cast<size_t>(model_.config.n_vocab);
     std::vector<StepSegment> segments;
-    batch_tokens_.clear();
-    const auto run = [&] {
-        if (segments.size() == 1) {  // a step of one sequence: forward's step (its graph on the short path)
-            CallOutput out;
-            out.logits = segments[0].logits;
-            forward_step(batch_tokens_, *segments[0].cache, segments[0].n_logits, out, prefill);
-        } else {
-            batch_step(batch_tokens_, segments, prefill);
-        }
-        batch_tokens_.clear();
-        segments.clear();
-    };
-    for (const SequenceSlice& s : slices) {
-        const int size = static_cast<int>(s.tokens.size());
-        const int first_logit_token = size - s.n_logits;  // tokens from here on need logits
-        for (int offset = 0; offset < size;) {
-            const int take = std::min(step - static_cast<int>(batch_tokens_.size()), size - offset);
-            StepSegment seg;
-            seg.first = static_cast<int>(batch_tokens_.size());
-            seg.n = take;
-            seg.cache = static_cast<CudaKvCache*>(s.cache);
-            seg.n_logits = std::max(0, offset + take - std::max(offset, first_logit_token));
-            seg.logits = seg.n_logits > 0
-                             ? s.logits + static_cast<size_t>(std::max(0, offset - first_logit_token)) * n_vocab
-                             : nullptr;
-            batch_tokens_.insert(batch_tokens_.end(), s.tokens.begin() + offset, s.tokens.begin() + offset + take);
-            segments.push_back(seg);
-            offset += take;
-            if (static_cast<int>(batch_tokens_.size()) == step) run();
-        }
-    }
-    if (!batch_tokens_.empty()) run();
+    for_each_step(
+        slices, step, static_cast<size_t>(model_.config.n_vocab), batch_tokens_, batch_parts_,
+        [&](std::span<const int> tokens, std::span<const StepPart> parts) {
+            segments.clear();
+            for (const StepPart& p : parts) {
+                StepSegment seg;
+                seg.first = p.first;
+                seg.n = p.n;
+                seg.cache = static_cast<CudaKvCache*>(p.slice->cache);
+                seg.n_logits = p.n_logits;
+                seg.logits = p.logits;
+                segments.push_back(seg);
+            }
+            if (segments.size() == 1) {  // a step of one sequence: forward's step (its graph on the short path)
+                CallOutput out;
+                out.logits = segments[0].logits;
+                forward_step(tokens, *segments[0].cache, segments[0].n_logits, out, prefill);
+            } else {
+                batch_step(tokens, segments, prefill);
+            }
+        });
     if (!deferring_) cuda::stream_synchronize(stream_);
 }
 
@@ -930,8 +955,7 @@ void CudaBackend::enqueue_layers(std::span<const StepSegment> segments, int n, b
     // One sequence: RoPE may go into the Q/K/V launch and a one-token step into the persistent launch, both made for
     // one cache and one position. Several (forward_batch) take a rope_kv_write and an attention launch each.
     const bool one = segments.size() == 1;
-    cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_,
-                    stream_);
+    cuda::embedding(token_embd_.type, token_embd_.data, token_embd_.row_bytes, c.n_vocab, dim, tokens_, n, x_, stream_);
     if (c.embedding_scale != 1.0f) cuda::scale(x_, static_cast<int64_t>(n) * dim, c.embedding_scale, stream_);
     if (one && persistent_step(n, prefill)) return enqueue_persistent_step(*segments[0].cache);
     const FusedQuant nq = fused_quant(xb_, dim, layers_[0].wq.type, n, prefill);
@@ -947,9 +971,20 @@ void CudaBackend::enqueue_layers(std::span<const StepSegment> segments, int n, b
         const int table = c.rope_table(l, cache.capacity());
         const float* inv_freq = inv_freq_ + static_cast<size_t>(std::max(table, 0)) * (c.rope_dim / 2);
         const size_t row = static_cast<size_t>(s.first);
-        cuda::RopeKvArgs rope{q_ + row * c.q_dim(), k_ + row * c.kv_dim(), v_ + row * c.kv_dim(), cache.key(l),
-                              cache.value(l), inv_freq, s.n, s.pos.start, c.n_heads, c.n_kv_heads, c.head_dim,
-                              table >= 0 ? c.rope_dim : 0, mode, cache.type()};
+        cuda::RopeKvArgs rope{q_ + row * c.q_dim(),
+                              k_ + row * c.kv_dim(),
+                              v_ + row * c.kv_dim(),
+                              cache.key(l),
+                              cache.value(l),
+                              inv_freq,
+                              s.n,
+                              s.pos.start,
+                              c.n_heads,
+                              c.n_kv_heads,
+                              c.head_dim,
+                              table >= 0 ? c.rope_dim : 0,
+                              mode,
+                              cache.type()};
         rope.ring = cache.ring(l);
         rope.device_start_pos = s.pos.device;
         rope.trig = rope_trig_;  // read only by the Q/K/V launches that apply RoPE, after rope_trig_table below
@@ -1018,9 +1053,18 @@ void CudaBackend::enqueue_layers(std::span<const StepSegment> segments, int n, b
         for (const StepSegment& s : segments) {
             const CudaKvCache& cache = *s.cache;
             const size_t row = static_cast<size_t>(s.first);
-            cuda::AttentionArgs att{q_ + row * c.q_dim(), cache.key(l), cache.value(l), att_ + row * c.q_dim(),
-                                    workspace_buf_.as<float>(), s.n, s.pos.device ? s.pos.grid_bound : s.pos.start,
-                                    c.n_heads, c.n_kv_heads, c.head_dim, options_.attention_split, cache.type()};
+            cuda::AttentionArgs att{q_ + row * c.q_dim(),
+                                    cache.key(l),
+                                    cache.value(l),
+                                    att_ + row * c.q_dim(),
+                                    workspace_buf_.as<float>(),
+                                    s.n,
+                                    s.pos.device ? s.pos.grid_bound : s.pos.start,
+                                    c.n_heads,
+                                    c.n_kv_heads,
+                                    c.head_dim,
+                                    options_.attention_split,
+                                    cache.type()};
             att.scale = c.attention_scale;
             att.window = c.layers[static_cast<size_t>(l)].window;
             if (c.attention_softcap > 0.0f) {
@@ -1099,15 +1143,35 @@ void CudaBackend::enqueue_persistent_step(CudaKvCache& cache) {
     const cuda::RopeMode mode =
         c.rope_style == RopeStyle::Neox ? cuda::RopeMode::NeoxHalves : cuda::RopeMode::AdjacentPairs;
     // The step's RoPE angles, which the kernel's RoPE phase reads (it computes no cosines itself).
-    cuda::RopeKvArgs rope{q_, k_, v_, cache.key(0), cache.value(0), inv_freq_, 1, 0, c.n_heads, c.n_kv_heads,
-                          c.head_dim, c.rope_dim, mode, cache.type()};
+    cuda::RopeKvArgs rope{q_, k_,        v_,           cache.key(0), cache.value(0), inv_freq_, 1,
+                          0,  c.n_heads, c.n_kv_heads, c.head_dim,   c.rope_dim,     mode,      cache.type()};
     rope.device_start_pos = step_in_;
     cuda::rope_trig_table(rope, rope_trig_, stream_);
     unsigned* counters = reinterpret_cast<unsigned*>(step_ws_buf_.as<float>() + step_plan_.workspace_floats);
     const cuda::DecodeStepArgs a{step_layers_buf_.as<cuda::DecodeStepLayer>(),
-                                 c.n_layers, c.dim, c.hidden_dim, c.n_heads, c.n_kv_heads, c.head_dim, c.rope_dim,
-                                 mode, c.rms_eps, inv_freq_, rope_trig_, output_norm_, step_in_, x_, xb_, q_, k_, v_,
-                                 att_, gate_, step_ws_buf_.as<float>(), counters, counters + c.n_heads};
+                                 c.n_layers,
+                                 c.dim,
+                                 c.hidden_dim,
+                                 c.n_heads,
+                                 c.n_kv_heads,
+                                 c.head_dim,
+                                 c.rope_dim,
+                                 mode,
+                                 c.rms_eps,
+                                 inv_freq_,
+                                 rope_trig_,
+                                 output_norm_,
+                                 step_in_,
+                                 x_,
+                                 xb_,
+                                 q_,
+                                 k_,
+                                 v_,
+                                 att_,
+                                 gate_,
+                                 step_ws_buf_.as<float>(),
+                                 counters,
+                                 counters + c.n_heads};
     cuda::decode_step(a, step_plan_, stream_);
     xq_format_ = cuda::Q8Format::None;  // the launch rewrote xb_ and quantized nothing: the head quantizes its input
     ++graph_stats_.persistent_steps;

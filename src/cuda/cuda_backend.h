@@ -38,11 +38,11 @@
 #include <vector>
 
 #include "backend.h"
-#include "kv_rings.h"
 #include "cuda/cuda_options.h"
 #include "device.h"
 #include "gguf/ggml_types.h"
 #include "kernels.h"
+#include "kv_rings.h"
 
 namespace tandem {
 
@@ -74,10 +74,8 @@ public:
     // Stored rows (KvCache): the device rows as they are (cuda::kv_row_bytes), copied synchronously on the default
     // stream; a ring's positions from what it holds intact.
     RowFormat row_format() const override;
-    int held_from(int layer) const override { return rings_.ring(layer) > 0 ? rings_.intact_from(layer) : 0; }
-    int needed_from(int layer, int n) const override {
-        return rings_.ring(layer) > 0 ? std::max(0, n - rings_.window(layer) + 1) : 0;
-    }
+    int held_from(int layer) const override { return rings_.held_from(layer); }
+    int needed_from(int layer, int n) const override { return rings_.needed_from(layer, n); }
     void read_rows(int layer, int first, int n, uint8_t* keys, uint8_t* values) const override;
     void write_rows(int layer, int first, int n, const uint8_t* keys, const uint8_t* values) override;
     // Bytes of keys and values for these layers' windows (rings where they are smaller than the capacity).
@@ -113,15 +111,15 @@ struct CudaPrefillOptions {
 
 // What the CUDA graphs did, counted (under the emulation the counts are all there is to measure).
 struct CudaGraphStats {
-    int captures = 0;        // steps recorded into a graph: instantiations + updates
-    int instantiations = 0;  // a graph made anew (a new shape, or a capture that could not update in place)
-    int updates = 0;         // a re-capture patched into the existing graph in place (a larger attention grid,
-                             // another cache or workspace)
-    int replays = 0;         // graph launches, one per short step
-    int direct_steps = 0;    // steps launched kernel by kernel (graphs off, or the prefill path)
-    int batched_steps = 0;   // steps of several sequences (forward_batch), launched kernel by kernel
+    int captures = 0;          // steps recorded into a graph: instantiations + updates
+    int instantiations = 0;    // a graph made anew (a new shape, or a capture that could not update in place)
+    int updates = 0;           // a re-capture patched into the existing graph in place (a larger attention grid,
+                               // another cache or workspace)
+    int replays = 0;           // graph launches, one per short step
+    int direct_steps = 0;      // steps launched kernel by kernel (graphs off, or the prefill path)
+    int batched_steps = 0;     // steps of several sequences (forward_batch), launched kernel by kernel
     int persistent_steps = 0;  // one-token steps queued as the persistent launch (directly, or into a graph)
-    size_t nodes = 0;        // kernels in the graph replayed last
+    size_t nodes = 0;          // kernels in the graph replayed last
 };
 
 // Device bytes the backend needs, decided before anything is allocated.
@@ -129,10 +127,10 @@ struct CudaMemoryPlan {
     size_t weights = 0;   // every tensor once (a tied output shares the embedding's bytes)
     size_t kv_cache = 0;  // one cache of n_ctx positions
     cuda::KvType kv_type = cuda::KvType::F16;
-    size_t scratch = 0;   // activations of one prefill chunk, 16 rows of logits, fp16 GEMM operands when cuBLAS
-                          // runs the prefill GEMM, attention workspace for n_ctx
+    size_t scratch = 0;  // activations of one prefill chunk, 16 rows of logits, fp16 GEMM operands when cuBLAS
+                         // runs the prefill GEMM, attention workspace for n_ctx
     int prefill_chunk = 0;
-    bool blas = false;    // the prefill GEMM runs on cuBLAS
+    bool blas = false;       // the prefill GEMM runs on cuBLAS
     bool int8_gemm = false;  // ... or on int8 tensor cores for the types gemm_q8 takes
     size_t total() const { return weights + kv_cache + scratch; }
     // "1.23 GiB (weights ..., KV cache ... q8_0, scratch ... for 256-token prefill chunks, cuBLAS fp16 GEMM)"
@@ -254,7 +252,7 @@ private:
         const void *k_cache = nullptr, *v_cache = nullptr;
         int capacity = 0;
         const float* workspace = nullptr;
-        int splits = 0;  // attention grid
+        int splits = 0;            // attention grid
         uint64_t restriction = 0;  // restriction_version_ at capture
     };
 
@@ -356,13 +354,14 @@ private:
     const float* output_norm_ = nullptr;
     std::vector<DeviceLayer> layers_;
     // Scratch for one step, row i for the step's i-th token (pointers into scratch_buf_).
-    float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr,
-          *proj_ = nullptr, *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
+    float *x_ = nullptr, *xb_ = nullptr, *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *att_ = nullptr, *proj_ = nullptr,
+          *gate_ = nullptr, *up_ = nullptr, *logits_ = nullptr, *inv_freq_ = nullptr;
     // The step's inputs in device memory, [start position, tokens...]: what a replayed graph reads. step_host_ is
     // their host copy, uploaded in one copy before the step's kernels.
     int *step_in_ = nullptr, *tokens_ = nullptr;
     std::vector<int> step_host_;
-    std::vector<int> batch_tokens_;  // forward_batch: the tokens of the step being gathered
+    std::vector<int> batch_tokens_;      // forward_batch: the tokens of the step being gathered
+    std::vector<StepPart> batch_parts_;  // and its slices' parts
     int* ids_ = nullptr;                 // kStepTokens argmax ids
     float* top_probs_ = nullptr;         // and their confidences
     // forward_candidates: kStepTokens rows of kTopKMax best logits / ids / extra logits, and the extra ids.
@@ -374,16 +373,16 @@ private:
     int logit_first_ = 0, n_extra_logits_ = 0;
     int* logit_extra_ids_ = nullptr;
     uint64_t restriction_version_ = 0;
-    void* sampling_ws_ = nullptr;        // the argmax kernels' workspace for kStepTokens rows
-    uint8_t* xq_ = nullptr;  // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
-    uint8_t* xq_ffn_ = nullptr;  // SwiGLU's output quantized for ffn_down (not xq_: the gate/up launch reads that)
-    uint8_t* xq_norm_ = nullptr;  // the residual RMSNorm's, for the matvec after it (not xq_: see project_add_norm)
+    void* sampling_ws_ = nullptr;  // the argmax kernels' workspace for kStepTokens rows
+    uint8_t* xq_ = nullptr;        // an input quantized for the 8-bit route (kStepTokens rows of the widest input)
+    uint8_t* xq_ffn_ = nullptr;    // SwiGLU's output quantized for ffn_down (not xq_: the gate/up launch reads that)
+    uint8_t* xq_norm_ = nullptr;   // the residual RMSNorm's, for the matvec after it (not xq_: see project_add_norm)
     unsigned* swiglu_counters_ = nullptr;  // matvec_swiglu's, zero between launches (cuda::SwigluQuant)
-    unsigned* split_counters_ = nullptr;  // decode attention's, zero between launches (cuda::AttentionArgs)
-    float* rope_trig_ = nullptr;          // a step's RoPE angles (cuda::rope_trig_table)
-    unsigned* rope_counters_ = nullptr;   // matvec_qkv_rope's, zero between launches
-    unsigned* norm_counter_ = nullptr;    // matvec_add_rms_norm's, zero between launches
-    unsigned* pick_counters_ = nullptr;   // the one-launch argmax's, kStepTokens, zero between launches
+    unsigned* split_counters_ = nullptr;   // decode attention's, zero between launches (cuda::AttentionArgs)
+    float* rope_trig_ = nullptr;           // a step's RoPE angles (cuda::rope_trig_table)
+    unsigned* rope_counters_ = nullptr;    // matvec_qkv_rope's, zero between launches
+    unsigned* norm_counter_ = nullptr;     // matvec_add_rms_norm's, zero between launches
+    unsigned* pick_counters_ = nullptr;    // the one-launch argmax's, kStepTokens, zero between launches
     // What xq_at_ (xq_, xq_ffn_ or xq_norm_) holds at this point of the queue: the rows at xq_of_ (xq_cols_ wide) in
     // xq_format_ (None: nothing known).
     uint8_t* xq_at_ = nullptr;
