@@ -96,6 +96,15 @@ std::optional<ReadyLine> read_line(Session& session, BatchInput& input, const Ba
     }
 }
 
+// A line's record fields: the answer's, and for a sampled line the seed it ran with, so that any record can be
+// reproduced (`tandem -p PROMPT --seed SEED`), also where the seed was drawn at random.
+std::string line_fields(const PromptAnswer& a, const PreparedPrompt& prepared) {
+    std::string fields = answer_record_fields(a.text, a.reasoning, a.stats);
+    if (prepared.params.sampler.temperature > 0.0f)
+        fields += ", \"seed\": " + std::to_string(prepared.params.sampler.seed);
+    return fields;
+}
+
 // --parallel's default: 8 sequences in flight (on the 2-core CPU this project measures on, aggregate decode speed
 // grows little beyond: docs/batch.md), fewer where 8 KV caches of the session's context, each filled, would take
 // more than half of physical memory (each slot reserves its whole context).
@@ -143,7 +152,7 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
             const PromptAnswer a =
                 answer_prompt(session, *line->prepared, {.stream = false, .show_thinking = options.show_thinking});
             progress.line_done(/*failed=*/false, a.stats.n_generated);
-            if (!writer.answer(line->id, answer_record_fields(a.text, a.reasoning, a.stats))) closed = true;
+            if (!writer.answer(line->id, line_fields(a, *line->prepared))) closed = true;
         }
     } else {
         // Continuous batching: each line in flight keeps its prepared prompt, its own grammar state and its sink.
@@ -192,7 +201,7 @@ int run_batch(Session& session, BatchInput& input, const BatchOptions& options) 
                 InFlight& f = *it->second;
                 const PromptAnswer a = f.sink->finish(std::move(stats), f.constraint ? &*f.constraint : nullptr);
                 progress.line_done(/*failed=*/false, a.stats.n_generated);
-                if (!closed && !writer.answer(f.id, answer_record_fields(a.text, a.reasoning, a.stats))) closed = true;
+                if (!closed && !writer.answer(f.id, line_fields(a, f.prepared))) closed = true;
                 in_flight.erase(it);
             });
     }

@@ -110,6 +110,17 @@ assert r[0]["text"] == text(sys.argv[3]), (r[0], text(sys.argv[3]))' "$tmp/seed7
 printf '%s\n%s\n' "$(cat "$tmp/noseed.jsonl")" "$(cat "$tmp/noseed.jsonl")" >"$tmp/twice.jsonl"
 batch --batch "$tmp/twice.jsonl" >"$tmp/out" 2>/dev/null
 check "without --seed, each line its own seed" records "$tmp/out" 'assert r[0]["text"] != r[1]["text"], r'
+# A sampled line's record says the seed it ran with, drawn or given; a greedy line's has none.
+seed=$(python3 -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["seed"])' "$tmp/out")
+one_shot -p "Lily" -n 30 --temp 1 --seed "$seed" >"$tmp/reseeded" 2>/dev/null
+check "a drawn seed is in the record, and reproduces the line's text" records "$tmp/out" '
+x = [y for y in r if y["seed"] == int(sys.argv[4])][0]
+assert x["text"] == text(sys.argv[3]), (x, text(sys.argv[3]))
+assert r[0]["seed"] != r[1]["seed"], r
+' "$tmp/reseeded" "$seed"
+batch --batch "$tmp/good.jsonl" >"$tmp/out" 2>/dev/null
+check "seed in the record: the given seed for a sampled line, none for a greedy one" records "$tmp/out" '
+assert r[1]["seed"] == 42 and "seed" not in r[0], (r[0], r[1])'
 batch --batch "$tmp/good.jsonl" --draft "$model" >"$tmp/out" 2>/dev/null
 check "with a draft, lines in flight together (plain decoding): the same greedy and seeded texts" records "$tmp/out" '
 assert r[0]["text"] == text(sys.argv[3]) and r[1]["text"] == text(sys.argv[4]), (r[0], r[1])
